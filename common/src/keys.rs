@@ -1,0 +1,545 @@
+//! The key schema: the one module that turns names into key strings and back.
+//!
+//! Keys are those of the original tool and its design documents, under an optional
+//! namespace prefix (default none, so keys start at `/`). No other module formats or
+//! splits a key; everything else holds [`Key`] values made here.
+
+use std::fmt;
+
+use crate::names::{HostName, Interface, NameError, Role, Version};
+
+/// A store key: an absolute path starting with `/`.
+///
+/// Keys ending in `/` are used as prefixes (a directory in the original tool's terms).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key(String);
+
+/// A key or namespace prefix that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid key {value:?}: {rule}")]
+pub struct KeyError {
+    pub value: String,
+    pub rule: &'static str,
+}
+
+impl Key {
+    /// A raw key, for tools and tests that work below the schema (the store contract).
+    /// It must start with `/` and hold no control characters.
+    pub fn new(value: impl Into<String>) -> Result<Key, KeyError> {
+        let value = value.into();
+        let fail = |rule| {
+            Err(KeyError {
+                value: value.chars().take(120).collect(),
+                rule,
+            })
+        };
+        if !value.starts_with('/') {
+            return fail("must start with '/'");
+        }
+        if value.chars().any(char::is_control) {
+            return fail("must not contain control characters");
+        }
+        Ok(Key(value))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether this key names a prefix (ends with `/`).
+    pub fn is_prefix(&self) -> bool {
+        self.0.ends_with('/')
+    }
+
+    /// Whether `self` lies under the prefix `prefix` (byte-wise, like the store's ranges).
+    pub fn starts_with(&self, prefix: &Key) -> bool {
+        self.0.starts_with(&prefix.0)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The two lifecycle steps that are tracked per version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Step {
+    Configured,
+    Validated,
+}
+
+impl Step {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Configured => "configured",
+            Step::Validated => "validated",
+        }
+    }
+    pub const ALL: [Step; 2] = [Step::Configured, Step::Validated];
+}
+
+/// Outcome of a lifecycle step. The per-version steps spell failure `failure`; the
+/// provisioned step spells it `failed` (both as in the design document).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    Success,
+    Failure,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 2] = [Outcome::Success, Outcome::Failure];
+}
+
+/// Which `enable_puppet` key: the most specific one that is set decides.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum EnableLevel {
+    Host(HostName),
+    Role(Role),
+    Global,
+}
+
+impl fmt::Display for EnableLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnableLevel::Host(h) => write!(f, "host {h}"),
+            EnableLevel::Role(r) => write!(f, "role {r}"),
+            EnableLevel::Global => f.write_str("global"),
+        }
+    }
+}
+
+/// A key of the schema, parsed back into its parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    CurrentVersion,
+    RunningVersion(Version, HostName),
+    Enable(EnableLevel),
+    Provisioned(Outcome, HostName),
+    Status(Step, Outcome, Version, HostName),
+    ActiveRole(Role, HostName, Interface),
+    Host(HostName),
+    Agent(HostName),
+    Lock(String),
+}
+
+const CURRENT_VERSION: &str = "/current_version";
+const RUNNING: &str = "/running/versions/";
+const ENABLE: &str = "/config_state/enable_puppet/";
+const STATUS: &str = "/status/";
+const ACTIVE_ROLES: &str = "/active_roles/";
+const HOSTS: &str = "/hosts/";
+const AGENTS: &str = "/agents/";
+const LOCKS: &str = "/locks/";
+
+/// The key schema under one namespace prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Schema {
+    ns: String,
+}
+
+impl Schema {
+    /// `prefix` is empty (keys start at `/`) or an absolute path such as `/jio` or
+    /// `/sites/bom1`; a trailing `/` is ignored.
+    pub fn new(prefix: &str) -> Result<Schema, KeyError> {
+        let trimmed = prefix.trim_end_matches('/');
+        if trimmed.is_empty() {
+            return Ok(Schema::default());
+        }
+        let fail = |rule| {
+            Err(KeyError {
+                value: prefix.to_string(),
+                rule,
+            })
+        };
+        if !trimmed.starts_with('/') {
+            return fail("a namespace prefix must start with '/'");
+        }
+        for part in trimmed[1..].split('/') {
+            if part.is_empty() {
+                return fail("a namespace prefix must not contain '//'");
+            }
+            if part == "." || part == ".." {
+                return fail("a namespace prefix must not contain '.' or '..' segments");
+            }
+            if part.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                return fail("a namespace prefix must not contain whitespace or control characters");
+            }
+        }
+        Ok(Schema {
+            ns: trimmed.to_string(),
+        })
+    }
+
+    /// The namespace prefix, empty for none.
+    pub fn prefix(&self) -> &str {
+        &self.ns
+    }
+
+    fn key(&self, parts: &[&str]) -> Key {
+        let mut s = String::with_capacity(self.ns.len() + 64);
+        s.push_str(&self.ns);
+        for p in parts {
+            s.push_str(p);
+        }
+        Key(s)
+    }
+
+    /// Everything this schema owns (for watching the whole namespace).
+    pub fn root(&self) -> Key {
+        self.key(&["/"])
+    }
+
+    pub fn current_version(&self) -> Key {
+        self.key(&[CURRENT_VERSION])
+    }
+
+    /// Prefix of every running-version entry.
+    pub fn running_versions(&self) -> Key {
+        self.key(&[RUNNING])
+    }
+
+    /// Prefix of the hosts running `v`.
+    pub fn running_version(&self, v: &Version) -> Key {
+        self.key(&[RUNNING, v.as_str(), "/"])
+    }
+
+    pub fn running_version_host(&self, v: &Version, h: &HostName) -> Key {
+        self.key(&[RUNNING, v.as_str(), "/", h.as_str()])
+    }
+
+    /// Prefix of every `enable_puppet` key.
+    pub fn enable_root(&self) -> Key {
+        self.key(&[ENABLE])
+    }
+
+    pub fn enable(&self, level: &EnableLevel) -> Key {
+        match level {
+            EnableLevel::Global => self.key(&[ENABLE, "global"]),
+            EnableLevel::Role(r) => self.key(&[ENABLE, "role/", r.as_str()]),
+            EnableLevel::Host(h) => self.key(&[ENABLE, "host/", h.as_str()]),
+        }
+    }
+
+    /// Prefix of the whole lifecycle tree.
+    pub fn status_root(&self) -> Key {
+        self.key(&[STATUS])
+    }
+
+    pub fn provisioned(&self, outcome: Outcome, h: &HostName) -> Key {
+        let o = match outcome {
+            Outcome::Success => "provisioned/success/",
+            Outcome::Failure => "provisioned/failed/",
+        };
+        self.key(&[STATUS, o, h.as_str()])
+    }
+
+    /// Prefix of one step's entries of one outcome, every version.
+    pub fn status_prefix(&self, step: Step, outcome: Outcome) -> Key {
+        self.key(&[STATUS, step.as_str(), "/", per_version_outcome(outcome), "/"])
+    }
+
+    pub fn status(&self, step: Step, outcome: Outcome, v: &Version, h: &HostName) -> Key {
+        self.key(&[
+            STATUS,
+            step.as_str(),
+            "/",
+            per_version_outcome(outcome),
+            "/",
+            v.as_str(),
+            "/",
+            h.as_str(),
+        ])
+    }
+
+    pub fn active_roles(&self) -> Key {
+        self.key(&[ACTIVE_ROLES])
+    }
+
+    /// Prefix of one host's published addresses.
+    pub fn active_role_host(&self, r: &Role, h: &HostName) -> Key {
+        self.key(&[ACTIVE_ROLES, r.as_str(), "/", h.as_str(), "/"])
+    }
+
+    pub fn active_role(&self, r: &Role, h: &HostName, i: &Interface) -> Key {
+        self.key(&[ACTIVE_ROLES, r.as_str(), "/", h.as_str(), "/", i.as_str()])
+    }
+
+    pub fn hosts(&self) -> Key {
+        self.key(&[HOSTS])
+    }
+
+    pub fn host(&self, h: &HostName) -> Key {
+        self.key(&[HOSTS, h.as_str()])
+    }
+
+    pub fn agents(&self) -> Key {
+        self.key(&[AGENTS])
+    }
+
+    pub fn agent(&self, h: &HostName) -> Key {
+        self.key(&[AGENTS, h.as_str()])
+    }
+
+    /// A named lock (for example the one `jioctl upgrade` holds while it drives).
+    pub fn lock(&self, name: &str) -> Key {
+        self.key(&[LOCKS, name])
+    }
+
+    /// Parses a key of this schema back into its parts; `None` for keys outside the
+    /// schema or with invalid names (another tool's keys are ignored, not errors).
+    pub fn parse(&self, key: &Key) -> Option<Parsed> {
+        let rest = key.as_str().strip_prefix(self.ns.as_str())?;
+        if rest == CURRENT_VERSION {
+            return Some(Parsed::CurrentVersion);
+        }
+        if let Some(r) = rest.strip_prefix(RUNNING) {
+            let [v, h] = split_n::<2>(r)?;
+            return Some(Parsed::RunningVersion(
+                Version::new(v).ok()?,
+                HostName::new(h).ok()?,
+            ));
+        }
+        if let Some(r) = rest.strip_prefix(ENABLE) {
+            if r == "global" {
+                return Some(Parsed::Enable(EnableLevel::Global));
+            }
+            let [level, name] = split_n::<2>(r)?;
+            return match level {
+                "role" => Some(Parsed::Enable(EnableLevel::Role(Role::new(name).ok()?))),
+                "host" => Some(Parsed::Enable(EnableLevel::Host(HostName::new(name).ok()?))),
+                _ => None,
+            };
+        }
+        if let Some(r) = rest.strip_prefix(STATUS) {
+            if let Some(p) = r.strip_prefix("provisioned/") {
+                let [o, h] = split_n::<2>(p)?;
+                let outcome = match o {
+                    "success" => Outcome::Success,
+                    "failed" => Outcome::Failure,
+                    _ => return None,
+                };
+                return Some(Parsed::Provisioned(outcome, HostName::new(h).ok()?));
+            }
+            let [step, o, v, h] = split_n::<4>(r)?;
+            let step = match step {
+                "configured" => Step::Configured,
+                "validated" => Step::Validated,
+                _ => return None,
+            };
+            let outcome = match o {
+                "success" => Outcome::Success,
+                "failure" => Outcome::Failure,
+                _ => return None,
+            };
+            return Some(Parsed::Status(
+                step,
+                outcome,
+                Version::new(v).ok()?,
+                HostName::new(h).ok()?,
+            ));
+        }
+        if let Some(r) = rest.strip_prefix(ACTIVE_ROLES) {
+            let [role, h, i] = split_n::<3>(r)?;
+            return Some(Parsed::ActiveRole(
+                Role::new(role).ok()?,
+                HostName::new(h).ok()?,
+                Interface::new(i).ok()?,
+            ));
+        }
+        if let Some(h) = rest.strip_prefix(HOSTS) {
+            return Some(Parsed::Host(HostName::new(h).ok()?));
+        }
+        if let Some(h) = rest.strip_prefix(AGENTS) {
+            return Some(Parsed::Agent(HostName::new(h).ok()?));
+        }
+        if let Some(l) = rest.strip_prefix(LOCKS) {
+            return (!l.is_empty() && !l.contains('/')).then(|| Parsed::Lock(l.to_string()));
+        }
+        None
+    }
+}
+
+fn per_version_outcome(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Success => "success",
+        Outcome::Failure => "failure",
+    }
+}
+
+/// Splits `s` into exactly `N` non-empty `/`-separated parts.
+fn split_n<const N: usize>(s: &str) -> Option<[&str; N]> {
+    let mut out = [""; N];
+    let mut it = s.split('/');
+    for slot in out.iter_mut() {
+        *slot = it.next().filter(|p| !p.is_empty())?;
+    }
+    it.next().is_none().then_some(out)
+}
+
+/// Converts a name error into the key error callers of raw paths see.
+impl From<NameError> for KeyError {
+    fn from(e: NameError) -> Self {
+        KeyError {
+            value: e.value,
+            rule: "contains an invalid name",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(s: &str) -> HostName {
+        HostName::new(s).unwrap()
+    }
+    fn v(s: &str) -> Version {
+        Version::new(s).unwrap()
+    }
+    fn r(s: &str) -> Role {
+        Role::new(s).unwrap()
+    }
+
+    #[test]
+    fn keys_match_the_design_documents() {
+        let s = Schema::default();
+        let table: Vec<(Key, &str)> = vec![
+            (s.current_version(), "/current_version"),
+            (
+                s.running_version_host(&v("v2"), &h("compute1")),
+                "/running/versions/v2/compute1",
+            ),
+            (s.running_version(&v("v2")), "/running/versions/v2/"),
+            (
+                s.enable(&EnableLevel::Global),
+                "/config_state/enable_puppet/global",
+            ),
+            (
+                s.enable(&EnableLevel::Role(r("compute"))),
+                "/config_state/enable_puppet/role/compute",
+            ),
+            (
+                s.enable(&EnableLevel::Host(h("compute1"))),
+                "/config_state/enable_puppet/host/compute1",
+            ),
+            (
+                s.provisioned(Outcome::Success, &h("c1")),
+                "/status/provisioned/success/c1",
+            ),
+            (
+                s.provisioned(Outcome::Failure, &h("c1")),
+                "/status/provisioned/failed/c1",
+            ),
+            (
+                s.status(Step::Configured, Outcome::Success, &v("v2"), &h("c1")),
+                "/status/configured/success/v2/c1",
+            ),
+            (
+                s.status(Step::Configured, Outcome::Failure, &v("v2"), &h("c1")),
+                "/status/configured/failure/v2/c1",
+            ),
+            (
+                s.status(Step::Validated, Outcome::Success, &v("v2"), &h("c1")),
+                "/status/validated/success/v2/c1",
+            ),
+            (
+                s.status(Step::Validated, Outcome::Failure, &v("v2"), &h("c1")),
+                "/status/validated/failure/v2/c1",
+            ),
+            (
+                s.active_role(&r("compute"), &h("c1"), &Interface::new("eth0").unwrap()),
+                "/active_roles/compute/c1/eth0",
+            ),
+            (s.host(&h("c1")), "/hosts/c1"),
+            (s.agent(&h("c1")), "/agents/c1"),
+            (s.lock("rollout"), "/locks/rollout"),
+        ];
+        for (key, want) in &table {
+            assert_eq!(key.as_str(), *want);
+        }
+    }
+
+    #[test]
+    fn namespace_prefix_is_prepended() {
+        let s = Schema::new("/sites/bom1/").unwrap();
+        assert_eq!(s.current_version().as_str(), "/sites/bom1/current_version");
+        assert_eq!(s.root().as_str(), "/sites/bom1/");
+        assert_eq!(Schema::new("").unwrap(), Schema::default());
+        assert_eq!(Schema::new("/").unwrap(), Schema::default());
+        for bad in ["jio", "/a//b", "/a/../b", "/a b", "/a\n"] {
+            assert!(Schema::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn parse_round_trips_every_key() {
+        for ns in ["", "/jio"] {
+            let s = Schema::new(ns).unwrap();
+            let cases = vec![
+                (s.current_version(), Parsed::CurrentVersion),
+                (
+                    s.running_version_host(&v("v2"), &h("c1")),
+                    Parsed::RunningVersion(v("v2"), h("c1")),
+                ),
+                (
+                    s.enable(&EnableLevel::Global),
+                    Parsed::Enable(EnableLevel::Global),
+                ),
+                (
+                    s.enable(&EnableLevel::Role(r("db"))),
+                    Parsed::Enable(EnableLevel::Role(r("db"))),
+                ),
+                (
+                    s.enable(&EnableLevel::Host(h("c1"))),
+                    Parsed::Enable(EnableLevel::Host(h("c1"))),
+                ),
+                (
+                    s.provisioned(Outcome::Failure, &h("c1")),
+                    Parsed::Provisioned(Outcome::Failure, h("c1")),
+                ),
+                (
+                    s.status(Step::Validated, Outcome::Failure, &v("v3"), &h("c1")),
+                    Parsed::Status(Step::Validated, Outcome::Failure, v("v3"), h("c1")),
+                ),
+                (
+                    s.active_role(&r("db"), &h("c1"), &Interface::new("eth1").unwrap()),
+                    Parsed::ActiveRole(r("db"), h("c1"), Interface::new("eth1").unwrap()),
+                ),
+                (s.host(&h("c1")), Parsed::Host(h("c1"))),
+                (s.agent(&h("c1")), Parsed::Agent(h("c1"))),
+                (s.lock("rollout"), Parsed::Lock("rollout".into())),
+            ];
+            for (key, want) in cases {
+                assert_eq!(s.parse(&key), Some(want), "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn parse_ignores_foreign_and_malformed_keys() {
+        let s = Schema::default();
+        for k in [
+            "/other",
+            "/running/versions/v2",
+            "/running/versions/v2/c1/extra",
+            "/running/versions//c1",
+            "/config_state/enable_puppet/zone/a",
+            "/status/configured/maybe/v2/c1",
+            "/status/provisioned/success/",
+            "/hosts/",
+        ] {
+            assert_eq!(s.parse(&Key::new(k).unwrap()), None, "{k}");
+        }
+        let ns = Schema::new("/jio").unwrap();
+        assert_eq!(ns.parse(&Key::new("/current_version").unwrap()), None);
+    }
+
+    #[test]
+    fn raw_keys_are_checked() {
+        assert!(Key::new("/a/b").is_ok());
+        assert_eq!(Key::new("a").unwrap_err().rule, "must start with '/'");
+        assert!(Key::new("/a\nb").is_err());
+    }
+}

@@ -1,0 +1,9 @@
+//! Shared vocabulary of the jiocloud fleet tools: validated names, the key schema,
+//! stored values, and the store layer (etcd and the embedded store).
+
+#![forbid(unsafe_code)]
+
+pub mod keys;
+pub mod names;
+pub mod store;
+pub mod values;

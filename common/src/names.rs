@@ -1,0 +1,215 @@
+//! Validated names: host names, roles and versions.
+//!
+//! Every name that enters the program goes through here once; the rest of the code
+//! holds these types, never bare strings, so a key can never be built from a name
+//! that would escape its place in the key schema.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Longest name accepted, in bytes (the DNS limit for a host name).
+pub const MAX_NAME_BYTES: usize = 253;
+
+/// The rule a rejected name broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameRule {
+    Empty,
+    Slash,
+    Whitespace,
+    Control,
+    Dot,
+    TooLong,
+}
+
+impl fmt::Display for NameRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NameRule::Empty => "must not be empty",
+            NameRule::Slash => "must not contain '/'",
+            NameRule::Whitespace => "must not contain whitespace",
+            NameRule::Control => "must not contain control characters",
+            NameRule::Dot => "must not be '.' or '..'",
+            NameRule::TooLong => "must be at most 253 bytes",
+        })
+    }
+}
+
+/// A name was rejected: which kind of name, the value, and the rule it broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {value:?}: {rule}")]
+pub struct NameError {
+    pub what: &'static str,
+    pub value: String,
+    pub rule: NameRule,
+}
+
+fn check(what: &'static str, value: &str) -> Result<(), NameError> {
+    let fail = |rule| {
+        Err(NameError {
+            what,
+            // Bound what we echo back: a 1 MB "name" must not become a 1 MB error line.
+            value: value.chars().take(80).collect(),
+            rule,
+        })
+    };
+    if value.is_empty() {
+        return fail(NameRule::Empty);
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return fail(NameRule::TooLong);
+    }
+    if value == "." || value == ".." {
+        return fail(NameRule::Dot);
+    }
+    for c in value.chars() {
+        if c == '/' {
+            return fail(NameRule::Slash);
+        }
+        if c.is_control() {
+            return fail(NameRule::Control);
+        }
+        if c.is_whitespace() {
+            return fail(NameRule::Whitespace);
+        }
+    }
+    Ok(())
+}
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Validates `value` against the name rules.
+            pub fn new(value: impl Into<String>) -> Result<Self, NameError> {
+                let value = value.into();
+                check($what, &value)?;
+                Ok(Self(value))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = NameError;
+            fn from_str(s: &str) -> Result<Self, NameError> {
+                Self::new(s)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::new(s).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A host name as it appears in keys (`compute12`, `ocdb3-prod`).
+    HostName,
+    "host name"
+);
+name_type!(
+    /// A role (`compute`, `controller`): the group a host belongs to.
+    Role,
+    "role"
+);
+name_type!(
+    /// A version of the whole fleet's configuration (`v2`, `2024.11.3`).
+    Version,
+    "version"
+);
+name_type!(
+    /// A network interface name, as published under `/active_roles/`.
+    Interface,
+    "interface"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_ordinary_names() {
+        for ok in [
+            "compute12",
+            "ocdb3-prod",
+            "v2",
+            "2024.11.3",
+            "a",
+            "x..y",
+            ".hidden",
+        ] {
+            assert!(HostName::new(ok).is_ok(), "{ok}");
+            assert!(Version::new(ok).is_ok(), "{ok}");
+        }
+        let max = "a".repeat(253);
+        assert!(Role::new(max).is_ok());
+    }
+
+    #[test]
+    fn rejects_each_bad_input_with_its_rule() {
+        let cases: &[(&str, NameRule)] = &[
+            ("", NameRule::Empty),
+            ("a/b", NameRule::Slash),
+            ("/", NameRule::Slash),
+            ("a b", NameRule::Whitespace),
+            ("a\u{a0}b", NameRule::Whitespace),
+            ("tab\there", NameRule::Control),
+            ("nl\n", NameRule::Control),
+            ("nul\0", NameRule::Control),
+            (".", NameRule::Dot),
+            ("..", NameRule::Dot),
+        ];
+        for (bad, rule) in cases {
+            let err = HostName::new(*bad).unwrap_err();
+            assert_eq!(err.rule, *rule, "{bad:?}");
+            assert_eq!(err.what, "host name");
+        }
+        let long = "a".repeat(254);
+        assert_eq!(Version::new(long).unwrap_err().rule, NameRule::TooLong);
+        // Multi-byte characters count in bytes.
+        let long_utf8 = "é".repeat(127);
+        assert_eq!(Role::new(long_utf8).unwrap_err().rule, NameRule::TooLong);
+    }
+
+    #[test]
+    fn error_names_value_and_rule() {
+        let err = Role::new("web server").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid role \"web server\": must not contain whitespace"
+        );
+    }
+
+    #[test]
+    fn serde_validates() {
+        let ok: HostName = serde_json::from_str("\"compute1\"").unwrap();
+        assert_eq!(ok.as_str(), "compute1");
+        assert!(serde_json::from_str::<HostName>("\"a/b\"").is_err());
+    }
+}

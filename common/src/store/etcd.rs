@@ -1,0 +1,800 @@
+//! etcd v3 through its HTTP/JSON gateway (`/v3/...`), with endpoint fail-over.
+//!
+//! Encoding facts this module handles (measured on etcd 3.4): keys and values are
+//! base64, every int64 is a JSON string, zero and false fields are omitted, the watch
+//! is a chunked stream of one JSON object per line.
+//!
+//! Retry policy: a request that cannot have been applied (connection refused) is
+//! retried on the next endpoint. A request that may have been applied (timeout,
+//! dropped connection, 5xx) is retried only when repeating it is harmless; for a
+//! transaction it becomes `StoreError::Ambiguous` so the caller re-reads and decides.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use futures_util::StreamExt as _;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::{
+    Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
+    TxnOutcome, WatchEvent, WatchStream, prefix_end,
+};
+use crate::keys::Key;
+
+/// Timeouts and retry budget of the etcd client.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// Limit for one unary request to one endpoint.
+    pub request_timeout: Duration,
+    /// Limit for opening a connection to one endpoint.
+    pub connect_timeout: Duration,
+    /// Total time one operation may spend retrying across endpoints.
+    pub retry_budget: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            request_timeout: Duration::from_secs(3),
+            connect_timeout: Duration::from_secs(1),
+            retry_budget: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A client of one etcd cluster.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    endpoints: Vec<String>,
+    current: AtomicUsize,
+    client: reqwest::Client,
+    opts: EtcdOptions,
+}
+
+/// Why one attempt failed.
+enum Failure {
+    /// Not applied; try another endpoint.
+    NotSent(String),
+    /// Maybe applied.
+    Unknown(String),
+    /// The gateway answered with an error.
+    Status { http: u16, code: i64, message: String },
+    /// The answer could not be decoded.
+    Decode(String),
+}
+
+impl EtcdStore {
+    /// A client for the endpoints of `url` (which must be an `etcd://` URL). Does no I/O.
+    pub fn new(url: &StoreUrl, opts: EtcdOptions) -> Result<EtcdStore> {
+        let StoreUrl::Etcd { endpoints } = url else {
+            return Err(StoreError::InvalidUrl {
+                url: url.to_string(),
+                reason: "not an etcd:// URL".into(),
+            });
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(opts.connect_timeout)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| StoreError::InvalidUrl {
+                url: url.to_string(),
+                reason: format!("cannot build an HTTP client: {e}"),
+            })?;
+        Ok(EtcdStore {
+            inner: Arc::new(Inner {
+                url: url.to_string(),
+                endpoints: endpoints.iter().map(|e| format!("http://{e}")).collect(),
+                current: AtomicUsize::new(0),
+                client,
+                opts,
+            }),
+        })
+    }
+}
+
+impl Inner {
+    fn endpoint(&self) -> (usize, &str) {
+        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        (i, &self.endpoints[i])
+    }
+
+    /// Moves on from endpoint `i` after it failed (unless another task already did).
+    fn fail_over(&self, i: usize, reason: &str) {
+        let next = (i + 1) % self.endpoints.len();
+        if self.endpoints.len() > 1
+            && self
+                .current
+                .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(from = %self.endpoints[i], to = %self.endpoints[next], %reason, "etcd endpoint failed, switching");
+        }
+    }
+
+    async fn attempt<R: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<R, Failure> {
+        let (i, base) = self.endpoint();
+        let sent = self
+            .client
+            .post(format!("{base}{path}"))
+            .timeout(self.opts.request_timeout)
+            .json(body)
+            .send()
+            .await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                let reason = error_chain(&e);
+                self.fail_over(i, &reason);
+                return Err(if e.is_connect() {
+                    Failure::NotSent(reason)
+                } else {
+                    Failure::Unknown(reason)
+                });
+            }
+        };
+        let status = resp.status();
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                let reason = error_chain(&e);
+                self.fail_over(i, &reason);
+                return Err(Failure::Unknown(reason));
+            }
+        };
+        if !status.is_success() {
+            let err: GatewayError = serde_json::from_slice(&bytes).unwrap_or_default();
+            let message = if err.message.is_empty() {
+                String::from_utf8_lossy(&bytes).chars().take(200).collect()
+            } else {
+                err.message
+            };
+            if status.is_server_error() {
+                self.fail_over(i, &message);
+            }
+            return Err(Failure::Status {
+                http: status.as_u16(),
+                code: err.code,
+                message,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| Failure::Decode(e.to_string()))
+    }
+
+    /// One operation with retries. `idempotent` says whether repeating a request that
+    /// may have been applied is harmless.
+    async fn call<R: DeserializeOwned>(
+        &self,
+        op: &'static str,
+        path: &str,
+        body: Value,
+        idempotent: bool,
+    ) -> Result<R, CallError> {
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(1))
+            .with_jitter()
+            .with_total_delay(Some(self.opts.retry_budget))
+            .without_max_times();
+        let retryable = |f: &Failure| match f {
+            Failure::NotSent(_) => true,
+            Failure::Unknown(_) => idempotent,
+            Failure::Status { http, code, .. } => *http >= 500 && (idempotent || *code == 14),
+            Failure::Decode(_) => false,
+        };
+        let res = (|| self.attempt::<R>(path, &body))
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .when(retryable)
+            .await;
+        res.map_err(|f| self.classify(op, f, idempotent))
+    }
+
+    fn classify(&self, op: &'static str, f: Failure, idempotent: bool) -> CallError {
+        let url = self.url.clone();
+        CallError::Store(match f {
+            Failure::NotSent(reason) => StoreError::Unavailable { url, op, reason },
+            Failure::Unknown(reason) if idempotent => StoreError::Unavailable { url, op, reason },
+            Failure::Unknown(reason) => StoreError::Ambiguous { url, op, reason },
+            Failure::Decode(reason) => StoreError::Rejected {
+                url,
+                op,
+                message: format!("unexpected answer: {reason}"),
+            },
+            Failure::Status { code: 5, message, .. } => return CallError::NotFound(message),
+            Failure::Status {
+                code: 11, message, ..
+            } => return CallError::OutOfRange(message),
+            Failure::Status { http, message, .. } if http >= 500 => {
+                if idempotent {
+                    StoreError::Unavailable {
+                        url,
+                        op,
+                        reason: message,
+                    }
+                } else {
+                    StoreError::Ambiguous {
+                        url,
+                        op,
+                        reason: message,
+                    }
+                }
+            }
+            Failure::Status {
+                http: 401 | 403,
+                message,
+                ..
+            }
+            | Failure::Status {
+                code: 7 | 16,
+                message,
+                ..
+            } => StoreError::Denied { url, op, message },
+            Failure::Status { message, .. } => StoreError::Rejected { url, op, message },
+        })
+    }
+
+    async fn range(&self, op: &'static str, body: Value) -> Result<RangeResponse> {
+        self.call(op, "/v3/kv/range", body, true)
+            .await
+            .map_err(|e| e.into_store(&self.url, op))
+    }
+
+    fn decode_kv(&self, raw: RawKv) -> Result<KeyValue> {
+        let key = decode_text(&self.url, &raw.key, None)?;
+        let value = decode_text(&self.url, &raw.value, Some(&key))?;
+        let key = Key::new(key.clone()).map_err(|_| StoreError::NotText {
+            url: self.url.clone(),
+            key,
+        })?;
+        Ok(KeyValue {
+            key,
+            value,
+            create_revision: raw.create_revision,
+            mod_revision: raw.mod_revision,
+            version: raw.version,
+            lease: (raw.lease != 0).then(|| LeaseId(raw.lease.to_string())),
+        })
+    }
+}
+
+/// The outcome of `call` before it is mapped for a particular operation.
+enum CallError {
+    Store(StoreError),
+    /// gRPC code 5: a lease (or key) that does not exist.
+    NotFound(String),
+    /// gRPC code 11: a compacted or future revision.
+    OutOfRange(String),
+}
+
+impl CallError {
+    fn into_store(self, url: &str, op: &'static str) -> StoreError {
+        match self {
+            CallError::Store(e) => e,
+            CallError::NotFound(message) | CallError::OutOfRange(message) => StoreError::Rejected {
+                url: url.to_string(),
+                op,
+                message,
+            },
+        }
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
+
+fn b64(s: &[u8]) -> String {
+    B64.encode(s)
+}
+
+fn decode_text(url: &str, b: &str, key: Option<&str>) -> Result<String> {
+    let bytes = B64.decode(b).unwrap_or_default();
+    String::from_utf8(bytes).map_err(|_| StoreError::NotText {
+        url: url.to_string(),
+        key: key.unwrap_or("(a key)").to_string(),
+    })
+}
+
+fn range_body(prefix: &Key) -> Value {
+    let mut body = json!({ "key": b64(prefix.as_str().as_bytes()) });
+    body["range_end"] = json!(b64(
+        &prefix_end(prefix.as_str().as_bytes()).unwrap_or_else(|| vec![0])
+    ));
+    body
+}
+
+/// etcd sends int64 as strings, but accept numbers too.
+fn de_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Num {
+        S(String),
+        N(i64),
+    }
+    match Num::deserialize(d)? {
+        Num::N(n) => Ok(n),
+        Num::S(s) => s.parse().map_err(serde::de::Error::custom),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct GatewayError {
+    message: String,
+    code: i64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Header {
+    #[serde(deserialize_with = "de_i64")]
+    revision: i64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawKv {
+    key: String,
+    value: String,
+    #[serde(deserialize_with = "de_i64")]
+    create_revision: i64,
+    #[serde(deserialize_with = "de_i64")]
+    mod_revision: i64,
+    #[serde(deserialize_with = "de_i64")]
+    version: i64,
+    #[serde(deserialize_with = "de_i64")]
+    lease: i64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RangeResponse {
+    header: Header,
+    kvs: Vec<RawKv>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WriteResponse {
+    header: Header,
+    #[serde(deserialize_with = "de_i64")]
+    deleted: i64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct TxnResponse {
+    header: Header,
+    succeeded: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "UPPERCASE")]
+struct LeaseGrant {
+    #[serde(deserialize_with = "de_i64")]
+    id: i64,
+    #[serde(deserialize_with = "de_i64")]
+    ttl: i64,
+    #[serde(rename = "error")]
+    error: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct KeepAliveResponse {
+    result: LeaseGrant,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WatchLine {
+    result: Option<WatchResult>,
+    error: Option<GatewayError>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct WatchResult {
+    created: bool,
+    canceled: bool,
+    #[serde(deserialize_with = "de_i64")]
+    compact_revision: i64,
+    cancel_reason: String,
+    events: Vec<RawEvent>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    kv: RawKv,
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    async fn ping(&self) -> Result<Revision> {
+        // A range over one key returns the cluster's current revision in its header.
+        let body = json!({ "key": b64(b"/"), "limit": 1, "keys_only": true });
+        Ok(self.inner.range("ping", body).await?.header.revision)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {
+        let body = json!({ "key": b64(key.as_str().as_bytes()) });
+        let resp = self.inner.range("get", body).await?;
+        resp.kvs
+            .into_iter()
+            .next()
+            .map(|kv| self.inner.decode_kv(kv))
+            .transpose()
+    }
+
+    async fn list(&self, prefix: &Key) -> Result<Listing> {
+        let resp = self.inner.range("list", range_body(prefix)).await?;
+        let revision = resp.header.revision;
+        let kvs = resp
+            .kvs
+            .into_iter()
+            .map(|kv| self.inner.decode_kv(kv))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Listing { kvs, revision })
+    }
+
+    async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> Result<Revision> {
+        let mut body = json!({ "key": b64(key.as_str().as_bytes()), "value": b64(value.as_bytes()) });
+        if let Some(l) = lease {
+            body["lease"] = json!(l.0);
+        }
+        match self
+            .inner
+            .call::<WriteResponse>("put", "/v3/kv/put", body, true)
+            .await
+        {
+            Ok(r) => Ok(r.header.revision),
+            Err(CallError::NotFound(_)) => Err(StoreError::LeaseNotFound {
+                url: self.inner.url.clone(),
+                lease: lease.cloned().unwrap_or(LeaseId(String::new())),
+            }),
+            Err(e) => Err(e.into_store(&self.inner.url, "put")),
+        }
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool> {
+        let body = json!({ "key": b64(key.as_str().as_bytes()) });
+        let r: WriteResponse = self
+            .inner
+            .call("delete", "/v3/kv/deleterange", body, true)
+            .await
+            .map_err(|e| e.into_store(&self.inner.url, "delete"))?;
+        Ok(r.deleted > 0)
+    }
+
+    async fn delete_prefix(&self, prefix: &Key) -> Result<u64> {
+        let r: WriteResponse = self
+            .inner
+            .call("delete prefix", "/v3/kv/deleterange", range_body(prefix), true)
+            .await
+            .map_err(|e| e.into_store(&self.inner.url, "delete prefix"))?;
+        Ok(r.deleted.max(0) as u64)
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
+        let compare: Vec<Value> = txn
+            .compares
+            .iter()
+            .map(|c| match c {
+                Compare::Absent(k) => json!({"target": "CREATE", "result": "EQUAL", "key": b64(k.as_str().as_bytes()), "create_revision": "0"}),
+                Compare::ModRevision(k, r) => json!({"target": "MOD", "result": "EQUAL", "key": b64(k.as_str().as_bytes()), "mod_revision": r.to_string()}),
+                Compare::Value(k, v) => json!({"target": "VALUE", "result": "EQUAL", "key": b64(k.as_str().as_bytes()), "value": b64(v.as_bytes())}),
+            })
+            .collect();
+        let success: Vec<Value> = txn
+            .ops
+            .iter()
+            .map(|op| match op {
+                Op::Put { key, value, lease } => {
+                    let mut p = json!({"key": b64(key.as_str().as_bytes()), "value": b64(value.as_bytes())});
+                    if let Some(l) = lease {
+                        p["lease"] = json!(l.0);
+                    }
+                    json!({ "request_put": p })
+                }
+                Op::Delete(k) => json!({"request_delete_range": {"key": b64(k.as_str().as_bytes())}}),
+                Op::DeletePrefix(p) => json!({ "request_delete_range": range_body(p) }),
+            })
+            .collect();
+        let body = json!({ "compare": compare, "success": success });
+        match self
+            .inner
+            .call::<TxnResponse>("transaction", "/v3/kv/txn", body, false)
+            .await
+        {
+            Ok(r) if r.succeeded => Ok(TxnOutcome::Committed(r.header.revision)),
+            Ok(r) => Ok(TxnOutcome::Lost(r.header.revision)),
+            Err(CallError::NotFound(_)) => Err(StoreError::LeaseNotFound {
+                url: self.inner.url.clone(),
+                lease: txn
+                    .ops
+                    .iter()
+                    .find_map(|op| match op {
+                        Op::Put { lease: Some(l), .. } => Some(l.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or(LeaseId(String::new())),
+            }),
+            Err(e) => Err(e.into_store(&self.inner.url, "transaction")),
+        }
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
+        let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
+        let r: LeaseGrant = self
+            .inner
+            .call(
+                "lease grant",
+                "/v3/lease/grant",
+                json!({ "TTL": secs.to_string() }),
+                true,
+            )
+            .await
+            .map_err(|e| e.into_store(&self.inner.url, "lease grant"))?;
+        if !r.error.is_empty() || r.id == 0 {
+            return Err(StoreError::Rejected {
+                url: self.inner.url.clone(),
+                op: "lease grant",
+                message: r.error,
+            });
+        }
+        Ok(Lease {
+            id: LeaseId(r.id.to_string()),
+            ttl: Duration::from_secs(r.ttl.max(0) as u64),
+        })
+    }
+
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Duration> {
+        let not_found = || StoreError::LeaseNotFound {
+            url: self.inner.url.clone(),
+            lease: lease.clone(),
+        };
+        match self
+            .inner
+            .call::<KeepAliveResponse>(
+                "lease keep-alive",
+                "/v3/lease/keepalive",
+                json!({ "ID": lease.0 }),
+                true,
+            )
+            .await
+        {
+            // An ended lease answers with no TTL (zero fields are omitted).
+            Ok(r) if r.result.ttl > 0 => Ok(Duration::from_secs(r.result.ttl as u64)),
+            Ok(_) | Err(CallError::NotFound(_)) => Err(not_found()),
+            Err(e) => Err(e.into_store(&self.inner.url, "lease keep-alive")),
+        }
+    }
+
+    async fn revoke_lease(&self, lease: &LeaseId) -> Result<()> {
+        match self
+            .inner
+            .call::<Value>("lease revoke", "/v3/lease/revoke", json!({ "ID": lease.0 }), true)
+            .await
+        {
+            Ok(_) | Err(CallError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e.into_store(&self.inner.url, "lease revoke")),
+        }
+    }
+
+    async fn watch(&self, prefix: &Key, from: Revision) -> Result<WatchStream> {
+        // Pin "from now on" to a revision before returning, so that a reconnection
+        // later resumes from there and nothing written after this call is missed.
+        let from = if from > 0 { from } else { self.ping().await? + 1 };
+        let (tx, rx) = mpsc::channel(1024);
+        let inner = self.inner.clone();
+        let prefix = prefix.clone();
+        tokio::spawn(async move { watch_task(inner, prefix, from, tx).await });
+        Ok(Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        })))
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let body = json!({ "revision": revision.to_string(), "physical": true });
+        match self
+            .inner
+            .call::<Value>("compact", "/v3/kv/compaction", body, true)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Already compacted at or past this revision: the goal holds.
+            Err(CallError::OutOfRange(m)) if m.contains("compacted") => Ok(()),
+            Err(e) => Err(e.into_store(&self.inner.url, "compact")),
+        }
+    }
+}
+
+/// Why one watch connection ended.
+enum WatchEnd {
+    ReceiverGone,
+    Compacted,
+    Broken(String),
+}
+
+async fn watch_task(
+    inner: Arc<Inner>,
+    prefix: Key,
+    mut next: Revision,
+    tx: mpsc::Sender<Result<WatchEvent>>,
+) {
+    let mut delay = Duration::from_millis(50);
+    let mut broken = false;
+    loop {
+        match watch_once(&inner, &prefix, &mut next, &tx, &mut broken).await {
+            WatchEnd::ReceiverGone => return,
+            WatchEnd::Compacted => {
+                // History is gone: hand over the whole state and resume after it.
+                let resp = inner.range("watch re-list", range_body(&prefix)).await;
+                let listing = resp.and_then(|r| {
+                    let kvs = r
+                        .kvs
+                        .into_iter()
+                        .map(|kv| inner.decode_kv(kv))
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(Listing {
+                        kvs,
+                        revision: r.header.revision,
+                    })
+                });
+                match listing {
+                    Ok(l) => {
+                        next = l.revision + 1;
+                        let ev = WatchEvent::Reset {
+                            kvs: l.kvs,
+                            revision: l.revision,
+                        };
+                        if tx.send(Ok(ev)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(prefix = %prefix, error = %e, "watch could not re-list after compaction; retrying");
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+            }
+            WatchEnd::Broken(reason) => {
+                if !broken {
+                    tracing::warn!(prefix = %prefix, %reason, "watch connection lost; reconnecting");
+                    broken = true;
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        }
+        delay = Duration::from_millis(50);
+    }
+}
+
+async fn watch_once(
+    inner: &Inner,
+    prefix: &Key,
+    next: &mut Revision,
+    tx: &mpsc::Sender<Result<WatchEvent>>,
+    broken: &mut bool,
+) -> WatchEnd {
+    let (i, base) = inner.endpoint();
+    let mut create = range_body(prefix);
+    create["start_revision"] = json!(next.to_string());
+    let body = json!({ "create_request": create });
+    let resp = tokio::select! {
+        r = inner.client.post(format!("{base}/v3/watch")).json(&body).send() => r,
+        _ = tx.closed() => return WatchEnd::ReceiverGone,
+    };
+    let resp = match resp {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            let reason = format!("HTTP {}", r.status());
+            inner.fail_over(i, &reason);
+            return WatchEnd::Broken(reason);
+        }
+        Err(e) => {
+            let reason = error_chain(&e);
+            inner.fail_over(i, &reason);
+            return WatchEnd::Broken(reason);
+        }
+    };
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let chunk = tokio::select! {
+            c = stream.next() => c,
+            _ = tx.closed() => return WatchEnd::ReceiverGone,
+        };
+        let chunk = match chunk {
+            Some(Ok(c)) => c,
+            Some(Err(e)) => {
+                let reason = error_chain(&e);
+                inner.fail_over(i, &reason);
+                return WatchEnd::Broken(reason);
+            }
+            None => return WatchEnd::Broken("the server closed the watch stream".into()),
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let parsed: WatchLine = match serde_json::from_slice(&line) {
+                Ok(p) => p,
+                Err(e) => return WatchEnd::Broken(format!("undecodable watch message: {e}")),
+            };
+            if let Some(err) = parsed.error {
+                return WatchEnd::Broken(format!("watch error: {}", err.message));
+            }
+            let Some(res) = parsed.result else { continue };
+            if res.created && *broken {
+                tracing::info!(prefix = %prefix, endpoint = %base, "watch reconnected");
+                *broken = false;
+            }
+            if res.canceled {
+                if res.compact_revision > 0 {
+                    return WatchEnd::Compacted;
+                }
+                return WatchEnd::Broken(format!("watch canceled: {}", res.cancel_reason));
+            }
+            let mut last = *next - 1;
+            for ev in res.events {
+                let rev = ev.kv.mod_revision;
+                if rev < *next {
+                    continue; // already delivered before a reconnection
+                }
+                let out = if ev.kind == "DELETE" {
+                    match decode_text(&inner.url, &ev.kv.key, None).and_then(|k| {
+                        Key::new(k.clone()).map_err(|_| StoreError::NotText {
+                            url: inner.url.clone(),
+                            key: k,
+                        })
+                    }) {
+                        Ok(key) => Ok(WatchEvent::Delete { key, revision: rev }),
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    inner.decode_kv(ev.kv).map(WatchEvent::Put)
+                };
+                if tx.send(out).await.is_err() {
+                    return WatchEnd::ReceiverGone;
+                }
+                last = last.max(rev);
+            }
+            *next = last + 1;
+        }
+    }
+}

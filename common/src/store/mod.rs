@@ -1,0 +1,338 @@
+//! The store abstraction: one trait, its value types and errors, and `open` by URL.
+//!
+//! The trait follows etcd v3's model (a global revision, per-key create/mod
+//! revisions, leases, watches from a revision) in a shape that Consul can also fill
+//! (ModifyIndex compare-and-set, `/v1/txn`, sessions with TTL, blocking queries).
+//! It knows nothing about the key schema.
+
+mod etcd;
+mod sqlite;
+mod url;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::Stream;
+
+use crate::keys::Key;
+
+pub use self::etcd::{EtcdOptions, EtcdStore};
+pub use self::sqlite::SqliteStore;
+pub use self::url::{StoreUrl, default_store_url};
+
+/// A store revision (etcd's revision, Consul's index). 0 means "never written".
+pub type Revision = i64;
+
+/// An opaque lease identifier (etcd's 64-bit ID as a decimal string, a Consul session ID).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct LeaseId(pub String);
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A granted lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub id: LeaseId,
+    pub ttl: Duration,
+}
+
+/// One key and its value, with its revisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: Key,
+    pub value: String,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+    /// Number of writes since creation (1 after the first put).
+    pub version: i64,
+    pub lease: Option<LeaseId>,
+}
+
+/// A prefix listing and the revision it was read at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    pub kvs: Vec<KeyValue>,
+    pub revision: Revision,
+}
+
+/// A condition of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compare {
+    /// The key does not exist.
+    Absent(Key),
+    /// The key's mod revision equals this (0 also means absent).
+    ModRevision(Key, Revision),
+    /// The key exists and its value equals this.
+    Value(Key, String),
+}
+
+/// A write of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Put {
+        key: Key,
+        value: String,
+        lease: Option<LeaseId>,
+    },
+    Delete(Key),
+    /// Deletes every key starting with this prefix.
+    DeletePrefix(Key),
+}
+
+impl Op {
+    pub fn put(key: Key, value: impl Into<String>) -> Op {
+        Op::Put {
+            key,
+            value: value.into(),
+            lease: None,
+        }
+    }
+}
+
+/// An atomic transaction: if every compare holds, apply every op; otherwise nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Txn {
+    pub compares: Vec<Compare>,
+    pub ops: Vec<Op>,
+}
+
+impl Txn {
+    pub fn new() -> Txn {
+        Txn::default()
+    }
+    pub fn when(mut self, c: Compare) -> Txn {
+        self.compares.push(c);
+        self
+    }
+    pub fn then(mut self, op: Op) -> Txn {
+        self.ops.push(op);
+        self
+    }
+}
+
+/// What became of a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnOutcome {
+    /// Every compare held and every op was applied at this revision.
+    Committed(Revision),
+    /// A compare failed: nothing was written. The store was at this revision.
+    Lost(Revision),
+}
+
+impl TxnOutcome {
+    pub fn committed(self) -> bool {
+        matches!(self, TxnOutcome::Committed(_))
+    }
+}
+
+/// One change seen by a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    Put(KeyValue),
+    Delete {
+        key: Key,
+        revision: Revision,
+    },
+    /// The history between the requested revision and now was compacted away:
+    /// here is the whole state of the prefix at `revision`; events follow from there.
+    Reset {
+        kvs: Vec<KeyValue>,
+        revision: Revision,
+    },
+}
+
+impl WatchEvent {
+    pub fn revision(&self) -> Revision {
+        match self {
+            WatchEvent::Put(kv) => kv.mod_revision,
+            WatchEvent::Delete { revision, .. } | WatchEvent::Reset { revision, .. } => *revision,
+        }
+    }
+}
+
+/// Events of a watch, in revision order, each exactly once. The stream ends only
+/// when the store is dropped; transient disconnections are retried inside.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
+
+/// Broad classes of store failure, for callers that branch on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The store could not be reached or did not answer in time; retrying may help.
+    Unavailable,
+    /// The thing referred to does not exist (an expired lease).
+    NotFound,
+    /// The request or a stored value is malformed; retrying will not help.
+    InvalidInput,
+    /// The store refused (permissions, authentication).
+    Denied,
+}
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {url} is unreachable ({op}): {reason}")]
+    Unavailable {
+        url: String,
+        op: &'static str,
+        reason: String,
+    },
+    #[error(
+        "store {url} did not confirm {op} (it may or may not have been applied; re-read before retrying): {reason}"
+    )]
+    Ambiguous {
+        url: String,
+        op: &'static str,
+        reason: String,
+    },
+    #[error("invalid store URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("lease {lease} not found on {url} (expired or revoked)")]
+    LeaseNotFound { url: String, lease: LeaseId },
+    #[error("store {url} refused {op}: {message}")]
+    Denied {
+        url: String,
+        op: &'static str,
+        message: String,
+    },
+    #[error("store {url} rejected {op}: {message}")]
+    Rejected {
+        url: String,
+        op: &'static str,
+        message: String,
+    },
+    #[error("key {key} on store {url} holds data that is not UTF-8 text")]
+    NotText { url: String, key: String },
+    #[error("embedded store {url} failed during {op}: {source}")]
+    Sqlite {
+        url: String,
+        op: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+impl StoreError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::Unavailable { .. } | StoreError::Ambiguous { .. } => ErrorKind::Unavailable,
+            StoreError::LeaseNotFound { .. } => ErrorKind::NotFound,
+            StoreError::Denied { .. } => ErrorKind::Denied,
+            StoreError::InvalidUrl { .. } | StoreError::Rejected { .. } | StoreError::NotText { .. } => {
+                ErrorKind::InvalidInput
+            }
+            StoreError::Sqlite { source, .. } => match source.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                    ErrorKind::Unavailable
+                }
+                Some(
+                    rusqlite::ErrorCode::CannotOpen
+                    | rusqlite::ErrorCode::PermissionDenied
+                    | rusqlite::ErrorCode::ReadOnly,
+                ) => ErrorKind::Denied,
+                _ => ErrorKind::Unavailable,
+            },
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A key-value store with revisions, transactions, leases and watches.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The store's URL for messages (never holds a secret).
+    fn url(&self) -> &str;
+
+    /// Checks that the store answers; returns its current revision.
+    async fn ping(&self) -> Result<Revision>;
+
+    /// The key's value, or `None` when it does not exist.
+    async fn get(&self, key: &Key) -> Result<Option<KeyValue>>;
+
+    /// Every key starting with `prefix`, in key order, read at one revision.
+    async fn list(&self, prefix: &Key) -> Result<Listing>;
+
+    /// Writes `value`, bound to `lease` when given (the key is deleted when the lease
+    /// ends). Fails with `LeaseNotFound` when the lease has already ended.
+    async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> Result<Revision>;
+
+    /// Deletes one key; returns whether it existed. Deleting a missing key is not an
+    /// error and does not advance the revision.
+    async fn delete(&self, key: &Key) -> Result<bool>;
+
+    /// Deletes every key starting with `prefix`; returns how many there were.
+    async fn delete_prefix(&self, prefix: &Key) -> Result<u64>;
+
+    /// Applies `txn` atomically. A failed compare is `Ok(TxnOutcome::Lost)`, not an
+    /// error. `Ambiguous` means the outcome is unknown: re-read, then decide again.
+    async fn txn(&self, txn: Txn) -> Result<TxnOutcome>;
+
+    /// Grants a lease of at least `ttl` (a store may round a short TTL up).
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease>;
+
+    /// Renews a lease; returns its TTL. `LeaseNotFound` when it has already ended.
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Duration>;
+
+    /// Ends a lease at once and deletes its keys. Revoking an ended lease is not an error.
+    async fn revoke_lease(&self, lease: &LeaseId) -> Result<()>;
+
+    /// Watches every key starting with `prefix`, delivering events with a revision of
+    /// at least `from` (0 = from now on). When `from` has been compacted away the first
+    /// event is a `Reset` with the current state.
+    async fn watch(&self, prefix: &Key, from: Revision) -> Result<WatchStream>;
+
+    /// Discards history before `revision` (watches from older revisions get a `Reset`).
+    async fn compact(&self, revision: Revision) -> Result<()>;
+}
+
+/// A shared handle on some store.
+pub type DynStore = Arc<dyn Store>;
+
+/// Opens the store named by `url` and checks that it answers.
+pub async fn open(url: &StoreUrl) -> Result<DynStore> {
+    let store: DynStore = match url {
+        StoreUrl::Etcd { .. } => Arc::new(EtcdStore::new(url, EtcdOptions::default())?),
+        StoreUrl::Sqlite { path } => Arc::new(SqliteStore::open(path).await?),
+    };
+    store.ping().await?;
+    Ok(store)
+}
+
+/// The smallest key greater than every key starting with `prefix` (etcd's `range_end`).
+/// `None` means "no upper bound" (the prefix is empty or all 0xff bytes).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_increments_last_byte() {
+        assert_eq!(prefix_end(b"/a/"), Some(b"/a0".to_vec()));
+        assert_eq!(prefix_end(b"/a\xff"), Some(b"/b".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+}

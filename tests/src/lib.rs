@@ -1,0 +1,9 @@
+//! Test harness shared by the scenario tests: real servers (etcd now; Puppet and
+//! Swift later) started on free loopback ports in temporary directories, and always
+//! stopped, also when a test fails.
+
+pub mod etcd;
+pub mod process;
+
+pub use etcd::Etcd;
+pub use process::{free_port, require_binary};

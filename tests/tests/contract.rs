@@ -1,0 +1,483 @@
+//! The store contract: every test body here runs unchanged against a real etcd and
+//! against the embedded SQLite store (`etcd::*` and `sqlite::*` in the test output).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use jio_common::keys::Key;
+use jio_common::store::{
+    Compare, DynStore, ErrorKind, EtcdOptions, EtcdStore, Op, SqliteStore, Store, StoreError, StoreUrl, Txn,
+    TxnOutcome, WatchEvent, WatchStream,
+};
+use jio_tests::Etcd;
+
+enum Fixture {
+    Etcd(Etcd),
+    Sqlite(tempfile::TempDir),
+}
+
+struct Backend {
+    store: DynStore,
+    fixture: Fixture,
+}
+
+impl Backend {
+    async fn etcd() -> Backend {
+        let etcd = Etcd::start().await;
+        let store = open_etcd(&etcd.url());
+        Backend {
+            store,
+            fixture: Fixture::Etcd(etcd),
+        }
+    }
+
+    async fn sqlite() -> Backend {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = Arc::new(
+            SqliteStore::open(&dir.path().join("store.db"))
+                .await
+                .expect("open sqlite"),
+        );
+        Backend {
+            store,
+            fixture: Fixture::Sqlite(dir),
+        }
+    }
+
+    /// A second, independent client of the same store (for SQLite: another
+    /// connection to the same file, as another process would have).
+    async fn another_client(&self) -> DynStore {
+        match &self.fixture {
+            Fixture::Etcd(e) => open_etcd(&e.url()),
+            Fixture::Sqlite(dir) => Arc::new(
+                SqliteStore::open(&dir.path().join("store.db"))
+                    .await
+                    .expect("open sqlite"),
+            ),
+        }
+    }
+
+    /// Restarts the server (etcd). The embedded store has no server to restart.
+    async fn restart_server(&mut self) {
+        if let Fixture::Etcd(e) = &mut self.fixture {
+            e.restart(0).await;
+        }
+    }
+}
+
+fn open_etcd(url: &str) -> DynStore {
+    let url = StoreUrl::parse(url).expect("etcd URL");
+    Arc::new(EtcdStore::new(&url, EtcdOptions::default()).expect("etcd client"))
+}
+
+fn k(s: &str) -> Key {
+    Key::new(s).expect("test key")
+}
+
+/// Collects events until `want` have arrived or 20 s have passed.
+async fn collect(w: &mut WatchStream, want: usize) -> Vec<WatchEvent> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < want {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, w.next()).await {
+            Ok(Some(Ok(ev))) => out.push(ev),
+            Ok(Some(Err(e))) => panic!("watch error: {e}"),
+            Ok(None) => panic!("watch ended after {} events", out.len()),
+            Err(_) => panic!("only {} of {want} events arrived in 20 s: {out:?}", out.len()),
+        }
+    }
+    out
+}
+
+/// Asserts no further event arrives within `d`.
+async fn quiet(w: &mut WatchStream, d: Duration) {
+    if let Ok(Some(ev)) = tokio::time::timeout(d, w.next()).await {
+        panic!("unexpected extra event {ev:?}");
+    }
+}
+
+async fn put_get_delete(b: Backend) {
+    let s = &b.store;
+    let key = k("/contract/a");
+    assert_eq!(s.get(&key).await.unwrap(), None);
+    let r1 = s.put(&key, "one", None).await.unwrap();
+    let kv = s.get(&key).await.unwrap().expect("key exists after put");
+    assert_eq!(
+        (kv.value.as_str(), kv.create_revision, kv.mod_revision, kv.version),
+        ("one", r1, r1, 1)
+    );
+    assert_eq!(kv.lease, None);
+    let r2 = s.put(&key, "two", None).await.unwrap();
+    assert!(r2 > r1);
+    let kv = s.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (kv.value.as_str(), kv.create_revision, kv.mod_revision, kv.version),
+        ("two", r1, r2, 2)
+    );
+    // Values are text, including the empty string and non-ASCII.
+    s.put(&k("/contract/empty"), "", None).await.unwrap();
+    assert_eq!(s.get(&k("/contract/empty")).await.unwrap().unwrap().value, "");
+    s.put(&k("/contract/ünï"), "värde ✓", None).await.unwrap();
+    assert_eq!(
+        s.get(&k("/contract/ünï")).await.unwrap().unwrap().value,
+        "värde ✓"
+    );
+
+    assert!(s.delete(&key).await.unwrap());
+    assert_eq!(s.get(&key).await.unwrap(), None);
+    let before = s.ping().await.unwrap();
+    assert!(
+        !s.delete(&key).await.unwrap(),
+        "deleting a missing key reports false"
+    );
+    assert_eq!(
+        s.ping().await.unwrap(),
+        before,
+        "deleting a missing key does not advance the revision"
+    );
+    // A key that is a prefix of another is its own key.
+    s.put(&k("/contract/p"), "1", None).await.unwrap();
+    s.put(&k("/contract/p2"), "2", None).await.unwrap();
+    assert_eq!(s.get(&k("/contract/p")).await.unwrap().unwrap().value, "1");
+}
+
+async fn list_ten_thousand_keys(b: Backend) {
+    let s = &b.store;
+    // Neighbours that a sloppy range would catch.
+    for outside in ["/bulk", "/bulk0", "/bulj/x", "/bulk0/x"] {
+        s.put(&k(outside), "outside", None).await.unwrap();
+    }
+    let mut last = 0;
+    for batch in 0..100 {
+        let mut txn = Txn::new();
+        for i in 0..100 {
+            let n = batch * 100 + i;
+            txn = txn.then(Op::put(k(&format!("/bulk/{n:05}")), format!("value-{n}")));
+        }
+        match s.txn(txn).await.unwrap() {
+            TxnOutcome::Committed(r) => last = r,
+            other => panic!("unconditional txn lost: {other:?}"),
+        }
+    }
+    let listing = s.list(&k("/bulk/")).await.unwrap();
+    assert_eq!(listing.kvs.len(), 10_000);
+    assert!(listing.revision >= last);
+    for (i, kv) in listing.kvs.iter().enumerate() {
+        assert_eq!(
+            kv.key.as_str(),
+            format!("/bulk/{i:05}"),
+            "keys come back in order"
+        );
+        assert_eq!(kv.value, format!("value-{i}"));
+    }
+    assert_eq!(s.delete_prefix(&k("/bulk/")).await.unwrap(), 10_000);
+    assert!(s.list(&k("/bulk/")).await.unwrap().kvs.is_empty());
+    for outside in ["/bulk", "/bulk0", "/bulj/x", "/bulk0/x"] {
+        assert!(s.get(&k(outside)).await.unwrap().is_some(), "{outside} survives");
+    }
+}
+
+async fn txn_race_has_one_winner(b: Backend) {
+    let key = k("/contract/leader");
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let s = b.another_client().await;
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let txn = Txn::new()
+                .when(Compare::Absent(key.clone()))
+                .then(Op::put(key, format!("task-{i}")));
+            (i, s.txn(txn).await.unwrap())
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        let (i, outcome) = t.await.unwrap();
+        if outcome.committed() {
+            winners.push(i);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one task wins: {winners:?}");
+    let value = b.store.get(&key).await.unwrap().unwrap().value;
+    assert_eq!(value, format!("task-{}", winners[0]));
+}
+
+async fn txn_compare_and_set_loses_no_update(b: Backend) {
+    let key = k("/contract/counter");
+    b.store.put(&key, "0", None).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let s = b.another_client().await;
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lost = 0;
+            for _ in 0..15 {
+                loop {
+                    let kv = s.get(&key).await.unwrap().unwrap();
+                    let n: u64 = kv.value.parse().unwrap();
+                    let txn = Txn::new()
+                        .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                        .then(Op::put(key.clone(), (n + 1).to_string()));
+                    if s.txn(txn).await.unwrap().committed() {
+                        break;
+                    }
+                    lost += 1;
+                }
+            }
+            lost
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(b.store.get(&key).await.unwrap().unwrap().value, "90");
+}
+
+async fn txn_is_atomic(b: Backend) {
+    let s = &b.store;
+    s.put(&k("/t/c"), "old", None).await.unwrap();
+    s.put(&k("/t/d/1"), "x", None).await.unwrap();
+    s.put(&k("/t/d/2"), "y", None).await.unwrap();
+    let mut w = s.watch(&k("/t/"), 0).await.unwrap();
+    let ops = || {
+        Txn::new()
+            .then(Op::put(k("/t/a"), "A"))
+            .then(Op::put(k("/t/b"), "B"))
+            .then(Op::Delete(k("/t/c")))
+            .then(Op::DeletePrefix(k("/t/d/")))
+    };
+    // A failing compare (of each kind) writes nothing.
+    let before = s.ping().await.unwrap();
+    for c in [
+        Compare::Absent(k("/t/c")),
+        Compare::ModRevision(k("/t/c"), 1),
+        Compare::Value(k("/t/c"), "new".into()),
+        Compare::Value(k("/t/missing"), String::new()),
+    ] {
+        let mut txn = ops();
+        txn.compares.push(c.clone());
+        assert!(
+            matches!(s.txn(txn).await.unwrap(), TxnOutcome::Lost(_)),
+            "{c:?} must fail"
+        );
+    }
+    assert_eq!(
+        s.ping().await.unwrap(),
+        before,
+        "failed transactions leave no trace"
+    );
+    assert_eq!(s.get(&k("/t/a")).await.unwrap(), None);
+    assert_eq!(s.list(&k("/t/d/")).await.unwrap().kvs.len(), 2);
+
+    // A holding compare applies every op at one revision.
+    let c = s.get(&k("/t/c")).await.unwrap().unwrap();
+    let mut txn = ops()
+        .when(Compare::Value(k("/t/c"), "old".into()))
+        .when(Compare::ModRevision(k("/t/c"), c.mod_revision))
+        .when(Compare::Absent(k("/t/a")));
+    txn.compares.push(Compare::ModRevision(k("/t/never"), 0));
+    let TxnOutcome::Committed(rev) = s.txn(txn).await.unwrap() else {
+        panic!("holding compares must commit");
+    };
+    let a = s.get(&k("/t/a")).await.unwrap().unwrap();
+    let bb = s.get(&k("/t/b")).await.unwrap().unwrap();
+    assert_eq!((a.mod_revision, bb.mod_revision), (rev, rev));
+    assert_eq!(s.get(&k("/t/c")).await.unwrap(), None);
+    assert!(s.list(&k("/t/d/")).await.unwrap().kvs.is_empty());
+    let events = collect(&mut w, 5).await;
+    assert!(
+        events.iter().all(|e| e.revision() == rev),
+        "one revision for all: {events:?}"
+    );
+    quiet(&mut w, Duration::from_millis(300)).await;
+}
+
+async fn lease_expiry_removes_bound_keys(b: Backend) {
+    let s = &b.store;
+    let lease = s.grant_lease(Duration::from_secs(2)).await.unwrap();
+    s.put(&k("/live/a"), "alive", Some(&lease.id)).await.unwrap();
+    let kv = s.get(&k("/live/a")).await.unwrap().unwrap();
+    assert_eq!(kv.lease.as_ref(), Some(&lease.id));
+    // Renewed: outlives its TTL.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        s.keep_alive(&lease.id).await.unwrap();
+    }
+    assert!(
+        s.get(&k("/live/a")).await.unwrap().is_some(),
+        "a renewed lease keeps its key"
+    );
+    // Not renewed: the key goes.
+    let start = Instant::now();
+    while s.get(&k("/live/a")).await.unwrap().is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "key outlived its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let err = s.keep_alive(&lease.id).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let err = s.put(&k("/live/b"), "x", Some(&lease.id)).await.unwrap_err();
+    assert!(matches!(err, StoreError::LeaseNotFound { .. }), "{err}");
+
+    // Revoked: the key goes at once; revoking again is fine.
+    let l2 = s.grant_lease(Duration::from_secs(30)).await.unwrap();
+    s.put(&k("/live/c"), "x", Some(&l2.id)).await.unwrap();
+    s.revoke_lease(&l2.id).await.unwrap();
+    assert_eq!(s.get(&k("/live/c")).await.unwrap(), None);
+    s.revoke_lease(&l2.id).await.unwrap();
+}
+
+async fn watch_delivers_every_event_in_order_across_restart(mut b: Backend) {
+    let writer = b.another_client().await;
+    let from = b.store.ping().await.unwrap() + 1;
+    let mut w = b.store.watch(&k("/w/"), from).await.unwrap();
+    let mut expected = Vec::new();
+    for i in 0..40 {
+        writer
+            .put(&k(&format!("/w/{i}")), &format!("v{i}"), None)
+            .await
+            .unwrap();
+        writer.put(&k("/elsewhere"), "noise", None).await.unwrap();
+        expected.push(format!("put /w/{i}"));
+        if i % 10 == 9 {
+            writer.delete(&k(&format!("/w/{}", i - 1))).await.unwrap();
+            expected.push(format!("delete /w/{}", i - 1));
+        }
+    }
+    let first = collect(&mut w, expected.len() / 2).await;
+    b.restart_server().await;
+    for i in 40..80 {
+        // Writes may race the restart: retry until the store takes them.
+        let key = k(&format!("/w/{i}"));
+        let start = Instant::now();
+        while let Err(e) = writer.put(&key, &format!("v{i}"), None).await {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "store did not come back: {e}"
+            );
+        }
+        expected.push(format!("put /w/{i}"));
+    }
+    let rest = collect(&mut w, expected.len() - first.len()).await;
+    let got: Vec<String> = first
+        .iter()
+        .chain(rest.iter())
+        .map(|e| match e {
+            WatchEvent::Put(kv) => format!("put {}", kv.key),
+            WatchEvent::Delete { key, .. } => format!("delete {key}"),
+            WatchEvent::Reset { .. } => "reset".into(),
+        })
+        .collect();
+    assert_eq!(got, expected);
+    let revs: Vec<i64> = first
+        .iter()
+        .chain(rest.iter())
+        .map(WatchEvent::revision)
+        .collect();
+    assert!(
+        revs.windows(2).all(|p| p[0] < p[1]),
+        "revisions strictly increase: {revs:?}"
+    );
+    quiet(&mut w, Duration::from_millis(500)).await;
+}
+
+async fn watch_from_now_sees_only_new_events(b: Backend) {
+    b.store.put(&k("/n/old"), "x", None).await.unwrap();
+    let mut w = b.store.watch(&k("/n/"), 0).await.unwrap();
+    b.store.put(&k("/n/new"), "y", None).await.unwrap();
+    let ev = collect(&mut w, 1).await;
+    match &ev[0] {
+        WatchEvent::Put(kv) => assert_eq!((kv.key.as_str(), kv.value.as_str()), ("/n/new", "y")),
+        other => panic!("expected the new put, got {other:?}"),
+    }
+    quiet(&mut w, Duration::from_millis(300)).await;
+}
+
+async fn watch_recovers_from_compaction(b: Backend) {
+    let s = &b.store;
+    let old = s.put(&k("/c/a"), "1", None).await.unwrap();
+    s.put(&k("/c/b"), "2", None).await.unwrap();
+    s.delete(&k("/c/a")).await.unwrap();
+    let latest = s.put(&k("/c/c"), "3", None).await.unwrap();
+    s.compact(latest).await.unwrap();
+    s.compact(latest).await.unwrap(); // compacting again is harmless
+    let mut w = s.watch(&k("/c/"), old).await.unwrap();
+    let ev = collect(&mut w, 1).await;
+    let WatchEvent::Reset { kvs, revision } = &ev[0] else {
+        panic!("a watch from a compacted revision starts with a reset, got {ev:?}");
+    };
+    assert!(*revision >= latest);
+    let state: BTreeMap<&str, &str> = kvs
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+        .collect();
+    assert_eq!(state, BTreeMap::from([("/c/b", "2"), ("/c/c", "3")]));
+    s.put(&k("/c/d"), "4", None).await.unwrap();
+    let ev = collect(&mut w, 1).await;
+    assert!(
+        matches!(&ev[0], WatchEvent::Put(kv) if kv.key.as_str() == "/c/d"),
+        "{ev:?}"
+    );
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::etcd().await).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::sqlite().await).await
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    put_get_delete,
+    list_ten_thousand_keys,
+    txn_race_has_one_winner,
+    txn_compare_and_set_loses_no_update,
+    txn_is_atomic,
+    lease_expiry_removes_bound_keys,
+    watch_delivers_every_event_in_order_across_restart,
+    watch_from_now_sees_only_new_events,
+    watch_recovers_from_compaction,
+);
+
+#[tokio::test]
+async fn unreachable_etcd_is_a_quick_clear_error() {
+    let port = jio_tests::free_port();
+    let url = StoreUrl::parse(&format!("etcd://127.0.0.1:{port}")).unwrap();
+    let opts = EtcdOptions {
+        retry_budget: Duration::from_millis(500),
+        ..EtcdOptions::default()
+    };
+    let store = EtcdStore::new(&url, opts).unwrap();
+    let start = Instant::now();
+    let err = store.ping().await.unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "gave up in {:?}",
+        start.elapsed()
+    );
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+}

@@ -1,0 +1,97 @@
+//! etcd-only behaviour: fail-over across a real 3-member cluster, and compatibility
+//! with other tools (etcdctl) reading what the store layer wrote.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use jio_common::keys::{Key, Schema};
+use jio_common::store::{EtcdOptions, EtcdStore, Store, StoreUrl};
+use jio_tests::{Etcd, require_binary};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_carry_on_when_the_members_client_uses_dies() {
+    let mut cluster = Etcd::cluster(3).await;
+    let url = StoreUrl::parse(&cluster.url()).unwrap();
+    // The client starts on the first endpoint, which is the member killed below.
+    let store = Arc::new(EtcdStore::new(&url, EtcdOptions::default()).unwrap());
+    let done = Arc::new(AtomicUsize::new(0));
+    let writer = {
+        let (store, done) = (store.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut failed = 0;
+            for i in 0..300 {
+                let key = Key::new(format!("/ack/{i:04}")).unwrap();
+                match store.put(&key, "x", None).await {
+                    Ok(_) => acked.push(key.to_string()),
+                    Err(_) => failed += 1,
+                }
+                done.store(i + 1, Ordering::Relaxed);
+            }
+            (acked, failed)
+        })
+    };
+    while done.load(Ordering::Relaxed) < 50 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.kill(0);
+    let at_kill = done.load(Ordering::Relaxed);
+    assert!(
+        at_kill < 250,
+        "the member must die while writes are running (died after {at_kill})"
+    );
+    let (acked, failed) = writer.await.unwrap();
+    eprintln!("member 0 killed after {at_kill} writes");
+    assert_eq!(failed, 0, "every write succeeds through the surviving members");
+    assert_eq!(acked.len(), 300);
+
+    // Read back through the survivors only.
+    let survivors = StoreUrl::parse(&format!(
+        "etcd://{},{}",
+        cluster.endpoint(1).trim_start_matches("http://"),
+        cluster.endpoint(2).trim_start_matches("http://")
+    ))
+    .unwrap();
+    let reader = EtcdStore::new(&survivors, EtcdOptions::default()).unwrap();
+    let stored: BTreeSet<String> = reader
+        .list(&Key::new("/ack/").unwrap())
+        .await
+        .unwrap()
+        .kvs
+        .into_iter()
+        .map(|kv| kv.key.to_string())
+        .collect();
+    for key in &acked {
+        assert!(stored.contains(key), "acknowledged write {key} was lost");
+    }
+}
+
+#[tokio::test]
+async fn etcdctl_reads_what_the_store_layer_wrote() {
+    let etcdctl = require_binary("etcdctl", "apt-get install -y etcd-client");
+    let etcd = Etcd::start().await;
+    let store = EtcdStore::new(&StoreUrl::parse(&etcd.url()).unwrap(), EtcdOptions::default()).unwrap();
+    let schema = Schema::default();
+    store.put(&schema.current_version(), "v42", None).await.unwrap();
+    let out = std::process::Command::new(etcdctl)
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &etcd.endpoint(0),
+            "get",
+            "/current_version",
+            "--print-value-only",
+        ])
+        .output()
+        .expect("run etcdctl");
+    assert!(
+        out.status.success(),
+        "etcdctl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v42");
+}
