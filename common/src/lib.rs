@@ -7,3 +7,6 @@ pub mod keys;
 pub mod names;
 pub mod store;
 pub mod values;
+pub mod duration;
+pub mod gate;
+pub mod time;

@@ -297,6 +297,23 @@ async fn txn_is_atomic(b: Backend) {
     quiet(&mut w, Duration::from_millis(300)).await;
 }
 
+async fn txn_rejects_writing_a_key_twice(b: Backend) {
+    let s = &b.store;
+    s.put(&k("/dup/x"), "old", None).await.unwrap();
+    let before = s.ping().await.unwrap();
+    for txn in [
+        Txn::new().then(Op::put(k("/dup/a"), "1")).then(Op::put(k("/dup/a"), "2")),
+        Txn::new().then(Op::Delete(k("/dup/a"))).then(Op::put(k("/dup/a"), "2")),
+        Txn::new().then(Op::DeletePrefix(k("/dup/"))).then(Op::put(k("/dup/b"), "2")),
+    ] {
+        let err = s.txn(txn).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains("duplicate key"), "{err}");
+    }
+    assert_eq!(s.ping().await.unwrap(), before, "a rejected transaction writes nothing");
+    assert_eq!(s.get(&k("/dup/x")).await.unwrap().unwrap().value, "old");
+}
+
 async fn lease_expiry_removes_bound_keys(b: Backend) {
     let s = &b.store;
     let lease = s.grant_lease(Duration::from_secs(2)).await.unwrap();
@@ -454,6 +471,7 @@ contract!(
     txn_race_has_one_winner,
     txn_compare_and_set_loses_no_update,
     txn_is_atomic,
+    txn_rejects_writing_a_key_twice,
     lease_expiry_removes_bound_keys,
     watch_delivers_every_event_in_order_across_restart,
     watch_from_now_sees_only_new_events,

@@ -436,6 +436,32 @@ impl<'c> Writer<'c> {
     }
 }
 
+/// etcd refuses a transaction that writes one key twice, or puts a key that a
+/// delete of the same transaction also covers; so does this store.
+fn overlapping_ops(ops: &[Op]) -> Option<String> {
+    let mut puts = std::collections::BTreeSet::new();
+    let mut deletes: Vec<(&str, bool)> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Put { key, .. } => {
+                if !puts.insert(key.as_str()) {
+                    return Some(format!("duplicate key given in txn request: {key}"));
+                }
+            }
+            Op::Delete(k) => deletes.push((k.as_str(), false)),
+            Op::DeletePrefix(k) => deletes.push((k.as_str(), true)),
+        }
+    }
+    for put in &puts {
+        for (d, prefix) in &deletes {
+            if (*prefix && put.starts_with(d)) || (!*prefix && put == d) {
+                return Some(format!("duplicate key given in txn request: {put} is both put and deleted"));
+            }
+        }
+    }
+    None
+}
+
 fn range_keys(conn: &Connection, prefix: &[u8]) -> rusqlite::Result<Vec<Vec<u8>>> {
     match prefix_end(prefix) {
         Some(end) => conn
@@ -665,6 +691,13 @@ impl Store for SqliteStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
+        if let Some(message) = overlapping_ops(&txn.ops) {
+            return Err(StoreError::Rejected {
+                url: self.inner.url.clone(),
+                op: "transaction",
+                message,
+            });
+        }
         let wrap = self.wrap("transaction");
         self.write("transaction", move |w| {
             for c in &txn.compares {

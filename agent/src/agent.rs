@@ -1,0 +1,579 @@
+//! The agent's passes: observe the store and the host, decide (pure), act at most
+//! once, report in one transaction per step. `run` loops passes, woken by watches.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use jio_common::gate::{self, GateKeys};
+use jio_common::keys::{EnableLevel, Key, Schema, Step};
+use jio_common::names::{HostName, Role, Version};
+use jio_common::store::{DynStore, ErrorKind, Revision, StoreError};
+use jio_common::time::{unix_now, utc_stamp};
+use jio_common::values::{AgentState, parse_bool, parse_version};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::decide::{self, Decision, Failure, Observation, Why};
+use crate::liveness::Liveness;
+use crate::report;
+use crate::runner::{self, Outcome, Spec};
+use crate::state::{self, Journal, LastRun, PendingReport, RunResult, RunStart, StateError};
+
+/// Runs kept in the state directory; older ones are removed.
+const KEEP_RUNS: usize = 20;
+
+/// Why the agent could not carry on.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("{key}: {reason}")]
+    BadValue { key: Key, reason: String },
+}
+
+impl AgentError {
+    pub fn store_unavailable(&self) -> bool {
+        matches!(self, AgentError::Store(e) if e.kind() == ErrorKind::Unavailable)
+    }
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassResult {
+    /// Nothing to do (up to date, disabled, waiting, no desired version).
+    Idle(Decision),
+    /// Earlier results were written to the store.
+    Reported,
+    /// An upgrade ran.
+    Ran { version: Version, result: RunResult },
+}
+
+/// One host's agent.
+pub struct Agent {
+    pub cfg: Config,
+    pub store: DynStore,
+    pub journal: Journal,
+    pub liveness: Option<Liveness>,
+    shutdown: watch::Receiver<bool>,
+    last_decision: Option<Decision>,
+}
+
+impl Agent {
+    /// Loads the journal and turns a run that a dead agent left in progress into an
+    /// interrupted one (it will be run again).
+    pub fn new(cfg: Config, store: DynStore, shutdown: watch::Receiver<bool>) -> Result<Agent, AgentError> {
+        let mut journal = Journal::load(&cfg.state_dir)?;
+        if let Some(run) = journal.in_progress.take() {
+            tracing::warn!(
+                version = %run.version,
+                started = run.started,
+                pid = run.pid,
+                "found a run that never finished (the agent was killed); it counts as interrupted and will run again"
+            );
+            journal.last_run = Some(LastRun {
+                version: run.version,
+                started: run.started,
+                finished: unix_now(),
+                result: RunResult::Interrupted,
+                step: "unknown".into(),
+                reason: Some("the agent stopped during the run".into()),
+                run_dir: run.run_dir,
+            });
+            journal.save(&cfg.state_dir)?;
+        }
+        Ok(Agent {
+            cfg,
+            store,
+            journal,
+            liveness: None,
+            shutdown,
+            last_decision: None,
+        })
+    }
+
+    /// For `status`: reads the journal without recovering or changing anything.
+    pub fn new_readonly(cfg: Config, store: DynStore, shutdown: watch::Receiver<bool>) -> Result<Agent, AgentError> {
+        let journal = Journal::load(&cfg.state_dir)?;
+        Ok(Agent {
+            cfg,
+            store,
+            journal,
+            liveness: None,
+            shutdown,
+            last_decision: None,
+        })
+    }
+
+    fn schema(&self) -> &Schema {
+        &self.cfg.schema
+    }
+    fn host(&self) -> &HostName {
+        &self.cfg.hostname
+    }
+    fn role(&self) -> &Role {
+        &self.cfg.role
+    }
+
+    /// The keys whose changes should wake the agent.
+    pub fn watched_keys(&self) -> Vec<Key> {
+        let s = self.schema();
+        vec![
+            s.current_version(),
+            s.enable(&EnableLevel::Global),
+            s.enable(&EnableLevel::Role(self.role().clone())),
+            s.enable(&EnableLevel::Host(self.host().clone())),
+        ]
+    }
+
+    /// Reads the desired version and the gate.
+    pub async fn observe(&self) -> Result<Observation, AgentError> {
+        let s = self.schema();
+        let keys = [
+            s.enable(&EnableLevel::Host(self.host().clone())),
+            s.enable(&EnableLevel::Role(self.role().clone())),
+            s.enable(&EnableLevel::Global),
+        ];
+        let cv = s.current_version();
+        let (desired, h, r, g) = tokio::try_join!(
+            self.store.get(&cv),
+            self.store.get(&keys[0]),
+            self.store.get(&keys[1]),
+            self.store.get(&keys[2]),
+        )?;
+        let bad = |e: jio_common::values::ValueError| AgentError::BadValue {
+            key: e.key.clone(),
+            reason: e.to_string(),
+        };
+        let mut vals = [None; 3];
+        let mut revs: [Revision; 3] = [0; 3];
+        for (i, kv) in [h, r, g].into_iter().enumerate() {
+            if let Some(kv) = kv {
+                vals[i] = Some(parse_bool(&kv.key, &kv.value).map_err(bad)?);
+                revs[i] = kv.mod_revision;
+            }
+        }
+        let desired = match desired {
+            Some(kv) if !kv.value.trim().is_empty() => Some(parse_version(&kv.key, &kv.value).map_err(bad)?),
+            _ => None,
+        };
+        Ok(Observation {
+            desired,
+            local: state::read_local_version(&self.cfg.version_file)?,
+            gate: gate::decide(GateKeys {
+                host: vals[0],
+                role: vals[1],
+                global: vals[2],
+            }),
+            gate_revisions: revs,
+            failure: self.journal.failure.clone(),
+            unreported: !self.journal.unreported.is_empty(),
+            now: unix_now(),
+            retry_interval: self.cfg.retry_interval,
+        })
+    }
+
+    /// One pass: report what is pending, or decide and act.
+    pub async fn pass(&mut self) -> Result<PassResult, AgentError> {
+        if !self.journal.unreported.is_empty() {
+            self.flush_reports().await?;
+            return Ok(PassResult::Reported);
+        }
+        let obs = self.observe().await?;
+        let decision = decide::decide(&obs);
+        if self.last_decision.as_ref() != Some(&decision) {
+            log_decision(&decision, &obs);
+            self.last_decision = Some(decision.clone());
+        }
+        match decision {
+            Decision::Upgrade { version, why } => {
+                let result = self.upgrade(&version, why, &obs).await?;
+                self.last_decision = None;
+                Ok(PassResult::Ran { version, result })
+            }
+            Decision::Report => {
+                self.flush_reports().await?;
+                Ok(PassResult::Reported)
+            }
+            other => {
+                let state = match &self.journal.failure {
+                    Some(f) if Some(&f.version) == obs.desired.as_ref() => AgentState::Failed,
+                    _ => AgentState::Idle,
+                };
+                self.set_liveness(state, obs.local.clone().or(obs.desired.clone()));
+                Ok(PassResult::Idle(other))
+            }
+        }
+    }
+
+    fn set_liveness(&self, state: AgentState, version: Option<Version>) {
+        if let Some(l) = &self.liveness {
+            l.set(state, version);
+        }
+    }
+
+    /// Writes every pending report, oldest first. A validated success moves the
+    /// local version only once the store has it.
+    pub async fn flush_reports(&mut self) -> Result<(), AgentError> {
+        while let Some(r) = self.journal.unreported.first().cloned() {
+            report::apply(&self.store, self.schema(), self.host(), &r).await?;
+            tracing::info!(version = %r.version, step = r.step.as_str(), ok = r.ok, "reported");
+            if r.step == Step::Validated && r.ok {
+                state::write_local_version(&self.cfg.version_file, &r.version)?;
+            }
+            self.journal.unreported.remove(0);
+            self.journal.save(&self.cfg.state_dir)?;
+        }
+        Ok(())
+    }
+
+    /// Queues a report in the journal (durably), then tries to write it.
+    async fn report(&mut self, r: PendingReport) -> Result<(), AgentError> {
+        self.journal.unreported.push(r);
+        self.journal.save(&self.cfg.state_dir)?;
+        match self.flush_reports().await {
+            Err(e) if e.store_unavailable() => {
+                tracing::warn!(error = %e, "store unreachable; the result stays in the journal and is reported when it is back");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn new_run_dir(&self, version: &Version) -> Result<PathBuf, StateError> {
+        let runs = self.cfg.state_dir.join("runs");
+        let dir = runs.join(format!("{}-{}", utc_stamp(unix_now()), version));
+        std::fs::create_dir_all(&dir).map_err(|source| StateError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        prune_runs(&runs);
+        Ok(dir)
+    }
+
+    fn env(&self, version: &Version, run_dir: &Path) -> Vec<(String, String)> {
+        vec![
+            ("JIO_VERSION".into(), version.to_string()),
+            ("JIO_HOST".into(), self.host().to_string()),
+            ("JIO_ROLE".into(), self.role().to_string()),
+            ("JIO_RUN_DIR".into(), run_dir.display().to_string()),
+        ]
+    }
+
+    async fn exec(&mut self, what: &str, argv: &[String], timeout: Duration, run_dir: &Path, name: &str, version: &Version) -> runner::Finished {
+        let env = self.env(version, run_dir);
+        let spec = Spec {
+            argv,
+            env: &env,
+            timeout,
+            stdout: &run_dir.join(format!("{name}.stdout")),
+            stderr: &run_dir.join(format!("{name}.stderr")),
+        };
+        tracing::info!(step = what, command = ?argv, "starting");
+        let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace).await;
+        tracing::info!(step = what, exit = ?f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "finished");
+        f
+    }
+
+    /// Puppet (after the fact file and pre-commands): the configure step.
+    async fn configure(&mut self, version: &Version, run_dir: &Path) -> Result<Outcome, AgentError> {
+        state::write_fact(&self.cfg.facts_file, version)?;
+        for (i, cmd) in self.cfg.pre_commands.clone().iter().enumerate() {
+            let f = self
+                .exec("pre-command", cmd, self.cfg.pre_command_timeout, run_dir, &format!("pre-{i}"), version)
+                .await;
+            let o = runner::plain_outcome(&format!("pre-command {:?}", cmd.join(" ")), &f.exit);
+            if !o.ok() {
+                return Ok(o);
+            }
+        }
+        let jsonl = run_dir.join("puppet.jsonl");
+        let argv = substitute(&self.cfg.puppet_command, &jsonl, &self.cfg.validation_dir);
+        let f = self.exec("puppet", &argv, self.cfg.puppet_timeout, run_dir, "puppet", version).await;
+        Ok(runner::puppet_outcome(&f.exit))
+    }
+
+    async fn validate(&mut self, version: &Version, run_dir: &Path) -> Outcome {
+        let argv = substitute(&self.cfg.validation_command, &run_dir.join("puppet.jsonl"), &self.cfg.validation_dir);
+        let f = self
+            .exec("validation", &argv, self.cfg.validation_timeout, run_dir, "validation", version)
+            .await;
+        runner::plain_outcome("validation", &f.exit)
+    }
+
+    fn stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// One upgrade to `version`: configure, validate, report each step.
+    async fn upgrade(&mut self, version: &Version, why: Why, obs: &Observation) -> Result<RunResult, AgentError> {
+        let run_dir = self.new_run_dir(version)?;
+        let started = unix_now();
+        tracing::info!(%version, reason = ?why, run_dir = %run_dir.display(), "upgrade starts");
+        self.journal.in_progress = Some(RunStart {
+            version: version.clone(),
+            started,
+            pid: std::process::id(),
+            run_dir: run_dir.clone(),
+        });
+        self.journal.save(&self.cfg.state_dir)?;
+        self.set_liveness(AgentState::Upgrading, Some(version.clone()));
+
+        let configured = self.configure(version, &run_dir).await?;
+        let (step, outcome) = if configured == Outcome::Interrupted {
+            ("configured", configured)
+        } else {
+            self.report(PendingReport {
+                version: version.clone(),
+                step: Step::Configured,
+                ok: configured.ok(),
+                link: String::new(),
+                at: unix_now(),
+            })
+            .await?;
+            if !configured.ok() || self.stopping() {
+                ("configured", if self.stopping() && configured.ok() { Outcome::Interrupted } else { configured })
+            } else {
+                let validated = self.validate(version, &run_dir).await;
+                if validated != Outcome::Interrupted {
+                    self.report(PendingReport {
+                        version: version.clone(),
+                        step: Step::Validated,
+                        ok: validated.ok(),
+                        link: String::new(),
+                        at: unix_now(),
+                    })
+                    .await?;
+                }
+                ("validated", validated)
+            }
+        };
+        let (result, reason) = match &outcome {
+            Outcome::Success { .. } => (RunResult::Success, None),
+            Outcome::Failure(r) => (RunResult::Failed, Some(r.clone())),
+            Outcome::Interrupted => (RunResult::Interrupted, Some("the agent was stopped during the run".into())),
+        };
+        self.journal.in_progress = None;
+        self.journal.last_run = Some(LastRun {
+            version: version.clone(),
+            started,
+            finished: unix_now(),
+            result,
+            step: step.into(),
+            reason: reason.clone(),
+            run_dir,
+        });
+        match result {
+            RunResult::Success => self.journal.failure = None,
+            RunResult::Failed => {
+                let attempts = match &self.journal.failure {
+                    Some(f) if &f.version == version => f.attempts + 1,
+                    _ => 1,
+                };
+                self.journal.failure = Some(Failure {
+                    version: version.clone(),
+                    at: unix_now(),
+                    attempts,
+                    gate_revisions: obs.gate_revisions,
+                });
+            }
+            RunResult::Interrupted => {}
+        }
+        self.journal.save(&self.cfg.state_dir)?;
+        match result {
+            RunResult::Success => {
+                tracing::info!(%version, "upgrade succeeded");
+                self.set_liveness(AgentState::Idle, Some(version.clone()));
+            }
+            RunResult::Failed => {
+                tracing::error!(%version, step, reason = reason.as_deref().unwrap_or(""), "upgrade failed");
+                self.set_liveness(AgentState::Failed, Some(version.clone()));
+            }
+            RunResult::Interrupted => tracing::warn!(%version, "upgrade interrupted; it will run again"),
+        }
+        Ok(result)
+    }
+
+    /// The idle health check: validate; on failure run Puppet once to repair and
+    /// validate again; report the outcome for the local version.
+    pub async fn health_check(&mut self) -> Result<(), AgentError> {
+        let Some(local) = state::read_local_version(&self.cfg.version_file)? else {
+            return Ok(());
+        };
+        let run_dir = self.new_run_dir(&local)?;
+        if self.validate(&local, &run_dir).await.ok() {
+            return Ok(());
+        }
+        tracing::warn!(version = %local, "health check failed; running puppet to repair");
+        self.set_liveness(AgentState::Upgrading, Some(local.clone()));
+        let configured = self.configure(&local, &run_dir).await?;
+        if configured == Outcome::Interrupted {
+            return Ok(());
+        }
+        let repaired = configured.ok() && self.validate(&local, &run_dir).await.ok();
+        if !configured.ok() {
+            self.report(PendingReport {
+                version: local.clone(),
+                step: Step::Configured,
+                ok: false,
+                link: String::new(),
+                at: unix_now(),
+            })
+            .await?;
+        } else {
+            self.report(PendingReport {
+                version: local.clone(),
+                step: Step::Validated,
+                ok: repaired,
+                link: String::new(),
+                at: unix_now(),
+            })
+            .await?;
+        }
+        tracing::info!(version = %local, repaired, "health repair finished");
+        self.set_liveness(if repaired { AgentState::Idle } else { AgentState::Failed }, Some(local));
+        Ok(())
+    }
+
+    /// The daemon: passes woken by watches on the desired version and the enable
+    /// keys, with a slow resync, retry timers and the idle health check.
+    pub async fn run(&mut self, mut on_ready: impl FnMut()) -> Result<(), AgentError> {
+        let mut watches = self.open_watches().await;
+        on_ready();
+        let mut store_backoff = Duration::from_millis(200);
+        let mut next_health = tokio::time::Instant::now() + self.cfg.health_interval;
+        loop {
+            if self.stopping() {
+                return Ok(());
+            }
+            let mut wait = self.cfg.resync_interval;
+            match self.pass().await {
+                Ok(PassResult::Idle(Decision::Backoff { until, .. })) => {
+                    store_backoff = Duration::from_millis(200);
+                    wait = wait.min(Duration::from_secs(until.saturating_sub(unix_now()).max(1)));
+                }
+                Ok(PassResult::Reported) | Ok(PassResult::Ran { .. }) => {
+                    store_backoff = Duration::from_millis(200);
+                    continue; // look again at once
+                }
+                Ok(PassResult::Idle(d)) => {
+                    store_backoff = Duration::from_millis(200);
+                    if d == Decision::UpToDate
+                        && !self.cfg.health_interval.is_zero()
+                        && tokio::time::Instant::now() >= next_health
+                    {
+                        if let Err(e) = self.health_check().await {
+                            tracing::warn!(error = %e, "health check could not finish");
+                        }
+                        next_health = tokio::time::Instant::now() + self.cfg.health_interval;
+                        continue;
+                    }
+                    if d == Decision::UpToDate && !self.cfg.health_interval.is_zero() {
+                        wait = wait.min(next_health.saturating_duration_since(tokio::time::Instant::now()));
+                    }
+                }
+                Err(e) if e.store_unavailable() => {
+                    if self.last_decision.take().is_some() || store_backoff == Duration::from_millis(200) {
+                        tracing::warn!(error = %e, "store unreachable; retrying");
+                    }
+                    wait = store_backoff;
+                    store_backoff = (store_backoff * 2).min(Duration::from_secs(30));
+                }
+                Err(e @ AgentError::BadValue { .. }) => {
+                    tracing::error!(error = %e, "cannot decide: fix the value in the store");
+                    wait = self.cfg.resync_interval.min(Duration::from_secs(30));
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::select! {
+                ev = watches.next() => {
+                    match ev {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "watch failed; reopening");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            watches = self.open_watches().await;
+                        }
+                        None => watches = self.open_watches().await,
+                    }
+                    // Drain whatever else already arrived: one pass covers it all.
+                    while let Some(Some(Ok(_))) = futures_util::FutureExt::now_or_never(watches.next()) {}
+                }
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.shutdown.changed() => {}
+            }
+        }
+    }
+
+    async fn open_watches(&self) -> futures_util::stream::SelectAll<jio_common::store::WatchStream> {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            let mut all = futures_util::stream::SelectAll::new();
+            let mut failed = None;
+            for key in self.watched_keys() {
+                match self.store.watch(&key, 0).await {
+                    Ok(w) => all.push(w),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            match failed {
+                None => return all,
+                Some(e) => {
+                    tracing::warn!(error = %e, "cannot open watches; retrying");
+                    let mut stop = self.shutdown.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = stop.changed() => return all,
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+}
+
+fn log_decision(d: &Decision, obs: &Observation) {
+    let local = obs.local.as_ref().map(Version::as_str).unwrap_or("none");
+    match d {
+        Decision::NoDesiredVersion => tracing::info!(local, "no desired version is set"),
+        Decision::UpToDate => tracing::info!(local, "up to date"),
+        Decision::Disabled { version, level } => {
+            tracing::info!(desired = %version, local, decided_by = level.as_str(), "update pending, not enabled")
+        }
+        Decision::Backoff { version, until } => tracing::info!(
+            desired = %version,
+            local,
+            retry_in_s = until.saturating_sub(obs.now),
+            "last attempt failed; waiting before retrying"
+        ),
+        Decision::Upgrade { version, why } => tracing::info!(desired = %version, local, reason = ?why, "upgrade allowed"),
+        Decision::Report => tracing::info!("results waiting to be reported"),
+    }
+}
+
+/// Replaces `{log_jsonl}` and `{validation_dir}` in a configured command.
+fn substitute(argv: &[String], jsonl: &Path, validation_dir: &Path) -> Vec<String> {
+    argv.iter()
+        .map(|a| {
+            a.replace("{log_jsonl}", &jsonl.display().to_string())
+                .replace("{validation_dir}", &validation_dir.display().to_string())
+        })
+        .collect()
+}
+
+fn prune_runs(runs: &Path) {
+    let Ok(rd) = std::fs::read_dir(runs) else { return };
+    let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    if dirs.len() <= KEEP_RUNS {
+        return;
+    }
+    dirs.sort();
+    for d in &dirs[..dirs.len() - KEEP_RUNS] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

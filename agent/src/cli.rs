@@ -1,0 +1,475 @@
+//! Command line: parse, load the configuration, run a subcommand, map the result to
+//! a documented exit code.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use jio_common::names::Version;
+use jio_common::store::{self, DynStore, ErrorKind, StoreError};
+use jio_common::time::unix_now;
+use jio_common::values::AgentState;
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::agent::{Agent, AgentError, PassResult};
+use crate::config::{self, Config, Overrides};
+use crate::decide::{self, Decision};
+use crate::identity;
+use crate::liveness::Liveness;
+use crate::report;
+use crate::state::{self, Journal, RunResult};
+
+/// Exit codes (also in the README).
+pub mod exit {
+    /// Success; for `pending-update`: an update is pending.
+    pub const OK: u8 = 0;
+    /// The upgrade failed; for `pending-update`: up to date.
+    pub const FAILED: u8 = 1;
+    /// The store is unreachable.
+    pub const UNREACHABLE: u8 = 2;
+    /// `pending-update` only: the store is unreachable and there is no local version.
+    pub const UNREACHABLE_NO_LOCAL: u8 = 3;
+    /// Another jio-agent holds the lock.
+    pub const LOCKED: u8 = 4;
+    /// The run was interrupted by SIGTERM/SIGINT.
+    pub const INTERRUPTED: u8 = 5;
+    /// Bad command line or configuration.
+    pub const USAGE: u8 = 64;
+    /// A local file could not be read or written, or a stored value is invalid.
+    pub const SOFTWARE: u8 = 70;
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "jio-agent", version, about = "Node agent of the jiocloud fleet: upgrades this host when the store says so")]
+pub struct Cli {
+    /// Configuration file [default: /etc/jiocloud/agent.toml when it exists]
+    #[arg(long, global = true, env = "JIO_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Store URL: etcd://host:port[,host:port...] or sqlite://PATH [env: JIO_STORE]
+    #[arg(long, global = true)]
+    pub store: Option<String>,
+    /// Namespace prefix of every key [env: JIO_PREFIX]
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// This host's name [env: JIO_HOSTNAME; default: the system host name]
+    #[arg(long, global = true)]
+    pub hostname: Option<String>,
+    /// This host's role [env: JIO_ROLE; default: derived from the host name]
+    #[arg(long, global = true)]
+    pub role: Option<String>,
+    /// State directory [env: JIO_STATE_DIR; default: /var/lib/jiocloud]
+    #[arg(long, global = true)]
+    pub state_dir: Option<PathBuf>,
+    /// More logging (-v debug, -vv trace)
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// The daemon: react to the store, upgrade when allowed, report
+    Run,
+    /// One reconcile pass, then exit (for cron)
+    Once,
+    /// First boot: register, publish addresses, record provisioning, converge once
+    Bootstrap,
+    /// Exit 0 when an update is pending, 1 when up to date, 2 store unreachable, 3 unreachable and no local version
+    #[command(alias = "pending_update")]
+    PendingUpdate,
+    /// Print the local version, or set it
+    #[command(alias = "local_version")]
+    LocalVersion { version: Option<String> },
+    /// What this host sees: desired and local version, enable decision, last run
+    Status {
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Parses the command line and runs it; returns the exit code.
+pub fn main() -> u8 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::USAGE } else { exit::OK };
+        }
+    };
+    init_tracing(cli.verbose);
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("jio-agent: cannot start the runtime: {e}");
+            return exit::SOFTWARE;
+        }
+    };
+    rt.block_on(dispatch(cli))
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("JIO_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
+fn overrides(cli: &Cli) -> Overrides {
+    let mut ov = Overrides {
+        config_path: cli.config.clone(),
+        ..Overrides::default()
+    }
+    .with_env(|k| std::env::var(k).ok());
+    for (key, v) in [
+        ("store", cli.store.clone()),
+        ("prefix", cli.prefix.clone()),
+        ("hostname", cli.hostname.clone()),
+        ("role", cli.role.clone()),
+        ("state_dir", cli.state_dir.as_ref().map(|p| p.display().to_string())),
+    ] {
+        if let Some(v) = v {
+            ov.flags.insert(key, v);
+        }
+    }
+    ov
+}
+
+fn fail(msg: impl std::fmt::Display, code: u8) -> u8 {
+    eprintln!("jio-agent: {msg}");
+    code
+}
+
+fn error_code(e: &AgentError) -> u8 {
+    match e {
+        AgentError::Store(s) if s.kind() == ErrorKind::Unavailable => exit::UNREACHABLE,
+        AgentError::Store(s) if s.kind() == ErrorKind::InvalidInput => exit::USAGE,
+        _ => exit::SOFTWARE,
+    }
+}
+
+async fn dispatch(cli: Cli) -> u8 {
+    let cfg = match config::load(&overrides(&cli), identity::system_hostname) {
+        Ok(c) => c,
+        Err(e) => return fail(e, exit::USAGE),
+    };
+    match cli.command {
+        Command::LocalVersion { version } => local_version(&cfg, version),
+        Command::PendingUpdate => pending_update(&cfg).await,
+        Command::Status { json } => status(&cfg, json).await,
+        Command::Once => once(cfg, false).await,
+        Command::Bootstrap => once(cfg, true).await,
+        Command::Run => run(cfg).await,
+    }
+}
+
+fn local_version(cfg: &Config, version: Option<String>) -> u8 {
+    match version {
+        None => match state::read_local_version(&cfg.version_file) {
+            Ok(Some(v)) => {
+                println!("{v}");
+                exit::OK
+            }
+            Ok(None) => fail(format!("no local version ({} is missing or empty)", cfg.version_file.display()), exit::FAILED),
+            Err(e) => fail(e, exit::SOFTWARE),
+        },
+        Some(v) => match Version::new(v) {
+            Ok(v) => match state::write_local_version(&cfg.version_file, &v) {
+                Ok(()) => exit::OK,
+                Err(e) => fail(e, exit::SOFTWARE),
+            },
+            Err(e) => fail(e, exit::USAGE),
+        },
+    }
+}
+
+/// Opens the store and registers this host (every store-using subcommand does).
+async fn connect(cfg: &Config) -> Result<DynStore, StoreError> {
+    let how = if cfg.store_given { "" } else { " (default: no store configured)" };
+    tracing::info!(store = %cfg.store, "using store{how}");
+    let store = store::open(&cfg.store).await?;
+    report::register(&store, &cfg.schema, &cfg.hostname, &cfg.role, identity::addresses(), unix_now()).await?;
+    Ok(store)
+}
+
+async fn pending_update(cfg: &Config) -> u8 {
+    let local = match state::read_local_version(&cfg.version_file) {
+        Ok(v) => v,
+        Err(e) => return fail(e, exit::SOFTWARE),
+    };
+    let unreachable = |e: &dyn std::fmt::Display| {
+        eprintln!("jio-agent: {e}");
+        if local.is_some() { exit::UNREACHABLE } else { exit::UNREACHABLE_NO_LOCAL }
+    };
+    let store = match connect(cfg).await {
+        Ok(s) => s,
+        Err(e) => return unreachable(&e),
+    };
+    match store.get(&cfg.schema.current_version()).await {
+        Err(e) => unreachable(&e),
+        Ok(Some(kv)) if !kv.value.trim().is_empty() && Some(kv.value.trim()) != local.as_ref().map(Version::as_str) => {
+            println!("{}", kv.value.trim());
+            exit::OK
+        }
+        Ok(_) => exit::FAILED,
+    }
+}
+
+async fn status(cfg: &Config, as_json: bool) -> u8 {
+    let store = match connect(cfg).await {
+        Ok(s) => s,
+        Err(e) => return fail(e, exit::UNREACHABLE),
+    };
+    let (_tx, rx) = watch::channel(false);
+    let agent = match Agent::new_readonly(cfg.clone(), store, rx) {
+        Ok(a) => a,
+        Err(e) => return fail(&e, error_code(&e)),
+    };
+    let obs = match agent.observe().await {
+        Ok(o) => o,
+        Err(e) => return fail(&e, error_code(&e)),
+    };
+    let decision = decide::decide(&obs);
+    let j = &agent.journal;
+    if as_json {
+        let out = json!({
+            "host": cfg.hostname,
+            "role": cfg.role,
+            "store": cfg.store.to_string(),
+            "desired": obs.desired,
+            "local": obs.local,
+            "enabled": obs.gate.enabled,
+            "decided_by": obs.gate.level,
+            "decision": decision_text(&decision),
+            "last_run": j.last_run,
+            "in_progress": j.in_progress,
+            "unreported": j.unreported.len(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        return exit::OK;
+    }
+    let none = || "none".to_string();
+    println!("host:      {} (role {})", cfg.hostname, cfg.role);
+    println!("store:     {}", cfg.store);
+    println!("desired:   {}", obs.desired.as_ref().map(ToString::to_string).unwrap_or_else(none));
+    println!("local:     {}", obs.local.as_ref().map(ToString::to_string).unwrap_or_else(none));
+    let by = match obs.gate.level {
+        jio_common::gate::Level::Default => "no enable_puppet key is set".to_string(),
+        l => format!("decided by the {} key", l.as_str()),
+    };
+    println!("enabled:   {} ({by})", if obs.gate.enabled { "yes" } else { "no" });
+    println!("decision:  {}", decision_text(&decision));
+    match &j.last_run {
+        Some(r) => println!(
+            "last run:  {} {:?} at step {} ({}){}; logs in {}",
+            r.version,
+            r.result,
+            r.step,
+            jio_common::time::utc_stamp(r.finished),
+            r.reason.as_ref().map(|x| format!(": {x}")).unwrap_or_default(),
+            r.run_dir.display()
+        ),
+        None => println!("last run:  none"),
+    }
+    if !j.unreported.is_empty() {
+        println!("waiting:   {} result(s) not yet reported to the store", j.unreported.len());
+    }
+    exit::OK
+}
+
+fn decision_text(d: &Decision) -> String {
+    match d {
+        Decision::Report => "report earlier results".into(),
+        Decision::NoDesiredVersion => "idle: no desired version is set".into(),
+        Decision::UpToDate => "idle: up to date".into(),
+        Decision::Disabled { version, level } => {
+            format!("update to {version} pending, not enabled ({} key)", level.as_str())
+        }
+        Decision::Backoff { version, until } => format!(
+            "update to {version} failed; retry after {}",
+            jio_common::time::utc_stamp(*until)
+        ),
+        Decision::Upgrade { version, .. } => format!("upgrade to {version}"),
+    }
+}
+
+/// SIGTERM/SIGINT turn the returned flag true.
+fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: finishing up"),
+            _ = int.recv() => tracing::info!("SIGINT: finishing up"),
+        }
+        let _ = tx.send(true);
+        // Keep the sender alive so receivers do not see it closed.
+        std::future::pending::<()>().await;
+    });
+    rx
+}
+
+async fn once(cfg: Config, bootstrap: bool) -> u8 {
+    let _lock = match state::lock(&cfg.state_dir) {
+        Ok(l) => l,
+        Err(e @ state::StateError::Locked { .. }) => return fail(e, exit::LOCKED),
+        Err(e) => return fail(e, exit::SOFTWARE),
+    };
+    let store = match connect(&cfg).await {
+        Ok(s) => s,
+        Err(e) => return fail(e, exit::UNREACHABLE),
+    };
+    let shutdown = shutdown_signal();
+    let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown) {
+        Ok(a) => a,
+        Err(e) => {
+            if bootstrap {
+                record_provisioned(&store, &cfg, Some(&e.to_string())).await;
+            }
+            return fail(&e, error_code(&e));
+        }
+    };
+    if bootstrap {
+        let addrs = identity::addresses();
+        if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
+            record_provisioned(&store, &cfg, Some(&format!("cannot publish addresses: {e}"))).await;
+            return fail(e, exit::UNREACHABLE);
+        }
+        if !record_provisioned(&store, &cfg, None).await {
+            return exit::UNREACHABLE;
+        }
+        println!("jio-agent: provisioned {} (role {}), {} address(es) published", cfg.hostname, cfg.role, addrs.len());
+    }
+    let local = agent.observe().await.ok().and_then(|o| o.local);
+    agent.liveness = Some(Liveness::start(
+        store.clone(),
+        cfg.schema.agent(&cfg.hostname),
+        cfg.lease_ttl,
+        AgentState::Idle,
+        local,
+    ));
+    let mut result = agent.pass().await;
+    // A pass that only reported earlier results goes on to decide.
+    if matches!(result, Ok(PassResult::Reported)) {
+        result = agent.pass().await;
+    }
+    if let Some(l) = agent.liveness.take() {
+        l.stop().await;
+    }
+    let code = match &result {
+        Ok(PassResult::Ran { result: RunResult::Success, version }) => {
+            println!("jio-agent: upgraded to {version}");
+            exit::OK
+        }
+        Ok(PassResult::Ran { result: RunResult::Failed, version }) => {
+            let reason = agent.journal.last_run.as_ref().and_then(|r| r.reason.clone()).unwrap_or_default();
+            fail(format!("upgrade to {version} failed: {reason}"), exit::FAILED)
+        }
+        Ok(PassResult::Ran { result: RunResult::Interrupted, version }) => {
+            fail(format!("upgrade to {version} was interrupted"), exit::INTERRUPTED)
+        }
+        Ok(PassResult::Idle(Decision::Backoff { version, .. })) => {
+            fail(format!("upgrade to {version} failed earlier; waiting before retrying"), exit::FAILED)
+        }
+        Ok(PassResult::Idle(d)) => {
+            println!("jio-agent: {}", decision_text(d));
+            exit::OK
+        }
+        Ok(PassResult::Reported) => exit::OK,
+        Err(e) => fail(e, error_code(e)),
+    };
+    if !agent.journal.unreported.is_empty() {
+        eprintln!(
+            "jio-agent: {} result(s) could not be reported yet; they stay in {} and are reported by the next run",
+            agent.journal.unreported.len(),
+            Journal::path(&cfg.state_dir).display()
+        );
+        if code == exit::OK {
+            return exit::UNREACHABLE;
+        }
+    }
+    code
+}
+
+async fn record_provisioned(store: &DynStore, cfg: &Config, failure: Option<&str>) -> bool {
+    let txn = report::provisioned_txn(&cfg.schema, &cfg.hostname, failure);
+    match store.txn(txn).await {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("jio-agent: cannot record provisioning: {e}");
+            false
+        }
+    }
+}
+
+async fn run(cfg: Config) -> u8 {
+    let _lock = match state::lock(&cfg.state_dir) {
+        Ok(l) => l,
+        Err(e @ state::StateError::Locked { .. }) => return fail(e, exit::LOCKED),
+        Err(e) => return fail(e, exit::SOFTWARE),
+    };
+    let mut shutdown = shutdown_signal();
+    // The daemon waits for the store instead of exiting.
+    let mut delay = Duration::from_millis(200);
+    let mut warned = false;
+    let store = loop {
+        match connect(&cfg).await {
+            Ok(s) => break s,
+            Err(e) if e.kind() == ErrorKind::Unavailable => {
+                if !warned {
+                    tracing::warn!(error = %e, "store unreachable; waiting for it");
+                    warned = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.changed() => return exit::OK,
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+            Err(e) => return fail(e, exit::USAGE),
+        }
+    };
+    let addrs = identity::addresses();
+    if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
+        tracing::warn!(error = %e, "cannot publish active role addresses");
+    }
+    let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown) {
+        Ok(a) => a,
+        Err(e) => return fail(&e, error_code(&e)),
+    };
+    let local = state::read_local_version(&cfg.version_file).ok().flatten();
+    agent.liveness = Some(Liveness::start(
+        Arc::clone(&store),
+        cfg.schema.agent(&cfg.hostname),
+        cfg.lease_ttl,
+        AgentState::Idle,
+        local,
+    ));
+    tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
+    let res = agent.run(|| {}).await;
+    if let Some(l) = agent.liveness.take() {
+        l.stop().await;
+    }
+    match res {
+        Ok(()) => {
+            tracing::info!("stopped");
+            exit::OK
+        }
+        Err(e) => fail(&e, error_code(&e)),
+    }
+}

@@ -1,0 +1,14 @@
+//! jio-agent: the node agent. It decides whether its host may upgrade, runs Puppet
+//! and validation, and reports versions and lifecycle entries to the store.
+
+#![forbid(unsafe_code)]
+
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod decide;
+pub mod identity;
+pub mod liveness;
+pub mod report;
+pub mod runner;
+pub mod state;

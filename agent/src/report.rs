@@ -1,0 +1,241 @@
+//! What the agent writes to the store, built as pure transactions and applied once.
+//!
+//! A host is in exactly one of configured/success, configured/failure,
+//! validated/success and validated/failure for a version: each report writes the new
+//! entry and deletes the other three in one transaction. A validated success also
+//! moves the host's `/running/versions` entry, in the same transaction.
+
+use jio_common::keys::{Outcome, Parsed, Schema, Step};
+use jio_common::names::{HostName, Interface, Role, Version};
+use jio_common::store::{DynStore, Op, StoreError, Txn, TxnOutcome};
+use jio_common::values::{HostRecord, InterfaceAddress, parse_json};
+
+use crate::state::PendingReport;
+
+/// The ops that put `r` in place of the host's other status entries for its version.
+pub fn status_ops(schema: &Schema, host: &HostName, r: &PendingReport) -> Vec<Op> {
+    let outcome = if r.ok { Outcome::Success } else { Outcome::Failure };
+    let mut ops = vec![Op::put(schema.status(r.step, outcome, &r.version, host), r.link.clone())];
+    for step in Step::ALL {
+        for o in Outcome::ALL {
+            if (step, o) != (r.step, outcome) {
+                ops.push(Op::Delete(schema.status(step, o, &r.version, host)));
+            }
+        }
+    }
+    ops
+}
+
+/// The ops that record `host` at `version` and remove it from every other version.
+pub fn running_ops(schema: &Schema, host: &HostName, version: &Version, at: u64, others: &[Version]) -> Vec<Op> {
+    let mut ops = vec![Op::put(schema.running_version_host(version, host), at.to_string())];
+    for o in others.iter().filter(|o| *o != version) {
+        ops.push(Op::Delete(schema.running_version_host(o, host)));
+    }
+    ops
+}
+
+/// Writes one report in one transaction.
+pub async fn apply(store: &DynStore, schema: &Schema, host: &HostName, r: &PendingReport) -> Result<(), StoreError> {
+    let mut ops = status_ops(schema, host, r);
+    if r.step == Step::Validated && r.ok {
+        let listing = store.list(&schema.running_versions()).await?;
+        let others: Vec<Version> = listing
+            .kvs
+            .iter()
+            .filter_map(|kv| match schema.parse(&kv.key) {
+                Some(Parsed::RunningVersion(v, h)) if &h == host => Some(v),
+                _ => None,
+            })
+            .collect();
+        ops.extend(running_ops(schema, host, &r.version, r.at, &others));
+    }
+    match store.txn(Txn { compares: vec![], ops }).await? {
+        TxnOutcome::Committed(_) => Ok(()),
+        // An unconditional transaction cannot lose; treat it as a store fault.
+        TxnOutcome::Lost(_) => Err(StoreError::Rejected {
+            url: store.url().to_string(),
+            op: "report",
+            message: "an unconditional transaction was not applied".into(),
+        }),
+    }
+}
+
+/// Registers or refreshes `/hosts/<host>`, keeping the first-seen time.
+pub async fn register(
+    store: &DynStore,
+    schema: &Schema,
+    host: &HostName,
+    role: &Role,
+    addresses: Vec<InterfaceAddress>,
+    now: u64,
+) -> Result<(), StoreError> {
+    let key = schema.host(host);
+    let existing = store.get(&key).await?;
+    let first_seen = existing
+        .as_ref()
+        .and_then(|kv| parse_json::<HostRecord>(&kv.key, &kv.value).ok())
+        .map(|r| r.first_seen)
+        .unwrap_or(now);
+    let record = HostRecord {
+        role: role.clone(),
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        addresses,
+        first_seen,
+    };
+    let value = serde_json::to_string(&record).unwrap_or_default();
+    if existing.map(|kv| kv.value) != Some(value.clone()) {
+        store.put(&key, &value, None).await?;
+    }
+    Ok(())
+}
+
+/// Publishes the host's addresses under `/active_roles/<role>/<host>/<interface>`
+/// (the first address of each interface) and removes interfaces it no longer has,
+/// in one transaction. `existing` are the keys there now.
+pub fn active_role_txn(
+    schema: &Schema,
+    host: &HostName,
+    role: &Role,
+    addresses: &[InterfaceAddress],
+    existing: &[jio_common::keys::Key],
+) -> Txn {
+    let mut txn = Txn::new();
+    let mut keep = std::collections::BTreeSet::new();
+    for a in addresses {
+        if let Ok(iface) = Interface::new(a.interface.clone())
+            && keep.insert(schema.active_role(role, host, &iface))
+        {
+            txn = txn.then(Op::put(schema.active_role(role, host, &iface), a.address.clone()));
+        }
+    }
+    for k in existing.iter().filter(|k| !keep.contains(*k)) {
+        txn = txn.then(Op::Delete(k.clone()));
+    }
+    txn
+}
+
+/// Reads the host's published interfaces and replaces them with `addresses`.
+pub async fn publish_addresses(
+    store: &DynStore,
+    schema: &Schema,
+    host: &HostName,
+    role: &Role,
+    addresses: &[InterfaceAddress],
+) -> Result<(), StoreError> {
+    let existing: Vec<_> = store
+        .list(&schema.active_role_host(role, host))
+        .await?
+        .kvs
+        .into_iter()
+        .map(|kv| kv.key)
+        .collect();
+    store.txn(active_role_txn(schema, host, role, addresses, &existing)).await?;
+    Ok(())
+}
+
+/// Records the first-boot outcome: success, or failed with the reason.
+pub fn provisioned_txn(schema: &Schema, host: &HostName, failure: Option<&str>) -> Txn {
+    let (put, del) = match failure {
+        None => (schema.provisioned(Outcome::Success, host), schema.provisioned(Outcome::Failure, host)),
+        Some(_) => (schema.provisioned(Outcome::Failure, host), schema.provisioned(Outcome::Success, host)),
+    };
+    Txn::new().then(Op::put(put, failure.unwrap_or(""))).then(Op::Delete(del))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h() -> HostName {
+        HostName::new("compute1").unwrap()
+    }
+    fn v(s: &str) -> Version {
+        Version::new(s).unwrap()
+    }
+
+    fn keys(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Put { key, value, .. } => format!("put {key}={value}"),
+                Op::Delete(k) => format!("del {k}"),
+                Op::DeletePrefix(k) => format!("delprefix {k}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_report_replaces_the_other_three_entries() {
+        let s = Schema::default();
+        let r = PendingReport {
+            version: v("v2"),
+            step: Step::Configured,
+            ok: false,
+            link: "http://swift/x".into(),
+            at: 1,
+        };
+        assert_eq!(
+            keys(&status_ops(&s, &h(), &r)),
+            vec![
+                "put /status/configured/failure/v2/compute1=http://swift/x",
+                "del /status/configured/success/v2/compute1",
+                "del /status/validated/success/v2/compute1",
+                "del /status/validated/failure/v2/compute1",
+            ]
+        );
+    }
+
+    #[test]
+    fn running_version_moves() {
+        let s = Schema::default();
+        assert_eq!(
+            keys(&running_ops(&s, &h(), &v("v2"), 99, &[v("v1"), v("v2"), v("v0")])),
+            vec![
+                "put /running/versions/v2/compute1=99",
+                "del /running/versions/v1/compute1",
+                "del /running/versions/v0/compute1",
+            ]
+        );
+    }
+
+    #[test]
+    fn active_roles_replace_stale_interfaces() {
+        let s = Schema::default();
+        let role = Role::new("compute").unwrap();
+        let addr = |i: &str, a: &str| InterfaceAddress {
+            interface: i.into(),
+            address: a.into(),
+        };
+        let existing = vec![
+            s.active_role(&role, &h(), &Interface::new("eth0").unwrap()),
+            s.active_role(&role, &h(), &Interface::new("eth9").unwrap()),
+        ];
+        let txn = active_role_txn(
+            &s,
+            &h(),
+            &role,
+            &[addr("eth0", "10.0.0.1"), addr("eth0", "fd00::1"), addr("eth1", "10.0.1.1")],
+            &existing,
+        );
+        assert_eq!(
+            keys(&txn.ops),
+            vec![
+                "put /active_roles/compute/compute1/eth0=10.0.0.1",
+                "put /active_roles/compute/compute1/eth1=10.0.1.1",
+                "del /active_roles/compute/compute1/eth9",
+            ]
+        );
+    }
+
+    #[test]
+    fn provisioned_outcomes_are_exclusive() {
+        let s = Schema::default();
+        assert_eq!(
+            keys(&provisioned_txn(&s, &h(), Some("no address")).ops),
+            vec![
+                "put /status/provisioned/failed/compute1=no address",
+                "del /status/provisioned/success/compute1"
+            ]
+        );
+    }
+}

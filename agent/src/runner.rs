@@ -1,0 +1,325 @@
+//! Child processes under a contract: argument lists (never a shell string), a
+//! timeout, the whole process group stopped on timeout or shutdown, stdout and
+//! stderr copied concurrently to files with a size cap, and one table per kind of
+//! command that turns an exit into an outcome.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio::sync::watch;
+
+/// Most bytes kept per stream; the rest is counted and dropped.
+pub const MAX_OUTPUT: u64 = 16 * 1024 * 1024;
+/// Time between SIGTERM and SIGKILL to the process group.
+const KILL_AFTER: Duration = Duration::from_secs(5);
+
+/// How a child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    TimedOut(Duration),
+    /// The agent is shutting down and the grace period ran out.
+    Interrupted,
+    NotStarted(String),
+}
+
+/// A finished child.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub exit: Exit,
+    pub elapsed: Duration,
+}
+
+/// What an exit means for a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Success { changes: bool },
+    Failure(String),
+    Interrupted,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        matches!(self, Outcome::Success { .. })
+    }
+}
+
+/// `puppet apply --detailed-exitcodes`.
+pub fn puppet_outcome(exit: &Exit) -> Outcome {
+    match exit {
+        Exit::Code(0) => Outcome::Success { changes: false },
+        Exit::Code(2) => Outcome::Success { changes: true },
+        Exit::Code(1) => Outcome::Failure("puppet exited 1: the catalog did not compile (syntax or compile error)".into()),
+        Exit::Code(4) => Outcome::Failure("puppet exited 4: some resources failed".into()),
+        Exit::Code(6) => Outcome::Failure("puppet exited 6: changes were made and some resources failed".into()),
+        other => plain_failure("puppet", other),
+    }
+}
+
+/// Commands that follow the usual convention: 0 is success.
+pub fn plain_outcome(what: &str, exit: &Exit) -> Outcome {
+    match exit {
+        Exit::Code(0) => Outcome::Success { changes: false },
+        other => plain_failure(what, other),
+    }
+}
+
+fn plain_failure(what: &str, exit: &Exit) -> Outcome {
+    match exit {
+        Exit::Code(c) => Outcome::Failure(format!("{what} exited {c}")),
+        Exit::Signal(s) => Outcome::Failure(format!("{what} was killed by signal {s}")),
+        Exit::TimedOut(t) => Outcome::Failure(format!(
+            "{what} did not finish within {} and was stopped",
+            jio_common::duration::format(*t)
+        )),
+        Exit::Interrupted => Outcome::Interrupted,
+        Exit::NotStarted(e) => Outcome::Failure(format!("{what} could not be started: {e}")),
+    }
+}
+
+/// One command to run.
+pub struct Spec<'a> {
+    pub argv: &'a [String],
+    pub env: &'a [(String, String)],
+    pub timeout: Duration,
+    /// Files receiving stdout and stderr (appended).
+    pub stdout: &'a Path,
+    pub stderr: &'a Path,
+}
+
+/// Runs `spec`. When `shutdown` turns true the child gets `grace` to finish on its
+/// own, then its process group is stopped and the result is `Exit::Interrupted`.
+pub async fn run(spec: &Spec<'_>, shutdown: &mut watch::Receiver<bool>, grace: Duration) -> Finished {
+    let start = Instant::now();
+    let finished = |exit| Finished {
+        exit,
+        elapsed: start.elapsed(),
+    };
+    let Some((program, args)) = spec.argv.split_first() else {
+        return finished(Exit::NotStarted("empty command".into()));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return finished(Exit::NotStarted(format!("{program}: {e}"))),
+    };
+    let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    let out = tokio::spawn(copy_capped(child.stdout.take(), spec.stdout.to_path_buf()));
+    let err = tokio::spawn(copy_capped(child.stderr.take(), spec.stderr.to_path_buf()));
+
+    let deadline = tokio::time::sleep(spec.timeout);
+    tokio::pin!(deadline);
+    let mut stopping: Option<Exit> = None;
+    let status = loop {
+        if stopping.is_none() && *shutdown.borrow() {
+            // Give the child its grace period, then stop it.
+            match tokio::time::timeout(grace, child.wait()).await {
+                Ok(s) => break s,
+                Err(_) => {
+                    stop_group(pgid, &mut child).await;
+                    stopping = Some(Exit::Interrupted);
+                    break child.wait().await;
+                }
+            }
+        }
+        tokio::select! {
+            s = child.wait() => break s,
+            _ = &mut deadline => {
+                stop_group(pgid, &mut child).await;
+                stopping = Some(Exit::TimedOut(spec.timeout));
+                break child.wait().await;
+            }
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    // The sender is gone: nobody can ask us to stop any more.
+                    break child.wait().await;
+                }
+            }
+        }
+    };
+    // The group may hold children that still have our pipes open: stop them too, so
+    // the copies below end.
+    if let Some(pg) = pgid {
+        let _ = killpg(pg, Signal::SIGKILL);
+    }
+    let _ = out.await;
+    let _ = err.await;
+    if let Some(exit) = stopping {
+        return finished(exit);
+    }
+    finished(match status {
+        Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+            (Some(c), _) => Exit::Code(c),
+            (None, Some(sig)) => Exit::Signal(sig),
+            (None, None) => Exit::Code(-1),
+        },
+        Err(e) => Exit::NotStarted(format!("waiting for {program}: {e}")),
+    })
+}
+
+/// SIGTERM to the group, then SIGKILL if it has not gone after `KILL_AFTER`.
+async fn stop_group(pgid: Option<Pid>, child: &mut tokio::process::Child) {
+    let Some(pg) = pgid else {
+        let _ = child.start_kill();
+        return;
+    };
+    let _ = killpg(pg, Signal::SIGTERM);
+    if tokio::time::timeout(KILL_AFTER, child.wait()).await.is_err() {
+        let _ = killpg(pg, Signal::SIGKILL);
+    }
+}
+
+async fn copy_capped(src: Option<impl AsyncRead + Unpin>, path: std::path::PathBuf) {
+    let Some(mut src) = src else { return };
+    let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write command output; discarding it");
+            None
+        }
+    };
+    let mut kept: u64 = 0;
+    let mut dropped: u64 = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match src.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let room = MAX_OUTPUT.saturating_sub(kept) as usize;
+        let take = n.min(room);
+        if let Some(f) = file.as_mut()
+            && take > 0
+            && f.write_all(&buf[..take]).await.is_err()
+        {
+            file = None;
+        }
+        kept += take as u64;
+        dropped += (n - take) as u64;
+    }
+    if let Some(f) = file.as_mut() {
+        if dropped > 0 {
+            let _ = f
+                .write_all(format!("\n[jio-agent: {dropped} more bytes of output were dropped]\n").as_bytes())
+                .await;
+        }
+        let _ = f.flush().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    async fn go(a: &[&str], timeout: Duration, dir: &Path) -> Finished {
+        let (_tx, mut rx) = watch::channel(false);
+        let cmd = argv(a);
+        let spec = Spec {
+            argv: &cmd,
+            env: &[],
+            timeout,
+            stdout: &dir.join("out"),
+            stderr: &dir.join("err"),
+        };
+        run(&spec, &mut rx, Duration::from_secs(1)).await
+    }
+
+    #[test]
+    fn exit_code_table() {
+        let p = |c| puppet_outcome(&Exit::Code(c));
+        assert_eq!(p(0), Outcome::Success { changes: false });
+        assert_eq!(p(2), Outcome::Success { changes: true });
+        for c in [1, 4, 6, 3, 127] {
+            assert!(!p(c).ok(), "{c}");
+        }
+        assert!(!puppet_outcome(&Exit::TimedOut(Duration::from_secs(3))).ok());
+        assert_eq!(puppet_outcome(&Exit::Interrupted), Outcome::Interrupted);
+        assert!(plain_outcome("validation", &Exit::Code(0)).ok());
+        assert!(!plain_outcome("validation", &Exit::Code(1)).ok());
+    }
+
+    #[tokio::test]
+    async fn captures_output_and_exit_code() {
+        let d = tempfile::tempdir().unwrap();
+        let f = go(&["sh", "-c", "echo out; echo err >&2; exit 3"], Duration::from_secs(5), d.path()).await;
+        assert_eq!(f.exit, Exit::Code(3));
+        assert_eq!(std::fs::read_to_string(d.path().join("out")).unwrap(), "out\n");
+        assert_eq!(std::fs::read_to_string(d.path().join("err")).unwrap(), "err\n");
+    }
+
+    #[tokio::test]
+    async fn timeout_stops_the_whole_group() {
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("grandchild");
+        let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+        let f = go(&["sh", "-c", &script], Duration::from_millis(500), d.path()).await;
+        assert!(matches!(f.exit, Exit::TimedOut(_)), "{:?}", f.exit);
+        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        // The grandchild was in the group: it must be gone (or a zombie being reaped).
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z"))
+            .unwrap_or(false);
+        assert!(!alive, "grandchild {pid} survived the timeout");
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_not_started() {
+        let d = tempfile::tempdir().unwrap();
+        let f = go(&["/nonexistent/program"], Duration::from_secs(1), d.path()).await;
+        assert!(matches!(f.exit, Exit::NotStarted(_)));
+    }
+
+    #[tokio::test]
+    async fn output_is_capped() {
+        let d = tempfile::tempdir().unwrap();
+        let f = go(
+            &["sh", "-c", "head -c 20000000 /dev/zero"],
+            Duration::from_secs(20),
+            d.path(),
+        )
+        .await;
+        assert_eq!(f.exit, Exit::Code(0));
+        let len = std::fs::metadata(d.path().join("out")).unwrap().len();
+        assert!(len > MAX_OUTPUT && len < MAX_OUTPUT + 200, "{len}");
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_grace_then_interrupts() {
+        let d = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = watch::channel(false);
+        let cmd = argv(&["sleep", "300"]);
+        let spec = Spec {
+            argv: &cmd,
+            env: &[],
+            timeout: Duration::from_secs(60),
+            stdout: &d.path().join("out"),
+            stderr: &d.path().join("err"),
+        };
+        let t = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tx.send(true).unwrap();
+            tx
+        });
+        let f = run(&spec, &mut rx, Duration::from_millis(300)).await;
+        assert_eq!(f.exit, Exit::Interrupted);
+        assert!(f.elapsed >= Duration::from_millis(500));
+        drop(t.await);
+    }
+}

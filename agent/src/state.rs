@@ -1,0 +1,264 @@
+//! What the agent keeps on the host: the single-instance lock, the local version
+//! file, the Facter fact, and the journal of runs (crash-safe, written atomically).
+//!
+//! The journal is what makes faults recoverable: a run that was in progress when the
+//! agent died is found at the next start, and results that could not reach the store
+//! stay here until they do.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use jio_common::keys::Step;
+use jio_common::names::Version;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::decide::Failure;
+
+/// A state-file problem, naming the path.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("another jio-agent ({holder}) is already running on this host (lock {path})")]
+    Locked { path: PathBuf, holder: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `data` to `path` atomically (temporary file, fsync, rename).
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StateError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    let tmp = path.with_extension("tmp-jio");
+    let mut f = File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(data).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Holds the single-instance lock until dropped.
+pub struct InstanceLock {
+    _lock: Flock<File>,
+}
+
+/// Takes the agent's lock in `state_dir`, or says who holds it.
+pub fn lock(state_dir: &Path) -> Result<InstanceLock, StateError> {
+    std::fs::create_dir_all(state_dir).map_err(io(state_dir))?;
+    let path = state_dir.join("agent.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io(&path))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(mut lock) => {
+            lock.set_len(0).map_err(io(&path))?;
+            writeln!(&mut *lock, "{}", std::process::id()).map_err(io(&path))?;
+            Ok(InstanceLock { _lock: lock })
+        }
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let holder = std::fs::read_to_string(&path)
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .map(|pid| format!("pid {pid}"))
+                .unwrap_or_else(|| "another process".into());
+            Err(StateError::Locked { path, holder })
+        }
+        Err((_, e)) => Err(StateError::Io {
+            path,
+            source: e.into(),
+        }),
+    }
+}
+
+/// The version this host last converged to; `None` when it never did.
+pub fn read_local_version(path: &Path) -> Result<Option<Version>, StateError> {
+    match std::fs::read_to_string(path) {
+        Ok(s) if s.trim().is_empty() => Ok(None),
+        Ok(s) => Version::new(s.trim()).map(Some).map_err(|e| StateError::Invalid {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StateError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
+pub fn write_local_version(path: &Path, v: &Version) -> Result<(), StateError> {
+    write_atomic(path, format!("{v}\n").as_bytes())
+}
+
+/// The Facter fact the Puppet code reads (`current_version=<v>`).
+pub fn write_fact(path: &Path, v: &Version) -> Result<(), StateError> {
+    write_atomic(path, format!("current_version={v}\n").as_bytes())
+}
+
+/// A run that started and has not ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunStart {
+    pub version: Version,
+    pub started: u64,
+    pub pid: u32,
+    pub run_dir: PathBuf,
+}
+
+/// How the last run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunResult {
+    Success,
+    Failed,
+    Interrupted,
+}
+
+/// The last finished (or interrupted) run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastRun {
+    pub version: Version,
+    pub started: u64,
+    pub finished: u64,
+    pub result: RunResult,
+    /// The step that failed, or the last step that ran.
+    pub step: String,
+    pub reason: Option<String>,
+    pub run_dir: PathBuf,
+}
+
+/// A step's outcome that must still be written to the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingReport {
+    pub version: Version,
+    #[serde(with = "step_serde")]
+    pub step: Step,
+    pub ok: bool,
+    /// The value of the status leaf: a link to the logs, or empty.
+    pub link: String,
+    /// Unix time the step ended.
+    pub at: u64,
+}
+
+mod step_serde {
+    use jio_common::keys::Step;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: &Step, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(s.as_str())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Step, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "configured" => Ok(Step::Configured),
+            "validated" => Ok(Step::Validated),
+            other => Err(serde::de::Error::custom(format!("unknown step {other:?}"))),
+        }
+    }
+}
+
+/// The journal file's content.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Journal {
+    pub in_progress: Option<RunStart>,
+    pub last_run: Option<LastRun>,
+    pub failure: Option<Failure>,
+    pub unreported: Vec<PendingReport>,
+}
+
+impl Journal {
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join("journal.json")
+    }
+
+    pub fn load(state_dir: &Path) -> Result<Journal, StateError> {
+        let path = Journal::path(state_dir);
+        match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| StateError::Invalid {
+                path,
+                reason: format!("not a valid journal ({e}); move it away to start afresh"),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Journal::default()),
+            Err(e) => Err(StateError::Io { path, source: e }),
+        }
+    }
+
+    pub fn save(&self, state_dir: &Path) -> Result<(), StateError> {
+        let data = serde_json::to_vec_pretty(self).map_err(|e| StateError::Invalid {
+            path: Journal::path(state_dir),
+            reason: e.to_string(),
+        })?;
+        write_atomic(&Journal::path(state_dir), &data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_names_the_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let _first = lock(d.path()).unwrap();
+        let err = lock(d.path()).err().unwrap();
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        drop(_first);
+        assert!(lock(d.path()).is_ok());
+    }
+
+    #[test]
+    fn local_version_round_trip_and_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("etc/current_version");
+        assert_eq!(read_local_version(&p).unwrap(), None);
+        write_local_version(&p, &Version::new("v3").unwrap()).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "v3\n");
+        assert_eq!(read_local_version(&p).unwrap(), Some(Version::new("v3").unwrap()));
+        std::fs::write(&p, "not a/version\n").unwrap();
+        assert!(read_local_version(&p).unwrap_err().to_string().contains("current_version"));
+    }
+
+    #[test]
+    fn journal_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(Journal::load(d.path()).unwrap(), Journal::default());
+        let j = Journal {
+            unreported: vec![PendingReport {
+                version: Version::new("v2").unwrap(),
+                step: Step::Validated,
+                ok: true,
+                link: String::new(),
+                at: 5,
+            }],
+            ..Journal::default()
+        };
+        j.save(d.path()).unwrap();
+        assert_eq!(Journal::load(d.path()).unwrap(), j);
+        std::fs::write(Journal::path(d.path()), "{").unwrap();
+        assert!(Journal::load(d.path()).unwrap_err().to_string().contains("journal.json"));
+    }
+}
