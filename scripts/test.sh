@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 NEEDED=(
   "etcd:etcd-server"
   "etcdctl:etcd-client"
+  "puppet:puppet-agent"
+  "run-parts:debianutils"
 )
 
 missing=()

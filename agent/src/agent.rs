@@ -67,6 +67,14 @@ impl Agent {
     pub fn new(cfg: Config, store: DynStore, shutdown: watch::Receiver<bool>) -> Result<Agent, AgentError> {
         let mut journal = Journal::load(&cfg.state_dir)?;
         if let Some(run) = journal.in_progress.take() {
+            if let Some(child) = run.child
+                && runner::stop_orphan(child)
+            {
+                tracing::warn!(
+                    pgid = child.pgid,
+                    "stopped the commands a killed agent left running"
+                );
+            }
             tracing::warn!(
                 version = %run.version,
                 started = run.started,
@@ -95,7 +103,11 @@ impl Agent {
     }
 
     /// For `status`: reads the journal without recovering or changing anything.
-    pub fn new_readonly(cfg: Config, store: DynStore, shutdown: watch::Receiver<bool>) -> Result<Agent, AgentError> {
+    pub fn new_readonly(
+        cfg: Config,
+        store: DynStore,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Agent, AgentError> {
         let journal = Journal::load(&cfg.state_dir)?;
         Ok(Agent {
             cfg,
@@ -262,7 +274,15 @@ impl Agent {
         ]
     }
 
-    async fn exec(&mut self, what: &str, argv: &[String], timeout: Duration, run_dir: &Path, name: &str, version: &Version) -> runner::Finished {
+    async fn exec(
+        &mut self,
+        what: &str,
+        argv: &[String],
+        timeout: Duration,
+        run_dir: &Path,
+        name: &str,
+        version: &Version,
+    ) -> runner::Finished {
         let env = self.env(version, run_dir);
         let spec = Spec {
             argv,
@@ -272,7 +292,17 @@ impl Agent {
             stderr: &run_dir.join(format!("{name}.stderr")),
         };
         tracing::info!(step = what, command = ?argv, "starting");
-        let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace).await;
+        let journal = &mut self.journal;
+        let state_dir = &self.cfg.state_dir;
+        let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace, |group| {
+            if let Some(run) = journal.in_progress.as_mut() {
+                run.child = Some(group);
+                if let Err(e) = journal.save(state_dir) {
+                    tracing::warn!(error = %e, "cannot record the running command in the journal");
+                }
+            }
+        })
+        .await;
         tracing::info!(step = what, exit = ?f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "finished");
         f
     }
@@ -282,7 +312,14 @@ impl Agent {
         state::write_fact(&self.cfg.facts_file, version)?;
         for (i, cmd) in self.cfg.pre_commands.clone().iter().enumerate() {
             let f = self
-                .exec("pre-command", cmd, self.cfg.pre_command_timeout, run_dir, &format!("pre-{i}"), version)
+                .exec(
+                    "pre-command",
+                    cmd,
+                    self.cfg.pre_command_timeout,
+                    run_dir,
+                    &format!("pre-{i}"),
+                    version,
+                )
                 .await;
             let o = runner::plain_outcome(&format!("pre-command {:?}", cmd.join(" ")), &f.exit);
             if !o.ok() {
@@ -291,14 +328,34 @@ impl Agent {
         }
         let jsonl = run_dir.join("puppet.jsonl");
         let argv = substitute(&self.cfg.puppet_command, &jsonl, &self.cfg.validation_dir);
-        let f = self.exec("puppet", &argv, self.cfg.puppet_timeout, run_dir, "puppet", version).await;
+        let f = self
+            .exec(
+                "puppet",
+                &argv,
+                self.cfg.puppet_timeout,
+                run_dir,
+                "puppet",
+                version,
+            )
+            .await;
         Ok(runner::puppet_outcome(&f.exit))
     }
 
     async fn validate(&mut self, version: &Version, run_dir: &Path) -> Outcome {
-        let argv = substitute(&self.cfg.validation_command, &run_dir.join("puppet.jsonl"), &self.cfg.validation_dir);
+        let argv = substitute(
+            &self.cfg.validation_command,
+            &run_dir.join("puppet.jsonl"),
+            &self.cfg.validation_dir,
+        );
         let f = self
-            .exec("validation", &argv, self.cfg.validation_timeout, run_dir, "validation", version)
+            .exec(
+                "validation",
+                &argv,
+                self.cfg.validation_timeout,
+                run_dir,
+                "validation",
+                version,
+            )
             .await;
         runner::plain_outcome("validation", &f.exit)
     }
@@ -308,7 +365,12 @@ impl Agent {
     }
 
     /// One upgrade to `version`: configure, validate, report each step.
-    async fn upgrade(&mut self, version: &Version, why: Why, obs: &Observation) -> Result<RunResult, AgentError> {
+    async fn upgrade(
+        &mut self,
+        version: &Version,
+        why: Why,
+        obs: &Observation,
+    ) -> Result<RunResult, AgentError> {
         let run_dir = self.new_run_dir(version)?;
         let started = unix_now();
         tracing::info!(%version, reason = ?why, run_dir = %run_dir.display(), "upgrade starts");
@@ -317,6 +379,7 @@ impl Agent {
             started,
             pid: std::process::id(),
             run_dir: run_dir.clone(),
+            child: None,
         });
         self.journal.save(&self.cfg.state_dir)?;
         self.set_liveness(AgentState::Upgrading, Some(version.clone()));
@@ -334,7 +397,14 @@ impl Agent {
             })
             .await?;
             if !configured.ok() || self.stopping() {
-                ("configured", if self.stopping() && configured.ok() { Outcome::Interrupted } else { configured })
+                (
+                    "configured",
+                    if self.stopping() && configured.ok() {
+                        Outcome::Interrupted
+                    } else {
+                        configured
+                    },
+                )
             } else {
                 let validated = self.validate(version, &run_dir).await;
                 if validated != Outcome::Interrupted {
@@ -353,7 +423,10 @@ impl Agent {
         let (result, reason) = match &outcome {
             Outcome::Success { .. } => (RunResult::Success, None),
             Outcome::Failure(r) => (RunResult::Failed, Some(r.clone())),
-            Outcome::Interrupted => (RunResult::Interrupted, Some("the agent was stopped during the run".into())),
+            Outcome::Interrupted => (
+                RunResult::Interrupted,
+                Some("the agent was stopped during the run".into()),
+            ),
         };
         self.journal.in_progress = None;
         self.journal.last_run = Some(LastRun {
@@ -433,7 +506,14 @@ impl Agent {
             .await?;
         }
         tracing::info!(version = %local, repaired, "health repair finished");
-        self.set_liveness(if repaired { AgentState::Idle } else { AgentState::Failed }, Some(local));
+        self.set_liveness(
+            if repaired {
+                AgentState::Idle
+            } else {
+                AgentState::Failed
+            },
+            Some(local),
+        );
         Ok(())
     }
 
@@ -551,7 +631,9 @@ fn log_decision(d: &Decision, obs: &Observation) {
             retry_in_s = until.saturating_sub(obs.now),
             "last attempt failed; waiting before retrying"
         ),
-        Decision::Upgrade { version, why } => tracing::info!(desired = %version, local, reason = ?why, "upgrade allowed"),
+        Decision::Upgrade { version, why } => {
+            tracing::info!(desired = %version, local, reason = ?why, "upgrade allowed")
+        }
         Decision::Report => tracing::info!("results waiting to be reported"),
     }
 }

@@ -42,7 +42,11 @@ pub mod exit {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "jio-agent", version, about = "Node agent of the jiocloud fleet: upgrades this host when the store says so")]
+#[command(
+    name = "jio-agent",
+    version,
+    about = "Node agent of the jiocloud fleet: upgrades this host when the store says so"
+)]
 pub struct Cli {
     /// Configuration file [default: /etc/jiocloud/agent.toml when it exists]
     #[arg(long, global = true, env = "JIO_CONFIG")]
@@ -101,7 +105,11 @@ pub fn main() -> u8 {
         }
     };
     init_tracing(cli.verbose);
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("jio-agent: cannot start the runtime: {e}");
@@ -138,7 +146,10 @@ fn overrides(cli: &Cli) -> Overrides {
         ("prefix", cli.prefix.clone()),
         ("hostname", cli.hostname.clone()),
         ("role", cli.role.clone()),
-        ("state_dir", cli.state_dir.as_ref().map(|p| p.display().to_string())),
+        (
+            "state_dir",
+            cli.state_dir.as_ref().map(|p| p.display().to_string()),
+        ),
     ] {
         if let Some(v) = v {
             ov.flags.insert(key, v);
@@ -182,7 +193,13 @@ fn local_version(cfg: &Config, version: Option<String>) -> u8 {
                 println!("{v}");
                 exit::OK
             }
-            Ok(None) => fail(format!("no local version ({} is missing or empty)", cfg.version_file.display()), exit::FAILED),
+            Ok(None) => fail(
+                format!(
+                    "no local version ({} is missing or empty)",
+                    cfg.version_file.display()
+                ),
+                exit::FAILED,
+            ),
             Err(e) => fail(e, exit::SOFTWARE),
         },
         Some(v) => match Version::new(v) {
@@ -197,10 +214,22 @@ fn local_version(cfg: &Config, version: Option<String>) -> u8 {
 
 /// Opens the store and registers this host (every store-using subcommand does).
 async fn connect(cfg: &Config) -> Result<DynStore, StoreError> {
-    let how = if cfg.store_given { "" } else { " (default: no store configured)" };
+    let how = if cfg.store_given {
+        ""
+    } else {
+        " (default: no store configured)"
+    };
     tracing::info!(store = %cfg.store, "using store{how}");
-    let store = store::open(&cfg.store).await?;
-    report::register(&store, &cfg.schema, &cfg.hostname, &cfg.role, identity::addresses(), unix_now()).await?;
+    let store = store::open_with(&cfg.store, cfg.store_retry).await?;
+    report::register(
+        &store,
+        &cfg.schema,
+        &cfg.hostname,
+        &cfg.role,
+        identity::addresses(),
+        unix_now(),
+    )
+    .await?;
     Ok(store)
 }
 
@@ -211,7 +240,11 @@ async fn pending_update(cfg: &Config) -> u8 {
     };
     let unreachable = |e: &dyn std::fmt::Display| {
         eprintln!("jio-agent: {e}");
-        if local.is_some() { exit::UNREACHABLE } else { exit::UNREACHABLE_NO_LOCAL }
+        if local.is_some() {
+            exit::UNREACHABLE
+        } else {
+            exit::UNREACHABLE_NO_LOCAL
+        }
     };
     let store = match connect(cfg).await {
         Ok(s) => s,
@@ -219,7 +252,10 @@ async fn pending_update(cfg: &Config) -> u8 {
     };
     match store.get(&cfg.schema.current_version()).await {
         Err(e) => unreachable(&e),
-        Ok(Some(kv)) if !kv.value.trim().is_empty() && Some(kv.value.trim()) != local.as_ref().map(Version::as_str) => {
+        Ok(Some(kv))
+            if !kv.value.trim().is_empty()
+                && Some(kv.value.trim()) != local.as_ref().map(Version::as_str) =>
+        {
             println!("{}", kv.value.trim());
             exit::OK
         }
@@ -263,13 +299,22 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
     let none = || "none".to_string();
     println!("host:      {} (role {})", cfg.hostname, cfg.role);
     println!("store:     {}", cfg.store);
-    println!("desired:   {}", obs.desired.as_ref().map(ToString::to_string).unwrap_or_else(none));
-    println!("local:     {}", obs.local.as_ref().map(ToString::to_string).unwrap_or_else(none));
+    println!(
+        "desired:   {}",
+        obs.desired.as_ref().map(ToString::to_string).unwrap_or_else(none)
+    );
+    println!(
+        "local:     {}",
+        obs.local.as_ref().map(ToString::to_string).unwrap_or_else(none)
+    );
     let by = match obs.gate.level {
         jio_common::gate::Level::Default => "no enable_puppet key is set".to_string(),
         l => format!("decided by the {} key", l.as_str()),
     };
-    println!("enabled:   {} ({by})", if obs.gate.enabled { "yes" } else { "no" });
+    println!(
+        "enabled:   {} ({by})",
+        if obs.gate.enabled { "yes" } else { "no" }
+    );
     println!("decision:  {}", decision_text(&decision));
     match &j.last_run {
         Some(r) => println!(
@@ -284,7 +329,10 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
         None => println!("last run:  none"),
     }
     if !j.unreported.is_empty() {
-        println!("waiting:   {} result(s) not yet reported to the store", j.unreported.len());
+        println!(
+            "waiting:   {} result(s) not yet reported to the store",
+            j.unreported.len()
+        );
     }
     exit::OK
 }
@@ -295,7 +343,10 @@ fn decision_text(d: &Decision) -> String {
         Decision::NoDesiredVersion => "idle: no desired version is set".into(),
         Decision::UpToDate => "idle: up to date".into(),
         Decision::Disabled { version, level } => {
-            format!("update to {version} pending, not enabled ({} key)", level.as_str())
+            format!(
+                "update to {version} pending, not enabled ({} key)",
+                level.as_str()
+            )
         }
         Decision::Backoff { version, until } => format!(
             "update to {version} failed; retry after {}",
@@ -310,7 +361,8 @@ fn shutdown_signal() -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
             return;
         };
         tokio::select! {
@@ -346,14 +398,20 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
     };
     if bootstrap {
         let addrs = identity::addresses();
-        if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
+        if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await
+        {
             record_provisioned(&store, &cfg, Some(&format!("cannot publish addresses: {e}"))).await;
             return fail(e, exit::UNREACHABLE);
         }
         if !record_provisioned(&store, &cfg, None).await {
             return exit::UNREACHABLE;
         }
-        println!("jio-agent: provisioned {} (role {}), {} address(es) published", cfg.hostname, cfg.role, addrs.len());
+        println!(
+            "jio-agent: provisioned {} (role {}), {} address(es) published",
+            cfg.hostname,
+            cfg.role,
+            addrs.len()
+        );
     }
     let local = agent.observe().await.ok().and_then(|o| o.local);
     agent.liveness = Some(Liveness::start(
@@ -372,20 +430,33 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
         l.stop().await;
     }
     let code = match &result {
-        Ok(PassResult::Ran { result: RunResult::Success, version }) => {
+        Ok(PassResult::Ran {
+            result: RunResult::Success,
+            version,
+        }) => {
             println!("jio-agent: upgraded to {version}");
             exit::OK
         }
-        Ok(PassResult::Ran { result: RunResult::Failed, version }) => {
-            let reason = agent.journal.last_run.as_ref().and_then(|r| r.reason.clone()).unwrap_or_default();
+        Ok(PassResult::Ran {
+            result: RunResult::Failed,
+            version,
+        }) => {
+            let reason = agent
+                .journal
+                .last_run
+                .as_ref()
+                .and_then(|r| r.reason.clone())
+                .unwrap_or_default();
             fail(format!("upgrade to {version} failed: {reason}"), exit::FAILED)
         }
-        Ok(PassResult::Ran { result: RunResult::Interrupted, version }) => {
-            fail(format!("upgrade to {version} was interrupted"), exit::INTERRUPTED)
-        }
-        Ok(PassResult::Idle(Decision::Backoff { version, .. })) => {
-            fail(format!("upgrade to {version} failed earlier; waiting before retrying"), exit::FAILED)
-        }
+        Ok(PassResult::Ran {
+            result: RunResult::Interrupted,
+            version,
+        }) => fail(format!("upgrade to {version} was interrupted"), exit::INTERRUPTED),
+        Ok(PassResult::Idle(Decision::Backoff { version, .. })) => fail(
+            format!("upgrade to {version} failed earlier; waiting before retrying"),
+            exit::FAILED,
+        ),
         Ok(PassResult::Idle(d)) => {
             println!("jio-agent: {}", decision_text(d));
             exit::OK

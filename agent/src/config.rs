@@ -43,6 +43,7 @@ pub struct Config {
     pub resync_interval: Duration,
     pub lease_ttl: Duration,
     pub stop_grace: Duration,
+    pub store_retry: Duration,
 }
 
 /// The file's keys; every one optional, unknown ones rejected.
@@ -69,6 +70,7 @@ pub struct FileConfig {
     pub resync_interval: Option<String>,
     pub lease_ttl: Option<String>,
     pub stop_grace: Option<String>,
+    pub store_retry: Option<String>,
 }
 
 /// Scalar settings that may come from the environment (`JIO_<NAME>`) or a flag.
@@ -90,6 +92,7 @@ pub const SCALAR_KEYS: &[&str] = &[
     "resync_interval",
     "lease_ttl",
     "stop_grace",
+    "store_retry",
 ];
 
 /// Every problem found, one per line.
@@ -147,7 +150,8 @@ fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(FileConfig::default()),
         Err(e) => return Err(format!("{}: cannot read: {e}", path.display())),
     };
-    toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.to_string().trim().replace('\n', " ")))
+    toml::from_str(&text)
+        .map_err(|e| format!("{}: {}", path.display(), e.to_string().trim().replace('\n', " ")))
 }
 
 fn build(
@@ -183,8 +187,13 @@ fn build(
             None
         }
     };
-    let hostname = match pick("hostname", file.hostname).map(|h| h.0).or_else(system_hostname) {
-        Some(h) => HostName::new(h).map_err(|e| errors.push(format!("hostname: {e}"))).ok(),
+    let hostname = match pick("hostname", file.hostname)
+        .map(|h| h.0)
+        .or_else(system_hostname)
+    {
+        Some(h) => HostName::new(h)
+            .map_err(|e| errors.push(format!("hostname: {e}")))
+            .ok(),
         None => {
             errors.push("hostname: not configured and the system host name cannot be read".into());
             None
@@ -196,7 +205,9 @@ fn build(
     let pattern = match regex::Regex::new(&pattern) {
         Ok(r) if r.captures_len() >= 2 => Some(r),
         Ok(_) => {
-            errors.push(format!("role_pattern {pattern:?}: needs a capture group that matches the role"));
+            errors.push(format!(
+                "role_pattern {pattern:?}: needs a capture group that matches the role"
+            ));
             None
         }
         Err(e) => {
@@ -234,19 +245,24 @@ fn build(
     let resync_interval = dur("resync_interval", file.resync_interval, "5m");
     let lease_ttl = dur("lease_ttl", file.lease_ttl, "15s");
     let stop_grace = dur("stop_grace", file.stop_grace, "30s");
+    let store_retry = dur("store_retry", file.store_retry, "10s");
     for (key, d) in [
         ("puppet_timeout", puppet_timeout),
         ("pre_command_timeout", pre_command_timeout),
         ("validation_timeout", validation_timeout),
         ("retry_interval", retry_interval),
         ("resync_interval", resync_interval),
+        ("store_retry", store_retry),
     ] {
         if d.is_zero() {
             errors.push(format!("{key}: must be greater than 0"));
         }
     }
     if lease_ttl < Duration::from_secs(2) {
-        errors.push(format!("lease_ttl: {} is too short (at least 2s)", duration::format(lease_ttl)));
+        errors.push(format!(
+            "lease_ttl: {} is too short (at least 2s)",
+            duration::format(lease_ttl)
+        ));
     }
 
     let pre_commands = file.pre_commands.unwrap_or_else(|| {
@@ -282,20 +298,35 @@ fn build(
         errors.push("puppet_command: a command needs a program".into());
     }
     let validation_command = file.validation_command.unwrap_or_else(|| {
-        ["run-parts", "--regex=.", "--verbose", "--exit-on-error", "--report", "{validation_dir}"]
-            .map(String::from)
-            .to_vec()
+        [
+            "run-parts",
+            "--regex=.",
+            "--verbose",
+            "--exit-on-error",
+            "--report",
+            "{validation_dir}",
+        ]
+        .map(String::from)
+        .to_vec()
     });
     if validation_command.first().is_none_or(|p| p.is_empty()) {
         errors.push("validation_command: a command needs a program".into());
     }
 
     let path = |key: &'static str, v: Option<PathBuf>, default: &str| -> PathBuf {
-        PathBuf::from(pick(key, path_of(v)).map(|p| p.0).unwrap_or_else(|| default.to_string()))
+        PathBuf::from(
+            pick(key, path_of(v))
+                .map(|p| p.0)
+                .unwrap_or_else(|| default.to_string()),
+        )
     };
     let state_dir = path("state_dir", file.state_dir, "/var/lib/jiocloud");
     let version_file = path("version_file", file.version_file, "/etc/current_version");
-    let facts_file = path("facts_file", file.facts_file, "/etc/facter/facts.d/current_version.txt");
+    let facts_file = path(
+        "facts_file",
+        file.facts_file,
+        "/etc/facter/facts.d/current_version.txt",
+    );
     let validation_dir = path("validation_dir", file.validation_dir, "/usr/lib/jiocloud/tests");
     for (key, p) in [
         ("state_dir", &state_dir),
@@ -329,6 +360,7 @@ fn build(
         resync_interval,
         lease_ttl,
         stop_grace,
+        store_retry,
     })
 }
 
@@ -388,7 +420,14 @@ mod tests {
         );
         let err = load(&ov, || Some("web server".into())).unwrap_err();
         let msg = err.to_string();
-        for needle in ["store (file)", "retry_interval (file)", "lease_ttl", "prefix", "puppet_command", "hostname"] {
+        for needle in [
+            "store (file)",
+            "retry_interval (file)",
+            "lease_ttl",
+            "prefix",
+            "puppet_command",
+            "hostname",
+        ] {
             assert!(msg.contains(needle), "{needle} missing from:\n{msg}");
         }
     }
@@ -406,14 +445,22 @@ mod tests {
             config_path: Some("/nonexistent/agent.toml".into()),
             ..Overrides::default()
         };
-        assert!(load(&ov, host).unwrap_err().to_string().contains("/nonexistent/agent.toml"));
+        assert!(
+            load(&ov, host)
+                .unwrap_err()
+                .to_string()
+                .contains("/nonexistent/agent.toml")
+        );
     }
 
     #[test]
     fn host_without_role_is_a_startup_error() {
         let (_d, ov) = with_file("");
         let msg = load(&ov, || Some("gateway".into())).unwrap_err().to_string();
-        assert!(msg.contains("\"gateway\"") && msg.contains("role_pattern"), "{msg}");
+        assert!(
+            msg.contains("\"gateway\"") && msg.contains("role_pattern"),
+            "{msg}"
+        );
         let (_d, ov) = with_file("role = \"gw\"\n");
         assert_eq!(load(&ov, || Some("gateway".into())).unwrap().role.as_str(), "gw");
         let (_d, ov) = with_file("role_pattern = \"^(\"\n");

@@ -56,11 +56,20 @@ pub enum Decision {
     /// The local version is the desired one.
     UpToDate,
     /// An upgrade is pending but the gate says no.
-    Disabled { version: Version, level: Level },
+    Disabled {
+        version: Version,
+        level: Level,
+    },
     /// The last attempt at this version failed; wait until `until` (Unix time) unless
     /// the desired version or the enable decision changes first.
-    Backoff { version: Version, until: u64 },
-    Upgrade { version: Version, why: Why },
+    Backoff {
+        version: Version,
+        until: u64,
+    },
+    Upgrade {
+        version: Version,
+        why: Why,
+    },
 }
 
 /// The longest wait between retries, as a multiple of the retry interval.
@@ -98,10 +107,16 @@ pub fn decide(o: &Observation) -> Decision {
     {
         let until = f.at + backoff(o.retry_interval, f.attempts).as_secs();
         if o.now < until {
-            return Decision::Backoff { version: desired, until };
+            return Decision::Backoff {
+                version: desired,
+                until,
+            };
         }
     }
-    Decision::Upgrade { version: desired, why }
+    Decision::Upgrade {
+        version: desired,
+        why,
+    }
 }
 
 #[cfg(test)]
@@ -135,20 +150,105 @@ mod tests {
             (None, Some("v1"), false, Level::Global, NoDesiredVersion),
             (Some("v1"), Some("v1"), true, Level::Host, UpToDate),
             (Some("v1"), Some("v1"), false, Level::Global, UpToDate),
-            (Some("v2"), Some("v1"), true, Level::Default, Upgrade { version: v("v2"), why: Why::Enabled(Level::Default) }),
-            (Some("v2"), Some("v1"), true, Level::Host, Upgrade { version: v("v2"), why: Why::Enabled(Level::Host) }),
-            (Some("v2"), Some("v1"), true, Level::Role, Upgrade { version: v("v2"), why: Why::Enabled(Level::Role) }),
-            (Some("v2"), Some("v1"), false, Level::Global, Disabled { version: v("v2"), level: Level::Global }),
-            (Some("v2"), Some("v1"), false, Level::Role, Disabled { version: v("v2"), level: Level::Role }),
-            (Some("v2"), Some("v1"), false, Level::Host, Disabled { version: v("v2"), level: Level::Host }),
+            (
+                Some("v2"),
+                Some("v1"),
+                true,
+                Level::Default,
+                Upgrade {
+                    version: v("v2"),
+                    why: Why::Enabled(Level::Default),
+                },
+            ),
+            (
+                Some("v2"),
+                Some("v1"),
+                true,
+                Level::Host,
+                Upgrade {
+                    version: v("v2"),
+                    why: Why::Enabled(Level::Host),
+                },
+            ),
+            (
+                Some("v2"),
+                Some("v1"),
+                true,
+                Level::Role,
+                Upgrade {
+                    version: v("v2"),
+                    why: Why::Enabled(Level::Role),
+                },
+            ),
+            (
+                Some("v2"),
+                Some("v1"),
+                false,
+                Level::Global,
+                Disabled {
+                    version: v("v2"),
+                    level: Level::Global,
+                },
+            ),
+            (
+                Some("v2"),
+                Some("v1"),
+                false,
+                Level::Role,
+                Disabled {
+                    version: v("v2"),
+                    level: Level::Role,
+                },
+            ),
+            (
+                Some("v2"),
+                Some("v1"),
+                false,
+                Level::Host,
+                Disabled {
+                    version: v("v2"),
+                    level: Level::Host,
+                },
+            ),
             // A host that never converged goes whatever the gate says (bootstrap exception).
-            (Some("v2"), None, false, Level::Global, Upgrade { version: v("v2"), why: Why::FirstConverge }),
-            (Some("v2"), None, true, Level::Host, Upgrade { version: v("v2"), why: Why::FirstConverge }),
+            (
+                Some("v2"),
+                None,
+                false,
+                Level::Global,
+                Upgrade {
+                    version: v("v2"),
+                    why: Why::FirstConverge,
+                },
+            ),
+            (
+                Some("v2"),
+                None,
+                true,
+                Level::Host,
+                Upgrade {
+                    version: v("v2"),
+                    why: Why::FirstConverge,
+                },
+            ),
             // A downgrade is just another version.
-            (Some("v1"), Some("v2"), true, Level::Global, Upgrade { version: v("v1"), why: Why::Enabled(Level::Global) }),
+            (
+                Some("v1"),
+                Some("v2"),
+                true,
+                Level::Global,
+                Upgrade {
+                    version: v("v1"),
+                    why: Why::Enabled(Level::Global),
+                },
+            ),
         ];
         for (desired, local, enabled, level, want) in table {
-            assert_eq!(decide(&obs(desired, local, enabled, level)), want, "{desired:?} {local:?} {enabled} {level:?}");
+            assert_eq!(
+                decide(&obs(desired, local, enabled, level)),
+                want,
+                "{desired:?} {local:?} {enabled} {level:?}"
+            );
         }
     }
 
@@ -187,7 +287,11 @@ mod tests {
             o.failure = Some(f.clone());
             o.now = now;
             let d = decide(&o);
-            assert_eq!(matches!(d, Decision::Upgrade { .. }), upgrade, "{f:?} now={now}: {d:?}");
+            assert_eq!(
+                matches!(d, Decision::Upgrade { .. }),
+                upgrade,
+                "{f:?} now={now}: {d:?}"
+            );
             if !upgrade {
                 assert!(matches!(d, Decision::Backoff { .. }));
             }

@@ -24,7 +24,13 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    pub fn start(store: DynStore, key: Key, ttl: Duration, state: AgentState, version: Option<Version>) -> Liveness {
+    pub fn start(
+        store: DynStore,
+        key: Key,
+        ttl: Duration,
+        state: AgentState,
+        version: Option<Version>,
+    ) -> Liveness {
         let (record, rx) = watch::channel(AgentRecord {
             state,
             version,
@@ -107,7 +113,11 @@ async fn keep(
                 }
             }
         }
-        let wait = if failing { Duration::from_secs(1).min(period) } else { period };
+        let wait = if failing {
+            Duration::from_secs(1).min(period)
+        } else {
+            period
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {
                 if let Some(l) = &lease && !failing {

@@ -15,7 +15,10 @@ use crate::state::PendingReport;
 /// The ops that put `r` in place of the host's other status entries for its version.
 pub fn status_ops(schema: &Schema, host: &HostName, r: &PendingReport) -> Vec<Op> {
     let outcome = if r.ok { Outcome::Success } else { Outcome::Failure };
-    let mut ops = vec![Op::put(schema.status(r.step, outcome, &r.version, host), r.link.clone())];
+    let mut ops = vec![Op::put(
+        schema.status(r.step, outcome, &r.version, host),
+        r.link.clone(),
+    )];
     for step in Step::ALL {
         for o in Outcome::ALL {
             if (step, o) != (r.step, outcome) {
@@ -27,8 +30,17 @@ pub fn status_ops(schema: &Schema, host: &HostName, r: &PendingReport) -> Vec<Op
 }
 
 /// The ops that record `host` at `version` and remove it from every other version.
-pub fn running_ops(schema: &Schema, host: &HostName, version: &Version, at: u64, others: &[Version]) -> Vec<Op> {
-    let mut ops = vec![Op::put(schema.running_version_host(version, host), at.to_string())];
+pub fn running_ops(
+    schema: &Schema,
+    host: &HostName,
+    version: &Version,
+    at: u64,
+    others: &[Version],
+) -> Vec<Op> {
+    let mut ops = vec![Op::put(
+        schema.running_version_host(version, host),
+        at.to_string(),
+    )];
     for o in others.iter().filter(|o| *o != version) {
         ops.push(Op::Delete(schema.running_version_host(o, host)));
     }
@@ -36,7 +48,12 @@ pub fn running_ops(schema: &Schema, host: &HostName, version: &Version, at: u64,
 }
 
 /// Writes one report in one transaction.
-pub async fn apply(store: &DynStore, schema: &Schema, host: &HostName, r: &PendingReport) -> Result<(), StoreError> {
+pub async fn apply(
+    store: &DynStore,
+    schema: &Schema,
+    host: &HostName,
+    r: &PendingReport,
+) -> Result<(), StoreError> {
     let mut ops = status_ops(schema, host, r);
     if r.step == Step::Validated && r.ok {
         let listing = store.list(&schema.running_versions()).await?;
@@ -50,7 +67,13 @@ pub async fn apply(store: &DynStore, schema: &Schema, host: &HostName, r: &Pendi
             .collect();
         ops.extend(running_ops(schema, host, &r.version, r.at, &others));
     }
-    match store.txn(Txn { compares: vec![], ops }).await? {
+    match store
+        .txn(Txn {
+            compares: vec![],
+            ops,
+        })
+        .await?
+    {
         TxnOutcome::Committed(_) => Ok(()),
         // An unconditional transaction cannot lose; treat it as a store fault.
         TxnOutcome::Lost(_) => Err(StoreError::Rejected {
@@ -130,17 +153,27 @@ pub async fn publish_addresses(
         .into_iter()
         .map(|kv| kv.key)
         .collect();
-    store.txn(active_role_txn(schema, host, role, addresses, &existing)).await?;
+    store
+        .txn(active_role_txn(schema, host, role, addresses, &existing))
+        .await?;
     Ok(())
 }
 
 /// Records the first-boot outcome: success, or failed with the reason.
 pub fn provisioned_txn(schema: &Schema, host: &HostName, failure: Option<&str>) -> Txn {
     let (put, del) = match failure {
-        None => (schema.provisioned(Outcome::Success, host), schema.provisioned(Outcome::Failure, host)),
-        Some(_) => (schema.provisioned(Outcome::Failure, host), schema.provisioned(Outcome::Success, host)),
+        None => (
+            schema.provisioned(Outcome::Success, host),
+            schema.provisioned(Outcome::Failure, host),
+        ),
+        Some(_) => (
+            schema.provisioned(Outcome::Failure, host),
+            schema.provisioned(Outcome::Success, host),
+        ),
     };
-    Txn::new().then(Op::put(put, failure.unwrap_or(""))).then(Op::Delete(del))
+    Txn::new()
+        .then(Op::put(put, failure.unwrap_or("")))
+        .then(Op::Delete(del))
 }
 
 #[cfg(test)]
@@ -214,7 +247,11 @@ mod tests {
             &s,
             &h(),
             &role,
-            &[addr("eth0", "10.0.0.1"), addr("eth0", "fd00::1"), addr("eth1", "10.0.1.1")],
+            &[
+                addr("eth0", "10.0.0.1"),
+                addr("eth0", "fd00::1"),
+                addr("eth1", "10.0.1.1"),
+            ],
             &existing,
         );
         assert_eq!(

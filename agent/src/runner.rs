@@ -55,9 +55,13 @@ pub fn puppet_outcome(exit: &Exit) -> Outcome {
     match exit {
         Exit::Code(0) => Outcome::Success { changes: false },
         Exit::Code(2) => Outcome::Success { changes: true },
-        Exit::Code(1) => Outcome::Failure("puppet exited 1: the catalog did not compile (syntax or compile error)".into()),
+        Exit::Code(1) => {
+            Outcome::Failure("puppet exited 1: the catalog did not compile (syntax or compile error)".into())
+        }
         Exit::Code(4) => Outcome::Failure("puppet exited 4: some resources failed".into()),
-        Exit::Code(6) => Outcome::Failure("puppet exited 6: changes were made and some resources failed".into()),
+        Exit::Code(6) => {
+            Outcome::Failure("puppet exited 6: changes were made and some resources failed".into())
+        }
         other => plain_failure("puppet", other),
     }
 }
@@ -95,7 +99,12 @@ pub struct Spec<'a> {
 
 /// Runs `spec`. When `shutdown` turns true the child gets `grace` to finish on its
 /// own, then its process group is stopped and the result is `Exit::Interrupted`.
-pub async fn run(spec: &Spec<'_>, shutdown: &mut watch::Receiver<bool>, grace: Duration) -> Finished {
+pub async fn run(
+    spec: &Spec<'_>,
+    shutdown: &mut watch::Receiver<bool>,
+    grace: Duration,
+    on_spawn: impl FnOnce(ProcessGroup),
+) -> Finished {
     let start = Instant::now();
     let finished = |exit| Finished {
         exit,
@@ -117,6 +126,11 @@ pub async fn run(spec: &Spec<'_>, shutdown: &mut watch::Receiver<bool>, grace: D
         Err(e) => return finished(Exit::NotStarted(format!("{program}: {e}"))),
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    if let Some(id) = child.id()
+        && let Some(start) = process_start_time(id)
+    {
+        on_spawn(ProcessGroup { pgid: id, start });
+    }
     let out = tokio::spawn(copy_capped(child.stdout.take(), spec.stdout.to_path_buf()));
     let err = tokio::spawn(copy_capped(child.stderr.take(), spec.stderr.to_path_buf()));
 
@@ -150,13 +164,13 @@ pub async fn run(spec: &Spec<'_>, shutdown: &mut watch::Receiver<bool>, grace: D
             }
         }
     };
-    // The group may hold children that still have our pipes open: stop them too, so
-    // the copies below end.
-    if let Some(pg) = pgid {
-        let _ = killpg(pg, Signal::SIGKILL);
+    // After a normal exit nothing is killed (Puppet may have started daemons); output
+    // still held open by a straggler is abandoned after a while.
+    for copy in [out, err] {
+        if tokio::time::timeout(KILL_AFTER, copy).await.is_err() {
+            tracing::warn!(program = %program, "a process started by the command still holds its output open; no longer reading it");
+        }
     }
-    let _ = out.await;
-    let _ = err.await;
     if let Some(exit) = stopping {
         return finished(exit);
     }
@@ -170,21 +184,119 @@ pub async fn run(spec: &Spec<'_>, shutdown: &mut watch::Receiver<bool>, grace: D
     })
 }
 
-/// SIGTERM to the group, then SIGKILL if it has not gone after `KILL_AFTER`.
+/// A child's process group, identified so that it can be stopped after the agent
+/// itself died, without ever hitting an unrelated process that reused the number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessGroup {
+    pub pgid: u32,
+    /// The leader's start time in clock ticks since boot (`/proc/PID/stat`, field 22).
+    pub start: u64,
+}
+
+/// The start time of process `pid`, from `/proc`.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; fields are counted after its closing ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Stops a group left behind by an agent that died, if its leader is still the
+/// same process. Returns whether it was found.
+pub fn stop_orphan(group: ProcessGroup) -> bool {
+    if process_start_time(group.pgid) != Some(group.start) {
+        return false;
+    }
+    let pg = Pid::from_raw(group.pgid as i32);
+    let tree = process_tree(group.pgid);
+    signal_all(pg, &tree, Signal::SIGTERM);
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        if tree
+            .iter()
+            .all(|&(pid, start)| process_start_time(pid) != Some(start))
+        {
+            return true;
+        }
+    }
+    signal_all(pg, &tree, Signal::SIGKILL);
+    true
+}
+
+/// Stops the child's whole tree: its process group, and every descendant that left
+/// the group (Puppet runs `exec` resources in a session of their own). The tree is
+/// collected first, because children are re-parented once their parent dies.
+/// SIGTERM first, SIGKILL for whatever is left after `KILL_AFTER`.
 async fn stop_group(pgid: Option<Pid>, child: &mut tokio::process::Child) {
     let Some(pg) = pgid else {
         let _ = child.start_kill();
         return;
     };
-    let _ = killpg(pg, Signal::SIGTERM);
+    let tree = process_tree(pg.as_raw() as u32);
+    signal_all(pg, &tree, Signal::SIGTERM);
     if tokio::time::timeout(KILL_AFTER, child.wait()).await.is_err() {
-        let _ = killpg(pg, Signal::SIGKILL);
+        signal_all(pg, &process_tree(pg.as_raw() as u32), Signal::SIGKILL);
     }
+    signal_all(pg, &tree, Signal::SIGKILL);
+}
+
+fn signal_all(pg: Pid, tree: &[(u32, u64)], sig: Signal) {
+    let _ = killpg(pg, sig);
+    for &(pid, start) in tree {
+        // Only the very process that was collected, never one that reused its number.
+        if process_start_time(pid) == Some(start) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), sig);
+        }
+    }
+}
+
+/// `root` and all its descendants, with their start times.
+pub fn process_tree(root: u32) -> Vec<(u32, u64)> {
+    let mut parent_of: Vec<(u32, u32, u64)> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(close) = stat.rfind(')') else { continue };
+            let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+            if let (Some(ppid), Some(start)) = (
+                fields.get(1).and_then(|p| p.parse().ok()),
+                fields.get(19).and_then(|p| p.parse().ok()),
+            ) {
+                parent_of.push((pid, ppid, start));
+            }
+        }
+    }
+    let mut tree: Vec<(u32, u64)> = parent_of
+        .iter()
+        .filter(|p| p.0 == root)
+        .map(|p| (p.0, p.2))
+        .collect();
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i].0;
+        for p in &parent_of {
+            if p.1 == parent && !tree.iter().any(|t| t.0 == p.0) {
+                tree.push((p.0, p.2));
+            }
+        }
+        i += 1;
+    }
+    tree
 }
 
 async fn copy_capped(src: Option<impl AsyncRead + Unpin>, path: std::path::PathBuf) {
     let Some(mut src) = src else { return };
-    let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
+    let mut file = match tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .await
+    {
         Ok(f) => Some(f),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot write command output; discarding it");
@@ -223,6 +335,7 @@ async fn copy_capped(src: Option<impl AsyncRead + Unpin>, path: std::path::PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 
     fn argv(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
@@ -238,7 +351,7 @@ mod tests {
             stdout: &dir.join("out"),
             stderr: &dir.join("err"),
         };
-        run(&spec, &mut rx, Duration::from_secs(1)).await
+        run(&spec, &mut rx, Duration::from_secs(1), |_| {}).await
     }
 
     #[test]
@@ -258,7 +371,12 @@ mod tests {
     #[tokio::test]
     async fn captures_output_and_exit_code() {
         let d = tempfile::tempdir().unwrap();
-        let f = go(&["sh", "-c", "echo out; echo err >&2; exit 3"], Duration::from_secs(5), d.path()).await;
+        let f = go(
+            &["sh", "-c", "echo out; echo err >&2; exit 3"],
+            Duration::from_secs(5),
+            d.path(),
+        )
+        .await;
         assert_eq!(f.exit, Exit::Code(3));
         assert_eq!(std::fs::read_to_string(d.path().join("out")).unwrap(), "out\n");
         assert_eq!(std::fs::read_to_string(d.path().join("err")).unwrap(), "err\n");
@@ -277,6 +395,58 @@ mod tests {
             .map(|s| !s.contains(") Z"))
             .unwrap_or(false);
         assert!(!alive, "grandchild {pid} survived the timeout");
+    }
+
+    #[test]
+    fn orphans_are_identified_by_start_time() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        let start = process_start_time(pgid).unwrap();
+        // A different start time is a different process: left alone.
+        assert!(!stop_orphan(ProcessGroup {
+            pgid,
+            start: start + 1
+        }));
+        assert!(child.try_wait().unwrap().is_none());
+        assert!(stop_orphan(ProcessGroup { pgid, start }));
+        assert!(child.wait().unwrap().signal().is_some());
+    }
+
+    #[tokio::test]
+    async fn timeout_stops_descendants_in_other_sessions() {
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("detached");
+        let script = format!(
+            "setsid sleep 300 > /dev/null 2>&1 & echo $! > {}; wait",
+            pidfile.display()
+        );
+        let f = go(&["sh", "-c", &script], Duration::from_millis(500), d.path()).await;
+        assert!(matches!(f.exit, Exit::TimedOut(_)), "{:?}", f.exit);
+        let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"));
+        assert!(!alive, "the detached descendant {pid} survived the timeout");
+    }
+
+    #[tokio::test]
+    async fn normal_exit_leaves_started_daemons_alone() {
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("daemon");
+        let script = format!(
+            "setsid sleep 30 > /dev/null 2>&1 < /dev/null & echo $! > {}",
+            pidfile.display()
+        );
+        let f = go(&["sh", "-c", &script], Duration::from_secs(5), d.path()).await;
+        assert_eq!(f.exit, Exit::Code(0));
+        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "a daemon the command started was killed"
+        );
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
 
     #[tokio::test]
@@ -317,7 +487,7 @@ mod tests {
             tx.send(true).unwrap();
             tx
         });
-        let f = run(&spec, &mut rx, Duration::from_millis(300)).await;
+        let f = run(&spec, &mut rx, Duration::from_millis(300), |_| {}).await;
         assert_eq!(f.exit, Exit::Interrupted);
         assert!(f.elapsed >= Duration::from_millis(500));
         drop(t.await);

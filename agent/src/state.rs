@@ -126,6 +126,9 @@ pub struct RunStart {
     pub started: u64,
     pub pid: u32,
     pub run_dir: PathBuf,
+    /// The command running now, so a restarted agent can stop what a killed one left.
+    #[serde(default)]
+    pub child: Option<crate::runner::ProcessGroup>,
 }
 
 /// How the last run ended.
@@ -239,7 +242,12 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "v3\n");
         assert_eq!(read_local_version(&p).unwrap(), Some(Version::new("v3").unwrap()));
         std::fs::write(&p, "not a/version\n").unwrap();
-        assert!(read_local_version(&p).unwrap_err().to_string().contains("current_version"));
+        assert!(
+            read_local_version(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("current_version")
+        );
     }
 
     #[test]
@@ -259,6 +267,11 @@ mod tests {
         j.save(d.path()).unwrap();
         assert_eq!(Journal::load(d.path()).unwrap(), j);
         std::fs::write(Journal::path(d.path()), "{").unwrap();
-        assert!(Journal::load(d.path()).unwrap_err().to_string().contains("journal.json"));
+        assert!(
+            Journal::load(d.path())
+                .unwrap_err()
+                .to_string()
+                .contains("journal.json")
+        );
     }
 }

@@ -10,7 +10,8 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     }
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let expected = || format!("invalid duration {s:?}: expected a number and a unit (ms, s, m, h, d), e.g. 30s or 10m");
+    let expected =
+        || format!("invalid duration {s:?}: expected a number and a unit (ms, s, m, h, d), e.g. 30s or 10m");
     let n: u64 = num.parse().map_err(|_| expected())?;
     let ms = match unit {
         "ms" => Some(n),
@@ -26,8 +27,13 @@ pub fn parse(s: &str) -> Result<Duration, String> {
 /// Formats a duration in the largest unit that is exact.
 pub fn format(d: Duration) -> String {
     let ms = d.as_millis();
-    for (unit, size) in [("d", 86_400_000u128), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms >= size && ms % size == 0 {
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
@@ -51,7 +57,16 @@ mod tests {
 
     #[test]
     fn rejects_nonsense() {
-        for bad in ["", "10", "s", "-5s", "1.5m", "10 m", "5x", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "10",
+            "s",
+            "-5s",
+            "1.5m",
+            "10 m",
+            "5x",
+            "99999999999999999999d",
+        ] {
             let err = parse(bad).unwrap_err();
             assert!(err.contains("invalid duration"), "{bad}: {err}");
         }

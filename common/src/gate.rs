@@ -86,7 +86,11 @@ mod tests {
         ];
         for (host, role, global, enabled, level) in table {
             let g = decide(GateKeys { host, role, global });
-            assert_eq!((g.enabled, g.level), (enabled, level), "{host:?} {role:?} {global:?}");
+            assert_eq!(
+                (g.enabled, g.level),
+                (enabled, level),
+                "{host:?} {role:?} {global:?}"
+            );
         }
     }
 }

@@ -3,10 +3,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod duration;
+pub mod gate;
 pub mod keys;
 pub mod names;
 pub mod store;
-pub mod values;
-pub mod duration;
-pub mod gate;
 pub mod time;
+pub mod values;

@@ -3,7 +3,11 @@
 //! stopped, also when a test fails.
 
 pub mod etcd;
+pub mod host;
 pub mod process;
+pub mod puppet;
 
 pub use etcd::Etcd;
+pub use host::Host;
 pub use process::{free_port, require_binary};
+pub use puppet::Puppet;

@@ -302,15 +302,25 @@ async fn txn_rejects_writing_a_key_twice(b: Backend) {
     s.put(&k("/dup/x"), "old", None).await.unwrap();
     let before = s.ping().await.unwrap();
     for txn in [
-        Txn::new().then(Op::put(k("/dup/a"), "1")).then(Op::put(k("/dup/a"), "2")),
-        Txn::new().then(Op::Delete(k("/dup/a"))).then(Op::put(k("/dup/a"), "2")),
-        Txn::new().then(Op::DeletePrefix(k("/dup/"))).then(Op::put(k("/dup/b"), "2")),
+        Txn::new()
+            .then(Op::put(k("/dup/a"), "1"))
+            .then(Op::put(k("/dup/a"), "2")),
+        Txn::new()
+            .then(Op::Delete(k("/dup/a")))
+            .then(Op::put(k("/dup/a"), "2")),
+        Txn::new()
+            .then(Op::DeletePrefix(k("/dup/")))
+            .then(Op::put(k("/dup/b"), "2")),
     ] {
         let err = s.txn(txn).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
         assert!(err.to_string().contains("duplicate key"), "{err}");
     }
-    assert_eq!(s.ping().await.unwrap(), before, "a rejected transaction writes nothing");
+    assert_eq!(
+        s.ping().await.unwrap(),
+        before,
+        "a rejected transaction writes nothing"
+    );
     assert_eq!(s.get(&k("/dup/x")).await.unwrap().unwrap().value, "old");
 }
 

@@ -295,8 +295,20 @@ pub type DynStore = Arc<dyn Store>;
 
 /// Opens the store named by `url` and checks that it answers.
 pub async fn open(url: &StoreUrl) -> Result<DynStore> {
+    open_with(url, Duration::from_secs(10)).await
+}
+
+/// Like `open`; `retry` bounds how long one operation retries before the store is
+/// reported unreachable.
+pub async fn open_with(url: &StoreUrl, retry: Duration) -> Result<DynStore> {
     let store: DynStore = match url {
-        StoreUrl::Etcd { .. } => Arc::new(EtcdStore::new(url, EtcdOptions::default())?),
+        StoreUrl::Etcd { .. } => Arc::new(EtcdStore::new(
+            url,
+            EtcdOptions {
+                retry_budget: retry,
+                ..EtcdOptions::default()
+            },
+        )?),
         StoreUrl::Sqlite { path } => Arc::new(SqliteStore::open(path).await?),
     };
     store.ping().await?;

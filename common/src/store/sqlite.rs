@@ -455,7 +455,9 @@ fn overlapping_ops(ops: &[Op]) -> Option<String> {
     for put in &puts {
         for (d, prefix) in &deletes {
             if (*prefix && put.starts_with(d)) || (!*prefix && put == d) {
-                return Some(format!("duplicate key given in txn request: {put} is both put and deleted"));
+                return Some(format!(
+                    "duplicate key given in txn request: {put} is both put and deleted"
+                ));
             }
         }
     }

@@ -1,0 +1,650 @@
+//! jio-agent against a real etcd (and the embedded store), real `puppet apply` and
+//! real `run-parts`: outcomes, reports, and the faults the agent must survive.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use jio_common::keys::{EnableLevel, Parsed, Schema};
+use jio_common::names::HostName;
+use jio_common::store::{self, DynStore, StoreUrl};
+use jio_tests::{Etcd, Host, Puppet};
+use tokio::process::{Child, Command};
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_jio-agent"))
+}
+
+async fn open(url: &str) -> DynStore {
+    store::open(&StoreUrl::parse(url).unwrap()).await.unwrap()
+}
+
+async fn agent(host: &Host, args: &[&str]) -> Output {
+    Command::from(host.agent(&bin(), args)).output().await.unwrap()
+}
+
+fn spawn(host: &Host, args: &[&str]) -> Child {
+    Command::from(host.agent(&bin(), args))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The host's `/status` (per version) and `/running/versions` entries, as key names.
+async fn entries(s: &DynStore, host: &str) -> BTreeSet<String> {
+    let schema = Schema::default();
+    let h = HostName::new(host).unwrap();
+    let mut out = BTreeSet::new();
+    for prefix in [schema.status_root(), schema.running_versions()] {
+        for kv in s.list(&prefix).await.unwrap().kvs {
+            match schema.parse(&kv.key) {
+                Some(Parsed::Status(_, _, _, x)) | Some(Parsed::RunningVersion(_, x)) if x == h => {
+                    out.insert(kv.key.to_string());
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+fn set(keys: &[&str]) -> BTreeSet<String> {
+    keys.iter().map(|k| k.to_string()).collect()
+}
+
+async fn put(s: &DynStore, key: jio_common::keys::Key, value: &str) {
+    s.put(&key, value, None).await.unwrap();
+}
+
+async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn agent_state(s: &DynStore, host: &str) -> Option<String> {
+    let key = Schema::default().agent(&HostName::new(host).unwrap());
+    let kv = s.get(&key).await.ok()??;
+    let v: serde_json::Value = serde_json::from_str(&kv.value).ok()?;
+    Some(v["state"].as_str()?.to_string())
+}
+
+/// Processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline"))
+            && String::from_utf8_lossy(&cmd).replace('\0', " ").contains(marker)
+        {
+            let zombie =
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"));
+            if !zombie {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+fn status_json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("status --json: {e}\n{}", text(o)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puppet_outcomes_are_reported() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let scratch = puppet.scratch();
+    // name, manifest, extra config, expected exit, expected entries
+    let cases: Vec<(&str, String, &str, i32, Vec<String>)> = vec![
+        (
+            "changes1",
+            format!("file {{ '{}/changes': content => 'v1' }}\n", scratch.display()),
+            "",
+            0,
+            vec![
+                "/status/validated/success/v1/changes1".into(),
+                "/running/versions/v1/changes1".into(),
+            ],
+        ),
+        (
+            "nochange1",
+            "notice('nothing to change')\n".into(),
+            "",
+            0,
+            vec![
+                "/status/validated/success/v1/nochange1".into(),
+                "/running/versions/v1/nochange1".into(),
+            ],
+        ),
+        (
+            "fails4",
+            "exec { 'broken': command => '/bin/false' }\n".into(),
+            "",
+            1,
+            vec!["/status/configured/failure/v1/fails4".into()],
+        ),
+        (
+            "fails6",
+            format!(
+                "file {{ '{}/six': content => 'x' }}\nexec {{ 'broken': command => '/bin/false' }}\n",
+                scratch.display()
+            ),
+            "",
+            1,
+            vec!["/status/configured/failure/v1/fails6".into()],
+        ),
+        (
+            "syntax1",
+            "file { 'oops' \n".into(),
+            "",
+            1,
+            vec!["/status/configured/failure/v1/syntax1".into()],
+        ),
+        (
+            "hangs1",
+            "exec { 'hang': command => '/bin/sleep 53.71', timeout => 0 }\n".into(),
+            "puppet_timeout = \"3s\"",
+            1,
+            vec!["/status/configured/failure/v1/hangs1".into()],
+        ),
+    ];
+    let mut tasks = Vec::new();
+    for (name, manifest, extra, code, want) in cases {
+        let m = puppet.manifest(name, &manifest);
+        let host = Host::new(name, &etcd.url(), &puppet.command(&m), extra);
+        tasks.push(tokio::spawn(async move {
+            let out = agent(&host, &["once"]).await;
+            (name, host, out, code, want)
+        }));
+    }
+    for t in tasks {
+        let (name, host, out, code, want) = t.await.unwrap();
+        assert_eq!(out.status.code(), Some(code), "{name}: {}", text(&out));
+        let want: BTreeSet<String> = want.into_iter().collect();
+        assert_eq!(entries(&s, name).await, want, "{name}");
+        let st = status_json(&agent(&host, &["status", "--json"]).await);
+        if code == 0 {
+            assert_eq!(host.local_version().as_deref(), Some("v1"), "{name}");
+            assert_eq!(st["last_run"]["result"], "success", "{name}");
+            assert_eq!(
+                std::fs::read_to_string(host.facts_file()).unwrap(),
+                "current_version=v1\n"
+            );
+        } else {
+            assert_eq!(
+                host.local_version(),
+                None,
+                "{name}: a failed host keeps its version"
+            );
+            assert_eq!(st["last_run"]["result"], "failed", "{name}");
+            let reason = st["last_run"]["reason"].as_str().unwrap().to_string();
+            let expect = match name {
+                "fails4" => "exited 4",
+                "fails6" => "exited 6",
+                "syntax1" => "exited 1",
+                _ => "did not finish within 3s",
+            };
+            assert!(reason.contains(expect), "{name}: {reason}");
+        }
+        // Puppet's own JSON-lines log of the run is kept.
+        let run_dir = PathBuf::from(st["last_run"]["run_dir"].as_str().unwrap());
+        if name == "changes1" {
+            let log = std::fs::read_to_string(run_dir.join("puppet.jsonl")).unwrap();
+            assert!(log.lines().any(|l| l.contains("changes")), "{log}");
+        }
+    }
+    assert!(
+        processes_with("53.71").is_empty(),
+        "the hung puppet run was not stopped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_failure_then_fix_then_next_version_leaves_nothing_stale() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    let schema = Schema::default();
+    put(&s, schema.current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let m = puppet.manifest("ok", "notice('ok')\n");
+    let host = Host::new("db1", &etcd.url(), &puppet.command(&m), "");
+    host.set_validation(false);
+
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        entries(&s, "db1").await,
+        set(&["/status/validated/failure/v1/db1"])
+    );
+    assert_eq!(host.local_version(), None);
+
+    // Not retried in a tight loop...
+    host.set_validation(true);
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("waiting before retrying"), "{}", text(&out));
+    // ...but at once when the operator re-enables the host.
+    put(
+        &s,
+        schema.enable(&EnableLevel::Host(HostName::new("db1").unwrap())),
+        "true",
+    )
+    .await;
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        entries(&s, "db1").await,
+        set(&["/status/validated/success/v1/db1", "/running/versions/v1/db1"])
+    );
+    assert_eq!(host.local_version().as_deref(), Some("v1"));
+
+    // The next version moves the running entry; the old version's status stays as history.
+    put(&s, schema.current_version(), "v2").await;
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        entries(&s, "db1").await,
+        set(&[
+            "/status/validated/success/v1/db1",
+            "/status/validated/success/v2/db1",
+            "/running/versions/v2/db1"
+        ])
+    );
+    assert_eq!(host.local_version().as_deref(), Some("v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_and_bootstrap_exception() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    let schema = Schema::default();
+    put(&s, schema.current_version(), "v1").await;
+    put(&s, schema.enable(&EnableLevel::Global), "False").await; // the original's spelling
+    let puppet = Puppet::new();
+    let m = puppet.manifest("ok", "notice('ok')\n");
+    let host = Host::new("compute7", &etcd.url(), &puppet.command(&m), "");
+
+    // A new host converges although the gate says no.
+    let out = agent(&host, &["bootstrap"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("provisioned compute7 (role compute)"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(host.local_version().as_deref(), Some("v1"));
+    assert!(
+        s.get(&schema.provisioned(
+            jio_common::keys::Outcome::Success,
+            &HostName::new("compute7").unwrap()
+        ))
+        .await
+        .unwrap()
+        .is_some()
+    );
+    let rec = s
+        .get(&schema.host(&HostName::new("compute7").unwrap()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rec.value.contains("\"role\":\"compute\""), "{}", rec.value);
+
+    // Later upgrades obey the gate: global false, then role true, then host false.
+    put(&s, schema.current_version(), "v2").await;
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out).contains("not enabled (global key)"), "{}", text(&out));
+    let st = status_json(&agent(&host, &["status", "--json"]).await);
+    assert_eq!(
+        (st["enabled"].as_bool(), st["decided_by"].as_str()),
+        (Some(false), Some("global"))
+    );
+    put(
+        &s,
+        schema.enable(&EnableLevel::Host(HostName::new("compute7").unwrap())),
+        "0",
+    )
+    .await;
+    put(
+        &s,
+        schema.enable(&EnableLevel::Role(
+            jio_common::names::Role::new("compute").unwrap(),
+        )),
+        "true",
+    )
+    .await;
+    let st = status_json(&agent(&host, &["status", "--json"]).await);
+    assert_eq!(
+        (st["enabled"].as_bool(), st["decided_by"].as_str()),
+        (Some(false), Some("host"))
+    );
+    assert_eq!(agent(&host, &["pending-update"]).await.status.code(), Some(0));
+    s.delete(&schema.enable(&EnableLevel::Host(HostName::new("compute7").unwrap())))
+        .await
+        .unwrap();
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(host.local_version().as_deref(), Some("v2"));
+    assert_eq!(agent(&host, &["pending-update"]).await.status.code(), Some(1));
+
+    // A value that is not a boolean is an error naming the key, and nothing runs.
+    put(&s, schema.current_version(), "v3").await;
+    put(&s, schema.enable(&EnableLevel::Global), "yes").await;
+    s.delete(&schema.enable(&EnableLevel::Role(
+        jio_common::names::Role::new("compute").unwrap(),
+    )))
+    .await
+    .unwrap();
+    let out = agent(&host, &["once"]).await;
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out).contains("/config_state/enable_puppet/global"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(host.local_version().as_deref(), Some("v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_update_exit_codes_when_unreachable() {
+    let port = jio_tests::free_port();
+    let host = Host::new(
+        "compute1",
+        &format!("etcd://127.0.0.1:{port}"),
+        &["true".to_string()],
+        "store_retry = \"300ms\"",
+    );
+    let out = agent(&host, &["pending-update"]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        text(&out)
+    );
+    std::fs::write(host.version_file(), "v1\n").unwrap();
+    assert_eq!(agent(&host, &["pending-update"]).await.status.code(), Some(2));
+    assert_eq!(agent(&host, &["once"]).await.status.code(), Some(2));
+    assert_eq!(agent(&host, &["local-version"]).await.stdout, b"v1\n");
+    let out = agent(&host, &["local-version", "bad/version"]).await;
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out).contains("must not contain '/'"), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_reacts_to_watches_and_refuses_a_second_instance() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    let schema = Schema::default();
+    put(&s, schema.current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let m = puppet.manifest("ok", "notice('ok')\n");
+    // A 1 hour resync: only a watch can wake the agent in time.
+    let host = Host::new(
+        "ctrl1",
+        &etcd.url(),
+        &puppet.command(&m),
+        "resync_interval = \"1h\"\nrole = \"controller\"",
+    );
+    let mut daemon = spawn(&host, &["run"]);
+    wait_for("first converge", Duration::from_secs(30), || async {
+        host.local_version().as_deref() == Some("v1")
+    })
+    .await;
+
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("already running"), "{}", text(&out));
+
+    put(&s, schema.enable(&EnableLevel::Global), "false").await;
+    put(&s, schema.current_version(), "v2").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        host.local_version().as_deref(),
+        Some("v1"),
+        "disabled: must not move"
+    );
+    put(
+        &s,
+        schema.enable(&EnableLevel::Role(
+            jio_common::names::Role::new("controller").unwrap(),
+        )),
+        "true",
+    )
+    .await;
+    wait_for("upgrade after the role key", Duration::from_secs(30), || async {
+        host.local_version().as_deref() == Some("v2")
+    })
+    .await;
+    assert_eq!(
+        entries(&s, "ctrl1").await,
+        set(&[
+            "/status/validated/success/v1/ctrl1",
+            "/status/validated/success/v2/ctrl1",
+            "/running/versions/v2/ctrl1"
+        ])
+    );
+    assert_eq!(agent_state(&s, "ctrl1").await.as_deref(), Some("idle"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    // A clean stop revokes the lease: the liveness record goes at once.
+    assert_eq!(agent_state(&s, "ctrl1").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_outage_during_a_run_loses_nothing() {
+    let mut etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let m = puppet.manifest("slow", "exec { 'slow': command => '/bin/sleep 3' }\n");
+    let host = Host::new(
+        "compute3",
+        &etcd.url(),
+        &puppet.command(&m),
+        "store_retry = \"1s\"",
+    );
+    let mut daemon = spawn(&host, &["run"]);
+    wait_for("the run to start", Duration::from_secs(30), || async {
+        agent_state(&s, "compute3").await.as_deref() == Some("upgrading")
+    })
+    .await;
+    etcd.kill(0);
+    // Puppet and validation finish while the store is down; the results wait in the journal.
+    wait_for("results journaled", Duration::from_secs(30), || async {
+        std::fs::read_to_string(host.state_dir().join("journal.json"))
+            .is_ok_and(|j| j.contains("\"validated\"") && j.contains("\"unreported\""))
+    })
+    .await;
+    assert_eq!(
+        host.local_version(),
+        None,
+        "the local version moves only once the store has the result"
+    );
+    assert!(
+        daemon.try_wait().unwrap().is_none(),
+        "the daemon keeps running while the store is down"
+    );
+    etcd.restart(0).await;
+    let s = open(&etcd.url()).await;
+    wait_for("the report after the outage", Duration::from_secs(60), || async {
+        host.local_version().as_deref() == Some("v1")
+    })
+    .await;
+    assert_eq!(
+        entries(&s, "compute3").await,
+        set(&[
+            "/status/validated/success/v1/compute3",
+            "/running/versions/v1/compute3"
+        ])
+    );
+    daemon.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_run_interrupts_and_reports_no_success() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let m = puppet.manifest(
+        "long",
+        "exec { 'long': command => '/bin/sleep 41.77', timeout => 0 }\n",
+    );
+    let host = Host::new(
+        "compute4",
+        &etcd.url(),
+        &puppet.command(&m),
+        "stop_grace = \"1s\"",
+    );
+    let mut daemon = spawn(&host, &["run"]);
+    wait_for("puppet to be running", Duration::from_secs(30), || async {
+        agent_state(&s, "compute4").await.as_deref() == Some("upgrading")
+            && !processes_with("41.77").is_empty()
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        processes_with("41.77").is_empty(),
+        "puppet's process group was not stopped"
+    );
+    assert_eq!(
+        entries(&s, "compute4").await,
+        BTreeSet::new(),
+        "an interrupted run reports nothing"
+    );
+    assert_eq!(host.local_version(), None);
+    let st = status_json(&agent(&host, &["status", "--json"]).await);
+    assert_eq!(st["last_run"]["result"], "interrupted");
+    assert!(st["in_progress"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_run_then_restart_ends_consistent() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let m = puppet.manifest(
+        "slow",
+        "exec { 'slow': command => '/bin/sleep 2.93', timeout => 0 }\n",
+    );
+    let host = Host::new("compute5", &etcd.url(), &puppet.command(&m), "");
+    let mut first = spawn(&host, &["run"]);
+    wait_for("puppet to be running", Duration::from_secs(30), || async {
+        agent_state(&s, "compute5").await.as_deref() == Some("upgrading")
+            && !processes_with("2.93").is_empty()
+    })
+    .await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    assert!(
+        !processes_with("2.93").is_empty(),
+        "puppet outlives a SIGKILLed agent"
+    );
+
+    let mut second = spawn(&host, &["run"]);
+    wait_for("the rerun to finish", Duration::from_secs(60), || async {
+        host.local_version().as_deref() == Some("v1")
+    })
+    .await;
+    assert_eq!(
+        entries(&s, "compute5").await,
+        set(&[
+            "/status/validated/success/v1/compute5",
+            "/running/versions/v1/compute5"
+        ])
+    );
+    second.start_kill().unwrap();
+    let out = second.wait_with_output().await.unwrap();
+    let log = text(&out);
+    assert!(log.contains("found a run that never finished"), "{log}");
+    assert!(
+        log.contains("stopped the commands a killed agent left running"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_and_run_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let s = open(&url).await;
+    let schema = Schema::default();
+    put(&s, schema.current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let m = puppet.manifest("ok", "notice('ok')\n");
+    let host = Host::new("compute9", &url, &puppet.command(&m), "resync_interval = \"1h\"");
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        entries(&s, "compute9").await,
+        set(&[
+            "/status/validated/success/v1/compute9",
+            "/running/versions/v1/compute9"
+        ])
+    );
+    let mut daemon = spawn(&host, &["run"]);
+    wait_for("the liveness record", Duration::from_secs(30), || async {
+        agent_state(&s, "compute9").await.as_deref() == Some("idle")
+    })
+    .await;
+    put(&s, schema.current_version(), "v2").await;
+    wait_for("the upgrade to v2", Duration::from_secs(30), || async {
+        host.local_version().as_deref() == Some("v2")
+    })
+    .await;
+    assert_eq!(
+        entries(&s, "compute9").await,
+        set(&[
+            "/status/validated/success/v1/compute9",
+            "/status/validated/success/v2/compute9",
+            "/running/versions/v2/compute9"
+        ])
+    );
+    daemon.kill().await.unwrap();
+}
