@@ -240,6 +240,19 @@ impl Schema {
         self.key(&[STATUS, step.as_str(), "/", per_version_outcome(outcome), "/"])
     }
 
+    /// Prefix of one step's entries of one outcome for one version.
+    pub fn status_version_prefix(&self, step: Step, outcome: Outcome, v: &Version) -> Key {
+        self.key(&[
+            STATUS,
+            step.as_str(),
+            "/",
+            per_version_outcome(outcome),
+            "/",
+            v.as_str(),
+            "/",
+        ])
+    }
+
     pub fn status(&self, step: Step, outcome: Outcome, v: &Version, h: &HostName) -> Key {
         self.key(&[
             STATUS,

@@ -4,9 +4,11 @@
 #![forbid(unsafe_code)]
 
 pub mod duration;
+pub mod fleet;
 pub mod gate;
 pub mod keys;
 pub mod names;
+pub mod rules;
 pub mod store;
 pub mod time;
 pub mod values;
