@@ -50,6 +50,10 @@ pub struct Snapshot {
     /// Hosts with a live agent.
     pub agents: BTreeSet<HostName>,
     pub lock: Option<LockRecord>,
+    /// Mod revision of the plan epoch key (0 when absent): every `jioctl` write of
+    /// enable keys or the desired version bumps it, and a plan is applied only if it
+    /// has not moved since the plan was computed.
+    pub epoch: Revision,
     /// Values that could not be understood, by key (reported, otherwise ignored).
     pub problems: Vec<String>,
     /// Revision of the newest listing.
@@ -103,6 +107,7 @@ impl Snapshot {
                 Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
                     s.lock = serde_json::from_str(&kv.value).ok();
                 }
+                Some(Parsed::Lock(name)) if name == EPOCH => s.epoch = kv.mod_revision,
                 _ => {}
             }
             s.revision = s.revision.max(kv.mod_revision);
@@ -119,14 +124,26 @@ impl Snapshot {
 
     /// Reads a snapshot with a fixed number of listings.
     pub async fn read(store: &DynStore, schema: &Schema) -> Result<Snapshot, StoreError> {
+        Snapshot::read_for(store, schema, None).await
+    }
+
+    /// Like `read`; failures are read for `version` instead of the current version
+    /// (to plan a rollout to `version` before it starts).
+    pub async fn read_for(
+        store: &DynStore,
+        schema: &Schema,
+        version: Option<&Version>,
+    ) -> Result<Snapshot, StoreError> {
         let current = store.get(&schema.current_version()).await?;
-        let cur_version = current.as_ref().and_then(|kv| Version::new(kv.value.trim()).ok());
+        let cur_version = version
+            .cloned()
+            .or_else(|| current.as_ref().and_then(|kv| Version::new(kv.value.trim()).ok()));
         let mut prefixes: Vec<Key> = vec![
             schema.hosts(),
             schema.running_versions(),
             schema.enable_root(),
             schema.agents(),
-            schema.lock(ROLLOUT_LOCK),
+            schema.locks(),
         ];
         if let Some(v) = &cur_version {
             for step in Step::ALL {
@@ -169,6 +186,8 @@ impl Snapshot {
 
 /// The name of the lock `jioctl upgrade` holds.
 pub const ROLLOUT_LOCK: &str = "rollout";
+/// The key whose mod revision fences plans (see `Snapshot::epoch`).
+pub const EPOCH: &str = "epoch";
 
 /// A host's place in the rollout to the current version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

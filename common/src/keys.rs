@@ -214,6 +214,11 @@ impl Schema {
         self.key(&[ENABLE])
     }
 
+    /// Prefix of every role key (`role: true`) or every host key (`role: false`).
+    pub fn enable_level_prefix(&self, role: bool) -> Key {
+        self.key(&[ENABLE, if role { "role/" } else { "host/" }])
+    }
+
     pub fn enable(&self, level: &EnableLevel) -> Key {
         match level {
             EnableLevel::Global => self.key(&[ENABLE, "global"]),
@@ -293,6 +298,11 @@ impl Schema {
 
     pub fn agent(&self, h: &HostName) -> Key {
         self.key(&[AGENTS, h.as_str()])
+    }
+
+    /// Prefix of every lock.
+    pub fn locks(&self) -> Key {
+        self.key(&[LOCKS])
     }
 
     /// A named lock (for example the one `jioctl upgrade` holds while it drives).

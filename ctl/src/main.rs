@@ -1,9 +1,5 @@
-use clap::Parser;
+use std::process::ExitCode;
 
-#[derive(Parser)]
-#[command(version, about)]
-struct Cli {}
-
-fn main() {
-    let _ = Cli::parse();
+fn main() -> ExitCode {
+    ExitCode::from(jioctl::cli::main())
 }

@@ -1,0 +1,359 @@
+//! Command line: parse, configure, run, map to a documented exit code.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use jio_common::keys::EnableLevel;
+use jio_common::names::{HostName, Role, Version};
+use jio_common::rules::Rules;
+use jio_common::store::{self, DynStore, ErrorKind, Op, StoreError};
+use jio_common::values::format_bool;
+
+use crate::config::{self, Config};
+use crate::{queries, status, upgrade, writes};
+
+/// Exit codes (also in the README).
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// The rollout stopped on failures, or a check was false.
+    pub const FAILED: u8 = 1;
+    /// The store is unreachable.
+    pub const UNREACHABLE: u8 = 2;
+    /// The rules are invalid (nothing was written).
+    pub const INVALID_RULES: u8 = 3;
+    /// Another jioctl drives a rollout (without --retry).
+    pub const LOCKED: u8 = 4;
+    /// Bad command line, configuration or input (nothing was written).
+    pub const USAGE: u8 = 64;
+    /// Anything else.
+    pub const SOFTWARE: u8 = 70;
+}
+
+/// The default rules file.
+pub const DEFAULT_RULES: &str = "/etc/jio-upgrade.json";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "jioctl",
+    version,
+    about = "Drive rolling upgrades of the jiocloud fleet"
+)]
+pub struct Cli {
+    /// Store URL: etcd://host:port[,host:port...] or sqlite://PATH [env: JIO_STORE]
+    #[arg(long, global = true)]
+    pub store: Option<String>,
+    /// Namespace prefix of every key [env: JIO_PREFIX]
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// Configuration file [default: ~/.config/jiocloud/jioctl.toml]
+    #[arg(long, global = true, env = "JIOCTL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Machine-readable output on stdout
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// More output: every pass's plan (upgrade), logs on stderr
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Hosts by state (upgraded, upgrading, failed, pending, lost) and role
+    Status {
+        #[arg(long)]
+        role: Option<String>,
+        /// Redraw on every change
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Set the desired version and start hosts under the rules
+    Upgrade {
+        version: String,
+        /// The rules as JSON [default: /etc/jio-upgrade.json when it exists]
+        #[arg(long, conflicts_with = "instructions_file")]
+        instructions: Option<String>,
+        /// A file holding the rules
+        #[arg(long)]
+        instructions_file: Option<PathBuf>,
+        /// Print the plan, write nothing
+        #[arg(long)]
+        noop: bool,
+        /// Repeat passes until nothing is pending or upgrading
+        #[arg(long)]
+        retry: bool,
+    },
+    /// Delete every enable_puppet key and set the global one to false
+    #[command(alias = "global_disable_puppet")]
+    GlobalDisablePuppet,
+    /// Set /current_version
+    #[command(alias = "trigger_update")]
+    TriggerUpdate { version: String },
+    /// Print /current_version
+    #[command(alias = "current_version")]
+    CurrentVersion,
+    /// Set (or delete) an enable_puppet key
+    #[command(alias = "enable_puppet")]
+    EnablePuppet {
+        /// true or false (not with --delete)
+        value: Option<String>,
+        #[arg(long, group = "level")]
+        global: bool,
+        #[arg(long, group = "level")]
+        role: Option<String>,
+        #[arg(long, group = "level")]
+        host: Option<String>,
+        /// Remove the key instead
+        #[arg(long)]
+        delete: bool,
+    },
+    /// Versions hosts run, with counts
+    #[command(alias = "running_versions")]
+    RunningVersions,
+    /// Hosts at a version
+    #[command(alias = "hosts_at_version")]
+    HostsAtVersion { version: String },
+    /// Exit 0 only when every host (arguments, or stdin) is at VERSION
+    #[command(alias = "verify_hosts")]
+    VerifyHosts { version: String, hosts: Vec<String> },
+    /// Exit 0 when VERSION is the only version running
+    #[command(alias = "check_single_version")]
+    CheckSingleVersion { version: String },
+    /// Failed hosts of the current version
+    #[command(alias = "get_failures")]
+    GetFailures {
+        /// One line per host, with the log link
+        #[arg(long)]
+        hosts: bool,
+    },
+}
+
+/// Parses and runs; returns the exit code.
+pub fn main() -> u8 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::USAGE } else { exit::OK };
+        }
+    };
+    let filter = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("JIO_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("jioctl: cannot start the runtime: {e}");
+            return exit::SOFTWARE;
+        }
+    };
+    match rt.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("jioctl: {e:#}");
+            match e.downcast_ref::<StoreError>() {
+                Some(s) if s.kind() == ErrorKind::Unavailable => exit::UNREACHABLE,
+                Some(s) if s.kind() == ErrorKind::InvalidInput => exit::USAGE,
+                _ => exit::SOFTWARE,
+            }
+        }
+    }
+}
+
+fn usage(msg: impl std::fmt::Display) -> anyhow::Result<u8> {
+    eprintln!("jioctl: {msg}");
+    Ok(exit::USAGE)
+}
+
+fn load_rules(instructions: Option<String>, file: Option<PathBuf>) -> Result<Rules, (u8, String)> {
+    let text = match (instructions, file) {
+        (Some(t), _) => t,
+        (None, Some(p)) => {
+            std::fs::read_to_string(&p).map_err(|e| (exit::USAGE, format!("{}: {e}", p.display())))?
+        }
+        (None, None) => match std::fs::read_to_string(DEFAULT_RULES) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "{}".into(),
+            Err(e) => return Err((exit::USAGE, format!("{DEFAULT_RULES}: {e}"))),
+        },
+    };
+    Rules::parse(&text).map_err(|e| (exit::INVALID_RULES, e.to_string()))
+}
+
+async fn connect(cfg: &Config) -> anyhow::Result<DynStore> {
+    if !cfg.store_given {
+        eprintln!(
+            "jioctl: no store configured; using the embedded store {}",
+            cfg.store
+        );
+    }
+    Ok(store::open(&cfg.store).await?)
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    let cfg = match config::load(
+        cli.config.as_deref(),
+        cli.store.as_deref(),
+        cli.prefix.as_deref(),
+        |k| std::env::var(k).ok(),
+    ) {
+        Ok(c) => c,
+        Err(e) => return usage(format!("invalid configuration: {e:#}")),
+    };
+    let schema = cfg.schema.clone();
+    let json = cli.json;
+    // Validate every argument before touching the store.
+    match cli.command {
+        Command::Status { role, watch } => {
+            let role = match role.map(Role::new).transpose() {
+                Ok(r) => r,
+                Err(e) => return usage(e),
+            };
+            let store = connect(&cfg).await?;
+            status::run(&store, &schema, role.as_ref(), json, watch).await?;
+            Ok(exit::OK)
+        }
+        Command::Upgrade {
+            version,
+            instructions,
+            instructions_file,
+            noop,
+            retry,
+        } => {
+            let version = match Version::new(version) {
+                Ok(v) => v,
+                Err(e) => return usage(e),
+            };
+            let rules = match load_rules(instructions, instructions_file) {
+                Ok(r) => r,
+                Err((code, msg)) => {
+                    eprintln!("jioctl: {msg}");
+                    return Ok(code);
+                }
+            };
+            let store = connect(&cfg).await?;
+            upgrade::run(
+                &store,
+                &schema,
+                upgrade::Args {
+                    version,
+                    rules,
+                    noop,
+                    retry,
+                    verbose: cli.verbose > 0,
+                    json,
+                },
+            )
+            .await
+        }
+        Command::GlobalDisablePuppet => {
+            let store = connect(&cfg).await?;
+            writes::write(&store, &schema, writes::global_disable_ops(&schema)).await?;
+            println!("puppet disabled globally; every enable_puppet key removed");
+            Ok(exit::OK)
+        }
+        Command::TriggerUpdate { version } => {
+            let version = match Version::new(version) {
+                Ok(v) => v,
+                Err(e) => return usage(e),
+            };
+            let store = connect(&cfg).await?;
+            writes::write(
+                &store,
+                &schema,
+                vec![Op::put(schema.current_version(), version.to_string())],
+            )
+            .await?;
+            println!("current_version set to {version}");
+            Ok(exit::OK)
+        }
+        Command::CurrentVersion => {
+            let store = connect(&cfg).await?;
+            match store.get(&schema.current_version()).await? {
+                Some(kv) => {
+                    println!("{}", kv.value.trim());
+                    Ok(exit::OK)
+                }
+                None => {
+                    eprintln!("jioctl: /current_version is not set");
+                    Ok(exit::FAILED)
+                }
+            }
+        }
+        Command::EnablePuppet {
+            value,
+            global,
+            role,
+            host,
+            delete,
+        } => {
+            let level = match (global, role, host) {
+                (true, None, None) => EnableLevel::Global,
+                (false, Some(r), None) => match Role::new(r) {
+                    Ok(r) => EnableLevel::Role(r),
+                    Err(e) => return usage(e),
+                },
+                (false, None, Some(h)) => match HostName::new(h) {
+                    Ok(h) => EnableLevel::Host(h),
+                    Err(e) => return usage(e),
+                },
+                _ => return usage("give exactly one of --global, --role ROLE, --host HOST"),
+            };
+            let key = schema.enable(&level);
+            let op = match (delete, value.as_deref()) {
+                (true, None) => Op::Delete(key.clone()),
+                (true, Some(_)) => return usage("--delete takes no value"),
+                (false, Some("true")) => Op::put(key.clone(), format_bool(true)),
+                (false, Some("false")) => Op::put(key.clone(), format_bool(false)),
+                (false, Some(other)) => return usage(format!("value {other:?}: expected true or false")),
+                (false, None) => return usage("give true or false, or --delete"),
+            };
+            let store = connect(&cfg).await?;
+            writes::write(&store, &schema, vec![op])
+                .await
+                .context("writing the enable key")?;
+            println!(
+                "{key} {}",
+                if delete {
+                    "deleted".to_string()
+                } else {
+                    format!("= {}", value.unwrap_or_default())
+                }
+            );
+            Ok(exit::OK)
+        }
+        Command::RunningVersions => queries::running_versions(&connect(&cfg).await?, &schema, json).await,
+        Command::HostsAtVersion { version } => match Version::new(version) {
+            Ok(v) => queries::hosts_at_version(&connect(&cfg).await?, &schema, &v, json).await,
+            Err(e) => usage(e),
+        },
+        Command::VerifyHosts { version, hosts } => match Version::new(version) {
+            Ok(v) => queries::verify_hosts(&connect(&cfg).await?, &schema, &v, hosts, json).await,
+            Err(e) => usage(e),
+        },
+        Command::CheckSingleVersion { version } => match Version::new(version) {
+            Ok(v) => queries::check_single_version(&connect(&cfg).await?, &schema, &v, json).await,
+            Err(e) => usage(e),
+        },
+        Command::GetFailures { hosts } => {
+            queries::get_failures(&connect(&cfg).await?, &schema, hosts, json).await
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Live progress of a rollout: a bar per role in a terminal, plain lines otherwise
+//! (one per role whose counts changed).
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+
+use jio_common::fleet::{HostState, HostStatus};
+
+/// Counts of one role.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub upgraded: usize,
+    pub upgrading: usize,
+    pub failed: usize,
+    pub pending: usize,
+    pub lost: usize,
+}
+
+impl Counts {
+    fn total(&self) -> usize {
+        self.upgraded + self.upgrading + self.failed + self.pending + self.lost
+    }
+}
+
+pub fn counts(hosts: &[HostStatus]) -> BTreeMap<String, Counts> {
+    let mut out: BTreeMap<String, Counts> = BTreeMap::new();
+    for h in hosts {
+        let c = out.entry(h.role.to_string()).or_default();
+        match h.state {
+            HostState::Upgraded => c.upgraded += 1,
+            HostState::Upgrading => c.upgrading += 1,
+            HostState::Failed => c.failed += 1,
+            HostState::Pending => c.pending += 1,
+            HostState::Lost => c.lost += 1,
+        }
+    }
+    out
+}
+
+/// Renders progress to stdout.
+pub struct Progress {
+    tty: bool,
+    drawn: usize,
+    last: BTreeMap<String, Counts>,
+}
+
+impl Progress {
+    pub fn new(tty: bool) -> Progress {
+        Progress {
+            tty,
+            drawn: 0,
+            last: BTreeMap::new(),
+        }
+    }
+
+    /// Prints a line above the progress block.
+    pub fn note(&mut self, line: &str) {
+        let mut out = std::io::stdout().lock();
+        if self.tty && self.drawn > 0 {
+            let _ = write!(out, "\x1b[{}A\x1b[J", self.drawn);
+            self.drawn = 0;
+        }
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+
+    pub fn update(&mut self, hosts: &[HostStatus]) {
+        let now = counts(hosts);
+        let mut out = std::io::stdout().lock();
+        if self.tty {
+            if self.drawn > 0 {
+                let _ = write!(out, "\x1b[{}A", self.drawn);
+            }
+            for (role, c) in &now {
+                let width = 24;
+                let done = (c.upgraded * width).checked_div(c.total()).unwrap_or(width);
+                let _ = writeln!(
+                    out,
+                    "\x1b[2K{:<16} [{}{}] {:>4}/{:<4} upgrading {:<3} failed {:<3} pending {:<3}{}",
+                    role,
+                    "#".repeat(done),
+                    "-".repeat(width - done),
+                    c.upgraded,
+                    c.total(),
+                    c.upgrading,
+                    c.failed,
+                    c.pending,
+                    if c.lost > 0 {
+                        format!(" lost {}", c.lost)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            self.drawn = now.len();
+        } else {
+            for (role, c) in &now {
+                if self.last.get(role) != Some(c) {
+                    let _ = writeln!(
+                        out,
+                        "{role}: {}/{} upgraded, {} upgrading, {} failed, {} pending, {} lost",
+                        c.upgraded,
+                        c.total(),
+                        c.upgrading,
+                        c.failed,
+                        c.pending,
+                        c.lost
+                    );
+                }
+            }
+        }
+        let _ = out.flush();
+        self.last = now;
+    }
+}

@@ -1,0 +1,185 @@
+//! The read-only commands of the original tool: running versions, hosts at a
+//! version, verify-hosts, check-single-version, get-failures.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufRead as _;
+
+use jio_common::fleet::Snapshot;
+use jio_common::keys::Schema;
+use jio_common::names::{HostName, Version};
+use jio_common::store::DynStore;
+use serde_json::json;
+
+use crate::cli::exit;
+
+fn versions(snap: &Snapshot) -> BTreeMap<Version, Vec<HostName>> {
+    let mut out: BTreeMap<Version, Vec<HostName>> = BTreeMap::new();
+    for (h, vs) in &snap.running {
+        for v in vs {
+            out.entry(v.clone()).or_default().push(h.clone());
+        }
+    }
+    out
+}
+
+pub async fn running_versions(store: &DynStore, schema: &Schema, as_json: bool) -> anyhow::Result<u8> {
+    let snap = Snapshot::read(store, schema).await?;
+    let v = versions(&snap);
+    if as_json {
+        println!("{}", json!(v));
+    } else {
+        for (version, hosts) in &v {
+            println!("{version}\t{} host(s)", hosts.len());
+        }
+    }
+    Ok(exit::OK)
+}
+
+pub async fn hosts_at_version(
+    store: &DynStore,
+    schema: &Schema,
+    v: &Version,
+    as_json: bool,
+) -> anyhow::Result<u8> {
+    let listing = store.list(&schema.running_version(v)).await?;
+    let hosts: Vec<String> = listing
+        .kvs
+        .iter()
+        .filter_map(|kv| match schema.parse(&kv.key) {
+            Some(jio_common::keys::Parsed::RunningVersion(_, h)) => Some(h.to_string()),
+            _ => None,
+        })
+        .collect();
+    if as_json {
+        println!("{}", json!(hosts));
+    } else {
+        for h in hosts {
+            println!("{h}");
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// Exit 0 only when every named host runs `v`; the others are printed.
+pub async fn verify_hosts(
+    store: &DynStore,
+    schema: &Schema,
+    v: &Version,
+    hosts: Vec<String>,
+    as_json: bool,
+) -> anyhow::Result<u8> {
+    let names = if hosts.is_empty() {
+        let mut from_stdin = Vec::new();
+        for line in std::io::stdin().lock().lines() {
+            from_stdin.extend(line?.split_whitespace().map(String::from));
+        }
+        from_stdin
+    } else {
+        hosts
+    };
+    let mut wanted = BTreeSet::new();
+    for n in names {
+        match HostName::new(n) {
+            Ok(h) => {
+                wanted.insert(h);
+            }
+            Err(e) => {
+                eprintln!("jioctl: {e}");
+                return Ok(exit::USAGE);
+            }
+        }
+    }
+    let at: BTreeSet<HostName> = store
+        .list(&schema.running_version(v))
+        .await?
+        .kvs
+        .iter()
+        .filter_map(|kv| match schema.parse(&kv.key) {
+            Some(jio_common::keys::Parsed::RunningVersion(_, h)) => Some(h),
+            _ => None,
+        })
+        .collect();
+    let missing: Vec<&HostName> = wanted.iter().filter(|h| !at.contains(*h)).collect();
+    if as_json {
+        println!(
+            "{}",
+            json!({"version": v, "all_at_version": missing.is_empty(), "not_at_version": missing})
+        );
+    } else if missing.is_empty() {
+        println!("true");
+    } else {
+        println!("false");
+        for h in &missing {
+            eprintln!("{h} is not at {v}");
+        }
+    }
+    Ok(if missing.is_empty() {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
+}
+
+/// Exit 0 when `v` is the only version any host runs.
+pub async fn check_single_version(
+    store: &DynStore,
+    schema: &Schema,
+    v: &Version,
+    as_json: bool,
+) -> anyhow::Result<u8> {
+    let snap = Snapshot::read(store, schema).await?;
+    let others: BTreeMap<Version, Vec<HostName>> =
+        versions(&snap).into_iter().filter(|(x, _)| x != v).collect();
+    if as_json {
+        println!(
+            "{}",
+            json!({"version": v, "single": others.is_empty(), "other_versions": others})
+        );
+    } else if others.is_empty() {
+        println!("true");
+    } else {
+        println!("false");
+        for (x, hosts) in &others {
+            eprintln!("{} host(s) at {x}", hosts.len());
+        }
+    }
+    Ok(if others.is_empty() { exit::OK } else { exit::FAILED })
+}
+
+/// Failed hosts of the current version; exit 1 when there are any.
+pub async fn get_failures(
+    store: &DynStore,
+    schema: &Schema,
+    hosts: bool,
+    as_json: bool,
+) -> anyhow::Result<u8> {
+    let snap = Snapshot::read(store, schema).await?;
+    let f = &snap.failures;
+    if as_json {
+        let v: BTreeMap<&str, serde_json::Value> = f
+            .iter()
+            .map(|(h, (step, link))| {
+                (
+                    h.as_str(),
+                    json!({"role": snap.role_of(h), "step": step.as_str(), "link": link}),
+                )
+            })
+            .collect();
+        println!("{}", json!(v));
+    } else if hosts {
+        for (h, (step, link)) in f {
+            let link = if link.is_empty() { "(no log link)" } else { link };
+            println!("{h}\t{}\t{}\t{link}", snap.role_of(h), step.as_str());
+        }
+    } else {
+        let mut by_role: BTreeMap<String, usize> = BTreeMap::new();
+        for h in f.keys() {
+            *by_role.entry(snap.role_of(h).to_string()).or_default() += 1;
+        }
+        println!("{} failed host(s)", f.len());
+        for (r, n) in by_role {
+            println!("  {r}: {n}");
+        }
+    }
+    Ok(if f.is_empty() { exit::OK } else { exit::FAILED })
+}

@@ -1,0 +1,168 @@
+//! `jioctl status`: the fleet by state and role, as a table or JSON, once or live.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
+
+use futures_util::StreamExt as _;
+use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
+use jio_common::keys::Schema;
+use jio_common::names::Role;
+use jio_common::store::DynStore;
+use serde_json::{Value, json};
+
+/// The status JSON: the original's shape (`{state: {role: [hosts]}}`) plus the new
+/// states, the lock holder and the log links of failed hosts.
+pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
+    let mut out = serde_json::Map::new();
+    out.insert("current_version".into(), json!(snap.current));
+    for (state, roles) in fleet::by_state_and_role(hosts) {
+        out.insert(state.as_str().into(), json!(roles));
+    }
+    let links: BTreeMap<&str, &str> = snap
+        .failures
+        .iter()
+        .map(|(h, (_, l))| (h.as_str(), l.as_str()))
+        .collect();
+    out.insert("failure_links".into(), json!(links));
+    out.insert("lock".into(), json!(snap.lock));
+    if !snap.problems.is_empty() {
+        out.insert("problems".into(), json!(snap.problems));
+    }
+    Value::Object(out)
+}
+
+/// Filters to one role.
+pub fn only_role(hosts: Vec<HostStatus>, role: Option<&Role>) -> Vec<HostStatus> {
+    match role {
+        Some(r) => hosts.into_iter().filter(|h| &h.role == r).collect(),
+        None => hosts,
+    }
+}
+
+/// The human table.
+pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let cur = snap
+        .current
+        .as_ref()
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| "(not set)".into());
+    let _ = writeln!(s, "current version: {cur}    store: {store}");
+    if let Some(l) = &snap.lock {
+        let _ = writeln!(
+            s,
+            "rollout driven by {}",
+            crate::writes::describe(&Some(l.clone()))
+        );
+    }
+    for p in &snap.problems {
+        let _ = writeln!(s, "warning: {p}");
+    }
+    let mut per_role: BTreeMap<&Role, BTreeMap<HostState, usize>> = BTreeMap::new();
+    for h in hosts {
+        *per_role.entry(&h.role).or_default().entry(h.state).or_default() += 1;
+    }
+    let _ = writeln!(
+        s,
+        "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}",
+        "ROLE", "UPGRADED", "UPGRADING", "FAILED", "PENDING", "LOST"
+    );
+    for (role, counts) in &per_role {
+        let c = |st| counts.get(&st).copied().unwrap_or(0);
+        let total: usize = counts.values().sum();
+        let _ = writeln!(
+            s,
+            "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}",
+            role.as_str(),
+            format!("{}/{}", c(HostState::Upgraded), total),
+            c(HostState::Upgrading),
+            c(HostState::Failed),
+            c(HostState::Pending),
+            c(HostState::Lost)
+        );
+    }
+    if hosts.is_empty() {
+        let _ = writeln!(s, "(no hosts)");
+    }
+    for state in [HostState::Upgrading, HostState::Lost, HostState::Pending] {
+        let names: Vec<&str> = hosts
+            .iter()
+            .filter(|h| h.state == state)
+            .map(|h| h.host.as_str())
+            .collect();
+        if !names.is_empty() {
+            let _ = writeln!(s, "{}: {}", state.as_str(), names.join(" "));
+        }
+    }
+    for h in hosts.iter().filter(|h| h.state == HostState::Failed) {
+        let (step, link) = snap
+            .failures
+            .get(&h.host)
+            .cloned()
+            .unwrap_or((jio_common::keys::Step::Configured, String::new()));
+        let link = if link.is_empty() {
+            "(no log link)".to_string()
+        } else {
+            link
+        };
+        let _ = writeln!(
+            s,
+            "failed: {} ({}) at {}: {}",
+            h.host,
+            h.role,
+            step.as_str(),
+            link
+        );
+    }
+    s
+}
+
+/// Prints the status once, or after every change with `watch`.
+pub async fn run(
+    store: &DynStore,
+    schema: &Schema,
+    role: Option<&Role>,
+    as_json: bool,
+    watch: bool,
+) -> anyhow::Result<()> {
+    let mut stream = None;
+    let tty = std::io::stdout().is_terminal();
+    loop {
+        let snap = Snapshot::read(store, schema).await?;
+        let hosts = only_role(fleet::classify(&snap), role);
+        if as_json {
+            println!(
+                "{}",
+                if watch {
+                    to_json(&snap, &hosts).to_string()
+                } else {
+                    serde_json::to_string_pretty(&to_json(&snap, &hosts))?
+                }
+            );
+        } else {
+            if watch && tty {
+                print!("\x1b[H\x1b[2J");
+            }
+            print!("{}", to_text(&snap, &hosts, store.url()));
+            if watch && !tty {
+                println!("--");
+            }
+        }
+        if !watch {
+            return Ok(());
+        }
+        if stream.is_none() {
+            stream = Some(store.watch(&schema.root(), snap.revision + 1).await?);
+        }
+        let Some(w) = stream.as_mut() else { continue };
+        match w.next().await {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e.into()),
+            None => return Ok(()),
+        }
+        // Coalesce a burst of changes into one redraw.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
+    }
+}
