@@ -38,6 +38,10 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo build (the scenario tests drive the real binaries)"
+cargo build --workspace --bins --locked
 echo "==> cargo test"
 cargo test --workspace --locked
+echo "==> the quick start: ./examples/local-fleet.sh"
+./examples/local-fleet.sh
 echo "==> all tests passed"

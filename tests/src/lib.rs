@@ -6,8 +6,10 @@ pub mod etcd;
 pub mod host;
 pub mod process;
 pub mod puppet;
+pub mod recorder;
 
 pub use etcd::Etcd;
 pub use host::Host;
 pub use process::{free_port, require_binary};
 pub use puppet::Puppet;
+pub use recorder::{Record, Recorder};

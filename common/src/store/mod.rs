@@ -5,6 +5,7 @@
 //! (ModifyIndex compare-and-set, `/v1/txn`, sessions with TTL, blocking queries).
 //! It knows nothing about the key schema.
 
+mod counting;
 mod etcd;
 mod sqlite;
 mod url;
@@ -17,6 +18,7 @@ use futures_util::Stream;
 
 use crate::keys::Key;
 
+pub use self::counting::CountingStore;
 pub use self::etcd::{EtcdOptions, EtcdStore};
 pub use self::sqlite::SqliteStore;
 pub use self::url::{StoreUrl, default_store_url};

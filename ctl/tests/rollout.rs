@@ -1,0 +1,537 @@
+//! jioctl driving real jio-agent processes on a real etcd: limits and order never
+//! violated (checked at every revision), concurrent drivers, failures, scale, and
+//! bad input that must write nothing.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jio_common::fleet::Snapshot;
+use jio_common::keys::{Key, Parsed, Schema};
+use jio_common::names::HostName;
+use jio_common::rules::Rules;
+use jio_common::store::{self, CountingStore, DynStore, Op, StoreUrl, Txn};
+use jio_tests::{Etcd, Host, Puppet, Recorder};
+use tokio::process::{Child, Command};
+
+fn jioctl_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))
+}
+
+fn agent_bin() -> PathBuf {
+    let p = jioctl_bin().with_file_name("jio-agent");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` first (./scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+fn fake_puppet() -> String {
+    format!("{}/../examples/fake-puppet.sh", env!("CARGO_MANIFEST_DIR"))
+}
+
+async fn open(url: &str) -> DynStore {
+    store::open(&StoreUrl::parse(url).unwrap()).await.unwrap()
+}
+
+fn jioctl(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(jioctl_bin());
+    c.arg("--store")
+        .arg(url)
+        .args(args)
+        .env_remove("JIO_STORE")
+        .env("HOME", "/nonexistent");
+    c
+}
+
+async fn run(url: &str, args: &[&str]) -> Output {
+    jioctl(url, args).output().await.unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Hosts with running agents, converged to v1.
+struct Fleet {
+    hosts: Vec<Host>,
+    daemons: Vec<Child>,
+    _puppets: Vec<Puppet>,
+    /// Where the fake Puppet of each host writes.
+    work: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn fake_target(&self, host: &str) -> PathBuf {
+        self.work.path().join(host)
+    }
+}
+
+enum Kind {
+    /// examples/fake-puppet.sh, fast.
+    Fake,
+    /// The real puppet apply.
+    Real,
+}
+
+async fn fleet(url: &str, names: &[&str], kind: Kind) -> Fleet {
+    let s = open(url).await;
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut puppets = Vec::new();
+    let mut hosts = Vec::new();
+    let mut daemons = Vec::new();
+    for name in names {
+        let cmd = match kind {
+            // One sandbox per host, as every node has its own Puppet state.
+            Kind::Real => {
+                let p = Puppet::new();
+                let target = p.scratch().join(name);
+                let cmd = p.command(&p.manifest(
+                    name,
+                    &format!("file {{ '{}': content => 'managed' }}\n", target.display()),
+                ));
+                puppets.push(p);
+                cmd
+            }
+            Kind::Fake => vec![
+                fake_puppet(),
+                "--logdest".into(),
+                "{log_jsonl}".into(),
+                work.path().join(name).display().to_string(),
+            ],
+        };
+        // A long failure retry: a failed host comes back only when re-enabled.
+        let host = Host::new(
+            name,
+            url,
+            &cmd,
+            "retry_interval = \"1h\"\nhealth_interval = \"0\"",
+        );
+        let child = Command::from(host.agent(&agent_bin(), &["run"]))
+            .env("FAKE_PUPPET_SECONDS", "0.3")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        hosts.push(host);
+        daemons.push(child);
+    }
+    let start = Instant::now();
+    while !hosts.iter().all(|h| h.local_version().as_deref() == Some("v1")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "fleet did not converge to v1"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Fleet {
+        hosts,
+        daemons,
+        _puppets: puppets,
+        work,
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for d in &mut self.daemons {
+            let _ = d.start_kill();
+        }
+    }
+}
+
+/// Each host's `/status` and `/running/versions` entries.
+async fn entries(s: &DynStore, host: &str) -> BTreeSet<String> {
+    let schema = Schema::default();
+    let h = HostName::new(host).unwrap();
+    let mut out = BTreeSet::new();
+    for prefix in [schema.status_root(), schema.running_versions()] {
+        for kv in s.list(&prefix).await.unwrap().kvs {
+            match schema.parse(&kv.key) {
+                Some(Parsed::Status(_, _, _, x)) | Some(Parsed::RunningVersion(_, x)) if x == h => {
+                    out.insert(kv.key.to_string());
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+async fn assert_all_upgraded(s: &DynStore, hosts: &[Host]) {
+    for h in hosts {
+        assert_eq!(h.local_version().as_deref(), Some("v2"), "{}", h.name);
+        let want: BTreeSet<String> = [
+            format!("/status/validated/success/v1/{}", h.name),
+            format!("/status/validated/success/v2/{}", h.name),
+            format!("/running/versions/v2/{}", h.name),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(entries(s, &h.name).await, want, "{}", h.name);
+    }
+}
+
+const EIGHT: [&str; 8] = [
+    "controller1",
+    "controller2",
+    "compute1",
+    "compute2",
+    "compute3",
+    "compute4",
+    "stmon1",
+    "stmonwithosd1",
+];
+
+fn rolling_rules() -> (PathBuf, Rules) {
+    let p = PathBuf::from(format!("{}/../examples/rolling.json", env!("CARGO_MANIFEST_DIR")));
+    let rules = Rules::parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    (p, rules)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_with_real_puppet_never_breaks_a_limit_or_the_order() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = fleet(&url, &EIGHT, Kind::Real).await;
+    let (path, rules) = rolling_rules();
+    let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
+    let out = run(
+        &url,
+        &[
+            "upgrade",
+            "v2",
+            "--instructions-file",
+            path.to_str().unwrap(),
+            "--retry",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+    // The limits were actually reached, so the test could have caught a breach.
+    assert_eq!(record.max_in_flight.get("compute"), Some(&2), "{record:?}");
+    assert_eq!(record.max_in_flight.get("controller"), Some(&1), "{record:?}");
+    assert_eq!(record.max_in_flight.get("ceph"), Some(&1), "{record:?}");
+    let first_compute = record
+        .started
+        .iter()
+        .position(|h| h.starts_with("compute"))
+        .unwrap();
+    let last_controller = record
+        .started
+        .iter()
+        .rposition(|h| h.starts_with("controller"))
+        .unwrap();
+    assert!(last_controller < first_compute, "{:?}", record.started);
+    assert_all_upgraded(&s, &f.hosts).await;
+    assert!(text(&out).contains("compute"), "{}", text(&out));
+    // The lock is released at the end.
+    assert!(s.get(&Schema::default().lock("rollout")).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_drivers_at_once_still_respect_the_rules() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = fleet(&url, &EIGHT, Kind::Fake).await;
+    let (path, rules) = rolling_rules();
+    let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
+    let args = [
+        "upgrade",
+        "v2",
+        "--instructions-file",
+        path.to_str().unwrap(),
+        "--retry",
+    ];
+    let (a, b) = tokio::join!(run(&url, &args), run(&url, &args));
+    assert_eq!(a.status.code(), Some(0), "{}", text(&a));
+    assert_eq!(b.status.code(), Some(0), "{}", text(&b));
+    assert!(
+        text(&a).contains("waiting for the rollout lock")
+            || text(&b).contains("waiting for the rollout lock"),
+        "one driver must have waited:\n{}\n{}",
+        text(&a),
+        text(&b)
+    );
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+    assert_eq!(record.max_in_flight.get("compute"), Some(&2));
+    assert_all_upgraded(&s, &f.hosts).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_host_stops_the_rollout_and_fixing_it_continues() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let names = ["compute1", "compute2", "compute3", "compute4"];
+    let f = fleet(&url, &names, Kind::Fake).await;
+    // compute2's "puppet" cannot write its file any more: it will exit 4.
+    let broken = f.fake_target("compute2");
+    std::fs::remove_file(&broken).unwrap();
+    std::fs::create_dir(&broken).unwrap();
+    let rules = r#"{"rolling_rules": {"global": 1}}"#;
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("stopped") && text(&out).contains("compute2: configured failed"),
+        "{}",
+        text(&out)
+    );
+    let failures = run(&url, &["get-failures", "--hosts"]).await;
+    assert_eq!(failures.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&failures.stdout).starts_with("compute2\tcompute\tconfigured"),
+        "{}",
+        text(&failures)
+    );
+    let st: serde_json::Value =
+        serde_json::from_slice(&run(&url, &["status", "--json"]).await.stdout).unwrap();
+    assert_eq!(st["failed"]["compute"], serde_json::json!(["compute2"]));
+    assert_eq!(
+        st["pending"]["compute"],
+        serde_json::json!(["compute3", "compute4"])
+    );
+
+    // Fix the host, tell its agent to try again now, and re-run the rollout.
+    std::fs::remove_dir(&broken).unwrap();
+    let out = run(&url, &["enable-puppet", "true", "--host", "compute2"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let start = Instant::now();
+    while f.hosts[1].local_version().as_deref() != Some("v2") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "compute2 did not retry"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_all_upgraded(&s, &f.hosts).await;
+    assert_eq!(run(&url, &["get-failures"]).await.status.code(), Some(0));
+    assert_eq!(
+        run(&url, &["check-single-version", "v2"]).await.status.code(),
+        Some(0)
+    );
+}
+
+/// Writes a generated fleet of `n` hosts at v1 (current v2, half enabled, some failed).
+async fn generate(s: &DynStore, n: usize) {
+    let schema = Schema::default();
+    let mut ops = vec![
+        Op::put(schema.current_version(), "v2"),
+        Op::put(Key::new("/config_state/enable_puppet/global").unwrap(), "false"),
+    ];
+    for i in 0..n {
+        let role = ["compute", "controller", "stmon", "db"][i % 4];
+        let h = format!("{role}{i}");
+        ops.push(Op::put(
+            Key::new(format!("/hosts/{h}")).unwrap(),
+            format!(r#"{{"role":"{role}","agent_version":"0.1.0","addresses":[],"first_seen":1}}"#),
+        ));
+        let version = if i % 3 == 0 { "v2" } else { "v1" };
+        ops.push(Op::put(
+            Key::new(format!("/running/versions/{version}/{h}")).unwrap(),
+            "1700000000",
+        ));
+        if i % 2 == 0 {
+            ops.push(Op::put(
+                Key::new(format!("/config_state/enable_puppet/host/{h}")).unwrap(),
+                "true",
+            ));
+            ops.push(Op::put(Key::new(format!("/agents/{h}")).unwrap(), "{}"));
+        }
+        if i % 97 == 1 {
+            ops.push(Op::put(
+                Key::new(format!("/status/configured/failure/v2/{h}")).unwrap(),
+                "",
+            ));
+        }
+    }
+    for chunk in ops.chunks(100) {
+        s.txn(Txn {
+            compares: vec![],
+            ops: chunk.to_vec(),
+        })
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_requests_do_not_grow_with_the_fleet() {
+    let mut counts = Vec::new();
+    for n in [100, 10_000] {
+        let etcd = Etcd::start().await;
+        let s = open(&etcd.url()).await;
+        generate(&s, n).await;
+        let counting = CountingStore::new(s.clone());
+        let dynamic: DynStore = Arc::new(counting.clone());
+        let snap = Snapshot::read(&dynamic, &Schema::default()).await.unwrap();
+        assert_eq!(snap.hosts().len(), n);
+        counts.push(counting.requests());
+        if n == 10_000 {
+            let out = run(&etcd.url(), &["status", "--json"]).await;
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let total: usize = ["upgraded", "upgrading", "failed", "pending", "lost"]
+                .iter()
+                .map(|k| {
+                    v[k].as_object()
+                        .unwrap()
+                        .values()
+                        .map(|l| l.as_array().unwrap().len())
+                        .sum::<usize>()
+                })
+                .sum();
+            assert_eq!(total, 10_000);
+            assert_eq!(
+                v["failed"]
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .map(|l| l.as_array().unwrap().len())
+                    .sum::<usize>(),
+                104
+            );
+        }
+    }
+    assert_eq!(
+        counts[0], counts[1],
+        "store requests for 100 and 10,000 hosts: {counts:?}"
+    );
+    assert!(counts[0] <= 10, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_writes_nothing() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    generate(&s, 8).await;
+    s.put(
+        &Key::new("/hosts/stmon99").unwrap(),
+        r#"{"role":"stmon","agent_version":"1","addresses":[],"first_seen":1}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    let before = s.ping().await.unwrap();
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["upgrade", "v3", "--instructions", "{"], 3, "malformed JSON"),
+        (
+            vec![
+                "upgrade",
+                "v3",
+                "--instructions",
+                r#"{"rolling_rules": {"global": -1}}"#,
+            ],
+            3,
+            "rolling_rules.global: -1",
+        ),
+        (
+            vec![
+                "upgrade",
+                "v3",
+                "--instructions",
+                r#"{"role_order": {"a": "b", "b": "a"}}"#,
+            ],
+            3,
+            "cycle",
+        ),
+        (
+            vec![
+                "upgrade",
+                "v3",
+                "--instructions",
+                r#"{"group_mappings": {"x": "st.*", "y": "stm.*"}}"#,
+            ],
+            3,
+            "matches more than one group",
+        ),
+        (
+            vec!["upgrade", "v3", "--instructions", r#"{"roles": {}}"#],
+            3,
+            "unknown key \"roles\"",
+        ),
+        (vec!["upgrade", "bad/version"], 64, "must not contain '/'"),
+        (vec!["enable-puppet", "true", "--host", "web 1"], 64, "whitespace"),
+        (
+            vec!["enable-puppet", "yes", "--global"],
+            64,
+            "expected true or false",
+        ),
+        (vec!["verify-hosts", "v1", "../etc"], 64, "invalid host name"),
+        (vec!["status", "--role", ".."], 64, "must not be '.' or '..'"),
+        (vec!["upgrade", "v3", "--noop"], 0, "plan for v3"),
+    ];
+    for (args, code, needle) in cases {
+        let out = run(&url, &args).await;
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(needle), "{args:?}: {}", text(&out));
+        assert_eq!(s.ping().await.unwrap(), before, "{args:?} wrote to the store");
+    }
+    // An unreachable store: a one-line error naming it, exit 2.
+    let port = jio_tests::free_port();
+    let dead = format!("etcd://127.0.0.1:{port}");
+    let out = jioctl(&dead, &["status"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim().lines().count(),
+        1,
+        "{}",
+        text(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_is_named_and_refused_without_retry() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    generate(&s, 4).await;
+    let lease = s.grant_lease(Duration::from_secs(30)).await.unwrap();
+    s.put(
+        &Schema::default().lock("rollout"),
+        r#"{"holder":"alice","host":"laptop7","pid":4242,"since":1700000000}"#,
+        Some(&lease.id),
+    )
+    .await
+    .unwrap();
+    let out = run(&url, &["upgrade", "v2"]).await;
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        text(&out).contains("alice on laptop7 (pid 4242"),
+        "{}",
+        text(&out)
+    );
+    let st = run(&url, &["status"]).await;
+    assert!(
+        text(&st).contains("rollout driven by alice on laptop7"),
+        "{}",
+        text(&st)
+    );
+}

@@ -1,0 +1,146 @@
+//! Watches a whole namespace during a rollout and checks, at every revision, that no
+//! rolling limit and no role order was ever violated.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures_util::StreamExt as _;
+use jio_common::fleet::{self, HostState, Snapshot};
+use jio_common::keys::{Key, Schema};
+use jio_common::rules::Rules;
+use jio_common::store::{DynStore, KeyValue, WatchEvent};
+use tokio::task::JoinHandle;
+
+/// What the recorder saw.
+#[derive(Debug, Default, Clone)]
+pub struct Record {
+    /// Revisions checked.
+    pub revisions: usize,
+    /// Every violation, with the revision where it happened.
+    pub violations: Vec<String>,
+    /// The most hosts of each group in flight at once.
+    pub max_in_flight: BTreeMap<String, usize>,
+    /// The order in which hosts were first seen in flight.
+    pub started: Vec<String>,
+}
+
+/// A running recorder; `stop` returns what it saw.
+pub struct Recorder {
+    task: JoinHandle<Record>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Recorder {
+    /// Starts watching `schema`'s namespace; `rules` gives the limits and order.
+    pub async fn start(store: DynStore, schema: Schema, rules: Rules) -> Recorder {
+        let listing = store.list(&schema.root()).await.expect("initial listing");
+        let mut watch = store
+            .watch(&schema.root(), listing.revision + 1)
+            .await
+            .expect("watch");
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut state: BTreeMap<Key, KeyValue> =
+                listing.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+            let mut rec = Record::default();
+            let mut seen = BTreeSet::new();
+            let mut pending_rev = None;
+            loop {
+                let ev = tokio::select! {
+                    ev = watch.next() => ev,
+                    _ = &mut stopped => {
+                        check(&schema, &rules, &state, pending_rev.unwrap_or(0), &mut rec, &mut seen);
+                        return rec;
+                    }
+                };
+                let Some(Ok(ev)) = ev else {
+                    rec.violations.push(format!("watch ended: {ev:?}"));
+                    return rec;
+                };
+                // Check the state after each complete revision.
+                if pending_rev.is_some_and(|r| r != ev.revision()) {
+                    check(
+                        &schema,
+                        &rules,
+                        &state,
+                        pending_rev.unwrap_or(0),
+                        &mut rec,
+                        &mut seen,
+                    );
+                }
+                pending_rev = Some(ev.revision());
+                match ev {
+                    WatchEvent::Put(kv) => {
+                        state.insert(kv.key.clone(), kv);
+                    }
+                    WatchEvent::Delete { key, .. } => {
+                        state.remove(&key);
+                    }
+                    WatchEvent::Reset { kvs, .. } => {
+                        state = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+                    }
+                }
+            }
+        });
+        Recorder { task, stop }
+    }
+
+    pub async fn stop(self) -> Record {
+        let _ = self.stop.send(());
+        self.task.await.expect("recorder task")
+    }
+}
+
+fn check(
+    schema: &Schema,
+    rules: &Rules,
+    state: &BTreeMap<Key, KeyValue>,
+    rev: i64,
+    rec: &mut Record,
+    seen: &mut BTreeSet<String>,
+) {
+    rec.revisions += 1;
+    let snap = Snapshot::from_kvs(schema, state.values());
+    let hosts = fleet::classify(&snap);
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
+    let resolved = match rules.resolve(&roles) {
+        Ok(r) => r,
+        Err(e) => {
+            rec.violations
+                .push(format!("rev {rev}: rules do not resolve: {e}"));
+            return;
+        }
+    };
+    let group =
+        |r: &jio_common::names::Role| resolved.group_of.get(r).cloned().unwrap_or_else(|| r.to_string());
+    let mut in_flight: BTreeMap<String, usize> = BTreeMap::new();
+    let mut not_done: BTreeSet<String> = BTreeSet::new();
+    for h in &hosts {
+        let g = group(&h.role);
+        if h.state.in_flight() {
+            *in_flight.entry(g.clone()).or_default() += 1;
+            if seen.insert(h.host.to_string()) {
+                rec.started.push(h.host.to_string());
+            }
+        }
+        if h.state != HostState::Upgraded {
+            not_done.insert(g);
+        }
+    }
+    for (g, n) in &in_flight {
+        let m = rec.max_in_flight.entry(g.clone()).or_default();
+        *m = (*m).max(*n);
+        if let Some(Some(limit)) = resolved.limits.get(g)
+            && *n as u64 > *limit
+        {
+            rec.violations.push(format!(
+                "rev {rev}: group {g} has {n} hosts in flight, limit {limit}"
+            ));
+        }
+        for dep in resolved.deps.get(g).into_iter().flatten() {
+            if not_done.contains(dep) {
+                rec.violations
+                    .push(format!("rev {rev}: group {g} started while {dep} is not done"));
+            }
+        }
+    }
+}
