@@ -59,6 +59,8 @@ pub struct Agent {
     pub liveness: Option<Liveness>,
     shutdown: watch::Receiver<bool>,
     last_decision: Option<Decision>,
+    /// The last idle health check failed and Puppet could not repair it.
+    health_failed: bool,
 }
 
 impl Agent {
@@ -99,6 +101,7 @@ impl Agent {
             liveness: None,
             shutdown,
             last_decision: None,
+            health_failed: false,
         })
     }
 
@@ -116,6 +119,7 @@ impl Agent {
             liveness: None,
             shutdown,
             last_decision: None,
+            health_failed: false,
         })
     }
 
@@ -212,6 +216,7 @@ impl Agent {
             other => {
                 let state = match &self.journal.failure {
                     Some(f) if Some(&f.version) == obs.desired.as_ref() => AgentState::Failed,
+                    _ if self.health_failed && other == Decision::UpToDate => AgentState::Failed,
                     _ => AgentState::Idle,
                 };
                 self.set_liveness(state, obs.local.clone().or(obs.desired.clone()));
@@ -477,6 +482,20 @@ impl Agent {
         };
         let run_dir = self.new_run_dir(&local)?;
         if self.validate(&local, &run_dir).await.ok() {
+            self.health_failed = false;
+            // Healthy again after a reported failure: say so.
+            if self.has_failure_entry(&local).await? {
+                tracing::info!(version = %local, "health check passes again");
+                self.report(PendingReport {
+                    version: local.clone(),
+                    step: Step::Validated,
+                    ok: true,
+                    link: String::new(),
+                    at: unix_now(),
+                })
+                .await?;
+                self.set_liveness(AgentState::Idle, Some(local));
+            }
             return Ok(());
         }
         tracing::warn!(version = %local, "health check failed; running puppet to repair");
@@ -506,6 +525,7 @@ impl Agent {
             .await?;
         }
         tracing::info!(version = %local, repaired, "health repair finished");
+        self.health_failed = !repaired;
         self.set_liveness(
             if repaired {
                 AgentState::Idle
@@ -515,6 +535,18 @@ impl Agent {
             Some(local),
         );
         Ok(())
+    }
+
+    async fn has_failure_entry(&self, v: &Version) -> Result<bool, AgentError> {
+        for step in Step::ALL {
+            let key = self
+                .schema()
+                .status(step, jio_common::keys::Outcome::Failure, v, self.host());
+            if self.store.get(&key).await?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The daemon: passes woken by watches on the desired version and the enable

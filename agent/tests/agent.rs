@@ -648,3 +648,57 @@ async fn once_and_run_on_the_embedded_store() {
     );
     daemon.kill().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_health_check_repairs_reports_and_recovers() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let marker = puppet.scratch().join("repairs");
+    // Each Puppet run appends a line, so the test can count repair runs.
+    let m = puppet.manifest(
+        "count",
+        &format!(
+            "exec {{ 'count': command => '/bin/sh -c \\'echo run >> {}\\'' }}\n",
+            marker.display()
+        ),
+    );
+    let host = Host::new(
+        "db4",
+        &etcd.url(),
+        &puppet.command(&m),
+        "health_interval = \"1s\"",
+    );
+    let mut daemon = spawn(&host, &["run"]);
+    wait_for("first converge", Duration::from_secs(30), || async {
+        host.local_version().as_deref() == Some("v1")
+    })
+    .await;
+    let runs = || {
+        std::fs::read_to_string(&marker)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    assert_eq!(runs(), 1);
+
+    // The service breaks: the health check fails, Puppet runs once to repair, the
+    // failure is reported for the local version.
+    host.set_validation(false);
+    wait_for("the failure report", Duration::from_secs(30), || async {
+        entries(&s, "db4")
+            .await
+            .contains("/status/validated/failure/v1/db4")
+    })
+    .await;
+    assert!(runs() >= 2, "puppet ran to repair");
+    assert_eq!(agent_state(&s, "db4").await.as_deref(), Some("failed"));
+
+    // It recovers: the next health check reports success in place of the failure.
+    host.set_validation(true);
+    wait_for("the recovery report", Duration::from_secs(30), || async {
+        entries(&s, "db4").await == set(&["/status/validated/success/v1/db4", "/running/versions/v1/db4"])
+    })
+    .await;
+    daemon.kill().await.unwrap();
+}

@@ -535,3 +535,40 @@ async fn a_held_lock_is_named_and_refused_without_retry() {
         text(&st)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_redraws_on_change() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    generate(&s, 4).await;
+    let mut child = jioctl(&url, &["status", "--watch", "--json"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(next_json(&mut lines).await["current_version"], "v2");
+    // Nothing changes: no redraw within a second (it is not polling).
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), lines.next_line())
+            .await
+            .is_err()
+    );
+    let out = run(&url, &["trigger-update", "v9"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(next_json(&mut lines).await["current_version"], "v9");
+    child.kill().await.unwrap();
+}
+
+async fn next_json(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> serde_json::Value {
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    serde_json::from_str(&line).unwrap()
+}
