@@ -12,3 +12,4 @@ pub mod rules;
 pub mod store;
 pub mod time;
 pub mod values;
+pub mod swift;

@@ -7,9 +7,11 @@ pub mod host;
 pub mod process;
 pub mod puppet;
 pub mod recorder;
+pub mod swift;
 
 pub use etcd::Etcd;
 pub use host::Host;
 pub use process::{free_port, require_binary};
 pub use puppet::Puppet;
 pub use recorder::{Record, Recorder};
+pub use swift::Swift;

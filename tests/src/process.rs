@@ -29,13 +29,17 @@ pub fn free_port() -> u16 {
 /// Starts `cmd` so that it dies with the test process even if the test is killed
 /// before its `Drop` runs.
 pub fn spawn_tied(cmd: &mut Command) -> std::io::Result<Child> {
+    spawn_tied_with(cmd, nix::sys::signal::Signal::SIGKILL)
+}
+
+/// Like `spawn_tied`, with the signal the child gets when the test process dies
+/// (SIGTERM for servers that must stop their own workers).
+pub fn spawn_tied_with(cmd: &mut Command, signal: nix::sys::signal::Signal) -> std::io::Result<Child> {
     // SAFETY: the closure runs in the child between fork and exec and only calls
     // prctl(2), which is async-signal-safe.
     #[allow(unsafe_code)]
     unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
-        });
+        cmd.pre_exec(move || nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from));
     }
     cmd.spawn()
 }
@@ -44,4 +48,19 @@ pub fn spawn_tied(cmd: &mut Command) -> std::io::Result<Child> {
 pub fn kill(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// SIGTERM, then SIGKILL if the child has not exited after `grace`. For servers
+/// whose parent must stop its own workers (Swift): SIGKILL would orphan them.
+pub fn terminate(child: &mut Child, grace: std::time::Duration) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    kill(child);
 }
