@@ -10,6 +10,12 @@ NEEDED=(
   "etcdctl:etcd-client"
   "puppet:puppet-agent"
   "run-parts:debianutils"
+  "swift-proxy-server:swift-proxy"
+  "swift-account-server:swift-account"
+  "swift-container-server:swift-container"
+  "swift-object-server:swift-object"
+  "swift-ring-builder:swift"
+  "memcached:memcached"
 )
 
 missing=()

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use jio_common::gate::{self, GateKeys};
-use jio_common::keys::{EnableLevel, Key, Schema, Step};
+use jio_common::keys::{EnableLevel, Key, Outcome as KeyOutcome, Schema, Step};
 use jio_common::names::{HostName, Role, Version};
 use jio_common::store::{DynStore, ErrorKind, Revision, StoreError};
 use jio_common::time::{unix_now, utc_stamp};
@@ -19,6 +19,7 @@ use crate::liveness::Liveness;
 use crate::report;
 use crate::runner::{self, Outcome, Spec};
 use crate::state::{self, Journal, LastRun, PendingReport, RunResult, RunStart, StateError};
+use crate::uploads;
 
 /// Runs kept in the state directory; older ones are removed.
 const KEEP_RUNS: usize = 20;
@@ -61,6 +62,8 @@ pub struct Agent {
     last_decision: Option<Decision>,
     /// The last idle health check failed and Puppet could not repair it.
     health_failed: bool,
+    /// Wakes the Swift uploader when a log is queued.
+    pub upload_wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 impl Agent {
@@ -102,6 +105,7 @@ impl Agent {
             shutdown,
             last_decision: None,
             health_failed: false,
+            upload_wake: None,
         })
     }
 
@@ -120,6 +124,7 @@ impl Agent {
             shutdown,
             last_decision: None,
             health_failed: false,
+            upload_wake: None,
         })
     }
 
@@ -235,8 +240,33 @@ impl Agent {
     /// local version only once the store has it.
     pub async fn flush_reports(&mut self) -> Result<(), AgentError> {
         while let Some(r) = self.journal.unreported.first().cloned() {
-            report::apply(&self.store, self.schema(), self.host(), &r).await?;
+            let revision = report::apply(&self.store, self.schema(), self.host(), &r).await?;
             tracing::info!(version = %r.version, step = r.step.as_str(), ok = r.ok, "reported");
+            if let (Some(log), Some(object)) = (&r.log, &r.object) {
+                let outcome = if r.ok {
+                    KeyOutcome::Success
+                } else {
+                    KeyOutcome::Failure
+                };
+                let entry = uploads::Entry {
+                    object: object.clone(),
+                    key: self
+                        .schema()
+                        .status(r.step, outcome, &r.version, self.host())
+                        .to_string(),
+                    revision,
+                };
+                match uploads::enqueue(&self.cfg.state_dir, log, &entry) {
+                    Ok(()) => {
+                        if let Some(w) = &self.upload_wake {
+                            w.notify_one();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(log = %log.display(), error = %e, "cannot queue the run log for upload")
+                    }
+                }
+            }
             if r.step == Step::Validated && r.ok {
                 state::write_local_version(&self.cfg.version_file, &r.version)?;
             }
@@ -257,6 +287,62 @@ impl Agent {
             }
             other => other,
         }
+    }
+
+    /// A step's report; with Swift configured, its log is composed for upload.
+    fn pending_report(&self, version: &Version, step: Step, ok: bool, run_dir: &Path) -> PendingReport {
+        let at = unix_now();
+        let mut r = PendingReport {
+            version: version.clone(),
+            step,
+            ok,
+            link: String::new(),
+            at,
+            log: None,
+            object: None,
+        };
+        if self.cfg.swift.is_none() {
+            return r;
+        }
+        let names: Vec<String> = match step {
+            Step::Configured => {
+                let mut v: Vec<String> = std::fs::read_dir(run_dir)
+                    .map(|rd| {
+                        rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                            .filter(|n| n.starts_with("pre-"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                v.sort();
+                v.extend(["puppet.jsonl", "puppet.stdout", "puppet.stderr"].map(String::from));
+                v
+            }
+            Step::Validated => ["validation.stdout", "validation.stderr"]
+                .map(String::from)
+                .to_vec(),
+        };
+        let files: Vec<PathBuf> = names.iter().map(|n| run_dir.join(n)).collect();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let stamp = utc_stamp(at);
+        let id = format!("{stamp}-{nanos:09}-{}", step.as_str());
+        let header = format!(
+            "jio-agent run log: host {}, version {version}, {} {}, run {}",
+            self.host(),
+            step.as_str(),
+            if ok { "success" } else { "failure" },
+            run_dir.display()
+        );
+        match uploads::compose(&self.cfg.state_dir, &id, &header, &files) {
+            Ok(log) => {
+                r.log = Some(log);
+                r.object = Some(format!("{}/{version}/{stamp}-{}.log", self.host(), step.as_str()));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot compose the run log; it will not be uploaded"),
+        }
+        r
     }
 
     fn new_run_dir(&self, version: &Version) -> Result<PathBuf, StateError> {
@@ -393,14 +479,8 @@ impl Agent {
         let (step, outcome) = if configured == Outcome::Interrupted {
             ("configured", configured)
         } else {
-            self.report(PendingReport {
-                version: version.clone(),
-                step: Step::Configured,
-                ok: configured.ok(),
-                link: String::new(),
-                at: unix_now(),
-            })
-            .await?;
+            self.report(self.pending_report(version, Step::Configured, configured.ok(), &run_dir))
+                .await?;
             if !configured.ok() || self.stopping() {
                 (
                     "configured",
@@ -413,14 +493,8 @@ impl Agent {
             } else {
                 let validated = self.validate(version, &run_dir).await;
                 if validated != Outcome::Interrupted {
-                    self.report(PendingReport {
-                        version: version.clone(),
-                        step: Step::Validated,
-                        ok: validated.ok(),
-                        link: String::new(),
-                        at: unix_now(),
-                    })
-                    .await?;
+                    self.report(self.pending_report(version, Step::Validated, validated.ok(), &run_dir))
+                        .await?;
                 }
                 ("validated", validated)
             }
@@ -486,14 +560,8 @@ impl Agent {
             // Healthy again after a reported failure: say so.
             if self.has_failure_entry(&local).await? {
                 tracing::info!(version = %local, "health check passes again");
-                self.report(PendingReport {
-                    version: local.clone(),
-                    step: Step::Validated,
-                    ok: true,
-                    link: String::new(),
-                    at: unix_now(),
-                })
-                .await?;
+                self.report(self.pending_report(&local, Step::Validated, true, &run_dir))
+                    .await?;
                 self.set_liveness(AgentState::Idle, Some(local));
             }
             return Ok(());
@@ -506,23 +574,11 @@ impl Agent {
         }
         let repaired = configured.ok() && self.validate(&local, &run_dir).await.ok();
         if !configured.ok() {
-            self.report(PendingReport {
-                version: local.clone(),
-                step: Step::Configured,
-                ok: false,
-                link: String::new(),
-                at: unix_now(),
-            })
-            .await?;
+            self.report(self.pending_report(&local, Step::Configured, false, &run_dir))
+                .await?;
         } else {
-            self.report(PendingReport {
-                version: local.clone(),
-                step: Step::Validated,
-                ok: repaired,
-                link: String::new(),
-                at: unix_now(),
-            })
-            .await?;
+            self.report(self.pending_report(&local, Step::Validated, repaired, &run_dir))
+                .await?;
         }
         tracing::info!(version = %local, repaired, "health repair finished");
         self.health_failed = !repaired;

@@ -20,6 +20,7 @@ use crate::identity;
 use crate::liveness::Liveness;
 use crate::report;
 use crate::state::{self, Journal, RunResult};
+use crate::uploads::Uploader;
 
 /// Exit codes (also in the README).
 pub mod exit {
@@ -429,6 +430,17 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
     if let Some(l) = agent.liveness.take() {
         l.stop().await;
     }
+    if let Some(client) = &cfg.swift {
+        let left = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone())
+            .drain(Duration::from_secs(30))
+            .await;
+        if left > 0 {
+            eprintln!(
+                "jio-agent: {left} run log(s) not uploaded yet; they stay queued in {}",
+                crate::uploads::dir(&cfg.state_dir).display()
+            );
+        }
+    }
     let code = match &result {
         Ok(PassResult::Ran {
             result: RunResult::Success,
@@ -519,10 +531,16 @@ async fn run(cfg: Config) -> u8 {
     if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
         tracing::warn!(error = %e, "cannot publish active role addresses");
     }
+    let stop_uploads = shutdown.clone();
     let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown) {
         Ok(a) => a,
         Err(e) => return fail(&e, error_code(&e)),
     };
+    let uploader = cfg.swift.as_ref().map(|client| {
+        let u = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone());
+        agent.upload_wake = Some(u.wake.clone());
+        tokio::spawn(u.run(stop_uploads))
+    });
     let local = state::read_local_version(&cfg.version_file).ok().flatten();
     agent.liveness = Some(Liveness::start(
         Arc::clone(&store),
@@ -535,6 +553,9 @@ async fn run(cfg: Config) -> u8 {
     let res = agent.run(|| {}).await;
     if let Some(l) = agent.liveness.take() {
         l.stop().await;
+    }
+    if let Some(u) = uploader {
+        let _ = u.await;
     }
     match res {
         Ok(()) => {

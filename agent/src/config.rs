@@ -44,6 +44,8 @@ pub struct Config {
     pub lease_ttl: Duration,
     pub stop_grace: Duration,
     pub store_retry: Duration,
+    /// Where run logs go, when configured.
+    pub swift: Option<std::sync::Arc<jio_common::swift::SwiftClient>>,
 }
 
 /// The file's keys; every one optional, unknown ones rejected.
@@ -71,6 +73,7 @@ pub struct FileConfig {
     pub lease_ttl: Option<String>,
     pub stop_grace: Option<String>,
     pub store_retry: Option<String>,
+    pub swift: Option<jio_common::swift::SwiftSettings>,
 }
 
 /// Scalar settings that may come from the environment (`JIO_<NAME>`) or a flag.
@@ -339,6 +342,17 @@ fn build(
         }
     }
 
+    let swift = match file.swift {
+        None => None,
+        Some(settings) => match jio_common::swift::SwiftClient::new(settings) {
+            Ok(c) => Some(std::sync::Arc::new(c)),
+            Err(e) => {
+                errors.push(format!("[swift]: {e}"));
+                None
+            }
+        },
+    };
+
     Some(Config {
         store: store?,
         store_given,
@@ -361,6 +375,7 @@ fn build(
         lease_ttl,
         stop_grace,
         store_retry,
+        swift,
     })
 }
 
@@ -430,6 +445,28 @@ mod tests {
         ] {
             assert!(msg.contains(needle), "{needle} missing from:\n{msg}");
         }
+    }
+
+    #[test]
+    fn swift_key_file_must_be_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let key = d.path().join("swift.key");
+        std::fs::write(&key, "s3cr3t\n").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let text = format!(
+            "[swift]\nauth_url = \"http://127.0.0.1:1/auth/v1.0\"\nuser = \"fleet:uploader\"\nkey_file = \"{}\"\n",
+            key.display()
+        );
+        let (_d, ov) = with_file(&text);
+        let msg = load(&ov, host).unwrap_err().to_string();
+        assert!(msg.contains("readable by group or others"), "{msg}");
+        assert!(!msg.contains("s3cr3t"));
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = load(&ov, host).unwrap();
+        assert_eq!(c.swift.unwrap().settings().container, "jiocloud-logs");
+        let (_d, ov) = with_file(&format!("{text}colour = \"red\"\n"));
+        assert!(load(&ov, host).unwrap_err().to_string().contains("colour"));
     }
 
     #[test]

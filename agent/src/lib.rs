@@ -12,3 +12,4 @@ pub mod liveness;
 pub mod report;
 pub mod runner;
 pub mod state;
+pub mod uploads;

@@ -47,13 +47,13 @@ pub fn running_ops(
     ops
 }
 
-/// Writes one report in one transaction.
+/// Writes one report in one transaction; returns its revision.
 pub async fn apply(
     store: &DynStore,
     schema: &Schema,
     host: &HostName,
     r: &PendingReport,
-) -> Result<(), StoreError> {
+) -> Result<jio_common::store::Revision, StoreError> {
     let mut ops = status_ops(schema, host, r);
     if r.step == Step::Validated && r.ok {
         let listing = store.list(&schema.running_versions()).await?;
@@ -74,7 +74,7 @@ pub async fn apply(
         })
         .await?
     {
-        TxnOutcome::Committed(_) => Ok(()),
+        TxnOutcome::Committed(rev) => Ok(rev),
         // An unconditional transaction cannot lose; treat it as a store fault.
         TxnOutcome::Lost(_) => Err(StoreError::Rejected {
             url: store.url().to_string(),
@@ -206,6 +206,8 @@ mod tests {
             ok: false,
             link: "http://swift/x".into(),
             at: 1,
+            log: None,
+            object: None,
         };
         assert_eq!(
             keys(&status_ops(&s, &h(), &r)),

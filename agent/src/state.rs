@@ -164,6 +164,12 @@ pub struct PendingReport {
     pub link: String,
     /// Unix time the step ended.
     pub at: u64,
+    /// The step's composed log, to upload once the report is in the store.
+    #[serde(default)]
+    pub log: Option<PathBuf>,
+    /// Its object name in Swift.
+    #[serde(default)]
+    pub object: Option<String>,
 }
 
 mod step_serde {
@@ -261,6 +267,8 @@ mod tests {
                 ok: true,
                 link: String::new(),
                 at: 5,
+                log: None,
+                object: None,
             }],
             ..Journal::default()
         };

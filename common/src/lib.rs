@@ -10,6 +10,6 @@ pub mod keys;
 pub mod names;
 pub mod rules;
 pub mod store;
+pub mod swift;
 pub mod time;
 pub mod values;
-pub mod swift;

@@ -63,6 +63,23 @@ pub struct SwiftSettings {
     pub region: Option<String>,
 }
 
+impl SwiftSettings {
+    /// Settings with the defaults for everything but the credentials.
+    pub fn new(auth_url: String, user: String, key_file: PathBuf) -> SwiftSettings {
+        SwiftSettings {
+            auth_url,
+            user,
+            key_file,
+            container: default_container(),
+            delete_after: None,
+            project: None,
+            user_domain: default_domain(),
+            project_domain: default_domain(),
+            region: None,
+        }
+    }
+}
+
 fn default_container() -> String {
     "jiocloud-logs".into()
 }
@@ -80,9 +97,17 @@ pub enum SwiftError {
     #[error("swift at {url} is unreachable: {reason}")]
     Unreachable { url: String, reason: String },
     #[error("swift authentication as {user:?} at {url} failed: {reason}")]
-    Auth { url: String, user: String, reason: String },
+    Auth {
+        url: String,
+        user: String,
+        reason: String,
+    },
     #[error("swift {op} {url} failed: HTTP {status}")]
-    Http { op: &'static str, url: String, status: u16 },
+    Http {
+        op: &'static str,
+        url: String,
+        status: u16,
+    },
 }
 
 impl SwiftError {
@@ -147,7 +172,10 @@ impl SwiftClient {
     /// Checks the settings and reads the key; no I/O to Swift yet.
     pub fn new(settings: SwiftSettings) -> Result<SwiftClient, SwiftError> {
         if !(settings.auth_url.starts_with("http://") || settings.auth_url.starts_with("https://")) {
-            return Err(SwiftError::Setting(format!("auth_url {:?}: must be an http(s) URL", settings.auth_url)));
+            return Err(SwiftError::Setting(format!(
+                "auth_url {:?}: must be an http(s) URL",
+                settings.auth_url
+            )));
         }
         if settings.container.is_empty() || settings.container.contains('/') {
             return Err(SwiftError::Setting(format!(
@@ -222,7 +250,9 @@ impl SwiftClient {
             });
         }
         let Some(project) = &self.settings.project else {
-            return Err(SwiftError::Setting("project: Keystone v3 needs a project to scope to".into()));
+            return Err(SwiftError::Setting(
+                "project: Keystone v3 needs a project to scope to".into(),
+            ));
         };
         let body = json!({"auth": {
             "identity": {"methods": ["password"], "password": {"user": {
@@ -249,7 +279,10 @@ impl SwiftClient {
             .and_then(|v| v.to_str().ok())
             .map(String::from)
             .ok_or_else(|| auth_err("the answer has no X-Subject-Token".into()))?;
-        let answer: KeystoneAnswer = r.json().await.map_err(|e| auth_err(format!("undecodable answer: {}", e.without_url())))?;
+        let answer: KeystoneAnswer = r
+            .json()
+            .await
+            .map_err(|e| auth_err(format!("undecodable answer: {}", e.without_url())))?;
         let storage_url = object_store_url(&answer, self.settings.region.as_deref())
             .ok_or_else(|| auth_err("the catalog has no public object-store endpoint".into()))?;
         Ok(Session {
@@ -314,7 +347,11 @@ impl SwiftClient {
         let r = self
             .with_token("upload", |s| {
                 let url = format!("{}/{}/{}", s.storage_url, container, encode_path(object));
-                let mut req = self.http.put(&url).header("Content-Type", "text/plain; charset=utf-8").body(body.clone());
+                let mut req = self
+                    .http
+                    .put(&url)
+                    .header("Content-Type", "text/plain; charset=utf-8")
+                    .body(body.clone());
                 if let Some(d) = self.delete_after {
                     req = req.header("X-Delete-After", d.as_secs().max(1).to_string());
                 }
@@ -418,14 +455,23 @@ mod tests {
             ]}
         ]}}))
         .unwrap();
-        assert_eq!(object_store_url(&a, None).as_deref(), Some("http://pub1/v1/AUTH_p"));
-        assert_eq!(object_store_url(&a, Some("r2")).as_deref(), Some("http://pub2/v1/AUTH_p"));
+        assert_eq!(
+            object_store_url(&a, None).as_deref(),
+            Some("http://pub1/v1/AUTH_p")
+        );
+        assert_eq!(
+            object_store_url(&a, Some("r2")).as_deref(),
+            Some("http://pub2/v1/AUTH_p")
+        );
         assert_eq!(object_store_url(&a, Some("r9")), None);
     }
 
     #[test]
     fn object_paths_are_encoded() {
-        assert_eq!(encode_path("h1/v2/20261121T101500Z-configured.log"), "h1/v2/20261121T101500Z-configured.log");
+        assert_eq!(
+            encode_path("h1/v2/20261121T101500Z-configured.log"),
+            "h1/v2/20261121T101500Z-configured.log"
+        );
         assert_eq!(encode_path("a b/ü"), "a%20b/%C3%BC");
     }
 }

@@ -121,6 +121,25 @@ pub enum Command {
     /// Exit 0 when VERSION is the only version running
     #[command(alias = "check_single_version")]
     CheckSingleVersion { version: String },
+    /// Print the run log linked from a host's status entry (fetched from Swift)
+    Logs {
+        host: String,
+        /// The version [default: the current version]
+        #[arg(long)]
+        version: Option<String>,
+        /// Which step's log [default: the host's entry for the version]
+        #[arg(long, value_parser = ["configured", "validated"])]
+        phase: Option<String>,
+        /// Swift auth URL [default: from [swift] in the configuration]
+        #[arg(long)]
+        swift_auth_url: Option<String>,
+        /// Swift user (TempAuth account:user, or Keystone user)
+        #[arg(long)]
+        swift_user: Option<String>,
+        /// File holding the Swift key (mode 0600)
+        #[arg(long)]
+        swift_key_file: Option<PathBuf>,
+    },
     /// Failed hosts of the current version
     #[command(alias = "get_failures")]
     GetFailures {
@@ -355,5 +374,63 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::GetFailures { hosts } => {
             queries::get_failures(&connect(&cfg).await?, &schema, hosts, json).await
         }
+        Command::Logs {
+            host,
+            version,
+            phase,
+            swift_auth_url,
+            swift_user,
+            swift_key_file,
+        } => {
+            let host = match HostName::new(host) {
+                Ok(h) => h,
+                Err(e) => return usage(e),
+            };
+            let version = match version.map(Version::new).transpose() {
+                Ok(v) => v,
+                Err(e) => return usage(e),
+            };
+            let settings = match swift_settings(cfg.swift.clone(), swift_auth_url, swift_user, swift_key_file)
+            {
+                Ok(s) => s,
+                Err(msg) => return usage(msg),
+            };
+            let client = match jio_common::swift::SwiftClient::new(settings) {
+                Ok(c) => c,
+                Err(e) => return usage(e),
+            };
+            let store = connect(&cfg).await?;
+            queries::logs(&store, &schema, &client, &host, version, phase.as_deref()).await
+        }
+    }
+}
+
+/// The Swift settings for `logs`: flags over the configuration's `[swift]` section.
+fn swift_settings(
+    file: Option<jio_common::swift::SwiftSettings>,
+    auth_url: Option<String>,
+    user: Option<String>,
+    key_file: Option<PathBuf>,
+) -> Result<jio_common::swift::SwiftSettings, String> {
+    let missing = "no Swift credentials: add a [swift] section (auth_url, user, key_file) to the configuration, or give --swift-auth-url, --swift-user and --swift-key-file";
+    match file {
+        Some(mut s) => {
+            if let Some(u) = auth_url {
+                s.auth_url = u;
+            }
+            if let Some(u) = user {
+                s.user = u;
+            }
+            if let Some(k) = key_file {
+                s.key_file = k;
+            }
+            Ok(s)
+        }
+        None => match (auth_url, user, key_file) {
+            (Some(auth_url), Some(user), Some(key_file)) => {
+                Ok(jio_common::swift::SwiftSettings::new(auth_url, user, key_file))
+            }
+            _ => Err(missing.into()),
+        },
     }
 }

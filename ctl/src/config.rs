@@ -13,6 +13,7 @@ use serde::Deserialize;
 struct FileConfig {
     store: Option<String>,
     prefix: Option<String>,
+    swift: Option<jio_common::swift::SwiftSettings>,
 }
 
 /// The validated settings.
@@ -21,6 +22,8 @@ pub struct Config {
     pub store: StoreUrl,
     pub store_given: bool,
     pub schema: Schema,
+    /// Credentials for fetching run logs (`jioctl logs`).
+    pub swift: Option<jio_common::swift::SwiftSettings>,
 }
 
 /// The default configuration file.
@@ -77,6 +80,7 @@ pub fn load(
             store,
             store_given,
             schema,
+            swift: file.swift,
         }),
         _ => bail!("{}", errors.join("; ")),
     }

@@ -183,3 +183,63 @@ pub async fn get_failures(
     }
     Ok(if f.is_empty() { exit::OK } else { exit::FAILED })
 }
+
+/// Prints the run log linked from the host's status entry for `version` (default
+/// the current one), of `phase` when given.
+pub async fn logs(
+    store: &DynStore,
+    schema: &Schema,
+    client: &jio_common::swift::SwiftClient,
+    host: &HostName,
+    version: Option<Version>,
+    phase: Option<&str>,
+) -> anyhow::Result<u8> {
+    use jio_common::keys::{Outcome, Step};
+    use std::io::Write as _;
+    let version = match version {
+        Some(v) => v,
+        None => match store.get(&schema.current_version()).await? {
+            Some(kv) => Version::new(kv.value.trim())?,
+            None => {
+                eprintln!("jioctl: /current_version is not set; give --version");
+                return Ok(exit::FAILED);
+            }
+        },
+    };
+    let mut found = None;
+    for step in Step::ALL {
+        if phase.is_some_and(|p| p != step.as_str()) {
+            continue;
+        }
+        for outcome in Outcome::ALL {
+            let key = schema.status(step, outcome, &version, host);
+            if let Some(kv) = store.get(&key).await? {
+                found = Some(kv);
+            }
+        }
+    }
+    let Some(kv) = found else {
+        eprintln!(
+            "jioctl: {host} has no {}status entry for {version}",
+            phase.map(|p| format!("{p} ")).unwrap_or_default()
+        );
+        return Ok(exit::FAILED);
+    };
+    if kv.value.is_empty() {
+        eprintln!(
+            "jioctl: {} has no log link yet (the upload is still queued on the host, or Swift is not configured there)",
+            kv.key
+        );
+        return Ok(exit::FAILED);
+    }
+    match client.fetch(&kv.value).await {
+        Ok(body) => {
+            std::io::stdout().write_all(&body)?;
+            Ok(exit::OK)
+        }
+        Err(e) => {
+            eprintln!("jioctl: {e}");
+            Ok(exit::FAILED)
+        }
+    }
+}

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::process::{free_port, kill, require_binary, spawn_tied, spawn_tied_with, terminate};
 
-const INSTALL: &str = "apt-get install -y swift swift-proxy swift-account swift-container swift-object memcached";
+const INSTALL: &str =
+    "apt-get install -y swift swift-proxy swift-account swift-container swift-object memcached";
 
 const SERVERS: [(&str, &str); 4] = [
     ("account", include_str!("../swift-aio/account-server.conf")),
@@ -30,13 +31,28 @@ pub struct Swift {
 
 impl Swift {
     pub async fn start() -> Swift {
-        for bin in ["swift-ring-builder", "swift-proxy-server", "swift-account-server", "swift-container-server", "swift-object-server", "memcached"] {
+        for bin in [
+            "swift-ring-builder",
+            "swift-proxy-server",
+            "swift-account-server",
+            "swift-container-server",
+            "swift-object-server",
+            "memcached",
+        ] {
             require_binary(bin, INSTALL);
         }
-        let dir = tempfile::Builder::new().prefix("jio-swift-").tempdir().expect("temporary directory");
+        let dir = tempfile::Builder::new()
+            .prefix("jio-swift-")
+            .tempdir()
+            .expect("temporary directory");
         let base = dir.path();
         let etc = base.join("etc");
-        for d in [etc.clone(), base.join("srv/node/d1"), base.join("cache"), base.join("log")] {
+        for d in [
+            etc.clone(),
+            base.join("srv/node/d1"),
+            base.join("cache"),
+            base.join("log"),
+        ] {
             std::fs::create_dir_all(d).expect("swift directory");
         }
         let ports = [free_port(), free_port(), free_port(), free_port()];
@@ -48,7 +64,8 @@ impl Swift {
                 .replace("@MEMCACHED_PORT@", &memcached_port.to_string());
             std::fs::write(etc.join(format!("{name}-server.conf")), conf).expect("write swift config");
         }
-        std::fs::write(etc.join("swift.conf"), include_str!("../swift-aio/swift.conf")).expect("write swift.conf");
+        std::fs::write(etc.join("swift.conf"), include_str!("../swift-aio/swift.conf"))
+            .expect("write swift.conf");
         for (i, ring) in ["account", "container", "object"].iter().enumerate() {
             let builder = format!("{ring}.builder");
             for args in [
@@ -69,7 +86,10 @@ impl Swift {
                     String::from_utf8_lossy(&out.stderr)
                 );
             }
-            assert!(etc.join(format!("{ring}.ring.gz")).exists(), "{ring}.ring.gz was not written");
+            assert!(
+                etc.join(format!("{ring}.ring.gz")).exists(),
+                "{ring}.ring.gz was not written"
+            );
         }
         let mut swift = Swift {
             dir,
@@ -81,7 +101,18 @@ impl Swift {
         swift.memcached = Some(
             spawn_tied(
                 Command::new("memcached")
-                    .args(["-u", "root", "-l", "127.0.0.1", "-p", &memcached_port.to_string(), "-U", "0", "-m", "64"])
+                    .args([
+                        "-u",
+                        "root",
+                        "-l",
+                        "127.0.0.1",
+                        "-p",
+                        &memcached_port.to_string(),
+                        "-U",
+                        "0",
+                        "-m",
+                        "64",
+                    ])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null()),
@@ -129,16 +160,33 @@ impl Swift {
                 return;
             }
             if let Some(Ok(Some(status))) = self.servers[i].as_mut().map(Child::try_wait) {
-                panic!("swift-{}-server exited with {status}: {}", SERVERS[i].0, self.log_tail(i));
+                panic!(
+                    "swift-{}-server exited with {status}: {}",
+                    SERVERS[i].0,
+                    self.log_tail(i)
+                );
             }
-            assert!(Instant::now() < deadline, "swift-{}-server not healthy in 30 s: {}", SERVERS[i].0, self.log_tail(i));
+            assert!(
+                Instant::now() < deadline,
+                "swift-{}-server not healthy in 30 s: {}",
+                SERVERS[i].0,
+                self.log_tail(i)
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     fn log_tail(&self, i: usize) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join(format!("log/{}.log", SERVERS[i].0))).unwrap_or_default();
-        log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+        let log = std::fs::read_to_string(self.dir.path().join(format!("log/{}.log", SERVERS[i].0)))
+            .unwrap_or_default();
+        log.lines()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// TempAuth's v1 endpoint.
@@ -167,7 +215,18 @@ impl Swift {
         self.memcached = Some(
             spawn_tied(
                 Command::new("memcached")
-                    .args(["-u", "root", "-l", "127.0.0.1", "-p", &self.memcached_port.to_string(), "-U", "0", "-m", "64"])
+                    .args([
+                        "-u",
+                        "root",
+                        "-l",
+                        "127.0.0.1",
+                        "-p",
+                        &self.memcached_port.to_string(),
+                        "-U",
+                        "0",
+                        "-m",
+                        "64",
+                    ])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::null()),
@@ -187,8 +246,27 @@ impl Swift {
             .await
             .expect("swift auth");
         assert!(r.status().is_success(), "swift auth failed: {}", r.status());
-        let h = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        let h = |n: &str| {
+            r.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
         (h("x-auth-token"), h("x-storage-url"))
+    }
+
+    /// GETs `url` with a token of `fleet:uploader`; returns the body (panics on an error status).
+    pub async fn get(&self, url: &str) -> String {
+        let (token, _) = self.login("fleet:uploader", "s3cr3t").await;
+        let r = reqwest::Client::new()
+            .get(url)
+            .header("X-Auth-Token", token)
+            .send()
+            .await
+            .expect("swift GET");
+        assert!(r.status().is_success(), "GET {url}: {}", r.status());
+        r.text().await.expect("swift body")
     }
 
     /// Writes `key` to a file readable by its owner only; returns the path.

@@ -1,0 +1,278 @@
+//! Run logs to Swift, without ever losing one or holding up a report.
+//!
+//! A step's report is written at once with an empty value. Once it is in the store,
+//! its log is queued on disk (`<state_dir>/uploads/<id>.json` beside `<id>.log`); a
+//! background task uploads the queue oldest first, with backoff while Swift is down
+//! or refuses, and then writes the object's URL into the status leaf, but only if
+//! the leaf is still the entry the log belongs to (its mod revision is unchanged).
+//! The queue survives restarts and is bounded: the oldest logs give way first.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jio_common::keys::Key;
+use jio_common::store::{Compare, DynStore, Op, Revision, Txn, TxnOutcome};
+use jio_common::swift::SwiftClient;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+/// Most logs kept waiting; beyond it the oldest are dropped (and that is logged).
+pub const MAX_QUEUED: usize = 200;
+/// Most bytes kept waiting.
+pub const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
+
+/// One queued upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Object name in the container: `<host>/<version>/<UTC time>-<phase>.log`.
+    pub object: String,
+    /// The status leaf to link.
+    pub key: String,
+    /// The leaf's mod revision when it was written.
+    pub revision: Revision,
+}
+
+pub fn dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("uploads")
+}
+
+/// Puts a composed log (already in the uploads directory) in the queue.
+pub fn enqueue(state_dir: &Path, log: &Path, entry: &Entry) -> std::io::Result<()> {
+    let meta = log.with_extension("json");
+    crate::state::write_atomic(&meta, &serde_json::to_vec(entry).unwrap_or_default())
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    bound(state_dir);
+    Ok(())
+}
+
+/// Queued entries, oldest first: (metadata path, log path).
+fn queued(state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(dir(state_dir)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(PathBuf, PathBuf)> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| {
+            let log = p.with_extension("log");
+            (p, log)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn remove(meta: &Path, log: &Path) {
+    let _ = std::fs::remove_file(meta);
+    let _ = std::fs::remove_file(log);
+}
+
+/// Drops the oldest logs beyond the bounds.
+fn bound(state_dir: &Path) {
+    let q = queued(state_dir);
+    let mut bytes: u64 = q
+        .iter()
+        .map(|(_, l)| std::fs::metadata(l).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let mut count = q.len();
+    for (meta, log) in q {
+        if count <= MAX_QUEUED && bytes <= MAX_QUEUED_BYTES {
+            break;
+        }
+        let size = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        tracing::warn!(log = %log.display(), "upload queue full: dropping the oldest log");
+        remove(&meta, &log);
+        count -= 1;
+        bytes = bytes.saturating_sub(size);
+    }
+}
+
+/// Composes the files of one step into one log in the uploads directory.
+pub fn compose(state_dir: &Path, id: &str, header: &str, files: &[PathBuf]) -> std::io::Result<PathBuf> {
+    use std::io::Write as _;
+    let d = dir(state_dir);
+    std::fs::create_dir_all(&d)?;
+    let path = d.join(format!("{id}.log"));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    writeln!(out, "== {header}")?;
+    for f in files {
+        let Ok(content) = std::fs::read(f) else { continue };
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        writeln!(out, "== {name} ({} bytes)", content.len())?;
+        out.write_all(&content)?;
+        if !content.ends_with(b"\n") && !content.is_empty() {
+            writeln!(out)?;
+        }
+    }
+    out.flush()?;
+    out.get_ref().sync_all()?;
+    Ok(path)
+}
+
+/// What one attempt at the queue's head did.
+enum Attempt {
+    Empty,
+    Done,
+    /// Swift or the store failed; wait before trying again.
+    Failed(String),
+}
+
+/// The background uploader.
+pub struct Uploader {
+    state_dir: PathBuf,
+    client: Arc<SwiftClient>,
+    store: DynStore,
+    pub wake: Arc<Notify>,
+}
+
+impl Uploader {
+    pub fn new(state_dir: PathBuf, client: Arc<SwiftClient>, store: DynStore) -> Uploader {
+        Uploader {
+            state_dir,
+            client,
+            store,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    async fn attempt(&self) -> Attempt {
+        let Some((meta, log)) = queued(&self.state_dir).into_iter().next() else {
+            return Attempt::Empty;
+        };
+        let entry: Entry = match std::fs::read(&meta)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+        {
+            Some(e) => e,
+            None => {
+                tracing::warn!(path = %meta.display(), "unreadable upload entry; dropping it");
+                remove(&meta, &log);
+                return Attempt::Done;
+            }
+        };
+        let body = match std::fs::read(&log) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(path = %log.display(), error = %e, "queued log is gone; dropping its entry");
+                remove(&meta, &log);
+                return Attempt::Done;
+            }
+        };
+        let url = match self.client.upload(&entry.object, body).await {
+            Ok(u) => u,
+            Err(e) => return Attempt::Failed(e.to_string()),
+        };
+        let Ok(key) = Key::new(entry.key.clone()) else {
+            remove(&meta, &log);
+            return Attempt::Done;
+        };
+        let txn = Txn::new()
+            .when(Compare::ModRevision(key.clone(), entry.revision))
+            .then(Op::put(key.clone(), url.clone()));
+        match self.store.txn(txn).await {
+            Ok(TxnOutcome::Committed(_)) => tracing::info!(key = %key, %url, "run log uploaded and linked"),
+            Ok(TxnOutcome::Lost(_)) => {
+                tracing::info!(key = %key, %url, "run log uploaded; its status entry was replaced meanwhile, so it is not linked")
+            }
+            Err(e) => return Attempt::Failed(e.to_string()),
+        }
+        remove(&meta, &log);
+        Attempt::Done
+    }
+
+    /// Uploads until the queue is empty or `deadline` passes (for `once`).
+    pub async fn drain(&self, deadline: Duration) -> usize {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            match tokio::time::timeout_at(end, self.attempt()).await {
+                Ok(Attempt::Done) => continue,
+                Ok(Attempt::Empty) => return 0,
+                Ok(Attempt::Failed(reason)) => {
+                    tracing::warn!(%reason, "run logs not uploaded yet; they stay queued for the next run");
+                    return queued(&self.state_dir).len();
+                }
+                Err(_) => return queued(&self.state_dir).len(),
+            }
+        }
+    }
+
+    /// Runs until `stop` turns true.
+    pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut delay = Duration::from_secs(1);
+        let mut failing: Option<String> = None;
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let wait = match self.attempt().await {
+                Attempt::Done => {
+                    if failing.take().is_some() {
+                        tracing::info!("run log uploads resumed");
+                    }
+                    delay = Duration::from_secs(1);
+                    continue;
+                }
+                Attempt::Empty => Duration::from_secs(300),
+                Attempt::Failed(reason) => {
+                    if failing.as_deref() != Some(reason.as_str()) {
+                        tracing::error!(%reason, queued = queued(&self.state_dir).len(), "cannot upload run logs; retrying with backoff");
+                        failing = Some(reason);
+                    }
+                    let d = delay;
+                    delay = (delay * 2).min(Duration::from_secs(300));
+                    d
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.wake.notified() => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_is_bounded_oldest_first() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..(MAX_QUEUED + 3) {
+            let log = compose(d.path(), &format!("{i:06}"), "h", &[]).unwrap();
+            let e = Entry {
+                object: format!("o{i}"),
+                key: "/k".into(),
+                revision: 1,
+            };
+            enqueue(d.path(), &log, &e).unwrap();
+        }
+        let q = queued(d.path());
+        assert_eq!(q.len(), MAX_QUEUED);
+        assert!(q[0].0.ends_with("000003.json"), "{:?}", q[0]);
+    }
+
+    #[test]
+    fn compose_names_each_part() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("puppet.stdout");
+        std::fs::write(&a, "hello").unwrap();
+        let log = compose(
+            d.path(),
+            "x",
+            "host h1, version v2, configured",
+            &[a, d.path().join("missing")],
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(log).unwrap();
+        assert_eq!(
+            text,
+            "== host h1, version v2, configured\n== puppet.stdout (5 bytes)\nhello\n"
+        );
+    }
+}

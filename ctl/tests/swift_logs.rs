@@ -1,0 +1,298 @@
+//! Run logs in a real Swift, linked from `/status`, fetched by `jioctl logs`.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use jio_common::keys::{Key, Schema};
+use jio_common::store::{self, DynStore, StoreUrl};
+use jio_tests::{Etcd, Host, Puppet, Swift};
+use tokio::process::Command;
+
+fn jioctl_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))
+}
+
+fn agent_bin() -> PathBuf {
+    let p = jioctl_bin().with_file_name("jio-agent");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` first (./scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+async fn open(url: &str) -> DynStore {
+    store::open(&StoreUrl::parse(url).unwrap()).await.unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn swift_section(swift: &Swift, key: &str) -> String {
+    format!(
+        "[swift]\nauth_url = \"{}\"\nuser = \"fleet:uploader\"\nkey_file = \"{}\"\ncontainer = \"runlogs\"\ndelete_after = \"7d\"\n",
+        swift.auth_url(),
+        swift.key_file(key).display()
+    )
+}
+
+async fn leaf(s: &DynStore, key: &str) -> Option<String> {
+    s.get(&Key::new(key).unwrap()).await.unwrap().map(|kv| kv.value)
+}
+
+async fn wait_leaf_url(s: &DynStore, key: &str, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = leaf(s, key).await
+            && v.starts_with("http")
+        {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{key} got no link in {limit:?} (value {:?})",
+            leaf(s, key).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_leave_links_and_jioctl_logs_prints_a_failed_run() {
+    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
+    let url = etcd.url();
+    let s = open(&url).await;
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let puppet_ok = Puppet::new();
+    let ok = puppet_ok.manifest("ok", "notice('hello from the manifest')\n");
+    let good = Host::new(
+        "compute1",
+        &url,
+        &puppet_ok.command(&ok),
+        &swift_section(&swift, "s3cr3t"),
+    );
+    let puppet_bad = Puppet::new();
+    let bad = puppet_bad.manifest("bad", "exec { 'broken': command => '/bin/false' }\n");
+    let failing = Host::new(
+        "compute2",
+        &url,
+        &puppet_bad.command(&bad),
+        &swift_section(&swift, "s3cr3t"),
+    );
+
+    let (a, b) = tokio::join!(
+        Command::from(good.agent(&agent_bin(), &["once"])).output(),
+        Command::from(failing.agent(&agent_bin(), &["once"])).output()
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.status.code(), Some(0), "{}", text(&a));
+    assert_eq!(b.status.code(), Some(1), "{}", text(&b));
+
+    // The success leaf links the validation output, fetchable with a token.
+    let link = wait_leaf_url(
+        &s,
+        "/status/validated/success/v1/compute1",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        link.contains("/runlogs/compute1/v1/") && link.ends_with("-validated.log"),
+        "{link}"
+    );
+    let body = swift.get(&link).await;
+    assert!(
+        body.contains("== validation.stdout") && body.contains("service answers"),
+        "{body}"
+    );
+
+    // The failure leaf links Puppet's output.
+    let link = wait_leaf_url(
+        &s,
+        "/status/configured/failure/v1/compute2",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(link.ends_with("-configured.log"), "{link}");
+    let body = swift.get(&link).await;
+    assert!(
+        body.contains("== puppet.jsonl") && body.contains("/bin/false"),
+        "{body}"
+    );
+
+    // jioctl: get-failures shows the link; logs prints the log.
+    let key = swift.key_file("s3cr3t");
+    let jioctl = |args: &[&str]| {
+        let mut c = Command::new(jioctl_bin());
+        c.arg("--store").arg(&url).args(args).env("HOME", "/nonexistent");
+        c
+    };
+    let out = jioctl(&["get-failures", "--hosts"]).output().await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&link),
+        "{}",
+        text(&out)
+    );
+    let out = jioctl(&[
+        "logs",
+        "compute2",
+        "--swift-auth-url",
+        &swift.auth_url(),
+        "--swift-user",
+        "fleet:uploader",
+        "--swift-key-file",
+        key.to_str().unwrap(),
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("configured failure") && printed.contains("/bin/false"),
+        "{printed}"
+    );
+    // Asking for a phase the host has no entry for is a clear error.
+    let out = jioctl(&[
+        "logs",
+        "compute2",
+        "--phase",
+        "validated",
+        "--swift-auth-url",
+        &swift.auth_url(),
+        "--swift-user",
+        "fleet:uploader",
+        "--swift-key-file",
+        key.to_str().unwrap(),
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("no validated status entry for v1"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swift_down_during_a_run_then_agent_restart_loses_nothing() {
+    let (etcd, mut swift) = tokio::join!(Etcd::start(), Swift::start());
+    let url = etcd.url();
+    let s = open(&url).await;
+    let fake = format!("{}/../examples/fake-puppet.sh", env!("CARGO_MANIFEST_DIR"));
+    let work = tempfile::tempdir().unwrap();
+    let cmd = vec![
+        fake,
+        "--logdest".into(),
+        "{log_jsonl}".into(),
+        work.path().join("deployed").display().to_string(),
+    ];
+    let host = Host::new("db1", &url, &cmd, &swift_section(&swift, "s3cr3t"));
+    swift.stop_proxy();
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+
+    let mut daemon = Command::from(host.agent(&agent_bin(), &["run"]))
+        .env("FAKE_PUPPET_SECONDS", "0.2")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The status entry is written at once, with no link yet.
+    let start = Instant::now();
+    while leaf(&s, "/status/validated/success/v1/db1").await.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no status entry while Swift is down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        leaf(&s, "/status/validated/success/v1/db1").await.as_deref(),
+        Some("")
+    );
+    let queued = || {
+        std::fs::read_dir(host.state_dir().join("uploads"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    assert!(queued() >= 2, "the log waits on disk");
+
+    // The agent dies while Swift is down; a new one takes over the queue.
+    daemon.start_kill().unwrap();
+    daemon.wait().await.unwrap();
+    let mut daemon = Command::from(host.agent(&agent_bin(), &["run"]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    swift.start_proxy().await;
+    let link = wait_leaf_url(&s, "/status/validated/success/v1/db1", Duration::from_secs(60)).await;
+    let body = swift.get(&link).await;
+    assert!(
+        body.contains("host db1, version v1, validated success") && body.contains("service answers"),
+        "{body}"
+    );
+    let start = Instant::now();
+    while queued() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the queue did not drain"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    daemon.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_a_clear_error_and_runs_are_still_reported() {
+    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
+    let url = etcd.url();
+    let s = open(&url).await;
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let host = Host::new(
+        "db2",
+        &url,
+        &["true".to_string()],
+        &swift_section(&swift, "not-the-key-42"),
+    );
+    let out = Command::from(host.agent(&agent_bin(), &["once"]))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let log = text(&out);
+    assert!(
+        log.contains("swift authentication as \"fleet:uploader\"") && log.contains("HTTP 401"),
+        "{log}"
+    );
+    assert!(!log.contains("not-the-key-42"), "the key leaked: {log}");
+    assert!(log.contains("stay queued"), "{log}");
+    assert_eq!(
+        leaf(&s, "/status/validated/success/v1/db2").await.as_deref(),
+        Some("")
+    );
+    assert!(
+        s.get(&Key::new("/running/versions/v1/db2").unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
