@@ -16,6 +16,10 @@ NEEDED=(
   "swift-object-server:swift-object"
   "swift-ring-builder:swift"
   "memcached:memcached"
+  "cloud-init:cloud-init"
+  "lintian:lintian"
+  "debootstrap:debootstrap"
+  "systemd-analyze:systemd"
 )
 
 missing=()
@@ -48,6 +52,8 @@ echo "==> cargo build (the scenario tests drive the real binaries)"
 cargo build --workspace --bins --locked
 echo "==> cargo test"
 cargo test --workspace --locked
+echo "==> packages: build, lintian, install/upgrade/purge in a throwaway root"
+packaging/test-debs.sh
 echo "==> the quick start: ./examples/local-fleet.sh"
 ./examples/local-fleet.sh
 echo "==> all tests passed"

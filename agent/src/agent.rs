@@ -607,9 +607,8 @@ impl Agent {
 
     /// The daemon: passes woken by watches on the desired version and the enable
     /// keys, with a slow resync, retry timers and the idle health check.
-    pub async fn run(&mut self, mut on_ready: impl FnMut()) -> Result<(), AgentError> {
+    pub async fn run(&mut self) -> Result<(), AgentError> {
         let mut watches = self.open_watches().await;
-        on_ready();
         let mut store_backoff = Duration::from_millis(200);
         let mut next_health = tokio::time::Instant::now() + self.cfg.health_interval;
         loop {

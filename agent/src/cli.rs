@@ -527,6 +527,9 @@ async fn run(cfg: Config) -> u8 {
             Err(e) => return fail(e, exit::USAGE),
         }
     };
+    // Ready once the store answered: systemd's `Type=notify` waits for this.
+    crate::notify::notify(&format!("READY=1\nSTATUS=connected to {}", cfg.store));
+    crate::notify::spawn_watchdog();
     let addrs = identity::addresses();
     if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
         tracing::warn!(error = %e, "cannot publish active role addresses");
@@ -550,7 +553,8 @@ async fn run(cfg: Config) -> u8 {
         local,
     ));
     tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
-    let res = agent.run(|| {}).await;
+    let res = agent.run().await;
+    crate::notify::notify("STOPPING=1");
     if let Some(l) = agent.liveness.take() {
         l.stop().await;
     }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod decide;
 pub mod identity;
 pub mod liveness;
+pub mod notify;
 pub mod report;
 pub mod runner;
 pub mod state;

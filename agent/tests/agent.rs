@@ -702,3 +702,95 @@ async fn idle_health_check_repairs_reports_and_recovers() {
     .await;
     daemon.kill().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_notify_ready_after_the_store_answers_and_watchdog() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    // The store is not up yet: no READY until it answers.
+    let port = jio_tests::free_port();
+    let host = Host::new(
+        "ctrl9",
+        &format!("etcd://127.0.0.1:{port}"),
+        &["true".to_string()],
+        "store_retry = \"200ms\"",
+    );
+    let mut daemon = Command::from(host.agent(&bin(), &["run"]))
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "400000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        if let Ok(n) = sock.recv(&mut buf) {
+            panic!(
+                "notified before the store answered: {}",
+                String::from_utf8_lossy(&buf[..n])
+            );
+        }
+    }
+    // Start an etcd on that very port.
+    let etcd_dir = tempfile::tempdir().unwrap();
+    let client = format!("http://127.0.0.1:{port}");
+    let peer = format!("http://127.0.0.1:{}", jio_tests::free_port());
+    let mut etcd = std::process::Command::new(jio_tests::require_binary(
+        "etcd",
+        "apt-get install -y etcd-server",
+    ))
+    .args([
+        "--data-dir",
+        etcd_dir.path().to_str().unwrap(),
+        "--listen-client-urls",
+        &client,
+        "--advertise-client-urls",
+        &client,
+    ])
+    .args([
+        "--listen-peer-urls",
+        &peer,
+        "--initial-advertise-peer-urls",
+        &peer,
+        "--initial-cluster",
+        &format!("default={peer}"),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20)
+        && !(got.iter().any(|m: &String| m.starts_with("READY=1"))
+            && got.iter().filter(|m| *m == "WATCHDOG=1").count() >= 2)
+    {
+        if let Ok(n) = sock.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    let _ = etcd.kill();
+    let _ = etcd.wait();
+    assert!(
+        got.first()
+            .is_some_and(|m| m.starts_with("READY=1\nSTATUS=connected to etcd://")),
+        "{got:?}"
+    );
+    assert!(got.iter().filter(|m| *m == "WATCHDOG=1").count() >= 2, "{got:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    daemon.wait().await.unwrap();
+    let mut rest = Vec::new();
+    while let Ok(n) = sock.recv(&mut buf) {
+        rest.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(rest.iter().any(|m| m == "STOPPING=1"), "{rest:?}");
+}
