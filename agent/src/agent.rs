@@ -13,7 +13,7 @@ use jio_common::time::{unix_now, utc_stamp};
 use jio_common::values::{AgentState, parse_bool, parse_version};
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, Steps};
 use crate::decide::{self, Decision, Failure, Observation, Why};
 use crate::liveness::Liveness;
 use crate::report;
@@ -401,6 +401,11 @@ impl Agent {
     /// Puppet (after the fact file and pre-commands): the configure step.
     async fn configure(&mut self, version: &Version, run_dir: &Path) -> Result<Outcome, AgentError> {
         state::write_fact(&self.cfg.facts_file, version)?;
+        if let Steps::Simulated(sim) = &self.cfg.steps {
+            (sim.on_start)(self.host(), version);
+            tokio::time::sleep(sim.configure).await;
+            return Ok(Outcome::Success { changes: true });
+        }
         for (i, cmd) in self.cfg.pre_commands.clone().iter().enumerate() {
             let f = self
                 .exec(
@@ -433,6 +438,10 @@ impl Agent {
     }
 
     async fn validate(&mut self, version: &Version, run_dir: &Path) -> Outcome {
+        if let Steps::Simulated(sim) = &self.cfg.steps {
+            tokio::time::sleep(sim.validate).await;
+            return Outcome::Success { changes: false };
+        }
         let argv = substitute(
             &self.cfg.validation_command,
             &run_dir.join("puppet.jsonl"),
@@ -702,6 +711,25 @@ impl Agent {
             }
         }
     }
+}
+
+/// Runs `agent` as a daemon: its liveness record, then the reconcile loop until the
+/// shutdown signal; the lease is revoked at the end. `jio-agent run` and agents
+/// embedded in another program (benchmarks) both go through here.
+pub async fn serve(mut agent: Agent) -> Result<(), AgentError> {
+    let local = state::read_local_version(&agent.cfg.version_file).ok().flatten();
+    agent.liveness = Some(Liveness::start(
+        agent.store.clone(),
+        agent.cfg.schema.agent(&agent.cfg.hostname),
+        agent.cfg.lease_ttl,
+        AgentState::Idle,
+        local,
+    ));
+    let res = agent.run().await;
+    if let Some(l) = agent.liveness.take() {
+        l.stop().await;
+    }
+    res
 }
 
 fn log_decision(d: &Decision, obs: &Observation) {

@@ -534,6 +534,9 @@ async fn run(cfg: Config) -> u8 {
     if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
         tracing::warn!(error = %e, "cannot publish active role addresses");
     }
+    // Count store requests: the startup cost and the steady state are logged.
+    let counting = store::CountingStore::new(store);
+    let store: DynStore = Arc::new(counting.clone());
     let stop_uploads = shutdown.clone();
     let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown) {
         Ok(a) => a,
@@ -544,20 +547,31 @@ async fn run(cfg: Config) -> u8 {
         agent.upload_wake = Some(u.wake.clone());
         tokio::spawn(u.run(stop_uploads))
     });
-    let local = state::read_local_version(&cfg.version_file).ok().flatten();
-    agent.liveness = Some(Liveness::start(
-        Arc::clone(&store),
-        cfg.schema.agent(&cfg.hostname),
-        cfg.lease_ttl,
-        AgentState::Idle,
-        local,
-    ));
-    tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
-    let res = agent.run().await;
-    crate::notify::notify("STOPPING=1");
-    if let Some(l) = agent.liveness.take() {
-        l.stop().await;
+    {
+        // SIGUSR1 logs the counts (for operators and the footprint benchmark).
+        let counting = counting.clone();
+        tokio::spawn(async move {
+            let Ok(mut usr1) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+            else {
+                return;
+            };
+            while usr1.recv().await.is_some() {
+                tracing::info!(
+                    store_requests = counting.requests(),
+                    lease_renewals = counting.keep_alives(),
+                    "store requests since start"
+                );
+            }
+        });
     }
+    tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
+    let res = crate::agent::serve(agent).await;
+    crate::notify::notify("STOPPING=1");
+    tracing::info!(
+        store_requests = counting.requests(),
+        lease_renewals = counting.keep_alives(),
+        "store requests since start"
+    );
     if let Some(u) = uploader {
         let _ = u.await;
     }

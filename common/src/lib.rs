@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod duration;
+pub mod encode;
 pub mod fleet;
 pub mod gate;
 pub mod keys;

@@ -346,7 +346,7 @@ impl SwiftClient {
         }
         let r = self
             .with_token("upload", |s| {
-                let url = format!("{}/{}/{}", s.storage_url, container, encode_path(object));
+                let url = format!("{}/{}/{}", s.storage_url, container, crate::encode::path(object));
                 let mut req = self
                     .http
                     .put(&url)
@@ -369,18 +369,6 @@ impl SwiftClient {
         let u = url.to_string();
         Ok(r.bytes().await.map_err(|e| Self::unreachable(&u, e))?.to_vec())
     }
-}
-
-/// Percent-encodes an object path, keeping `/`.
-fn encode_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for b in p.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => out.push(b as char),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
 }
 
 #[derive(Deserialize)]
@@ -464,14 +452,5 @@ mod tests {
             Some("http://pub2/v1/AUTH_p")
         );
         assert_eq!(object_store_url(&a, Some("r9")), None);
-    }
-
-    #[test]
-    fn object_paths_are_encoded() {
-        assert_eq!(
-            encode_path("h1/v2/20261121T101500Z-configured.log"),
-            "h1/v2/20261121T101500Z-configured.log"
-        );
-        assert_eq!(encode_path("a b/ü"), "a%20b/%C3%BC");
     }
 }

@@ -278,6 +278,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     retry,
                     verbose: cli.verbose > 0,
                     json,
+                    quiet: false,
                 },
             )
             .await

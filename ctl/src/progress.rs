@@ -39,6 +39,7 @@ pub fn counts(hosts: &[HostStatus]) -> BTreeMap<String, Counts> {
 
 /// Renders progress to stdout.
 pub struct Progress {
+    silent: bool,
     tty: bool,
     drawn: usize,
     last: BTreeMap<String, Counts>,
@@ -47,14 +48,26 @@ pub struct Progress {
 impl Progress {
     pub fn new(tty: bool) -> Progress {
         Progress {
+            silent: false,
             tty,
             drawn: 0,
             last: BTreeMap::new(),
         }
     }
 
+    /// Shows nothing.
+    pub fn silent() -> Progress {
+        Progress {
+            silent: true,
+            ..Progress::new(false)
+        }
+    }
+
     /// Prints a line above the progress block.
     pub fn note(&mut self, line: &str) {
+        if self.silent {
+            return;
+        }
         let mut out = std::io::stdout().lock();
         if self.tty && self.drawn > 0 {
             let _ = write!(out, "\x1b[{}A\x1b[J", self.drawn);
@@ -65,6 +78,9 @@ impl Progress {
     }
 
     pub fn update(&mut self, hosts: &[HostStatus]) {
+        if self.silent {
+            return;
+        }
         let now = counts(hosts);
         let mut out = std::io::stdout().lock();
         if self.tty {

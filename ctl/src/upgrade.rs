@@ -26,6 +26,8 @@ pub struct Args {
     pub retry: bool,
     pub verbose: bool,
     pub json: bool,
+    /// Print nothing but errors (for programs that drive upgrades in-process).
+    pub quiet: bool,
 }
 
 /// How long `--retry` keeps going while the store is unreachable.
@@ -134,7 +136,7 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
     let result = drive(store, schema, &args).await;
     lock.release().await;
     let (code, show) = result?;
-    if show {
+    if show && !args.quiet {
         finish(store, schema, &args).await?;
     }
     Ok(code)
@@ -143,7 +145,11 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
 /// Runs passes; returns the exit code and whether to print the final status.
 async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result<(u8, bool)> {
     let tty = std::io::stdout().is_terminal() && !args.json;
-    let mut progress = Progress::new(tty);
+    let mut progress = if args.quiet {
+        Progress::silent()
+    } else {
+        Progress::new(tty)
+    };
     let mut watch = None;
     let mut unreachable_since: Option<Instant> = None;
     loop {
@@ -240,10 +246,12 @@ async fn pass(
         if !writes::apply_fenced(store, schema, ops, snap.epoch).await? {
             return Ok((snap, PassOutcome::Replan));
         }
-        println!(
-            "current_version set to {} (puppet disabled globally; hosts start under the rules)",
-            args.version
-        );
+        if !args.quiet {
+            println!(
+                "current_version set to {} (puppet disabled globally; hosts start under the rules)",
+                args.version
+            );
+        }
         snap = Snapshot::read(store, schema).await?;
     }
     let hosts = fleet::classify(&snap);

@@ -3,9 +3,9 @@
 //! plan is applied only while the epoch is where the plan read it. So two operators,
 //! or an operator and a running `upgrade`, can never both apply a stale plan.
 //!
-//! Large plans are split into transactions of at most `CHUNK` ops (etcd refuses more
-//! than 128 per transaction by default), each fenced on the epoch the previous one
-//! left. Every prefix of a plan is safe on its own: it admits no more hosts than the
+//! Large plans are split into transactions of at most `CHUNK` ops, fewer where the
+//! store allows fewer (etcd refuses more than 128 per transaction by default, Consul
+//! more than 64), each fenced on the epoch the previous one left. Every prefix of a plan is safe on its own: it admits no more hosts than the
 //! whole plan would.
 
 use std::time::Duration;
@@ -19,7 +19,7 @@ use jio_common::time::unix_now;
 use jio_common::values::format_bool;
 use tokio::task::JoinHandle;
 
-/// Most ops in one transaction (etcd's default limit is 128, the epoch put is one).
+/// Most plan ops in one transaction; less where the store allows fewer (Consul: 64).
 pub const CHUNK: usize = 100;
 
 /// Who is writing, as recorded in the epoch and the lock.
@@ -112,7 +112,9 @@ pub async fn apply_fenced(
 ) -> Result<bool, StoreError> {
     let key = schema.lock(EPOCH);
     let mut expect = epoch;
-    for chunk in ops.chunks(CHUNK) {
+    // Each transaction also holds the epoch compare and the epoch put.
+    let size = CHUNK.min(store.max_txn_ops().saturating_sub(2)).max(1);
+    for chunk in ops.chunks(size) {
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), expect));
         txn.ops.extend(chunk.iter().cloned());
         txn.ops.push(epoch_put(schema));

@@ -14,7 +14,7 @@ use jio_common::fleet::Snapshot;
 use jio_common::keys::{Key, Parsed, Schema};
 use jio_common::names::HostName;
 use jio_common::rules::Rules;
-use jio_common::store::{self, CountingStore, DynStore, Op, StoreUrl, Txn};
+use jio_common::store::{self, CountingStore, DynStore, StoreUrl};
 use jio_tests::{Etcd, Host, Puppet, Recorder};
 use tokio::process::{Child, Command};
 
@@ -333,47 +333,8 @@ async fn a_failed_host_stops_the_rollout_and_fixing_it_continues() {
     );
 }
 
-/// Writes a generated fleet of `n` hosts at v1 (current v2, half enabled, some failed).
 async fn generate(s: &DynStore, n: usize) {
-    let schema = Schema::default();
-    let mut ops = vec![
-        Op::put(schema.current_version(), "v2"),
-        Op::put(Key::new("/config_state/enable_puppet/global").unwrap(), "false"),
-    ];
-    for i in 0..n {
-        let role = ["compute", "controller", "stmon", "db"][i % 4];
-        let h = format!("{role}{i}");
-        ops.push(Op::put(
-            Key::new(format!("/hosts/{h}")).unwrap(),
-            format!(r#"{{"role":"{role}","agent_version":"0.1.0","addresses":[],"first_seen":1}}"#),
-        ));
-        let version = if i % 3 == 0 { "v2" } else { "v1" };
-        ops.push(Op::put(
-            Key::new(format!("/running/versions/{version}/{h}")).unwrap(),
-            "1700000000",
-        ));
-        if i % 2 == 0 {
-            ops.push(Op::put(
-                Key::new(format!("/config_state/enable_puppet/host/{h}")).unwrap(),
-                "true",
-            ));
-            ops.push(Op::put(Key::new(format!("/agents/{h}")).unwrap(), "{}"));
-        }
-        if i % 97 == 1 {
-            ops.push(Op::put(
-                Key::new(format!("/status/configured/failure/v2/{h}")).unwrap(),
-                "",
-            ));
-        }
-    }
-    for chunk in ops.chunks(100) {
-        s.txn(Txn {
-            compares: vec![],
-            ops: chunk.to_vec(),
-        })
-        .await
-        .unwrap();
-    }
+    jio_tests::fleetgen::generate(s, n).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,10 @@
 //! Swift later) started on free loopback ports in temporary directories, and always
 //! stopped, also when a test fails.
 
+pub mod bench;
+pub mod consul;
 pub mod etcd;
+pub mod fleetgen;
 pub mod host;
 pub mod process;
 pub mod puppet;

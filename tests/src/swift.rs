@@ -66,31 +66,12 @@ impl Swift {
         }
         std::fs::write(etc.join("swift.conf"), include_str!("../swift-aio/swift.conf"))
             .expect("write swift.conf");
-        for (i, ring) in ["account", "container", "object"].iter().enumerate() {
-            let builder = format!("{ring}.builder");
-            for args in [
-                vec!["create", "8", "1", "1"],
-                vec!["add", &format!("r1z1-127.0.0.1:{}/d1", ports[i]), "100"],
-                vec!["rebalance"],
-            ] {
-                let out = Command::new("swift-ring-builder")
-                    .arg(&builder)
-                    .args(&args)
-                    .current_dir(&etc)
-                    .output()
-                    .expect("run swift-ring-builder");
-                // `rebalance` exits 1 with a warning on a one-device ring; the ring is still written.
-                assert!(
-                    out.status.code().is_some_and(|c| c <= 1),
-                    "swift-ring-builder {args:?} failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            assert!(
-                etc.join(format!("{ring}.ring.gz")).exists(),
-                "{ring}.ring.gz was not written"
-            );
-        }
+        // Blocking work off the async runtime, so that servers started alongside
+        // (etcd) keep being watched meanwhile.
+        let ring_dir = etc.clone();
+        tokio::task::spawn_blocking(move || build_rings(&ring_dir, ports))
+            .await
+            .expect("ring builder thread");
         let mut swift = Swift {
             dir,
             ports,
@@ -282,6 +263,35 @@ impl Swift {
 
     pub fn memcached_port(&self) -> u16 {
         self.memcached_port
+    }
+}
+
+/// Builds the account, container and object rings (one replica) in `etc`.
+fn build_rings(etc: &Path, ports: [u16; 4]) {
+    for (i, ring) in ["account", "container", "object"].iter().enumerate() {
+        let builder = format!("{ring}.builder");
+        for args in [
+            vec!["create", "8", "1", "1"],
+            vec!["add", &format!("r1z1-127.0.0.1:{}/d1", ports[i]), "100"],
+            vec!["rebalance"],
+        ] {
+            let out = Command::new("swift-ring-builder")
+                .arg(&builder)
+                .args(&args)
+                .current_dir(etc)
+                .output()
+                .expect("run swift-ring-builder");
+            // `rebalance` exits 1 with a warning on a one-device ring; the ring is still written.
+            assert!(
+                out.status.code().is_some_and(|c| c <= 1),
+                "swift-ring-builder {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            etc.join(format!("{ring}.ring.gz")).exists(),
+            "{ring}.ring.gz was not written"
+        );
     }
 }
 

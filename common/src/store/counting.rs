@@ -17,6 +17,7 @@ use crate::keys::Key;
 pub struct CountingStore {
     inner: DynStore,
     count: Arc<AtomicU64>,
+    keep_alives: Arc<AtomicU64>,
 }
 
 impl CountingStore {
@@ -24,12 +25,18 @@ impl CountingStore {
         CountingStore {
             inner,
             count: Arc::new(AtomicU64::new(0)),
+            keep_alives: Arc::new(AtomicU64::new(0)),
         }
     }
 
     /// Requests so far.
     pub fn requests(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
+    }
+
+    /// Lease renewals so far (also counted in `requests`).
+    pub fn keep_alives(&self) -> u64 {
+        self.keep_alives.load(Ordering::Relaxed)
     }
 
     fn tick(&self) {
@@ -76,6 +83,7 @@ impl Store for CountingStore {
     }
     async fn keep_alive(&self, lease: &LeaseId) -> Result<Duration> {
         self.tick();
+        self.keep_alives.fetch_add(1, Ordering::Relaxed);
         self.inner.keep_alive(lease).await
     }
     async fn revoke_lease(&self, lease: &LeaseId) -> Result<()> {

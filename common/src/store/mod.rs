@@ -5,6 +5,7 @@
 //! (ModifyIndex compare-and-set, `/v1/txn`, sessions with TTL, blocking queries).
 //! It knows nothing about the key schema.
 
+mod consul;
 mod counting;
 mod etcd;
 mod sqlite;
@@ -18,6 +19,7 @@ use futures_util::Stream;
 
 use crate::keys::Key;
 
+pub use self::consul::{CONSUL_MAX_TXN_OPS, CONSUL_MIN_TTL, ConsulStore};
 pub use self::counting::CountingStore;
 pub use self::etcd::{EtcdOptions, EtcdStore};
 pub use self::sqlite::SqliteStore;
@@ -250,6 +252,11 @@ pub trait Store: Send + Sync + 'static {
     /// The store's URL for messages (never holds a secret).
     fn url(&self) -> &str;
 
+    /// The most operations (compares and writes) one transaction may hold.
+    fn max_txn_ops(&self) -> usize {
+        128
+    }
+
     /// Checks that the store answers; returns its current revision.
     async fn ping(&self) -> Result<Revision>;
 
@@ -312,9 +319,38 @@ pub async fn open_with(url: &StoreUrl, retry: Duration) -> Result<DynStore> {
             },
         )?),
         StoreUrl::Sqlite { path } => Arc::new(SqliteStore::open(path).await?),
+        StoreUrl::Consul { .. } => Arc::new(ConsulStore::new(url, retry)?),
     };
     store.ping().await?;
     Ok(store)
+}
+
+/// etcd refuses a transaction that writes one key twice, or puts a key that a
+/// delete of the same transaction also covers; the other backends refuse it too.
+pub(crate) fn overlapping_ops(ops: &[Op]) -> Option<String> {
+    let mut puts = std::collections::BTreeSet::new();
+    let mut deletes: Vec<(&str, bool)> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Put { key, .. } => {
+                if !puts.insert(key.as_str()) {
+                    return Some(format!("duplicate key given in txn request: {key}"));
+                }
+            }
+            Op::Delete(k) => deletes.push((k.as_str(), false)),
+            Op::DeletePrefix(k) => deletes.push((k.as_str(), true)),
+        }
+    }
+    for put in &puts {
+        for (d, prefix) in &deletes {
+            if (*prefix && put.starts_with(d)) || (!*prefix && put == d) {
+                return Some(format!(
+                    "duplicate key given in txn request: {put} is both put and deleted"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// The smallest key greater than every key starting with `prefix` (etcd's `range_end`).

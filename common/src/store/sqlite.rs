@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::{
     Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, Txn, TxnOutcome,
-    WatchEvent, WatchStream, prefix_end,
+    WatchEvent, WatchStream, overlapping_ops, prefix_end,
 };
 use crate::keys::Key;
 
@@ -436,34 +436,6 @@ impl<'c> Writer<'c> {
     }
 }
 
-/// etcd refuses a transaction that writes one key twice, or puts a key that a
-/// delete of the same transaction also covers; so does this store.
-fn overlapping_ops(ops: &[Op]) -> Option<String> {
-    let mut puts = std::collections::BTreeSet::new();
-    let mut deletes: Vec<(&str, bool)> = Vec::new();
-    for op in ops {
-        match op {
-            Op::Put { key, .. } => {
-                if !puts.insert(key.as_str()) {
-                    return Some(format!("duplicate key given in txn request: {key}"));
-                }
-            }
-            Op::Delete(k) => deletes.push((k.as_str(), false)),
-            Op::DeletePrefix(k) => deletes.push((k.as_str(), true)),
-        }
-    }
-    for put in &puts {
-        for (d, prefix) in &deletes {
-            if (*prefix && put.starts_with(d)) || (!*prefix && put == d) {
-                return Some(format!(
-                    "duplicate key given in txn request: {put} is both put and deleted"
-                ));
-            }
-        }
-    }
-    None
-}
-
 fn range_keys(conn: &Connection, prefix: &[u8]) -> rusqlite::Result<Vec<Vec<u8>>> {
     match prefix_end(prefix) {
         Some(end) => conn
@@ -626,6 +598,10 @@ fn pump_thread(
 impl Store for SqliteStore {
     fn url(&self) -> &str {
         &self.inner.url
+    }
+
+    fn max_txn_ops(&self) -> usize {
+        usize::MAX
     }
 
     async fn ping(&self) -> Result<Revision> {

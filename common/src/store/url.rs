@@ -12,6 +12,14 @@ pub enum StoreUrl {
     Etcd { endpoints: Vec<String> },
     /// The embedded SQLite store in one file.
     Sqlite { path: PathBuf },
+    /// Consul's HTTP API (`consuls://` for HTTPS), with an optional datacenter and
+    /// a file holding the ACL token.
+    Consul {
+        endpoints: Vec<String>,
+        https: bool,
+        datacenter: Option<String>,
+        token_file: Option<PathBuf>,
+    },
 }
 
 impl StoreUrl {
@@ -53,14 +61,51 @@ impl StoreUrl {
                     path: PathBuf::from(rest),
                 })
             }
-            "consul" | "consuls" => Err(fail(
-                "the Consul backend is not available yet; use etcd:// or sqlite://",
-            )),
+            "consul" | "consuls" => {
+                if rest.contains('@') {
+                    return Err(fail(
+                        "credentials do not belong in the URL (give token_file=PATH)",
+                    ));
+                }
+                let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+                let hosts = hosts.trim_end_matches('/');
+                if hosts.is_empty() {
+                    return Err(fail("no endpoint given (consul://host:port[,host:port...])"));
+                }
+                let mut endpoints = Vec::new();
+                for ep in hosts.split(',') {
+                    endpoints.push(parse_endpoint(ep).map_err(|r| fail(&format!("endpoint {ep:?}: {r}")))?);
+                }
+                let (mut datacenter, mut token_file) = (None, None);
+                for kv in query.split('&').filter(|s| !s.is_empty()) {
+                    match kv.split_once('=') {
+                        Some(("dc", v))
+                            if !v.is_empty()
+                                && v.chars()
+                                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') =>
+                        {
+                            datacenter = Some(v.to_string())
+                        }
+                        Some(("token_file", v)) if v.starts_with('/') => token_file = Some(PathBuf::from(v)),
+                        _ => {
+                            return Err(fail(&format!(
+                                "unknown or invalid parameter {kv:?} (allowed: dc=NAME, token_file=/absolute/path)"
+                            )));
+                        }
+                    }
+                }
+                Ok(StoreUrl::Consul {
+                    endpoints,
+                    https: scheme == "consuls",
+                    datacenter,
+                    token_file,
+                })
+            }
             "http" | "https" => Err(fail(
                 "give the store kind as the scheme, for example etcd://127.0.0.1:2379",
             )),
             _ => Err(fail(&format!(
-                "unknown scheme {scheme:?} (supported: etcd, sqlite)"
+                "unknown scheme {scheme:?} (supported: etcd, sqlite, consul, consuls)"
             ))),
         }
     }
@@ -76,6 +121,30 @@ impl fmt::Display for StoreUrl {
         match self {
             StoreUrl::Etcd { endpoints } => write!(f, "etcd://{}", endpoints.join(",")),
             StoreUrl::Sqlite { path } => write!(f, "sqlite://{}", path.display()),
+            StoreUrl::Consul {
+                endpoints,
+                https,
+                datacenter,
+                token_file,
+            } => {
+                write!(
+                    f,
+                    "{}://{}",
+                    if *https { "consuls" } else { "consul" },
+                    endpoints.join(",")
+                )?;
+                let mut q = Vec::new();
+                if let Some(dc) = datacenter {
+                    q.push(format!("dc={dc}"));
+                }
+                if let Some(t) = token_file {
+                    q.push(format!("token_file={}", t.display()));
+                }
+                if !q.is_empty() {
+                    write!(f, "?{}", q.join("&"))?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -179,7 +248,9 @@ mod tests {
             "etcd://a:1,,b:2",
             "redis://x:1",
             "http://127.0.0.1:2379",
-            "consul://127.0.0.1:8500",
+            "consul://",
+            "consul://127.0.0.1:8500?token=abc",
+            "consul://127.0.0.1:8500?token_file=relative",
             "sqlite:///x?mode=ro",
         ] {
             let err = StoreUrl::parse(bad).unwrap_err();
@@ -187,6 +258,29 @@ mod tests {
             assert!(msg.contains(bad), "{msg}");
             assert!(!msg.contains('\n'));
         }
+    }
+
+    #[test]
+    fn parses_consul_urls() {
+        let u = StoreUrl::parse("consuls://c1:8501,c2:8501?dc=bom1&token_file=/etc/jiocloud/consul.token")
+            .unwrap();
+        assert_eq!(
+            u,
+            StoreUrl::Consul {
+                endpoints: vec!["c1:8501".into(), "c2:8501".into()],
+                https: true,
+                datacenter: Some("bom1".into()),
+                token_file: Some("/etc/jiocloud/consul.token".into()),
+            }
+        );
+        assert_eq!(
+            u.to_string(),
+            "consuls://c1:8501,c2:8501?dc=bom1&token_file=/etc/jiocloud/consul.token"
+        );
+        assert!(matches!(
+            StoreUrl::parse("consul://127.0.0.1:8500").unwrap(),
+            StoreUrl::Consul { https: false, .. }
+        ));
     }
 
     #[test]

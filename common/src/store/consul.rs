@@ -1,0 +1,750 @@
+//! Consul through its HTTP API: KV with ModifyIndex, `/v1/txn`, sessions as leases,
+//! blocking queries as watches.
+//!
+//! Mapping onto the store contract:
+//! - Keys: the schema's leading `/` is Consul's root (`/hosts/h1` is `hosts/h1`), so
+//!   both tools show the same key names on every backend.
+//! - Revisions are Consul indexes. A listing's revision is the index of what it read
+//!   (the greatest ModifyIndex under the prefix, or a later deletion there).
+//! - Writes go through `/v1/txn` (at most 64 operations, `max_txn_ops`). A compare
+//!   on a value has no Consul verb: the key is read first, and the transaction then
+//!   checks the ModifyIndex it read, so a change in between still makes it lose.
+//! - Leases are sessions (`Behavior=delete`, `LockDelay=0s`); a key bound to one is
+//!   written with the `lock` verb. Consul's TTL is at least 10 s and a session is
+//!   invalidated up to twice its TTL after the last renewal: `grant_lease` returns the
+//!   TTL actually used.
+//! - Watches are blocking queries on the prefix; each answer is diffed against the
+//!   previous one. Consul keeps no history, so intermediate writes between two
+//!   answers coalesce into the last one, and a watch from a past revision at which
+//!   something has changed since starts with a `Reset` of the current state. An index
+//!   that goes backwards (a snapshot restore) also gives a `Reset`, as the documentation
+//!   says clients must re-read then.
+//! - `compact` does nothing: Consul keeps no history to compact.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::{
+    Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
+    TxnOutcome, WatchEvent, WatchStream, overlapping_ops,
+};
+use crate::keys::Key;
+use crate::swift::Secret;
+
+/// Consul's limit on operations in one transaction.
+pub const CONSUL_MAX_TXN_OPS: usize = 64;
+/// Consul's shortest session TTL.
+pub const CONSUL_MIN_TTL: Duration = Duration::from_secs(10);
+const BLOCK_WAIT: &str = "30s";
+
+/// A client of one Consul datacenter.
+#[derive(Clone)]
+pub struct ConsulStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    endpoints: Vec<String>,
+    current: AtomicUsize,
+    client: reqwest::Client,
+    token: Option<Secret>,
+    datacenter: Option<String>,
+    request_timeout: Duration,
+    retry_budget: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawEntry {
+    key: String,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    create_index: u64,
+    #[serde(default)]
+    modify_index: u64,
+    #[serde(default)]
+    session: Option<String>,
+}
+
+/// One HTTP answer.
+struct Answer {
+    status: u16,
+    index: Option<u64>,
+    body: Vec<u8>,
+}
+
+enum Failure {
+    NotSent(String),
+    Unknown(String),
+}
+
+fn ckey(k: &Key) -> &str {
+    k.as_str().strip_prefix('/').unwrap_or(k.as_str())
+}
+
+impl ConsulStore {
+    /// A client for `url` (a `consul://` or `consuls://` URL); reads the token file.
+    pub fn new(url: &StoreUrl, retry_budget: Duration) -> Result<ConsulStore> {
+        let StoreUrl::Consul {
+            endpoints,
+            https,
+            datacenter,
+            token_file,
+        } = url
+        else {
+            return Err(StoreError::InvalidUrl {
+                url: url.to_string(),
+                reason: "not a consul:// URL".into(),
+            });
+        };
+        let token = match token_file {
+            None => None,
+            Some(p) => {
+                let t = std::fs::read_to_string(p).map_err(|e| StoreError::InvalidUrl {
+                    url: url.to_string(),
+                    reason: format!("cannot read the ACL token file {}: {e}", p.display()),
+                })?;
+                Some(Secret::new(t.trim()))
+            }
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| StoreError::InvalidUrl {
+                url: url.to_string(),
+                reason: format!("cannot build an HTTP client: {e}"),
+            })?;
+        let scheme = if *https { "https" } else { "http" };
+        Ok(ConsulStore {
+            inner: Arc::new(Inner {
+                url: url.to_string(),
+                endpoints: endpoints.iter().map(|e| format!("{scheme}://{e}")).collect(),
+                current: AtomicUsize::new(0),
+                client,
+                token,
+                datacenter: datacenter.clone(),
+                request_timeout: Duration::from_secs(3),
+                retry_budget,
+            }),
+        })
+    }
+}
+
+impl Inner {
+    /// One request to the current endpoint. `timeout` None: no limit (blocking queries).
+    async fn attempt(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<Answer, Failure> {
+        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        let mut params: Vec<String> = query
+            .iter()
+            .map(|(k, v)| {
+                if v.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{k}={}", crate::encode::path(v))
+                }
+            })
+            .collect();
+        if let Some(dc) = &self.datacenter {
+            params.push(format!("dc={}", crate::encode::path(dc)));
+        }
+        let url = if params.is_empty() {
+            format!("{}{path}", self.endpoints[i])
+        } else {
+            format!("{}{path}?{}", self.endpoints[i], params.join("&"))
+        };
+        let mut req = self.client.request(method, url);
+        if let Some(t) = &self.token {
+            req = req.header("X-Consul-Token", t.expose());
+        }
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        if let Some(b) = body {
+            req = req.body(b);
+        }
+        let fail_over = |reason: &str| {
+            let next = (i + 1) % self.endpoints.len();
+            if self.endpoints.len() > 1
+                && self
+                    .current
+                    .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                tracing::warn!(from = %self.endpoints[i], to = %self.endpoints[next], %reason, "consul endpoint failed, switching");
+            }
+        };
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let connect = e.is_connect();
+                let reason = e.without_url().to_string();
+                fail_over(&reason);
+                return Err(if connect {
+                    Failure::NotSent(reason)
+                } else {
+                    Failure::Unknown(reason)
+                });
+            }
+        };
+        let status = resp.status().as_u16();
+        let index = resp
+            .headers()
+            .get("x-consul-index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let body = match resp.bytes().await {
+            Ok(b) => b.to_vec(),
+            Err(e) => {
+                let reason = e.without_url().to_string();
+                fail_over(&reason);
+                return Err(Failure::Unknown(reason));
+            }
+        };
+        if status >= 500 && !is_api_error(&body) {
+            fail_over(&format!("HTTP {status}"));
+            return Err(Failure::Unknown(format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&body).trim()
+            )));
+        }
+        Ok(Answer { status, index, body })
+    }
+
+    /// A request with retries across endpoints. `idempotent`: may be repeated when it
+    /// may have been applied.
+    async fn call(
+        &self,
+        op: &'static str,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        idempotent: bool,
+    ) -> Result<Answer> {
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(1))
+            .with_jitter()
+            .with_total_delay(Some(self.retry_budget))
+            .without_max_times();
+        let res = (|| {
+            self.attempt(
+                method.clone(),
+                path,
+                query,
+                body.clone(),
+                Some(self.request_timeout),
+            )
+        })
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(|f| matches!(f, Failure::NotSent(_)) || idempotent)
+        .await;
+        let url = self.url.clone();
+        let answer = match res {
+            Ok(a) => a,
+            Err(Failure::NotSent(reason)) => return Err(StoreError::Unavailable { url, op, reason }),
+            Err(Failure::Unknown(reason)) if idempotent => {
+                return Err(StoreError::Unavailable { url, op, reason });
+            }
+            Err(Failure::Unknown(reason)) => return Err(StoreError::Ambiguous { url, op, reason }),
+        };
+        if answer.status == 403 || answer.status == 401 {
+            return Err(StoreError::Denied {
+                url,
+                op,
+                message: String::from_utf8_lossy(&answer.body).trim().to_string(),
+            });
+        }
+        Ok(answer)
+    }
+
+    fn decode(&self, raw: RawEntry) -> Result<KeyValue> {
+        let value = match raw.value {
+            Some(v) => {
+                String::from_utf8(B64.decode(v).unwrap_or_default()).map_err(|_| StoreError::NotText {
+                    url: self.url.clone(),
+                    key: raw.key.clone(),
+                })?
+            }
+            None => String::new(),
+        };
+        let key = Key::new(format!("/{}", raw.key)).map_err(|_| StoreError::NotText {
+            url: self.url.clone(),
+            key: raw.key.clone(),
+        })?;
+        Ok(KeyValue {
+            key,
+            value,
+            create_revision: raw.create_index as i64,
+            mod_revision: raw.modify_index as i64,
+            // Consul keeps no per-key write count; 1 marks "exists".
+            version: 1,
+            lease: raw.session.map(LeaseId),
+        })
+    }
+
+    fn entries(&self, op: &'static str, a: &Answer) -> Result<Vec<KeyValue>> {
+        if a.status == 404 {
+            return Ok(Vec::new());
+        }
+        self.expect_ok(op, a)?;
+        let raw: Vec<RawEntry> = serde_json::from_slice(&a.body)
+            .map_err(|e| self.rejected(op, format!("unexpected answer: {e}")))?;
+        raw.into_iter().map(|r| self.decode(r)).collect()
+    }
+
+    fn rejected(&self, op: &'static str, message: String) -> StoreError {
+        StoreError::Rejected {
+            url: self.url.clone(),
+            op,
+            message,
+        }
+    }
+
+    fn expect_ok(&self, op: &'static str, a: &Answer) -> Result<()> {
+        if a.status == 200 {
+            Ok(())
+        } else {
+            Err(self.rejected(
+                op,
+                format!("HTTP {}: {}", a.status, String::from_utf8_lossy(&a.body).trim()),
+            ))
+        }
+    }
+
+    async fn list_raw(
+        &self,
+        op: &'static str,
+        prefix: &str,
+        block: Option<(u64, &str)>,
+    ) -> Result<(Vec<KeyValue>, u64)> {
+        let mut query = vec![("recurse", String::new())];
+        let a = match block {
+            None => {
+                self.call(op, reqwest::Method::GET, &kv_path(prefix), &query, None, true)
+                    .await?
+            }
+            Some((index, wait)) => {
+                query.push(("index", index.to_string()));
+                query.push(("wait", wait.to_string()));
+                match self
+                    .attempt(reqwest::Method::GET, &kv_path(prefix), &query, None, None)
+                    .await
+                {
+                    Ok(a) if a.status == 403 => {
+                        return Err(StoreError::Denied {
+                            url: self.url.clone(),
+                            op,
+                            message: String::from_utf8_lossy(&a.body).trim().to_string(),
+                        });
+                    }
+                    Ok(a) => a,
+                    Err(Failure::NotSent(reason) | Failure::Unknown(reason)) => {
+                        return Err(StoreError::Unavailable {
+                            url: self.url.clone(),
+                            op,
+                            reason,
+                        });
+                    }
+                }
+            }
+        };
+        let kvs = self.entries(op, &a)?;
+        Ok((kvs, a.index.unwrap_or(0).max(1)))
+    }
+
+    /// Applies Consul txn operations; `Ok(None)` when a check failed (nothing written).
+    async fn apply(
+        &self,
+        ops: Vec<Value>,
+        idempotent: bool,
+    ) -> Result<std::result::Result<Revision, String>> {
+        if ops.len() > CONSUL_MAX_TXN_OPS {
+            return Err(self.rejected(
+                "transaction",
+                format!(
+                    "{} operations; Consul allows at most {CONSUL_MAX_TXN_OPS} in one transaction",
+                    ops.len()
+                ),
+            ));
+        }
+        let body = serde_json::to_vec(&ops).unwrap_or_default();
+        let a = self
+            .call(
+                "transaction",
+                reqwest::Method::PUT,
+                "/v1/txn",
+                &[],
+                Some(body),
+                idempotent,
+            )
+            .await?;
+        match a.status {
+            200 => {
+                let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+                let from_results = v["Results"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r["KV"]["ModifyIndex"].as_u64())
+                    .max();
+                let rev = match (a.index, from_results) {
+                    (Some(i), _) => i,
+                    (None, Some(m)) => m,
+                    (None, None) => self.index().await?,
+                };
+                Ok(Ok(rev as Revision))
+            }
+            409 => {
+                let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+                let what = v["Errors"][0]["What"]
+                    .as_str()
+                    .unwrap_or("a check failed")
+                    .to_string();
+                Ok(Err(what))
+            }
+            _ => Err(self.rejected(
+                "transaction",
+                format!("HTTP {}: {}", a.status, String::from_utf8_lossy(&a.body).trim()),
+            )),
+        }
+    }
+
+    /// The KV store's current index (a read of a key that never exists).
+    async fn index(&self) -> Result<u64> {
+        let a = self
+            .call(
+                "ping",
+                reqwest::Method::GET,
+                &kv_path(".jio-ping"),
+                &[],
+                None,
+                true,
+            )
+            .await?;
+        if a.status != 200 && a.status != 404 {
+            self.expect_ok("ping", &a)?;
+        }
+        Ok(a.index.unwrap_or(0).max(1))
+    }
+}
+
+fn kv_path(key: &str) -> String {
+    format!("/v1/kv/{}", crate::encode::path(key))
+}
+
+/// Consul answers API errors in plain text; a 500 that says why is not a transport failure.
+fn is_api_error(body: &[u8]) -> bool {
+    let t = String::from_utf8_lossy(body);
+    t.contains("invalid session") || t.contains("Invalid Session") || t.contains("No path to datacenter")
+}
+
+fn session_invalid(what: &str) -> bool {
+    what.contains("invalid session") || what.contains("Invalid session")
+}
+
+fn ttl_string(d: Duration) -> String {
+    format!("{}s", d.as_secs().max(CONSUL_MIN_TTL.as_secs()))
+}
+
+#[async_trait]
+impl Store for ConsulStore {
+    fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    fn max_txn_ops(&self) -> usize {
+        CONSUL_MAX_TXN_OPS
+    }
+
+    async fn ping(&self) -> Result<Revision> {
+        Ok(self.inner.index().await? as Revision)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {
+        let a = self
+            .inner
+            .call("get", reqwest::Method::GET, &kv_path(ckey(key)), &[], None, true)
+            .await?;
+        Ok(self
+            .inner
+            .entries("get", &a)?
+            .into_iter()
+            .find(|kv| kv.key == *key))
+    }
+
+    async fn list(&self, prefix: &Key) -> Result<Listing> {
+        let (kvs, index) = self.inner.list_raw("list", ckey(prefix), None).await?;
+        Ok(Listing {
+            kvs,
+            revision: index as Revision,
+        })
+    }
+
+    async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> Result<Revision> {
+        let mut op = json!({"Verb": "set", "Key": ckey(key), "Value": B64.encode(value)});
+        if let Some(l) = lease {
+            op["Verb"] = json!("lock");
+            op["Session"] = json!(l.0);
+        }
+        match self.inner.apply(vec![json!({ "KV": op })], true).await? {
+            Ok(rev) => Ok(rev),
+            Err(what) if session_invalid(&what) => Err(StoreError::LeaseNotFound {
+                url: self.inner.url.clone(),
+                lease: lease.cloned().unwrap_or(LeaseId(String::new())),
+            }),
+            Err(what) => Err(self.inner.rejected("put", what)),
+        }
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool> {
+        // `get` fails when the key is missing, which rolls the delete back: one request.
+        let ops = vec![
+            json!({"KV": {"Verb": "get", "Key": ckey(key)}}),
+            json!({"KV": {"Verb": "delete", "Key": ckey(key)}}),
+        ];
+        Ok(self.inner.apply(ops, true).await?.is_ok())
+    }
+
+    async fn delete_prefix(&self, prefix: &Key) -> Result<u64> {
+        let (kvs, _) = self.inner.list_raw("delete prefix", ckey(prefix), None).await?;
+        if kvs.is_empty() {
+            return Ok(0);
+        }
+        let ops = vec![json!({"KV": {"Verb": "delete-tree", "Key": ckey(prefix)}})];
+        self.inner
+            .apply(ops, true)
+            .await?
+            .map_err(|w| self.inner.rejected("delete prefix", w))?;
+        Ok(kvs.len() as u64)
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
+        if let Some(message) = overlapping_ops(&txn.ops) {
+            return Err(self.inner.rejected("transaction", message));
+        }
+        let mut ops = Vec::new();
+        for c in &txn.compares {
+            match c {
+                Compare::Absent(k) | Compare::ModRevision(k, 0) => {
+                    ops.push(json!({"KV": {"Verb": "check-not-exists", "Key": ckey(k)}}))
+                }
+                Compare::ModRevision(k, r) => {
+                    ops.push(json!({"KV": {"Verb": "check-index", "Key": ckey(k), "Index": r}}))
+                }
+                Compare::Value(k, v) => match self.get(k).await? {
+                    Some(kv) if kv.value == *v => ops.push(
+                        json!({"KV": {"Verb": "check-index", "Key": ckey(k), "Index": kv.mod_revision}}),
+                    ),
+                    _ => return Ok(TxnOutcome::Lost(self.ping().await?)),
+                },
+            }
+        }
+        let mut lease = None;
+        for op in &txn.ops {
+            ops.push(match op {
+                Op::Put { key, value, lease: None } => {
+                    json!({"KV": {"Verb": "set", "Key": ckey(key), "Value": B64.encode(value)}})
+                }
+                Op::Put {
+                    key,
+                    value,
+                    lease: Some(l),
+                } => {
+                    lease = Some(l.clone());
+                    json!({"KV": {"Verb": "lock", "Key": ckey(key), "Value": B64.encode(value), "Session": l.0}})
+                }
+                Op::Delete(k) => json!({"KV": {"Verb": "delete", "Key": ckey(k)}}),
+                Op::DeletePrefix(p) => json!({"KV": {"Verb": "delete-tree", "Key": ckey(p)}}),
+            });
+        }
+        match self.inner.apply(ops, false).await? {
+            Ok(rev) => Ok(TxnOutcome::Committed(rev)),
+            Err(what) if session_invalid(&what) => Err(StoreError::LeaseNotFound {
+                url: self.inner.url.clone(),
+                lease: lease.unwrap_or(LeaseId(String::new())),
+            }),
+            Err(_) => Ok(TxnOutcome::Lost(self.ping().await?)),
+        }
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
+        let ttl = ttl.max(CONSUL_MIN_TTL);
+        let body = json!({"Name": "jio", "TTL": ttl_string(ttl), "Behavior": "delete", "LockDelay": "0s"});
+        let a = self
+            .inner
+            .call(
+                "lease grant",
+                reqwest::Method::PUT,
+                "/v1/session/create",
+                &[],
+                Some(body.to_string().into_bytes()),
+                true,
+            )
+            .await?;
+        self.inner.expect_ok("lease grant", &a)?;
+        let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+        let id = v["ID"].as_str().ok_or_else(|| {
+            self.inner
+                .rejected("lease grant", "no session ID in the answer".into())
+        })?;
+        Ok(Lease {
+            id: LeaseId(id.to_string()),
+            ttl: Duration::from_secs(ttl.as_secs().max(CONSUL_MIN_TTL.as_secs())),
+        })
+    }
+
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Duration> {
+        let path = format!("/v1/session/renew/{}", crate::encode::path(&lease.0));
+        let a = self
+            .inner
+            .call("lease keep-alive", reqwest::Method::PUT, &path, &[], None, true)
+            .await?;
+        if a.status == 404 {
+            return Err(StoreError::LeaseNotFound {
+                url: self.inner.url.clone(),
+                lease: lease.clone(),
+            });
+        }
+        self.inner.expect_ok("lease keep-alive", &a)?;
+        let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+        let ttl = v[0]["TTL"]
+            .as_str()
+            .and_then(|t| crate::duration::parse(t).ok())
+            .unwrap_or(CONSUL_MIN_TTL);
+        Ok(ttl)
+    }
+
+    async fn revoke_lease(&self, lease: &LeaseId) -> Result<()> {
+        let path = format!("/v1/session/destroy/{}", crate::encode::path(&lease.0));
+        let a = self
+            .inner
+            .call("lease revoke", reqwest::Method::PUT, &path, &[], None, true)
+            .await?;
+        self.inner.expect_ok("lease revoke", &a)
+    }
+
+    async fn watch(&self, prefix: &Key, from: Revision) -> Result<WatchStream> {
+        let (kvs, index) = self.inner.list_raw("watch", ckey(prefix), None).await?;
+        let (tx, rx) = mpsc::channel(1024);
+        // Something changed at or after `from`, and there is no history to replay it.
+        if from > 0 && index as Revision >= from {
+            let _ = tx
+                .send(Ok(WatchEvent::Reset {
+                    kvs: kvs.clone(),
+                    revision: index as Revision,
+                }))
+                .await;
+        }
+        let inner = self.inner.clone();
+        let prefix = prefix.clone();
+        tokio::spawn(async move { watch_task(inner, prefix, kvs, index, tx).await });
+        Ok(Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        })))
+    }
+
+    async fn compact(&self, _revision: Revision) -> Result<()> {
+        Ok(())
+    }
+}
+
+async fn watch_task(
+    inner: Arc<Inner>,
+    prefix: Key,
+    kvs: Vec<KeyValue>,
+    mut index: u64,
+    tx: mpsc::Sender<Result<WatchEvent>>,
+) {
+    let mut state: BTreeMap<Key, KeyValue> = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+    let mut delay = Duration::from_millis(100);
+    let mut broken = false;
+    loop {
+        let answer = tokio::select! {
+            a = inner.list_raw("watch", ckey(&prefix), Some((index, BLOCK_WAIT))) => a,
+            _ = tx.closed() => return,
+        };
+        let (kvs, new_index) = match answer {
+            Ok(x) => x,
+            Err(e) => {
+                if !broken {
+                    tracing::warn!(prefix = %prefix, error = %e, "consul watch failed; retrying");
+                    broken = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = tx.closed() => return,
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if broken {
+            tracing::info!(prefix = %prefix, "consul watch reconnected");
+            broken = false;
+        }
+        delay = Duration::from_millis(100);
+        let new_state: BTreeMap<Key, KeyValue> = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+        if new_index < index {
+            // The index went backwards (a restore): start again from what is there now.
+            index = new_index;
+            let ev = WatchEvent::Reset {
+                kvs: new_state.values().cloned().collect(),
+                revision: new_index as Revision,
+            };
+            state = new_state;
+            if tx.send(Ok(ev)).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        if new_index == index {
+            continue; // the wait ran out
+        }
+        let mut events: Vec<WatchEvent> = new_state
+            .values()
+            .filter(|kv| {
+                state
+                    .get(&kv.key)
+                    .is_none_or(|old| old.mod_revision != kv.mod_revision)
+            })
+            .cloned()
+            .map(WatchEvent::Put)
+            .collect();
+        for k in state.keys().filter(|k| !new_state.contains_key(*k)) {
+            events.push(WatchEvent::Delete {
+                key: k.clone(),
+                revision: new_index as Revision,
+            });
+        }
+        events.sort_by_key(WatchEvent::revision);
+        for ev in events {
+            if tx.send(Ok(ev)).await.is_err() {
+                return;
+            }
+        }
+        state = new_state;
+        index = new_index;
+    }
+}

@@ -1,0 +1,848 @@
+//! The benchmarks: reaction time, scheduling latency, rollout makespan, status at
+//! scale and agent footprint, on a real etcd or the embedded store.
+//!
+//! They run the real code: agents are `jio_agent::agent::Agent`s (the reconcile
+//! loop, watches, reports and liveness of `jio-agent run`) embedded many to a
+//! process with a simulated configuration step; rollouts are driven by
+//! `jioctl::upgrade::run` (its planner and fenced apply); status is
+//! `Snapshot::read` plus the JSON of `jioctl status --json`; the footprint is the
+//! release `jio-agent` binary itself.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use jio_agent::config::{Overrides, SimulatedSteps, Steps};
+use jio_common::fleet::{self, Snapshot};
+use jio_common::keys::{EnableLevel, Key, Parsed, Schema};
+use jio_common::names::{HostName, Role, Version};
+use jio_common::rules::Rules;
+use jio_common::store::{CountingStore, DynStore, Op, SqliteStore, StoreUrl, Txn, WatchEvent};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use crate::etcd::Etcd;
+
+/// Which store to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Etcd,
+    Sqlite,
+}
+
+/// How big each benchmark is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sizes {
+    pub reaction_trials: usize,
+    pub scheduling_hosts: usize,
+    pub scheduling_step: Duration,
+    /// Hosts per role of the makespan fleet (10 roles).
+    pub makespan_hosts_per_role: usize,
+    pub makespan_step: Duration,
+    pub status_hosts: usize,
+    pub idle: Duration,
+}
+
+impl Sizes {
+    /// The figures the issue asks for.
+    pub fn full() -> Sizes {
+        Sizes {
+            reaction_trials: 200,
+            scheduling_hosts: 60,
+            scheduling_step: Duration::from_millis(20),
+            makespan_hosts_per_role: 100,
+            makespan_step: Duration::from_millis(200),
+            status_hosts: 10_000,
+            idle: Duration::from_secs(60),
+        }
+    }
+
+    /// A tiny run that only checks the harness works (the test suite).
+    pub fn quick() -> Sizes {
+        Sizes {
+            reaction_trials: 10,
+            scheduling_hosts: 6,
+            scheduling_step: Duration::from_millis(10),
+            makespan_hosts_per_role: 2,
+            makespan_step: Duration::from_millis(20),
+            status_hosts: 200,
+            idle: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Latency figures in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    fn of(mut v: Vec<Duration>) -> Latency {
+        v.sort();
+        let pick = |q: f64| {
+            if v.is_empty() {
+                return 0.0;
+            }
+            let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+            v[i].as_secs_f64() * 1000.0
+        };
+        Latency {
+            samples: v.len(),
+            p50_ms: pick(0.50),
+            p99_ms: pick(0.99),
+            max_ms: v.last().map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Makespan {
+    pub hosts: usize,
+    pub roles: usize,
+    pub step_ms: u64,
+    pub ideal_s: f64,
+    pub measured_s: f64,
+    pub ratio: f64,
+    pub upgraded: usize,
+    pub store_requests: u64,
+    pub requests_per_host: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Status {
+    pub hosts: usize,
+    pub wall_ms: f64,
+    pub store_requests: u64,
+    pub json_bytes: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Footprint {
+    pub idle_s: f64,
+    pub rss_mb: f64,
+    pub cpu_s: f64,
+    pub store_requests: u64,
+    pub lease_renewals: u64,
+    pub agent_binary_mb: f64,
+    pub jioctl_binary_mb: f64,
+}
+
+/// Every figure of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub backend: Backend,
+    pub machine: String,
+    pub sizes: Sizes,
+    pub reaction: Latency,
+    pub scheduling: Latency,
+    pub makespan: Makespan,
+    pub status: Status,
+    pub footprint: Footprint,
+}
+
+/// A store for one benchmark, counting requests.
+pub struct BenchStore {
+    pub url: String,
+    pub counting: CountingStore,
+    pub store: DynStore,
+    _etcd: Option<Etcd>,
+    _dir: tempfile::TempDir,
+}
+
+impl BenchStore {
+    pub async fn start(backend: Backend) -> BenchStore {
+        let dir = tempfile::Builder::new()
+            .prefix("jio-bench-")
+            .tempdir()
+            .expect("temporary directory");
+        let (url, inner, etcd): (String, DynStore, Option<Etcd>) = match backend {
+            Backend::Etcd => {
+                let etcd = Etcd::start().await;
+                let url = etcd.url();
+                let store = jio_common::store::open(&StoreUrl::parse(&url).expect("url"))
+                    .await
+                    .expect("open etcd");
+                (url, store, Some(etcd))
+            }
+            Backend::Sqlite => {
+                let path = dir.path().join("store.db");
+                let store = Arc::new(SqliteStore::open(&path).await.expect("open sqlite"));
+                (format!("sqlite://{}", path.display()), store, None)
+            }
+        };
+        let counting = CountingStore::new(inner);
+        BenchStore {
+            url,
+            store: Arc::new(counting.clone()),
+            counting,
+            _etcd: etcd,
+            _dir: dir,
+        }
+    }
+}
+
+/// Agents embedded in this process.
+pub struct SimFleet {
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// (host, version, when its configuration step started)
+    pub starts: mpsc::UnboundedReceiver<(HostName, Version, Instant)>,
+    dir: tempfile::TempDir,
+}
+
+impl SimFleet {
+    /// Starts one agent per `(host, role)`, all at `local` version, on `store`.
+    pub async fn start(bs: &BenchStore, hosts: &[(String, String)], step: Duration, local: &str) -> SimFleet {
+        let dir = tempfile::Builder::new()
+            .prefix("jio-bench-hosts-")
+            .tempdir_in(if Path::new("/dev/shm").is_dir() {
+                "/dev/shm"
+            } else {
+                "/tmp"
+            })
+            .expect("temporary directory");
+        let empty = dir.path().join("empty.toml");
+        std::fs::write(&empty, "").expect("write empty config");
+        let (tx, starts) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = watch::channel(false);
+        let schema = Schema::default();
+        let mut tasks = Vec::new();
+        let mut ops = Vec::new();
+        let mut configs = Vec::new();
+        for (name, role) in hosts {
+            let d = dir.path().join(name);
+            std::fs::create_dir_all(&d).expect("host dir");
+            std::fs::write(d.join("version"), format!("{local}\n")).expect("version file");
+            let mut ov = Overrides {
+                config_path: Some(empty.clone()),
+                ..Overrides::default()
+            };
+            for (k, v) in [
+                ("store", bs.url.clone()),
+                ("hostname", name.clone()),
+                ("role", role.clone()),
+                ("state_dir", d.join("state").display().to_string()),
+                ("version_file", d.join("version").display().to_string()),
+                ("facts_file", d.join("facts").display().to_string()),
+                ("health_interval", "0".into()),
+                ("resync_interval", "10m".into()),
+            ] {
+                ov.flags.insert(
+                    jio_agent::config::SCALAR_KEYS
+                        .iter()
+                        .find(|x| **x == k)
+                        .copied()
+                        .expect("key"),
+                    v,
+                );
+            }
+            let mut cfg = jio_agent::config::load(&ov, || None).expect("agent config");
+            let tx = tx.clone();
+            cfg.steps = Steps::Simulated(SimulatedSteps {
+                configure: step,
+                validate: Duration::ZERO,
+                on_start: Arc::new(move |h, v| {
+                    let _ = tx.send((h.clone(), v.clone(), Instant::now()));
+                }),
+            });
+            let h = HostName::new(name.clone()).expect("host");
+            ops.push(Op::put(
+                schema.host(&h),
+                format!(r#"{{"role":"{role}","agent_version":"bench","addresses":[],"first_seen":1}}"#),
+            ));
+            ops.push(Op::put(
+                schema.running_version_host(&Version::new(local).expect("v"), &h),
+                "1",
+            ));
+            configs.push(cfg);
+        }
+        // Register every host first (as first boots do), then start the agents.
+        for chunk in ops.chunks(50) {
+            bs.store
+                .txn(Txn {
+                    compares: vec![],
+                    ops: chunk.to_vec(),
+                })
+                .await
+                .expect("register hosts");
+        }
+        for cfg in configs {
+            let agent = jio_agent::agent::Agent::new(cfg, bs.store.clone(), stop_rx.clone()).expect("agent");
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = jio_agent::agent::serve(agent).await {
+                    eprintln!("embedded agent failed: {e}");
+                }
+            }));
+        }
+        SimFleet {
+            stop,
+            tasks,
+            starts,
+            dir,
+        }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        drop(self.dir);
+    }
+}
+
+fn put_op(k: Key, v: &str) -> Op {
+    Op::put(k, v.to_string())
+}
+
+async fn wait_running(store: &DynStore, schema: &Schema, v: &Version, h: &HostName) {
+    let key = schema.running_version_host(v, h);
+    let start = Instant::now();
+    while store.get(&key).await.ok().flatten().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(60), "{h} never reached {v}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Figure 1: from the write that allows a host to upgrade to its configuration step's start.
+pub async fn reaction(bs: &BenchStore, trials: usize) -> Latency {
+    let schema = Schema::default();
+    let hosts = vec![("compute1".to_string(), "compute".to_string())];
+    bs.store
+        .put(&schema.current_version(), "r0", None)
+        .await
+        .expect("put");
+    let mut fleet = SimFleet::start(bs, &hosts, Duration::ZERO, "r0").await;
+    let h = HostName::new("compute1").expect("host");
+    let host_key = schema.enable(&EnableLevel::Host(h.clone()));
+    let global = schema.enable(&EnableLevel::Global);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut samples = Vec::new();
+    for i in 1..=trials {
+        let v = Version::new(format!("r{i}")).expect("v");
+        // Even trials: the enable key allows it; odd ones: /current_version does.
+        let by_key = i % 2 == 0;
+        if by_key {
+            let txn = Txn::new()
+                .then(put_op(global.clone(), "false"))
+                .then(put_op(schema.current_version(), v.as_str()));
+            bs.store.txn(txn).await.expect("txn");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t0 = Instant::now();
+        if by_key {
+            bs.store.put(&host_key, "true", None).await.expect("put");
+        } else {
+            bs.store
+                .put(&schema.current_version(), v.as_str(), None)
+                .await
+                .expect("put");
+        }
+        let (_, got, at) = tokio::time::timeout(Duration::from_secs(30), fleet.starts.recv())
+            .await
+            .expect("the agent did not react in 30 s")
+            .expect("channel");
+        assert_eq!(got, v);
+        samples.push(at.saturating_duration_since(t0));
+        wait_running(&bs.store, &schema, &v, &h).await;
+        if by_key {
+            let txn = Txn::new()
+                .then(Op::Delete(host_key.clone()))
+                .then(Op::Delete(global.clone()));
+            bs.store.txn(txn).await.expect("txn");
+        }
+    }
+    fleet.stop().await;
+    Latency::of(samples)
+}
+
+/// Records when each key changed, as seen by a watch.
+async fn record_events(
+    store: DynStore,
+    schema: Schema,
+) -> (
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<Vec<(Instant, Parsed)>>,
+) {
+    let rev = store.ping().await.expect("ping");
+    let mut w = store.watch(&schema.root(), rev + 1).await.expect("watch");
+    let (stop, mut stop_rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut out = Vec::new();
+        loop {
+            tokio::select! {
+                ev = w.next() => match ev {
+                    Some(Ok(WatchEvent::Put(kv))) => {
+                        if let Some(p) = schema.parse(&kv.key) {
+                            out.push((Instant::now(), p));
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    _ => return out,
+                },
+                _ = stop_rx.changed() => return out,
+            }
+        }
+    });
+    (stop, task)
+}
+
+fn upgrade_args(version: &str, rules: &str) -> jioctl::upgrade::Args {
+    jioctl::upgrade::Args {
+        version: Version::new(version).expect("v"),
+        rules: Rules::parse(rules).expect("rules"),
+        noop: false,
+        retry: true,
+        verbose: false,
+        json: false,
+        quiet: true,
+    }
+}
+
+/// Figure 2: from a host's `/running/versions` entry to the next enable key written
+/// by `jioctl upgrade --retry` (one role, limit 1: strictly one after the other).
+pub async fn scheduling(bs: &BenchStore, hosts: usize, step: Duration) -> Latency {
+    let schema = Schema::default();
+    bs.store
+        .put(&schema.current_version(), "s1", None)
+        .await
+        .expect("put");
+    let names: Vec<(String, String)> = (0..hosts)
+        .map(|i| (format!("sched{i:04}"), "sched".to_string()))
+        .collect();
+    let fleet = SimFleet::start(bs, &names, step, "s1").await;
+    let (stop, rec) = record_events(bs.store.clone(), schema.clone()).await;
+    let code = jioctl::upgrade::run(
+        &bs.store,
+        &schema,
+        upgrade_args("s2", r#"{"rolling_rules": {"global": 1}}"#),
+    )
+    .await
+    .expect("upgrade");
+    assert_eq!(code, 0, "the scheduling rollout did not finish");
+    let _ = stop.send(true);
+    let events = rec.await.expect("recorder");
+    fleet.stop().await;
+    let s2 = Version::new("s2").expect("v");
+    let mut samples = Vec::new();
+    for (i, (t, p)) in events.iter().enumerate() {
+        if matches!(p, Parsed::RunningVersion(v, _) if *v == s2)
+            && let Some((t2, _)) = events[i + 1..].iter().find(|(_, q)| {
+                matches!(
+                    q,
+                    Parsed::Enable(EnableLevel::Host(_)) | Parsed::Enable(EnableLevel::Role(_))
+                )
+            })
+        {
+            samples.push(t2.saturating_duration_since(*t));
+        }
+    }
+    Latency::of(samples)
+}
+
+/// The makespan fleet: 10 roles, limits from 1 to 20, a role order chain of three
+/// levels (r0 → r3 → r6, r1 → r4 → r7, r2 → r5 → r8), and r9 on its own.
+pub fn makespan_rules() -> (&'static str, Vec<(&'static str, u64)>) {
+    let rules = r#"{
+        "rolling_rules": {"roles": {"r0": 20, "r1": 10, "r2": 5, "r3": 20, "r4": 4, "r5": 10, "r6": 2, "r7": 20, "r8": 10, "r9": 1}},
+        "role_order": {"r3": "r0", "r6": "r3", "r4": "r1", "r7": "r4", "r5": "r2", "r8": "r5"}
+    }"#;
+    let limits = vec![
+        ("r0", 20),
+        ("r1", 10),
+        ("r2", 5),
+        ("r3", 20),
+        ("r4", 4),
+        ("r5", 10),
+        ("r6", 2),
+        ("r7", 20),
+        ("r8", 10),
+        ("r9", 1),
+    ];
+    (rules, limits)
+}
+
+/// The ideal rollout time: the longest chain of groups, each taking
+/// ceil(hosts / limit) steps.
+pub fn ideal_makespan(rules: &str, hosts_per_role: usize, step: Duration) -> Duration {
+    let r = Rules::parse(rules).expect("rules");
+    let roles: std::collections::BTreeSet<Role> = (0..10)
+        .map(|i| Role::new(format!("r{i}")).expect("role"))
+        .collect();
+    let resolved = r.resolve(&roles).expect("resolve");
+    fn finish(
+        g: &str,
+        resolved: &jio_common::rules::Resolved,
+        per: usize,
+        step: Duration,
+        memo: &mut BTreeMap<String, Duration>,
+    ) -> Duration {
+        if let Some(d) = memo.get(g) {
+            return *d;
+        }
+        let start = resolved
+            .deps
+            .get(g)
+            .into_iter()
+            .flatten()
+            .map(|d| finish(d, resolved, per, step, memo))
+            .max()
+            .unwrap_or(Duration::ZERO);
+        let waves = match resolved.limits.get(g).copied().flatten() {
+            Some(l) if l > 0 => per.div_ceil(l as usize),
+            _ => 1,
+        };
+        let d = start + step * waves as u32;
+        memo.insert(g.to_string(), d);
+        d
+    }
+    let mut memo = BTreeMap::new();
+    resolved
+        .limits
+        .keys()
+        .map(|g| finish(g, &resolved, hosts_per_role, step, &mut memo))
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Figure 3: a whole rollout of 10 roles under the rules, against the ideal.
+pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makespan {
+    let schema = Schema::default();
+    let (rules, _) = makespan_rules();
+    bs.store
+        .put(&schema.current_version(), "m1", None)
+        .await
+        .expect("put");
+    let names: Vec<(String, String)> = (0..10)
+        .flat_map(|r| (0..per_role).map(move |i| (format!("r{r}n{i:04}"), format!("r{r}"))))
+        .collect();
+    let fleet = SimFleet::start(bs, &names, step, "m1").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = bs.counting.requests();
+    let t0 = Instant::now();
+    let code = jioctl::upgrade::run(&bs.store, &schema, upgrade_args("m2", rules))
+        .await
+        .expect("upgrade");
+    let measured = t0.elapsed();
+    let requests = bs.counting.requests() - before;
+    assert_eq!(code, 0, "the makespan rollout did not finish");
+    let snap = Snapshot::read(&bs.store, &schema).await.expect("snapshot");
+    let upgraded = fleet::classify(&snap)
+        .iter()
+        .filter(|h| h.state == fleet::HostState::Upgraded && h.host.as_str().starts_with('r'))
+        .count();
+    fleet.stop().await;
+    let ideal = ideal_makespan(rules, per_role, step);
+    Makespan {
+        hosts: names.len(),
+        roles: 10,
+        step_ms: step.as_millis() as u64,
+        ideal_s: ideal.as_secs_f64(),
+        measured_s: measured.as_secs_f64(),
+        ratio: measured.as_secs_f64() / ideal.as_secs_f64(),
+        upgraded,
+        store_requests: requests,
+        requests_per_host: requests as f64 / names.len() as f64,
+    }
+}
+
+/// Figure 4: `jioctl status --json` for a generated fleet: read, classify, render.
+pub async fn status(bs: &BenchStore, hosts: usize) -> Status {
+    crate::fleetgen::generate(&bs.store, hosts)
+        .await
+        .expect("generate");
+    let schema = Schema::default();
+    let before = bs.counting.requests();
+    let t0 = Instant::now();
+    let snap = Snapshot::read(&bs.store, &schema).await.expect("snapshot");
+    let classified = fleet::classify(&snap);
+    let json = jioctl::status::to_json(&snap, &classified).to_string();
+    let wall = t0.elapsed();
+    Status {
+        hosts: snap.hosts().len(),
+        wall_ms: wall.as_secs_f64() * 1000.0,
+        store_requests: bs.counting.requests() - before,
+        json_bytes: json.len(),
+    }
+}
+
+/// The directory holding this program, to find the binaries built beside it.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.parent().expect("target dir").to_path_buf()
+    } else {
+        dir
+    }
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn proc_cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+fn proc_rss_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kb| kb as f64 / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// Figure 5: the real `jio-agent run`, idle: memory, CPU and store requests.
+pub async fn footprint(bs: &BenchStore, idle: Duration) -> Footprint {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let dir = bin_dir();
+    let agent = dir.join("jio-agent");
+    assert!(
+        agent.exists(),
+        "{} is missing: build it first (cargo build --release --bins)",
+        agent.display()
+    );
+    let work = tempfile::tempdir().expect("temporary directory");
+    let schema = Schema::default();
+    bs.store
+        .put(&schema.current_version(), "f1", None)
+        .await
+        .expect("put");
+    std::fs::write(work.path().join("version"), "f1\n").expect("version");
+    let config = format!(
+        "store = \"{}\"\nhostname = \"idle1\"\nstate_dir = \"{}\"\nversion_file = \"{}\"\nfacts_file = \"{}\"\n",
+        bs.url,
+        work.path().join("state").display(),
+        work.path().join("version").display(),
+        work.path().join("facts").display()
+    );
+    std::fs::write(work.path().join("agent.toml"), config).expect("config");
+    let mut child = tokio::process::Command::new(&agent)
+        .arg("--config")
+        .arg(work.path().join("agent.toml"))
+        .arg("run")
+        .env("JIO_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start jio-agent");
+    let pid = child.id().expect("pid");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = lines.next_line().await {
+            let _ = tx.send(l);
+        }
+    });
+    wait_line(&mut rx, "up to date")
+        .await
+        .expect("the agent did not settle");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let counts = |l: &str| {
+        let num = |k: &str| {
+            l.split(k)
+                .nth(1)
+                .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).find(|s| !s.is_empty()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        (num("store_requests="), num("lease_renewals="))
+    };
+    let usr1 = || {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+    };
+    usr1().expect("SIGUSR1");
+    let a = counts(
+        &wait_line(&mut rx, "store requests since start")
+            .await
+            .expect("counts"),
+    );
+    let cpu0 = proc_cpu_s(pid);
+    let t0 = Instant::now();
+    tokio::time::sleep(idle).await;
+    usr1().expect("SIGUSR1");
+    let b = counts(
+        &wait_line(&mut rx, "store requests since start")
+            .await
+            .expect("counts"),
+    );
+    let cpu = proc_cpu_s(pid) - cpu0;
+    let rss = proc_rss_mb(pid);
+    let elapsed = t0.elapsed();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(40), child.wait()).await;
+    let size = |name: &str| {
+        std::fs::metadata(dir.join(name))
+            .map(|m| mb(m.len()))
+            .unwrap_or(0.0)
+    };
+    Footprint {
+        idle_s: elapsed.as_secs_f64(),
+        rss_mb: rss,
+        cpu_s: cpu,
+        store_requests: b.0 - a.0,
+        lease_renewals: b.1 - a.1,
+        agent_binary_mb: size("jio-agent"),
+        jioctl_binary_mb: size("jioctl"),
+    }
+}
+
+/// The next line holding `needle`, within 30 s.
+async fn wait_line(
+    rx: &mut mpsc::UnboundedReceiver<String>,
+    needle: &str,
+) -> Result<String, tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(l) = rx.recv().await {
+            if l.contains(needle) {
+                return l;
+            }
+        }
+        panic!("jio-agent ended before logging {needle:?}");
+    })
+    .await
+}
+
+/// Cores and memory of this machine.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_gb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    format!("{cores} cores, {mem_gb:.0} GiB")
+}
+
+/// Raises the open-file limit to its hard maximum (a thousand agents hold four
+/// watch connections each).
+pub fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+/// Runs all five on `backend`, each on a fresh store.
+pub async fn run(backend: Backend, sizes: Sizes) -> Report {
+    raise_nofile();
+    let reaction = reaction(&BenchStore::start(backend).await, sizes.reaction_trials).await;
+    let scheduling = scheduling(
+        &BenchStore::start(backend).await,
+        sizes.scheduling_hosts,
+        sizes.scheduling_step,
+    )
+    .await;
+    let makespan = makespan(
+        &BenchStore::start(backend).await,
+        sizes.makespan_hosts_per_role,
+        sizes.makespan_step,
+    )
+    .await;
+    let status = status(&BenchStore::start(backend).await, sizes.status_hosts).await;
+    let footprint = footprint(&BenchStore::start(backend).await, sizes.idle).await;
+    Report {
+        backend,
+        machine: machine(),
+        sizes,
+        reaction,
+        scheduling,
+        makespan,
+        status,
+        footprint,
+    }
+}
+
+/// The table printed by `jio-bench`.
+pub fn table(r: &Report) -> String {
+    let mut s = String::new();
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "jio-bench on {:?} ({})", r.backend, r.machine);
+    let _ = writeln!(
+        s,
+        "{:<44} {:>12} {:>12} {:>12}",
+        "figure", "p50 / value", "p99", "max"
+    );
+    let lat = |s: &mut String, name: &str, l: &Latency| {
+        let _ = writeln!(
+            s,
+            "{:<44} {:>10.2}ms {:>10.2}ms {:>10.2}ms",
+            format!("{name} ({} samples)", l.samples),
+            l.p50_ms,
+            l.p99_ms,
+            l.max_ms
+        );
+    };
+    lat(&mut s, "1. reaction latency", &r.reaction);
+    lat(&mut s, "2. scheduling latency", &r.scheduling);
+    let m = &r.makespan;
+    let _ = writeln!(
+        s,
+        "{:<44} {:>11.3}x   measured {:.2}s, ideal {:.2}s, {}/{} upgraded",
+        format!(
+            "3. makespan ({} hosts, {} roles, {}ms step)",
+            m.hosts, m.roles, m.step_ms
+        ),
+        m.ratio,
+        m.measured_s,
+        m.ideal_s,
+        m.upgraded,
+        m.hosts
+    );
+    let _ = writeln!(
+        s,
+        "{:<44} {:>12.1}   ({} requests in all)",
+        "   store requests per host", m.requests_per_host, m.store_requests
+    );
+    let st = &r.status;
+    let _ = writeln!(
+        s,
+        "{:<44} {:>10.1}ms   {} store requests, {} bytes of JSON",
+        format!("4. status --json ({} hosts)", st.hosts),
+        st.wall_ms,
+        st.store_requests,
+        st.json_bytes
+    );
+    let f = &r.footprint;
+    let _ = writeln!(
+        s,
+        "{:<44} {:>10.1}MB   cpu {:.2}s, {} store requests ({} lease renewals)",
+        format!("5. idle agent ({:.0}s)", f.idle_s),
+        f.rss_mb,
+        f.cpu_s,
+        f.store_requests,
+        f.lease_renewals
+    );
+    let _ = writeln!(
+        s,
+        "{:<44} {:>10.1}MB   jioctl {:.1}MB",
+        "   binary size jio-agent", f.agent_binary_mb, f.jioctl_binary_mb
+    );
+    s
+}
