@@ -64,6 +64,9 @@ pub struct Agent {
     health_failed: bool,
     /// Wakes the Swift uploader when a log is queued.
     pub upload_wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// Versions under which this host has a `/running/versions` entry, once known
+    /// (learnt by one listing; kept up to date by this agent's own reports).
+    running_versions: Option<Vec<Version>>,
 }
 
 impl Agent {
@@ -106,6 +109,7 @@ impl Agent {
             last_decision: None,
             health_failed: false,
             upload_wake: None,
+            running_versions: None,
         })
     }
 
@@ -125,6 +129,7 @@ impl Agent {
             last_decision: None,
             health_failed: false,
             upload_wake: None,
+            running_versions: None,
         })
     }
 
@@ -240,7 +245,11 @@ impl Agent {
     /// local version only once the store has it.
     pub async fn flush_reports(&mut self) -> Result<(), AgentError> {
         while let Some(r) = self.journal.unreported.first().cloned() {
-            let revision = report::apply(&self.store, self.schema(), self.host(), &r).await?;
+            let revision =
+                report::apply(&self.store, self.schema(), self.host(), &r, self.running_versions.as_deref()).await?;
+            if r.step == Step::Validated && r.ok {
+                self.running_versions = Some(vec![r.version.clone()]);
+            }
             tracing::info!(version = %r.version, step = r.step.as_str(), ok = r.ok, "reported");
             if let (Some(log), Some(object)) = (&r.log, &r.object) {
                 let outcome = if r.ok {
@@ -717,6 +726,12 @@ impl Agent {
 /// shutdown signal; the lease is revoked at the end. `jio-agent run` and agents
 /// embedded in another program (benchmarks) both go through here.
 pub async fn serve(mut agent: Agent) -> Result<(), AgentError> {
+    // Learn once where this host is listed, so that reports during a rollout do not
+    // list the whole fleet's versions each time.
+    match report::running_versions_of(&agent.store, agent.schema(), agent.host()).await {
+        Ok(v) => agent.running_versions = Some(v),
+        Err(e) => tracing::debug!(error = %e, "cannot list running versions yet; the first report will"),
+    }
     let local = state::read_local_version(&agent.cfg.version_file).ok().flatten();
     agent.liveness = Some(Liveness::start(
         agent.store.clone(),

@@ -47,33 +47,37 @@ pub fn running_ops(
     ops
 }
 
-/// Writes one report in one transaction; returns its revision.
+/// The versions under which `host` has a `/running/versions` entry (one listing).
+pub async fn running_versions_of(store: &DynStore, schema: &Schema, host: &HostName) -> Result<Vec<Version>, StoreError> {
+    let listing = store.list(&schema.running_versions()).await?;
+    Ok(listing
+        .kvs
+        .iter()
+        .filter_map(|kv| match schema.parse(&kv.key) {
+            Some(Parsed::RunningVersion(v, h)) if &h == host => Some(v),
+            _ => None,
+        })
+        .collect())
+}
+
+/// Writes one report in one transaction; returns its revision. `known` are the
+/// versions the host is known to be listed under; without them they are listed.
 pub async fn apply(
     store: &DynStore,
     schema: &Schema,
     host: &HostName,
     r: &PendingReport,
+    known: Option<&[Version]>,
 ) -> Result<jio_common::store::Revision, StoreError> {
     let mut ops = status_ops(schema, host, r);
     if r.step == Step::Validated && r.ok {
-        let listing = store.list(&schema.running_versions()).await?;
-        let others: Vec<Version> = listing
-            .kvs
-            .iter()
-            .filter_map(|kv| match schema.parse(&kv.key) {
-                Some(Parsed::RunningVersion(v, h)) if &h == host => Some(v),
-                _ => None,
-            })
-            .collect();
+        let others = match known {
+            Some(k) => k.to_vec(),
+            None => running_versions_of(store, schema, host).await?,
+        };
         ops.extend(running_ops(schema, host, &r.version, r.at, &others));
     }
-    match store
-        .txn(Txn {
-            compares: vec![],
-            ops,
-        })
-        .await?
-    {
+    match store.txn(Txn { compares: vec![], ops }).await? {
         TxnOutcome::Committed(rev) => Ok(rev),
         // An unconditional transaction cannot lose; treat it as a store fault.
         TxnOutcome::Lost(_) => Err(StoreError::Rejected {

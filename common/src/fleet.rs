@@ -129,11 +129,33 @@ impl Snapshot {
 
     /// Like `read`; failures are read for `version` instead of the current version
     /// (to plan a rollout to `version` before it starts).
-    pub async fn read_for(
+    pub async fn read_for(store: &DynStore, schema: &Schema, version: Option<&Version>) -> Result<Snapshot, StoreError> {
+        let (kvs, revision) = Snapshot::read_kvs(store, schema, version).await?;
+        let mut snap = Snapshot::from_kvs(schema, &kvs);
+        snap.revision = revision;
+        if let Some(v) = version
+            && snap.current.as_ref() != Some(v)
+        {
+            // Failures were read for `version`; record them under it.
+            snap.failures = kvs
+                .iter()
+                .filter_map(|kv| match schema.parse(&kv.key) {
+                    Some(Parsed::Status(step, Outcome::Failure, fv, h)) if &fv == v => Some((h, (step, kv.value.clone()))),
+                    _ => None,
+                })
+                .collect();
+        }
+        Ok(snap)
+    }
+
+    /// The key-values a snapshot is built from, with a fixed number of listings, and
+    /// the newest revision read. Failures are those of `version`, else of the
+    /// current version.
+    pub async fn read_kvs(
         store: &DynStore,
         schema: &Schema,
         version: Option<&Version>,
-    ) -> Result<Snapshot, StoreError> {
+    ) -> Result<(Vec<KeyValue>, Revision), StoreError> {
         let current = store.get(&schema.current_version()).await?;
         let cur_version = version
             .cloned()
@@ -152,12 +174,8 @@ impl Snapshot {
         }
         let listings = futures_util::future::try_join_all(prefixes.iter().map(|p| store.list(p))).await?;
         let revision = listings.iter().map(|l| l.revision).max().unwrap_or(0);
-        let mut snap = Snapshot::from_kvs(
-            schema,
-            current.iter().chain(listings.iter().flat_map(|l| l.kvs.iter())),
-        );
-        snap.revision = revision;
-        Ok(snap)
+        let kvs = current.into_iter().chain(listings.into_iter().flat_map(|l| l.kvs)).collect();
+        Ok((kvs, revision))
     }
 
     /// Every known host: registered, or found at some version.

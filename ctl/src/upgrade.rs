@@ -9,11 +9,13 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
+use std::collections::BTreeMap;
+
 use jio_common::fleet::{self, HostState, Snapshot};
-use jio_common::keys::Schema;
+use jio_common::keys::{Key, Outcome, Parsed, Schema};
 use jio_common::names::{Role, Version};
 use jio_common::rules::{self, Plan, Rules};
-use jio_common::store::{DynStore, ErrorKind, StoreError};
+use jio_common::store::{DynStore, ErrorKind, KeyValue, Revision, StoreError, WatchEvent};
 
 use crate::cli::exit;
 use crate::progress::Progress;
@@ -28,6 +30,57 @@ pub struct Args {
     pub json: bool,
     /// Print nothing but errors (for programs that drive upgrades in-process).
     pub quiet: bool,
+}
+
+/// The keys a snapshot reads, kept up to date from the watch so that a pass costs
+/// no store request (a full read only at the start, after a reset, and when the
+/// desired version changes: failure entries are read per version).
+struct LiveView {
+    kvs: BTreeMap<Key, KeyValue>,
+    revision: Revision,
+}
+
+impl LiveView {
+    async fn read(store: &DynStore, schema: &Schema) -> Result<LiveView, StoreError> {
+        let (kvs, revision) = Snapshot::read_kvs(store, schema, None).await?;
+        Ok(LiveView {
+            kvs: kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect(),
+            revision,
+        })
+    }
+
+    fn snapshot(&self, schema: &Schema) -> Snapshot {
+        let mut s = Snapshot::from_kvs(schema, self.kvs.values());
+        s.revision = self.revision;
+        s
+    }
+
+    /// Applies one event; returns whether a full read is needed.
+    fn apply(&mut self, schema: &Schema, ev: WatchEvent) -> bool {
+        self.revision = self.revision.max(ev.revision());
+        let relevant = |k: &Key| {
+            !matches!(
+                schema.parse(k),
+                None | Some(Parsed::ActiveRole(..)) | Some(Parsed::Provisioned(..)) | Some(Parsed::Status(_, Outcome::Success, ..))
+            )
+        };
+        match ev {
+            WatchEvent::Put(kv) => {
+                if !relevant(&kv.key) {
+                    return false;
+                }
+                let version_changed = schema.parse(&kv.key) == Some(Parsed::CurrentVersion)
+                    && self.kvs.get(&kv.key).map(|old| &old.value) != Some(&kv.value);
+                self.kvs.insert(kv.key.clone(), kv);
+                version_changed
+            }
+            WatchEvent::Delete { key, .. } => {
+                self.kvs.remove(&key);
+                schema.parse(&key) == Some(Parsed::CurrentVersion)
+            }
+            WatchEvent::Reset { .. } => true,
+        }
+    }
 }
 
 /// How long `--retry` keeps going while the store is unreachable.
@@ -145,15 +198,31 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
 /// Runs passes; returns the exit code and whether to print the final status.
 async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result<(u8, bool)> {
     let tty = std::io::stdout().is_terminal() && !args.json;
-    let mut progress = if args.quiet {
-        Progress::silent()
-    } else {
-        Progress::new(tty)
-    };
+    let mut progress = if args.quiet { Progress::silent() } else { Progress::new(tty) };
+    let mut view: Option<LiveView> = None;
     let mut watch = None;
     let mut unreachable_since: Option<Instant> = None;
     loop {
-        let pass = pass(store, schema, args, &mut progress).await;
+        let result = async {
+            let v = match view.take() {
+                Some(v) => v,
+                None => {
+                    // Something may have been missed: read everything again.
+                    watch = None;
+                    LiveView::read(store, schema).await?
+                }
+            };
+            Ok::<_, PassError>(v)
+        }
+        .await;
+        let pass = match result {
+            Ok(mut v) => {
+                let r = pass(store, schema, args, &mut progress, &mut v).await;
+                view = Some(v);
+                r
+            }
+            Err(e) => Err(e),
+        };
         let (snap, outcome) = match pass {
             Ok(x) => {
                 if unreachable_since.take().is_some() {
@@ -169,7 +238,7 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
                 if since.elapsed() > STORE_PATIENCE {
                     return Err(e.into());
                 }
-                watch = None;
+                view = None;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -180,7 +249,11 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
             }
         };
         match outcome {
-            PassOutcome::Replan => continue,
+            PassOutcome::Replan => {
+                view = None;
+                continue;
+            }
+            PassOutcome::Again => continue,
             PassOutcome::Stopped => {
                 report_failures(&snap, args);
                 return Ok((exit::FAILED, false));
@@ -194,18 +267,27 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
         if watch.is_none() {
             watch = Some(store.watch(&schema.root(), snap.revision + 1).await?);
         }
-        let mut ended = false;
-        if let Some(w) = watch.as_mut() {
-            // Woken by any change; a slow resync guards against a silent watch.
-            match tokio::time::timeout(Duration::from_secs(30), w.next()).await {
-                Ok(Some(Err(e))) => return Err(e.into()),
-                Ok(None) => ended = true,
-                _ => {}
+        let Some(w) = watch.as_mut() else { continue };
+        // Woken by any change; a slow resync guards against a silent watch.
+        let first = match tokio::time::timeout(Duration::from_secs(30), w.next()).await {
+            Ok(Some(Ok(ev))) => Some(ev),
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(None) | Err(_) => {
+                view = None;
+                None
             }
-            while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
+        };
+        let mut events: Vec<WatchEvent> = first.into_iter().collect();
+        while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(w.next()) {
+            events.push(ev);
         }
-        if ended {
-            watch = None;
+        if let Some(v) = view.as_mut() {
+            for ev in events {
+                if v.apply(schema, ev) {
+                    view = None;
+                    break;
+                }
+            }
         }
     }
 }
@@ -222,8 +304,10 @@ impl From<StoreError> for PassError {
 }
 
 enum PassOutcome {
-    /// The store changed under the plan: plan again at once.
+    /// The store changed under the plan: read it again and plan again.
     Replan,
+    /// The view is fresh: plan again at once.
+    Again,
     /// More failures than allowed.
     Stopped,
     /// Nothing pending or upgrading.
@@ -238,8 +322,9 @@ async fn pass(
     schema: &Schema,
     args: &Args,
     progress: &mut Progress,
+    view: &mut LiveView,
 ) -> Result<(Snapshot, PassOutcome), PassError> {
-    let mut snap = Snapshot::read(store, schema).await?;
+    let snap = view.snapshot(schema);
     if snap.current.as_ref() != Some(&args.version) {
         // First pass (or someone changed it): start the rollout in one transaction.
         let ops = writes::start_rollout_ops(schema, &args.version);
@@ -252,7 +337,9 @@ async fn pass(
                 args.version
             );
         }
-        snap = Snapshot::read(store, schema).await?;
+        // Failure entries are read per version: read everything again.
+        *view = LiveView::read(store, schema).await?;
+        return Ok((view.snapshot(schema), PassOutcome::Again));
     }
     let hosts = fleet::classify(&snap);
     let roles = hosts.iter().map(|h| h.role.clone()).collect();
@@ -269,9 +356,7 @@ async fn pass(
         if let Some(a) = admitted(&plan) {
             progress.note(&a);
         }
-        // Show the hosts just admitted as upgrading.
-        let snap = Snapshot::read(store, schema).await?;
-        progress.update(&fleet::classify(&snap));
+        // The watch brings our own writes back into the view.
         return Ok((snap, PassOutcome::Continue));
     }
     progress.update(&hosts);

@@ -533,3 +533,48 @@ async fn next_json(
         .unwrap();
     serde_json::from_str(&line).unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_on_consul_survives_sessions_expiring_midway() {
+    use jio_tests::consul::{ConsulOptions, ConsulServer, expire_session};
+    let server = ConsulServer::start(ConsulOptions::default()).await;
+    let url = server.url();
+    let s = open(&url).await;
+    let f = fleet(&url, &EIGHT, Kind::Fake).await;
+    let (path, rules) = rolling_rules();
+    let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
+    let driver = jioctl(&url, &["upgrade", "v2", "--instructions-file", path.to_str().unwrap(), "--retry"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first host is through, Consul invalidates every session (as when nodes
+    // fail their checks): liveness records and the rollout lock vanish.
+    let start = Instant::now();
+    while s.list(&Key::new("/running/versions/v2/").unwrap()).await.unwrap().kvs.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(60), "no host reached v2");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let schema = Schema::default();
+    let mut expired = 0;
+    for prefix in [schema.agents(), schema.locks()] {
+        for kv in s.list(&prefix).await.unwrap().kvs {
+            if let Some(l) = kv.lease {
+                expire_session(&server, &l.0).await;
+                expired += 1;
+            }
+        }
+    }
+    assert!(expired >= 8, "expected the agents' sessions and the lock's, got {expired}");
+    let out = tokio::time::timeout(Duration::from_secs(120), driver.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+    assert_all_upgraded(&s, &f.hosts).await;
+    // Every agent made itself a new session and put its liveness record back.
+    let start = Instant::now();
+    while s.list(&schema.agents()).await.unwrap().kvs.len() < EIGHT.len() {
+        assert!(start.elapsed() < Duration::from_secs(30), "liveness records did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
