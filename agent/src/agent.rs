@@ -73,8 +73,8 @@ impl Agent {
     /// Loads the journal and turns a run that a dead agent left in progress into an
     /// interrupted one (it will be run again).
     pub fn new(cfg: Config, store: DynStore, shutdown: watch::Receiver<bool>) -> Result<Agent, AgentError> {
-        let mut journal = Journal::load(&cfg.state_dir)?;
-        if let Some(run) = journal.in_progress.take() {
+        let mut agent = Agent::new_readonly(cfg, store, shutdown)?;
+        if let Some(run) = agent.journal.in_progress.take() {
             if let Some(child) = run.child
                 && runner::stop_orphan(child)
             {
@@ -89,7 +89,7 @@ impl Agent {
                 pid = run.pid,
                 "found a run that never finished (the agent was killed); it counts as interrupted and will run again"
             );
-            journal.last_run = Some(LastRun {
+            agent.journal.last_run = Some(LastRun {
                 version: run.version,
                 started: run.started,
                 finished: unix_now(),
@@ -98,19 +98,9 @@ impl Agent {
                 reason: Some("the agent stopped during the run".into()),
                 run_dir: run.run_dir,
             });
-            journal.save(&cfg.state_dir)?;
+            agent.journal.save(&agent.cfg.state_dir)?;
         }
-        Ok(Agent {
-            cfg,
-            store,
-            journal,
-            liveness: None,
-            shutdown,
-            last_decision: None,
-            health_failed: false,
-            upload_wake: None,
-            running_versions: None,
-        })
+        Ok(agent)
     }
 
     /// For `status`: reads the journal without recovering or changing anything.
@@ -162,13 +152,18 @@ impl Agent {
             s.enable(&EnableLevel::Role(self.role().clone())),
             s.enable(&EnableLevel::Global),
         ];
-        let cv = s.current_version();
-        let (desired, h, r, g) = tokio::try_join!(
-            self.store.get(&cv),
-            self.store.get(&keys[0]),
-            self.store.get(&keys[1]),
-            self.store.get(&keys[2]),
-        )?;
+        let mut got = self
+            .store
+            .get_many(&[
+                s.current_version(),
+                keys[0].clone(),
+                keys[1].clone(),
+                keys[2].clone(),
+            ])
+            .await?
+            .into_iter();
+        let desired = got.next().flatten();
+        let (h, r, g) = (got.next().flatten(), got.next().flatten(), got.next().flatten());
         let bad = |e: jio_common::values::ValueError| AgentError::BadValue {
             key: e.key.clone(),
             reason: e.to_string(),
@@ -245,8 +240,14 @@ impl Agent {
     /// local version only once the store has it.
     pub async fn flush_reports(&mut self) -> Result<(), AgentError> {
         while let Some(r) = self.journal.unreported.first().cloned() {
-            let revision =
-                report::apply(&self.store, self.schema(), self.host(), &r, self.running_versions.as_deref()).await?;
+            let revision = report::apply(
+                &self.store,
+                self.schema(),
+                self.host(),
+                &r,
+                self.running_versions.as_deref(),
+            )
+            .await?;
             if r.step == Step::Validated && r.ok {
                 self.running_versions = Some(vec![r.version.clone()]);
             }

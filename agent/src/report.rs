@@ -48,7 +48,11 @@ pub fn running_ops(
 }
 
 /// The versions under which `host` has a `/running/versions` entry (one listing).
-pub async fn running_versions_of(store: &DynStore, schema: &Schema, host: &HostName) -> Result<Vec<Version>, StoreError> {
+pub async fn running_versions_of(
+    store: &DynStore,
+    schema: &Schema,
+    host: &HostName,
+) -> Result<Vec<Version>, StoreError> {
     let listing = store.list(&schema.running_versions()).await?;
     Ok(listing
         .kvs
@@ -77,7 +81,13 @@ pub async fn apply(
         };
         ops.extend(running_ops(schema, host, &r.version, r.at, &others));
     }
-    match store.txn(Txn { compares: vec![], ops }).await? {
+    match store
+        .txn(Txn {
+            compares: vec![],
+            ops,
+        })
+        .await?
+    {
         TxnOutcome::Committed(rev) => Ok(rev),
         // An unconditional transaction cannot lose; treat it as a store fault.
         TxnOutcome::Lost(_) => Err(StoreError::Rejected {

@@ -8,18 +8,15 @@ use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use jio_common::keys::{EnableLevel, Parsed, Schema};
+use jio_common::keys::{EnableLevel, Schema};
 use jio_common::names::HostName;
-use jio_common::store::{self, DynStore, StoreUrl};
+use jio_common::store::DynStore;
+use jio_tests::inspect::{host_entries as entries, open, text};
 use jio_tests::{Etcd, Host, Puppet};
 use tokio::process::{Child, Command};
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_jio-agent"))
-}
-
-async fn open(url: &str) -> DynStore {
-    store::open(&StoreUrl::parse(url).unwrap()).await.unwrap()
 }
 
 async fn agent(host: &Host, args: &[&str]) -> Output {
@@ -33,32 +30,6 @@ fn spawn(host: &Host, args: &[&str]) -> Child {
         .kill_on_drop(true)
         .spawn()
         .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// The host's `/status` (per version) and `/running/versions` entries, as key names.
-async fn entries(s: &DynStore, host: &str) -> BTreeSet<String> {
-    let schema = Schema::default();
-    let h = HostName::new(host).unwrap();
-    let mut out = BTreeSet::new();
-    for prefix in [schema.status_root(), schema.running_versions()] {
-        for kv in s.list(&prefix).await.unwrap().kvs {
-            match schema.parse(&kv.key) {
-                Some(Parsed::Status(_, _, _, x)) | Some(Parsed::RunningVersion(_, x)) if x == h => {
-                    out.insert(kv.key.to_string());
-                }
-                _ => {}
-            }
-        }
-    }
-    out
 }
 
 fn set(keys: &[&str]) -> BTreeSet<String> {

@@ -129,7 +129,11 @@ impl Snapshot {
 
     /// Like `read`; failures are read for `version` instead of the current version
     /// (to plan a rollout to `version` before it starts).
-    pub async fn read_for(store: &DynStore, schema: &Schema, version: Option<&Version>) -> Result<Snapshot, StoreError> {
+    pub async fn read_for(
+        store: &DynStore,
+        schema: &Schema,
+        version: Option<&Version>,
+    ) -> Result<Snapshot, StoreError> {
         let (kvs, revision) = Snapshot::read_kvs(store, schema, version).await?;
         let mut snap = Snapshot::from_kvs(schema, &kvs);
         snap.revision = revision;
@@ -140,7 +144,9 @@ impl Snapshot {
             snap.failures = kvs
                 .iter()
                 .filter_map(|kv| match schema.parse(&kv.key) {
-                    Some(Parsed::Status(step, Outcome::Failure, fv, h)) if &fv == v => Some((h, (step, kv.value.clone()))),
+                    Some(Parsed::Status(step, Outcome::Failure, fv, h)) if &fv == v => {
+                        Some((h, (step, kv.value.clone())))
+                    }
                     _ => None,
                 })
                 .collect();
@@ -174,7 +180,10 @@ impl Snapshot {
         }
         let listings = futures_util::future::try_join_all(prefixes.iter().map(|p| store.list(p))).await?;
         let revision = listings.iter().map(|l| l.revision).max().unwrap_or(0);
-        let kvs = current.into_iter().chain(listings.into_iter().flat_map(|l| l.kvs)).collect();
+        let kvs = current
+            .into_iter()
+            .chain(listings.into_iter().flat_map(|l| l.kvs))
+            .collect();
         Ok((kvs, revision))
     }
 

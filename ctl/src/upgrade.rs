@@ -61,7 +61,9 @@ impl LiveView {
         let relevant = |k: &Key| {
             !matches!(
                 schema.parse(k),
-                None | Some(Parsed::ActiveRole(..)) | Some(Parsed::Provisioned(..)) | Some(Parsed::Status(_, Outcome::Success, ..))
+                None | Some(Parsed::ActiveRole(..))
+                    | Some(Parsed::Provisioned(..))
+                    | Some(Parsed::Status(_, Outcome::Success, ..))
             )
         };
         match ev {
@@ -198,7 +200,11 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
 /// Runs passes; returns the exit code and whether to print the final status.
 async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result<(u8, bool)> {
     let tty = std::io::stdout().is_terminal() && !args.json;
-    let mut progress = if args.quiet { Progress::silent() } else { Progress::new(tty) };
+    let mut progress = if args.quiet {
+        Progress::silent()
+    } else {
+        Progress::new(tty)
+    };
     let mut view: Option<LiveView> = None;
     let mut watch = None;
     let mut unreachable_since: Option<Instant> = None;

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jio_common::fleet::Snapshot;
-use jio_common::keys::{Key, Parsed, Schema};
-use jio_common::names::HostName;
+use jio_common::keys::{Key, Schema};
 use jio_common::rules::Rules;
-use jio_common::store::{self, CountingStore, DynStore, StoreUrl};
+use jio_common::store::{CountingStore, DynStore};
+use jio_tests::inspect::{host_entries as entries, open, text};
 use jio_tests::{Etcd, Host, Puppet, Recorder};
 use tokio::process::{Child, Command};
 
@@ -23,21 +23,11 @@ fn jioctl_bin() -> PathBuf {
 }
 
 fn agent_bin() -> PathBuf {
-    let p = jioctl_bin().with_file_name("jio-agent");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --workspace` first (./scripts/test.sh does)",
-        p.display()
-    );
-    p
+    jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jioctl"), "jio-agent")
 }
 
 fn fake_puppet() -> String {
     format!("{}/../examples/fake-puppet.sh", env!("CARGO_MANIFEST_DIR"))
-}
-
-async fn open(url: &str) -> DynStore {
-    store::open(&StoreUrl::parse(url).unwrap()).await.unwrap()
 }
 
 fn jioctl(url: &str, args: &[&str]) -> Command {
@@ -52,14 +42,6 @@ fn jioctl(url: &str, args: &[&str]) -> Command {
 
 async fn run(url: &str, args: &[&str]) -> Output {
     jioctl(url, args).output().await.unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Hosts with running agents, converged to v1.
@@ -152,24 +134,6 @@ impl Drop for Fleet {
             let _ = d.start_kill();
         }
     }
-}
-
-/// Each host's `/status` and `/running/versions` entries.
-async fn entries(s: &DynStore, host: &str) -> BTreeSet<String> {
-    let schema = Schema::default();
-    let h = HostName::new(host).unwrap();
-    let mut out = BTreeSet::new();
-    for prefix in [schema.status_root(), schema.running_versions()] {
-        for kv in s.list(&prefix).await.unwrap().kvs {
-            match schema.parse(&kv.key) {
-                Some(Parsed::Status(_, _, _, x)) | Some(Parsed::RunningVersion(_, x)) if x == h => {
-                    out.insert(kv.key.to_string());
-                }
-                _ => {}
-            }
-        }
-    }
-    out
 }
 
 async fn assert_all_upgraded(s: &DynStore, hosts: &[Host]) {
@@ -543,15 +507,30 @@ async fn rollout_on_consul_survives_sessions_expiring_midway() {
     let f = fleet(&url, &EIGHT, Kind::Fake).await;
     let (path, rules) = rolling_rules();
     let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
-    let driver = jioctl(&url, &["upgrade", "v2", "--instructions-file", path.to_str().unwrap(), "--retry"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let driver = jioctl(
+        &url,
+        &[
+            "upgrade",
+            "v2",
+            "--instructions-file",
+            path.to_str().unwrap(),
+            "--retry",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     // Once the first host is through, Consul invalidates every session (as when nodes
     // fail their checks): liveness records and the rollout lock vanish.
     let start = Instant::now();
-    while s.list(&Key::new("/running/versions/v2/").unwrap()).await.unwrap().kvs.is_empty() {
+    while s
+        .list(&Key::new("/running/versions/v2/").unwrap())
+        .await
+        .unwrap()
+        .kvs
+        .is_empty()
+    {
         assert!(start.elapsed() < Duration::from_secs(60), "no host reached v2");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -565,8 +544,14 @@ async fn rollout_on_consul_survives_sessions_expiring_midway() {
             }
         }
     }
-    assert!(expired >= 8, "expected the agents' sessions and the lock's, got {expired}");
-    let out = tokio::time::timeout(Duration::from_secs(120), driver.wait_with_output()).await.unwrap().unwrap();
+    assert!(
+        expired >= 8,
+        "expected the agents' sessions and the lock's, got {expired}"
+    );
+    let out = tokio::time::timeout(Duration::from_secs(120), driver.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let record = rec.stop().await;
     assert!(record.violations.is_empty(), "{:#?}", record.violations);
@@ -574,7 +559,10 @@ async fn rollout_on_consul_survives_sessions_expiring_midway() {
     // Every agent made itself a new session and put its liveness record back.
     let start = Instant::now();
     while s.list(&schema.agents()).await.unwrap().kvs.len() < EIGHT.len() {
-        assert!(start.elapsed() < Duration::from_secs(30), "liveness records did not come back");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "liveness records did not come back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -3,11 +3,12 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::path::PathBuf;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use jio_common::keys::{Key, Schema};
-use jio_common::store::{self, DynStore, StoreUrl};
+use jio_common::store::DynStore;
+use jio_tests::inspect::{open, text};
 use jio_tests::{Etcd, Host, Puppet, Swift};
 use tokio::process::Command;
 
@@ -16,25 +17,7 @@ fn jioctl_bin() -> PathBuf {
 }
 
 fn agent_bin() -> PathBuf {
-    let p = jioctl_bin().with_file_name("jio-agent");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --workspace` first (./scripts/test.sh does)",
-        p.display()
-    );
-    p
-}
-
-async fn open(url: &str) -> DynStore {
-    store::open(&StoreUrl::parse(url).unwrap()).await.unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jioctl"), "jio-agent")
 }
 
 fn swift_section(swift: &Swift, key: &str) -> String {

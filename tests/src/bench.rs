@@ -289,6 +289,20 @@ impl SimFleet {
         }
     }
 
+    /// Waits until `n` agents have their liveness record, then a little more.
+    pub async fn settle(&self, bs: &BenchStore, n: usize) {
+        let agents = Schema::default().agents();
+        let start = Instant::now();
+        while bs.store.list(&agents).await.map(|l| l.kvs.len()).unwrap_or(0) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(300),
+                "the agents did not all start"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
@@ -418,6 +432,7 @@ pub async fn scheduling(bs: &BenchStore, hosts: usize, step: Duration) -> Latenc
         .map(|i| (format!("sched{i:04}"), "sched".to_string()))
         .collect();
     let fleet = SimFleet::start(bs, &names, step, "s1").await;
+    fleet.settle(bs, names.len()).await;
     let (stop, rec) = record_events(bs.store.clone(), schema.clone()).await;
     let code = jioctl::upgrade::run(
         &bs.store,
@@ -524,7 +539,8 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         .flat_map(|r| (0..per_role).map(move |i| (format!("r{r}n{i:04}"), format!("r{r}"))))
         .collect();
     let fleet = SimFleet::start(bs, &names, step, "m1").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A fleet is running long before a rollout: wait until every agent is up.
+    fleet.settle(bs, names.len()).await;
     let before = bs.counting.requests();
     let t0 = Instant::now();
     let code = jioctl::upgrade::run(&bs.store, &schema, upgrade_args("m2", rules))

@@ -7,6 +7,7 @@ pub mod consul;
 pub mod etcd;
 pub mod fleetgen;
 pub mod host;
+pub mod inspect;
 pub mod process;
 pub mod puppet;
 pub mod recorder;

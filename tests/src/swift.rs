@@ -79,27 +79,7 @@ impl Swift {
             memcached: None,
             servers: [None, None, None, None],
         };
-        swift.memcached = Some(
-            spawn_tied(
-                Command::new("memcached")
-                    .args([
-                        "-u",
-                        "root",
-                        "-l",
-                        "127.0.0.1",
-                        "-p",
-                        &memcached_port.to_string(),
-                        "-U",
-                        "0",
-                        "-m",
-                        "64",
-                    ])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null()),
-            )
-            .expect("start memcached"),
-        );
+        swift.memcached = Some(spawn_memcached(memcached_port));
         for i in 0..4 {
             swift.spawn(i);
         }
@@ -193,27 +173,7 @@ impl Swift {
         if let Some(mut c) = self.memcached.take() {
             kill(&mut c);
         }
-        self.memcached = Some(
-            spawn_tied(
-                Command::new("memcached")
-                    .args([
-                        "-u",
-                        "root",
-                        "-l",
-                        "127.0.0.1",
-                        "-p",
-                        &self.memcached_port.to_string(),
-                        "-U",
-                        "0",
-                        "-m",
-                        "64",
-                    ])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null()),
-            )
-            .expect("start memcached"),
-        );
+        self.memcached = Some(spawn_memcached(self.memcached_port));
         std::thread::sleep(Duration::from_millis(300));
     }
 
@@ -264,6 +224,29 @@ impl Swift {
     pub fn memcached_port(&self) -> u16 {
         self.memcached_port
     }
+}
+
+/// memcached on `port` (TempAuth keeps its tokens there).
+fn spawn_memcached(port: u16) -> Child {
+    spawn_tied(
+        Command::new("memcached")
+            .args([
+                "-u",
+                "root",
+                "-l",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-U",
+                "0",
+                "-m",
+                "64",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("start memcached")
 }
 
 /// Builds the account, container and object rings (one replica) in `etc`.

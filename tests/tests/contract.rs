@@ -164,6 +164,15 @@ async fn put_get_delete(b: Backend) {
         "värde ✓"
     );
 
+    // Several keys in one read; a missing one is None.
+    let many = s
+        .get_many(&[key.clone(), k("/contract/none"), k("/contract/empty")])
+        .await
+        .unwrap();
+    assert_eq!(many.len(), 3);
+    assert_eq!(many[0].as_ref().map(|kv| kv.value.as_str()), Some("two"));
+    assert_eq!(many[1], None);
+    assert_eq!(many[2].as_ref().map(|kv| kv.value.as_str()), Some(""));
     assert!(s.delete(&key).await.unwrap());
     assert_eq!(s.get(&key).await.unwrap(), None);
     let before = s.ping().await.unwrap();

@@ -23,11 +23,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
@@ -38,6 +37,7 @@ use super::{
     Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
     TxnOutcome, WatchEvent, WatchStream, overlapping_ops,
 };
+use super::{Endpoints, retry_policy};
 use crate::keys::Key;
 use crate::swift::Secret;
 
@@ -55,8 +55,7 @@ pub struct ConsulStore {
 
 struct Inner {
     url: String,
-    endpoints: Vec<String>,
-    current: AtomicUsize,
+    endpoints: Endpoints,
     client: reqwest::Client,
     token: Option<Secret>,
     datacenter: Option<String>,
@@ -131,8 +130,10 @@ impl ConsulStore {
         Ok(ConsulStore {
             inner: Arc::new(Inner {
                 url: url.to_string(),
-                endpoints: endpoints.iter().map(|e| format!("{scheme}://{e}")).collect(),
-                current: AtomicUsize::new(0),
+                endpoints: Endpoints::new(
+                    endpoints.iter().map(|e| format!("{scheme}://{e}")).collect(),
+                    "consul",
+                ),
                 client,
                 token,
                 datacenter: datacenter.clone(),
@@ -153,7 +154,7 @@ impl Inner {
         body: Option<Vec<u8>>,
         timeout: Option<Duration>,
     ) -> std::result::Result<Answer, Failure> {
-        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        let (i, base) = self.endpoints.pick();
         let mut params: Vec<String> = query
             .iter()
             .map(|(k, v)| {
@@ -168,9 +169,9 @@ impl Inner {
             params.push(format!("dc={}", crate::encode::path(dc)));
         }
         let url = if params.is_empty() {
-            format!("{}{path}", self.endpoints[i])
+            format!("{base}{path}")
         } else {
-            format!("{}{path}?{}", self.endpoints[i], params.join("&"))
+            format!("{base}{path}?{}", params.join("&"))
         };
         let mut req = self.client.request(method, url);
         if let Some(t) = &self.token {
@@ -182,17 +183,7 @@ impl Inner {
         if let Some(b) = body {
             req = req.body(b);
         }
-        let fail_over = |reason: &str| {
-            let next = (i + 1) % self.endpoints.len();
-            if self.endpoints.len() > 1
-                && self
-                    .current
-                    .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            {
-                tracing::warn!(from = %self.endpoints[i], to = %self.endpoints[next], %reason, "consul endpoint failed, switching");
-            }
-        };
+        let fail_over = |reason: &str| self.endpoints.fail_over(i, reason);
         let resp = match req.send().await {
             Ok(r) => r,
             Err(e) => {
@@ -241,12 +232,7 @@ impl Inner {
         body: Option<Vec<u8>>,
         idempotent: bool,
     ) -> Result<Answer> {
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(50))
-            .with_max_delay(Duration::from_secs(1))
-            .with_jitter()
-            .with_total_delay(Some(self.retry_budget))
-            .without_max_times();
+        let backoff = retry_policy(self.retry_budget);
         let res = (|| {
             self.attempt(
                 method.clone(),

@@ -57,6 +57,10 @@ impl Store for CountingStore {
         self.tick();
         self.inner.get(key).await
     }
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
+        self.tick();
+        self.inner.get_many(keys).await
+    }
     async fn list(&self, prefix: &Key) -> Result<Listing> {
         self.tick();
         self.inner.list(prefix).await

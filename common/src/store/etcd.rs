@@ -10,11 +10,10 @@
 //! transaction it becomes `StoreError::Ambiguous` so the caller re-reads and decides.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use futures_util::StreamExt as _;
@@ -27,6 +26,7 @@ use super::{
     Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
     TxnOutcome, WatchEvent, WatchStream, prefix_end,
 };
+use super::{Endpoints, retry_policy};
 use crate::keys::Key;
 
 /// Timeouts and retry budget of the etcd client.
@@ -58,8 +58,7 @@ pub struct EtcdStore {
 
 struct Inner {
     url: String,
-    endpoints: Vec<String>,
-    current: AtomicUsize,
+    endpoints: Endpoints,
     client: reqwest::Client,
     opts: EtcdOptions,
 }
@@ -96,8 +95,7 @@ impl EtcdStore {
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 url: url.to_string(),
-                endpoints: endpoints.iter().map(|e| format!("http://{e}")).collect(),
-                current: AtomicUsize::new(0),
+                endpoints: Endpoints::new(endpoints.iter().map(|e| format!("http://{e}")).collect(), "etcd"),
                 client,
                 opts,
             }),
@@ -106,26 +104,8 @@ impl EtcdStore {
 }
 
 impl Inner {
-    fn endpoint(&self) -> (usize, &str) {
-        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
-        (i, &self.endpoints[i])
-    }
-
-    /// Moves on from endpoint `i` after it failed (unless another task already did).
-    fn fail_over(&self, i: usize, reason: &str) {
-        let next = (i + 1) % self.endpoints.len();
-        if self.endpoints.len() > 1
-            && self
-                .current
-                .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(from = %self.endpoints[i], to = %self.endpoints[next], %reason, "etcd endpoint failed, switching");
-        }
-    }
-
     async fn attempt<R: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<R, Failure> {
-        let (i, base) = self.endpoint();
+        let (i, base) = self.endpoints.pick();
         let sent = self
             .client
             .post(format!("{base}{path}"))
@@ -137,7 +117,7 @@ impl Inner {
             Ok(r) => r,
             Err(e) => {
                 let reason = error_chain(&e);
-                self.fail_over(i, &reason);
+                self.endpoints.fail_over(i, &reason);
                 return Err(if e.is_connect() {
                     Failure::NotSent(reason)
                 } else {
@@ -150,7 +130,7 @@ impl Inner {
             Ok(b) => b,
             Err(e) => {
                 let reason = error_chain(&e);
-                self.fail_over(i, &reason);
+                self.endpoints.fail_over(i, &reason);
                 return Err(Failure::Unknown(reason));
             }
         };
@@ -162,7 +142,7 @@ impl Inner {
                 err.message
             };
             if status.is_server_error() {
-                self.fail_over(i, &message);
+                self.endpoints.fail_over(i, &message);
             }
             return Err(Failure::Status {
                 http: status.as_u16(),
@@ -182,12 +162,7 @@ impl Inner {
         body: Value,
         idempotent: bool,
     ) -> Result<R, CallError> {
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(50))
-            .with_max_delay(Duration::from_secs(1))
-            .with_jitter()
-            .with_total_delay(Some(self.opts.retry_budget))
-            .without_max_times();
+        let backoff = retry_policy(self.opts.retry_budget);
         let retryable = |f: &Failure| match f {
             Failure::NotSent(_) => true,
             Failure::Unknown(_) => idempotent,
@@ -453,6 +428,37 @@ impl Store for EtcdStore {
             .transpose()
     }
 
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
+        // One read-only transaction of ranges: one request, one revision.
+        let success: Vec<Value> = keys
+            .iter()
+            .map(|k| json!({ "request_range": { "key": b64(k.as_str().as_bytes()) } }))
+            .collect();
+        let body = json!({ "compare": [], "success": success });
+        let r: Value = self
+            .inner
+            .call("get", "/v3/kv/txn", body, true)
+            .await
+            .map_err(|e| e.into_store(&self.inner.url, "get"))?;
+        let responses = r["responses"].as_array().cloned().unwrap_or_default();
+        let mut out = Vec::with_capacity(keys.len());
+        for i in 0..keys.len() {
+            let range: RangeResponse = responses
+                .get(i)
+                .map(|x| serde_json::from_value(x["response_range"].clone()).unwrap_or_default())
+                .unwrap_or_default();
+            out.push(
+                range
+                    .kvs
+                    .into_iter()
+                    .next()
+                    .map(|kv| self.inner.decode_kv(kv))
+                    .transpose()?,
+            );
+        }
+        Ok(out)
+    }
+
     async fn list(&self, prefix: &Key) -> Result<Listing> {
         let resp = self.inner.range("list", range_body(prefix)).await?;
         let revision = resp.header.revision;
@@ -709,7 +715,7 @@ async fn watch_once(
     tx: &mpsc::Sender<Result<WatchEvent>>,
     broken: &mut bool,
 ) -> WatchEnd {
-    let (i, base) = inner.endpoint();
+    let (i, base) = inner.endpoints.pick();
     let mut create = range_body(prefix);
     create["start_revision"] = json!(next.to_string());
     let body = json!({ "create_request": create });
@@ -721,12 +727,12 @@ async fn watch_once(
         Ok(r) if r.status().is_success() => r,
         Ok(r) => {
             let reason = format!("HTTP {}", r.status());
-            inner.fail_over(i, &reason);
+            inner.endpoints.fail_over(i, &reason);
             return WatchEnd::Broken(reason);
         }
         Err(e) => {
             let reason = error_chain(&e);
-            inner.fail_over(i, &reason);
+            inner.endpoints.fail_over(i, &reason);
             return WatchEnd::Broken(reason);
         }
     };
@@ -741,7 +747,7 @@ async fn watch_once(
             Some(Ok(c)) => c,
             Some(Err(e)) => {
                 let reason = error_chain(&e);
-                inner.fail_over(i, &reason);
+                inner.endpoints.fail_over(i, &reason);
                 return WatchEnd::Broken(reason);
             }
             None => return WatchEnd::Broken("the server closed the watch stream".into()),

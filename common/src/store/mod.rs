@@ -263,6 +263,12 @@ pub trait Store: Send + Sync + 'static {
     /// The key's value, or `None` when it does not exist.
     async fn get(&self, key: &Key) -> Result<Option<KeyValue>>;
 
+    /// Several keys at once (missing ones are `None`), in one request where the
+    /// store allows it.
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
+        futures_util::future::try_join_all(keys.iter().map(|k| self.get(k))).await
+    }
+
     /// Every key starting with `prefix`, in key order, read at one revision.
     async fn list(&self, prefix: &Key) -> Result<Listing>;
 
@@ -323,6 +329,54 @@ pub async fn open_with(url: &StoreUrl, retry: Duration) -> Result<DynStore> {
     };
     store.ping().await?;
     Ok(store)
+}
+
+/// The endpoints of a clustered store, tried in turn: one is current, and a failure
+/// moves the client on to the next (unless another request already did).
+pub(crate) struct Endpoints {
+    urls: Vec<String>,
+    current: std::sync::atomic::AtomicUsize,
+    kind: &'static str,
+}
+
+impl Endpoints {
+    pub(crate) fn new(urls: Vec<String>, kind: &'static str) -> Endpoints {
+        Endpoints {
+            urls,
+            current: std::sync::atomic::AtomicUsize::new(0),
+            kind,
+        }
+    }
+
+    /// The current endpoint and its position.
+    pub(crate) fn pick(&self) -> (usize, &str) {
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.urls.len();
+        (i, &self.urls[i])
+    }
+
+    /// Moves on from endpoint `i` after it failed.
+    pub(crate) fn fail_over(&self, i: usize, reason: &str) {
+        use std::sync::atomic::Ordering;
+        let next = (i + 1) % self.urls.len();
+        if self.urls.len() > 1
+            && self
+                .current
+                .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(store = self.kind, from = %self.urls[i], to = %self.urls[next], %reason, "endpoint failed, switching");
+        }
+    }
+}
+
+/// How one operation retries: quickly at first, for at most `budget` in all.
+pub(crate) fn retry_policy(budget: Duration) -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .with_jitter()
+        .with_total_delay(Some(budget))
+        .without_max_times()
 }
 
 /// etcd refuses a transaction that writes one key twice, or puts a key that a

@@ -631,6 +631,33 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
+        let ks: Vec<Vec<u8>> = keys.iter().map(|k| k.as_str().as_bytes().to_vec()).collect();
+        self.read("get", move |tx, _| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT key, value, create_rev, mod_rev, version, lease FROM kv WHERE key = ?1",
+            )?;
+            ks.iter()
+                .map(|k| {
+                    Ok(stmt
+                        .query_row([k], |r| {
+                            Ok(to_kv(
+                                r.get(0)?,
+                                r.get(1)?,
+                                r.get(2)?,
+                                r.get(3)?,
+                                r.get(4)?,
+                                r.get(5)?,
+                            ))
+                        })
+                        .optional()?
+                        .flatten())
+                })
+                .collect()
+        })
+        .await
+    }
+
     async fn list(&self, prefix: &Key) -> Result<Listing> {
         let p = prefix.as_str().as_bytes().to_vec();
         self.read("list", move |tx, revision| {

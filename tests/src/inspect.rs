@@ -1,0 +1,55 @@
+//! Small helpers the scenario tests share: opening a store, reading a host's
+//! entries, finding the built binaries, showing a command's output.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Output;
+
+use jio_common::keys::{Parsed, Schema};
+use jio_common::names::HostName;
+use jio_common::store::{self, DynStore, StoreUrl};
+
+/// Opens the store at `url` (it must answer).
+pub async fn open(url: &str) -> DynStore {
+    store::open(&StoreUrl::parse(url).expect("store URL"))
+        .await
+        .expect("open the store")
+}
+
+/// A command's stdout and stderr, for assertion messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The host's `/status` (per version) and `/running/versions` entries, as key names.
+pub async fn host_entries(s: &DynStore, host: &str) -> BTreeSet<String> {
+    let schema = Schema::default();
+    let h = HostName::new(host).expect("host name");
+    let mut out = BTreeSet::new();
+    for prefix in [schema.status_root(), schema.running_versions()] {
+        for kv in s.list(&prefix).await.expect("list").kvs {
+            match schema.parse(&kv.key) {
+                Some(Parsed::Status(_, _, _, x)) | Some(Parsed::RunningVersion(_, x)) if x == h => {
+                    out.insert(kv.key.to_string());
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// The binary `name` built beside `binary` (another of the workspace's binaries).
+pub fn sibling_binary(binary: &str, name: &str) -> PathBuf {
+    let p = PathBuf::from(binary).with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` first (./scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
