@@ -55,8 +55,9 @@ impl LiveView {
         s
     }
 
-    /// Applies one event; returns whether a full read is needed.
-    fn apply(&mut self, schema: &Schema, ev: WatchEvent) -> bool {
+    /// Applies one event: whether it changed what a plan depends on, and whether a
+    /// full read is needed.
+    fn apply(&mut self, schema: &Schema, ev: WatchEvent) -> Applied {
         self.revision = self.revision.max(ev.revision());
         let relevant = |k: &Key| {
             !matches!(
@@ -69,20 +70,45 @@ impl LiveView {
         match ev {
             WatchEvent::Put(kv) => {
                 if !relevant(&kv.key) {
-                    return false;
+                    return Applied::Nothing;
                 }
-                let version_changed = schema.parse(&kv.key) == Some(Parsed::CurrentVersion)
-                    && self.kvs.get(&kv.key).map(|old| &old.value) != Some(&kv.value);
+                let parsed = schema.parse(&kv.key);
+                let old = self.kvs.get(&kv.key).map(|o| o.value.clone());
+                // A liveness record only matters by being there; other values matter.
+                let changed = match parsed {
+                    Some(Parsed::Agent(_)) => old.is_none(),
+                    _ => old.as_ref() != Some(&kv.value),
+                };
+                let version_changed = parsed == Some(Parsed::CurrentVersion) && changed;
                 self.kvs.insert(kv.key.clone(), kv);
-                version_changed
+                if version_changed {
+                    Applied::Reread
+                } else if changed {
+                    Applied::Changed
+                } else {
+                    Applied::Nothing
+                }
             }
             WatchEvent::Delete { key, .. } => {
-                self.kvs.remove(&key);
-                schema.parse(&key) == Some(Parsed::CurrentVersion)
+                if schema.parse(&key) == Some(Parsed::CurrentVersion) {
+                    Applied::Reread
+                } else if self.kvs.remove(&key).is_some() {
+                    Applied::Changed
+                } else {
+                    Applied::Nothing
+                }
             }
-            WatchEvent::Reset { .. } => true,
+            WatchEvent::Reset { .. } => Applied::Reread,
         }
     }
+}
+
+/// What one watch event did to the live view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    Nothing,
+    Changed,
+    Reread,
 }
 
 /// How long `--retry` keeps going while the store is unreachable.
@@ -284,16 +310,39 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
             }
         };
         let mut events: Vec<WatchEvent> = first.into_iter().collect();
-        while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(w.next()) {
-            events.push(ev);
-        }
-        if let Some(v) = view.as_mut() {
-            for ev in events {
-                if v.apply(schema, ev) {
-                    view = None;
+        let mut quiet = false;
+        loop {
+            while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(w.next()) {
+                events.push(ev);
+            }
+            let Some(v) = view.as_mut() else { break };
+            let mut changed = false;
+            for ev in events.drain(..) {
+                match v.apply(schema, ev) {
+                    Applied::Nothing => {}
+                    Applied::Changed => changed = true,
+                    Applied::Reread => {
+                        view = None;
+                        break;
+                    }
+                }
+            }
+            if changed || view.is_none() {
+                break;
+            }
+            // Nothing a plan depends on changed: wait for more, without a pass.
+            match tokio::time::timeout(Duration::from_secs(30), w.next()).await {
+                Ok(Some(Ok(ev))) => events.push(ev),
+                Ok(Some(Err(e))) => return Err(e.into()),
+                Ok(None) | Err(_) => {
+                    quiet = true;
                     break;
                 }
             }
+        }
+        if quiet {
+            // The slow resync: plan from a fresh read.
+            view = None;
         }
     }
 }
