@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use jio_tests::bench::{self, Backend, Sizes};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: jio-bench --store etcd|sqlite [--quick] [--out PATH]");
+    eprintln!("usage: jio-bench --store etcd|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]");
     ExitCode::from(64)
 }
 
@@ -15,6 +15,8 @@ fn main() -> ExitCode {
     let mut backend = None;
     let mut quick = false;
     let mut out: Option<PathBuf> = None;
+    let mut per_role: Option<usize> = None;
+    let mut only_makespan = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -24,6 +26,14 @@ fn main() -> ExitCode {
                 _ => return usage(),
             },
             "--quick" => quick = true,
+            "--hosts-per-role" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) if n > 0 => per_role = Some(n),
+                _ => return usage(),
+            },
+            "--only" => match args.next().as_deref() {
+                Some("makespan") => only_makespan = true,
+                _ => return usage(),
+            },
             "--out" => match args.next() {
                 Some(p) => out = Some(PathBuf::from(p)),
                 None => return usage(),
@@ -39,7 +49,23 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    let sizes = if quick { Sizes::quick() } else { Sizes::full() };
+    let mut sizes = if quick { Sizes::quick() } else { Sizes::full() };
+    if let Some(n) = per_role {
+        sizes.makespan_hosts_per_role = n;
+    }
+    if only_makespan {
+        // One figure, to see how it depends on the fleet's size.
+        let m = rt.block_on(async {
+            bench::raise_nofile();
+            let bs = bench::BenchStore::start(backend).await;
+            bench::makespan(&bs, sizes.makespan_hosts_per_role, sizes.makespan_step).await
+        });
+        println!(
+            "makespan on {backend:?}: {} hosts, {:.3}x (measured {:.2}s, ideal {:.2}s), {}/{} upgraded, {:.1} store requests per host",
+            m.hosts, m.ratio, m.measured_s, m.ideal_s, m.upgraded, m.hosts, m.requests_per_host
+        );
+        return ExitCode::SUCCESS;
+    }
     let report = rt.block_on(bench::run(backend, sizes));
     print!("{}", bench::table(&report));
     let out = out.unwrap_or_else(|| {
