@@ -40,7 +40,7 @@ pub const DEFAULT_RULES: &str = "/etc/jio-upgrade.json";
     about = "Drive rolling upgrades of the jiocloud fleet"
 )]
 pub struct Cli {
-    /// Store URL: etcd://host:port[,host:port...] or sqlite://PATH [env: JIO_STORE]
+    /// Store URL: etcd://host:port[,host:port...], sqlite://PATH or consul://host:port[?dc=NAME&token_file=PATH] [env: JIO_STORE]
     #[arg(long, global = true)]
     pub store: Option<String>,
     /// Namespace prefix of every key [env: JIO_PREFIX]
@@ -85,7 +85,7 @@ pub enum Command {
         #[arg(long)]
         retry: bool,
     },
-    /// Delete every enable_puppet key and set the global one to false
+    /// Delete every role and host enable_puppet key and set the global one to false
     #[command(alias = "global_disable_puppet")]
     GlobalDisablePuppet,
     /// Set /current_version
