@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use jio_tests::bench::{self, Backend, Sizes};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: jio-bench --store etcd|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]");
+    eprintln!(
+        "usage: jio-bench --store etcd|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]"
+    );
     ExitCode::from(64)
 }
 
