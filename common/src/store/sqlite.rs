@@ -609,26 +609,7 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {
-        let k = key.as_str().as_bytes().to_vec();
-        self.read("get", move |tx, _| {
-            Ok(tx
-                .prepare_cached(
-                    "SELECT key, value, create_rev, mod_rev, version, lease FROM kv WHERE key = ?1",
-                )?
-                .query_row([&k], |r| {
-                    Ok(to_kv(
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                    ))
-                })
-                .optional()?
-                .flatten())
-        })
-        .await
+        Ok(self.get_many(std::slice::from_ref(key)).await?.pop().flatten())
     }
 
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
