@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use jio_common::gate::{self, GateKeys};
+use jio_common::gate::{self, GateKeys, KeyState};
 use jio_common::keys::{EnableLevel, Key, Outcome as KeyOutcome, Schema, Step};
 use jio_common::names::{HostName, Role, Version};
 use jio_common::store::{DynStore, ErrorKind, Revision, StoreError};
 use jio_common::time::{unix_now, utc_stamp};
-use jio_common::values::{AgentState, parse_bool, parse_version};
+use jio_common::values::{AgentState, parse_version};
 use tokio::sync::watch;
 
 use crate::config::{Config, Steps};
@@ -168,26 +168,29 @@ impl Agent {
             key: e.key.clone(),
             reason: e.to_string(),
         };
-        let mut vals = [None; 3];
+        let mut states: [KeyState; 3] = Default::default();
         let mut revs: [Revision; 3] = [0; 3];
         for (i, kv) in [h, r, g].into_iter().enumerate() {
             if let Some(kv) = kv {
-                vals[i] = Some(parse_bool(&kv.key, &kv.value).map_err(bad)?);
+                states[i] = KeyState::read(Some(&kv));
+                if let KeyState::Invalid(e) = &states[i] {
+                    return Err(AgentError::BadValue {
+                        key: kv.key.clone(),
+                        reason: e.clone(),
+                    });
+                }
                 revs[i] = kv.mod_revision;
             }
         }
         let desired = match desired {
-            Some(kv) if !kv.value.trim().is_empty() => Some(parse_version(&kv.key, &kv.value).map_err(bad)?),
-            _ => None,
+            Some(kv) => parse_version(&kv).map_err(bad)?,
+            None => None,
         };
+        let [host, role, global] = states;
         Ok(Observation {
             desired,
             local: state::read_local_version(&self.cfg.version_file)?,
-            gate: gate::decide(GateKeys {
-                host: vals[0],
-                role: vals[1],
-                global: vals[2],
-            }),
+            gate: gate::decide(&GateKeys { host, role, global }),
             gate_revisions: revs,
             failure: self.journal.failure.clone(),
             unreported: !self.journal.unreported.is_empty(),

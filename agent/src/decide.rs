@@ -132,7 +132,11 @@ mod tests {
         Observation {
             desired: desired.map(v),
             local: local.map(v),
-            gate: Gate { enabled, level },
+            gate: Gate {
+                enabled,
+                level,
+                blocked: None,
+            },
             gate_revisions: [0, 5, 0],
             failure: None,
             unreported: false,

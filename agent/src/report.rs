@@ -111,7 +111,7 @@ pub async fn register(
     let existing = store.get(&key).await?;
     let first_seen = existing
         .as_ref()
-        .and_then(|kv| parse_json::<HostRecord>(&kv.key, &kv.value).ok())
+        .and_then(|kv| parse_json::<HostRecord>(kv).ok())
         .map(|r| r.first_seen)
         .unwrap_or(now);
     let record = HostRecord {

@@ -12,6 +12,22 @@ pub fn path(p: &str) -> String {
     out
 }
 
+/// Bytes for a message: printable ASCII as it is, everything else as `\xNN`, at
+/// most 200 bytes of input (longer input ends with `...`).
+pub fn escape_bytes(b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len().min(200) + 8);
+    for &c in b.iter().take(200) {
+        match c {
+            b' '..=b'~' if c != b'\\' => out.push(c as char),
+            _ => out.push_str(&format!("\\x{c:02x}")),
+        }
+    }
+    if b.len() > 200 {
+        out.push_str("...");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -21,5 +37,12 @@ mod tests {
             "h1/v2/20261121T101500Z-configured.log"
         );
         assert_eq!(super::path("a b/ü?#%"), "a%20b/%C3%BC%3F%23%25");
+    }
+
+    #[test]
+    fn escapes_what_is_not_printable_ascii() {
+        assert_eq!(super::escape_bytes(b"v\xff2"), "v\\xff2");
+        assert_eq!(super::escape_bytes(b"a\\b\n"), "a\\x5cb\\x0a");
+        assert!(super::escape_bytes(&[b'a'; 300]).ends_with("..."));
     }
 }

@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::gate::{self, Gate, GateKeys};
+use crate::gate::{self, Gate, GateKeys, KeyState};
 use crate::keys::{EnableLevel, Key, Outcome, Parsed, Schema, Step};
 use crate::names::{HostName, Role, Version};
 use crate::store::{DynStore, KeyValue, Revision, StoreError};
-use crate::values::{HostRecord, parse_bool, parse_json};
+use crate::values::{HostRecord, parse_json, parse_version};
 
 /// The original tool's rule for a host that never registered: letters then digits.
 pub fn role_from_name(host: &HostName) -> Option<Role> {
@@ -42,9 +42,9 @@ pub struct Snapshot {
     pub roles: BTreeMap<HostName, Role>,
     /// Hosts at each version.
     pub running: BTreeMap<HostName, BTreeSet<Version>>,
-    pub global: Option<bool>,
-    pub role_keys: BTreeMap<Role, bool>,
-    pub host_keys: BTreeMap<HostName, bool>,
+    pub global: KeyState,
+    pub role_keys: BTreeMap<Role, KeyState>,
+    pub host_keys: BTreeMap<HostName, KeyState>,
     /// Failure entries for the current version, with their values (log links).
     pub failures: BTreeMap<HostName, (Step, String)>,
     /// Hosts with a live agent.
@@ -66,19 +66,19 @@ impl Snapshot {
         let mut s = Snapshot::default();
         let mut failures: Vec<(Version, HostName, Step, String)> = Vec::new();
         for kv in kvs {
-            let bool_of = |s: &mut Snapshot, kv: &KeyValue| match parse_bool(&kv.key, &kv.value) {
-                Ok(b) => Some(b),
-                Err(e) => {
-                    s.problems.push(e.to_string());
-                    None
+            let key_state = |s: &mut Snapshot, kv: &KeyValue| {
+                let st = KeyState::read(Some(kv));
+                if let KeyState::Invalid(e) = &st {
+                    s.problems.push(e.clone());
                 }
+                st
             };
             match schema.parse(&kv.key) {
-                Some(Parsed::CurrentVersion) => match Version::new(kv.value.trim()) {
-                    Ok(v) => s.current = Some(v),
-                    Err(e) => s.problems.push(format!("{}: {e}", kv.key)),
+                Some(Parsed::CurrentVersion) => match parse_version(kv) {
+                    Ok(v) => s.current = v,
+                    Err(e) => s.problems.push(e.to_string()),
                 },
-                Some(Parsed::Host(h)) => match parse_json::<HostRecord>(&kv.key, &kv.value) {
+                Some(Parsed::Host(h)) => match parse_json::<HostRecord>(kv) {
                     Ok(r) => {
                         s.roles.insert(h, r.role);
                     }
@@ -87,16 +87,14 @@ impl Snapshot {
                 Some(Parsed::RunningVersion(v, h)) => {
                     s.running.entry(h).or_default().insert(v);
                 }
-                Some(Parsed::Enable(EnableLevel::Global)) => s.global = bool_of(&mut s, kv),
+                Some(Parsed::Enable(EnableLevel::Global)) => s.global = key_state(&mut s, kv),
                 Some(Parsed::Enable(EnableLevel::Role(r))) => {
-                    if let Some(b) = bool_of(&mut s, kv) {
-                        s.role_keys.insert(r, b);
-                    }
+                    let st = key_state(&mut s, kv);
+                    s.role_keys.insert(r, st);
                 }
                 Some(Parsed::Enable(EnableLevel::Host(h))) => {
-                    if let Some(b) = bool_of(&mut s, kv) {
-                        s.host_keys.insert(h, b);
-                    }
+                    let st = key_state(&mut s, kv);
+                    s.host_keys.insert(h, st);
                 }
                 Some(Parsed::Status(step, Outcome::Failure, v, h)) => {
                     failures.push((v, h, step, kv.value.clone()))
@@ -203,10 +201,10 @@ impl Snapshot {
 
     /// The host's gate (host → role → global).
     pub fn gate(&self, h: &HostName, role: &Role) -> Gate {
-        gate::decide(GateKeys {
-            host: self.host_keys.get(h).copied(),
-            role: self.role_keys.get(role).copied(),
-            global: self.global,
+        gate::decide(&GateKeys {
+            host: self.host_keys.get(h).cloned().unwrap_or_default(),
+            role: self.role_keys.get(role).cloned().unwrap_or_default(),
+            global: self.global.clone(),
         })
     }
 }
@@ -313,6 +311,7 @@ mod tests {
             mod_revision: 1,
             version: 1,
             lease: None,
+            not_text: false,
         }
     }
     fn rec(role: &str) -> String {

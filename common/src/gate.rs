@@ -1,17 +1,51 @@
 //! The enable gate: may a host run Puppet? Pure, shared by the agent and `jioctl`.
 //!
 //! The most specific `enable_puppet` key that is set decides: host, then role, then
-//! global. When none is set the host is enabled (the original tool's default).
+//! global. When none is set the host is enabled (the original tool's default). A key
+//! that is set to something unreadable decides too: the host is **blocked**, with the
+//! reason naming the key, on both sides (the agent does not start, `jioctl` neither
+//! admits it nor counts it as moving).
 
 use crate::keys::EnableLevel;
 use crate::names::{HostName, Role};
+use crate::store::KeyValue;
+use crate::values::parse_bool;
 
-/// The three keys a host's gate reads (already parsed).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// One enable key as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum KeyState {
+    #[default]
+    Unset,
+    Set(bool),
+    /// Set, but not to a boolean: the parse error, naming the key.
+    Invalid(String),
+}
+
+impl KeyState {
+    /// Reads one key (absent is `Unset`).
+    pub fn read(kv: Option<&KeyValue>) -> KeyState {
+        match kv {
+            None => KeyState::Unset,
+            Some(kv) => match parse_bool(kv) {
+                Ok(b) => KeyState::Set(b),
+                Err(e) => KeyState::Invalid(e.to_string()),
+            },
+        }
+    }
+}
+
+impl From<Option<bool>> for KeyState {
+    fn from(b: Option<bool>) -> KeyState {
+        b.map_or(KeyState::Unset, KeyState::Set)
+    }
+}
+
+/// The three keys a host's gate reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GateKeys {
-    pub host: Option<bool>,
-    pub role: Option<bool>,
-    pub global: Option<bool>,
+    pub host: KeyState,
+    pub role: KeyState,
+    pub global: KeyState,
 }
 
 /// Which level decided.
@@ -47,21 +81,45 @@ impl Level {
 }
 
 /// The gate's answer and the level that gave it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Gate {
+    /// False when blocked.
     pub enabled: bool,
     pub level: Level,
+    /// The deciding key holds an invalid value: why the host is blocked.
+    pub blocked: Option<String>,
 }
 
 /// Looks up host, then role, then global.
-pub fn decide(keys: GateKeys) -> Gate {
-    let (enabled, level) = match (keys.host, keys.role, keys.global) {
-        (Some(h), _, _) => (h, Level::Host),
-        (None, Some(r), _) => (r, Level::Role),
-        (None, None, Some(g)) => (g, Level::Global),
-        (None, None, None) => (true, Level::Default),
-    };
-    Gate { enabled, level }
+pub fn decide(keys: &GateKeys) -> Gate {
+    for (state, level) in [
+        (&keys.host, Level::Host),
+        (&keys.role, Level::Role),
+        (&keys.global, Level::Global),
+    ] {
+        match state {
+            KeyState::Unset => continue,
+            KeyState::Set(b) => {
+                return Gate {
+                    enabled: *b,
+                    level,
+                    blocked: None,
+                };
+            }
+            KeyState::Invalid(why) => {
+                return Gate {
+                    enabled: false,
+                    level,
+                    blocked: Some(why.clone()),
+                };
+            }
+        }
+    }
+    Gate {
+        enabled: true,
+        level: Level::Default,
+        blocked: None,
+    }
 }
 
 #[cfg(test)]
@@ -85,12 +143,42 @@ mod tests {
             (f, None, None, false, Level::Host),
         ];
         for (host, role, global, enabled, level) in table {
-            let g = decide(GateKeys { host, role, global });
+            let g = decide(&GateKeys {
+                host: host.into(),
+                role: role.into(),
+                global: global.into(),
+            });
             assert_eq!(
-                (g.enabled, g.level),
-                (enabled, level),
+                (g.enabled, g.level, g.blocked),
+                (enabled, level, None),
                 "{host:?} {role:?} {global:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_invalid_deciding_key_blocks() {
+        let bad = KeyState::Invalid("value \"yes\" of key /k is invalid".into());
+        // The invalid key decides when it is the most specific one set.
+        let g = decide(&GateKeys {
+            host: KeyState::Unset,
+            role: KeyState::Unset,
+            global: bad.clone(),
+        });
+        assert!(!g.enabled && g.level == Level::Global);
+        assert!(g.blocked.unwrap().contains("/k"));
+        let g = decide(&GateKeys {
+            host: KeyState::Unset,
+            role: bad.clone(),
+            global: KeyState::Set(true),
+        });
+        assert!(!g.enabled && g.level == Level::Role && g.blocked.is_some());
+        // A more specific valid key decides before it.
+        let g = decide(&GateKeys {
+            host: KeyState::Set(true),
+            role: KeyState::Unset,
+            global: bad,
+        });
+        assert!(g.enabled && g.blocked.is_none());
     }
 }

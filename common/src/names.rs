@@ -19,6 +19,8 @@ pub enum NameRule {
     Control,
     Dot,
     TooLong,
+    /// A leading `-` would read as an option to the commands names are passed to.
+    Dash,
 }
 
 impl fmt::Display for NameRule {
@@ -30,6 +32,7 @@ impl fmt::Display for NameRule {
             NameRule::Control => "must not contain control characters",
             NameRule::Dot => "must not be '.' or '..'",
             NameRule::TooLong => "must be at most 253 bytes",
+            NameRule::Dash => "must not begin with '-' (it would read as a command-line option)",
         })
     }
 }
@@ -60,6 +63,9 @@ fn check(what: &'static str, value: &str) -> Result<(), NameError> {
     }
     if value == "." || value == ".." {
         return fail(NameRule::Dot);
+    }
+    if value.starts_with('-') {
+        return fail(NameRule::Dash);
     }
     for c in value.chars() {
         if c == '/' {
@@ -184,6 +190,8 @@ mod tests {
             ("nul\0", NameRule::Control),
             (".", NameRule::Dot),
             ("..", NameRule::Dot),
+            ("--help", NameRule::Dash),
+            ("-v2", NameRule::Dash),
         ];
         for (bad, rule) in cases {
             let err = HostName::new(*bad).unwrap_err();

@@ -425,7 +425,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved) -> Plan {
             // Everything fits: open the role keys, clear their host keys.
             let roles: BTreeSet<&Role> = hs.iter().map(|h| &h.role).collect();
             for role in &roles {
-                if snap.role_keys.get(*role) != Some(&true) {
+                if snap.role_keys.get(*role) != Some(&crate::gate::KeyState::Set(true)) {
                     plan.enable_roles.push((*role).clone());
                 }
             }
@@ -480,6 +480,7 @@ mod tests {
             mod_revision: 1,
             version: 1,
             lease: None,
+            not_text: false,
         }
     }
 

@@ -1,12 +1,18 @@
 //! Values stored under the schema's keys: booleans, timestamps and JSON records.
 //!
 //! Parsing is strict and every error names the key it came from, so an operator can
-//! find and fix the offending entry.
+//! find and fix the offending entry. Every parser takes the `KeyValue` as read, so a
+//! value that is not UTF-8 text is refused here, like any other invalid value, and
+//! never by the store layer for a whole listing. The agent and `jioctl` use the
+//! same parsers, so both read a value the same way.
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
 use crate::keys::Key;
 use crate::names::{HostName, Role, Version};
+use crate::store::KeyValue;
 
 /// A stored value could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -14,15 +20,15 @@ use crate::names::{HostName, Role, Version};
 pub struct ValueError {
     pub key: Key,
     pub value: String,
-    pub rule: &'static str,
+    pub rule: Cow<'static, str>,
 }
 
 impl ValueError {
-    pub fn new(key: &Key, value: &str, rule: &'static str) -> Self {
+    pub fn new(key: &Key, value: &str, rule: impl Into<Cow<'static, str>>) -> Self {
         ValueError {
             key: key.clone(),
             value: value.chars().take(80).collect(),
-            rule,
+            rule: rule.into(),
         }
     }
 }
@@ -32,34 +38,50 @@ pub fn format_bool(b: bool) -> &'static str {
     if b { "true" } else { "false" }
 }
 
+/// The value as text; a value that is not UTF-8 is an error naming the key.
+pub fn text(kv: &KeyValue) -> Result<&str, ValueError> {
+    if kv.not_text {
+        Err(ValueError::new(&kv.key, &kv.value, "not UTF-8 text"))
+    } else {
+        Ok(&kv.value)
+    }
+}
+
 /// Reads `true`/`false`, the original tool's `True`/`False`, and `1`/`0`.
-pub fn parse_bool(key: &Key, value: &str) -> Result<bool, ValueError> {
-    match value {
+pub fn parse_bool(kv: &KeyValue) -> Result<bool, ValueError> {
+    match text(kv)? {
         "true" | "True" | "1" => Ok(true),
         "false" | "False" | "0" => Ok(false),
-        _ => Err(ValueError::new(
-            key,
-            value,
+        other => Err(ValueError::new(
+            &kv.key,
+            other,
             "expected true or false (True/False and 1/0 are accepted too)",
         )),
     }
 }
 
-/// Reads a version value (of `/current_version`).
-pub fn parse_version(key: &Key, value: &str) -> Result<Version, ValueError> {
-    Version::new(value.trim()).map_err(|_| ValueError::new(key, value, "not a valid version name"))
+/// Reads a version value (of `/current_version`). An empty value is `None`
+/// (no desired version), as the original tool treated it.
+pub fn parse_version(kv: &KeyValue) -> Result<Option<Version>, ValueError> {
+    let t = text(kv)?.trim();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    Version::new(t)
+        .map(Some)
+        .map_err(|e| ValueError::new(&kv.key, t, format!("not a valid version name: {}", e.rule)))
 }
 
 /// Reads the Unix time stored under `/running/versions/<v>/<host>`. The original tool
 /// wrote a float (`time.time()`), so fractional seconds are accepted and truncated.
-pub fn parse_unix_time(key: &Key, value: &str) -> Result<u64, ValueError> {
-    let v = value.trim();
+pub fn parse_unix_time(kv: &KeyValue) -> Result<u64, ValueError> {
+    let v = text(kv)?.trim();
     if let Ok(n) = v.parse::<u64>() {
         return Ok(n);
     }
     match v.parse::<f64>() {
         Ok(f) if f.is_finite() && f >= 0.0 => Ok(f as u64),
-        _ => Err(ValueError::new(key, value, "expected a Unix time in seconds")),
+        _ => Err(ValueError::new(&kv.key, v, "expected a Unix time in seconds")),
     }
 }
 
@@ -88,8 +110,19 @@ pub struct InterfaceAddress {
 #[serde(rename_all = "lowercase")]
 pub enum AgentState {
     Idle,
+    /// Running Puppet: an upgrade, or a repair after a failed health check.
     Upgrading,
+    /// Running the idle health check (validation only).
+    Checking,
     Failed,
+}
+
+impl AgentState {
+    /// The agent is running a command: the host holds a rolling slot whatever its
+    /// gate and whatever version it runs.
+    pub fn running(self) -> bool {
+        matches!(self, AgentState::Upgrading | AgentState::Checking)
+    }
 }
 
 /// The liveness record under `/agents/<host>`, bound to the agent's lease.
@@ -104,9 +137,16 @@ pub struct AgentRecord {
     pub pid: u32,
 }
 
-/// Parses a JSON record, naming the key on failure.
-pub fn parse_json<T: for<'de> Deserialize<'de>>(key: &Key, value: &str) -> Result<T, ValueError> {
-    serde_json::from_str(value).map_err(|_| ValueError::new(key, value, "not a valid JSON record"))
+/// Parses a JSON record, naming the key and, where serde can tell, the field.
+pub fn parse_json<T: for<'de> Deserialize<'de>>(kv: &KeyValue) -> Result<T, ValueError> {
+    let t = text(kv)?;
+    serde_json::from_str(t).map_err(|e| {
+        let what = e.to_string();
+        // serde says "unknown field `x`", "missing field `role`", "invalid type: ...";
+        // the position is noise for a one-line record.
+        let what = what.split(" at line ").next().unwrap_or(&what).to_string();
+        ValueError::new(&kv.key, t, format!("not a valid JSON record: {what}"))
+    })
 }
 
 /// Host names as the original tool keyed them, for messages only.
@@ -118,8 +158,15 @@ pub fn host_list(hosts: &[HostName]) -> String {
 mod tests {
     use super::*;
 
-    fn k() -> Key {
-        Key::new("/config_state/enable_puppet/global").unwrap()
+    fn kv(value: &str) -> KeyValue {
+        KeyValue::from_bytes(
+            Key::new("/config_state/enable_puppet/global").unwrap(),
+            value.as_bytes().to_vec(),
+            1,
+            1,
+            1,
+            None,
+        )
     }
 
     #[test]
@@ -132,7 +179,7 @@ mod tests {
             ("False", false),
             ("0", false),
         ] {
-            assert_eq!(parse_bool(&k(), s), Ok(want), "{s}");
+            assert_eq!(parse_bool(&kv(s)), Ok(want), "{s}");
         }
         assert_eq!(format_bool(true), "true");
         assert_eq!(format_bool(false), "false");
@@ -141,7 +188,7 @@ mod tests {
     #[test]
     fn bad_booleans_name_the_key() {
         for bad in ["", "yes", "TRUE", " true", "2", "flase"] {
-            let err = parse_bool(&k(), bad).unwrap_err();
+            let err = parse_bool(&kv(bad)).unwrap_err();
             assert!(
                 err.to_string().contains("/config_state/enable_puppet/global"),
                 "{err}"
@@ -150,16 +197,44 @@ mod tests {
     }
 
     #[test]
-    fn unix_times() {
-        assert_eq!(parse_unix_time(&k(), "1700000000"), Ok(1_700_000_000));
-        assert_eq!(parse_unix_time(&k(), "1425000000.123"), Ok(1_425_000_000));
-        assert!(parse_unix_time(&k(), "-1").is_err());
-        assert!(parse_unix_time(&k(), "soon").is_err());
-        assert!(parse_unix_time(&k(), "NaN").is_err());
+    fn bytes_that_are_not_text_are_an_invalid_value() {
+        let bad = KeyValue::from_bytes(
+            Key::new("/current_version").unwrap(),
+            b"v\xff2".to_vec(),
+            1,
+            1,
+            1,
+            None,
+        );
+        assert!(bad.not_text);
+        let err = parse_version(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains("/current_version") && err.contains("not UTF-8") && err.contains("v\\xff2"),
+            "{err}"
+        );
+        assert!(parse_bool(&bad).is_err());
+        assert!(parse_json::<AgentRecord>(&bad).is_err());
     }
 
     #[test]
-    fn records_round_trip_and_reject_unknown_fields() {
+    fn versions() {
+        assert_eq!(parse_version(&kv(" v2\n")), Ok(Some(Version::new("v2").unwrap())));
+        assert_eq!(parse_version(&kv("")), Ok(None));
+        let err = parse_version(&kv("--help")).unwrap_err().to_string();
+        assert!(err.contains("must not begin with '-'"), "{err}");
+    }
+
+    #[test]
+    fn unix_times() {
+        assert_eq!(parse_unix_time(&kv("1700000000")), Ok(1_700_000_000));
+        assert_eq!(parse_unix_time(&kv("1425000000.123")), Ok(1_425_000_000));
+        assert!(parse_unix_time(&kv("-1")).is_err());
+        assert!(parse_unix_time(&kv("soon")).is_err());
+        assert!(parse_unix_time(&kv("NaN")).is_err());
+    }
+
+    #[test]
+    fn records_round_trip_and_name_the_bad_field() {
         let rec = AgentRecord {
             state: AgentState::Upgrading,
             version: Some(Version::new("v2").unwrap()),
@@ -168,13 +243,18 @@ mod tests {
         };
         let json = serde_json::to_string(&rec).unwrap();
         assert_eq!(json, r#"{"state":"upgrading","version":"v2","since":5,"pid":42}"#);
-        assert_eq!(parse_json::<AgentRecord>(&k(), &json), Ok(rec));
-        assert!(
-            parse_json::<AgentRecord>(&k(), r#"{"state":"idle","version":null,"since":1,"pid":1,"x":1}"#)
-                .is_err()
-        );
-        assert!(
-            parse_json::<HostRecord>(&k(), r#"{"role":"a/b","agent_version":"1","first_seen":1}"#).is_err()
-        );
+        assert_eq!(parse_json::<AgentRecord>(&kv(&json)), Ok(rec));
+        let err = parse_json::<AgentRecord>(&kv(r#"{"state":"idle","version":null,"since":1,"pid":1,"x":1}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `x`"), "{err}");
+        let err = parse_json::<HostRecord>(&kv(r#"{"role":"a/b","agent_version":"1","first_seen":1}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must not contain '/'"), "{err}");
+        let err = parse_json::<HostRecord>(&kv(r#"{"agent_version":"1","first_seen":1}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `role`"), "{err}");
     }
 }

@@ -118,7 +118,7 @@ const STORE_PATIENCE: Duration = Duration::from_secs(300);
 fn as_if_started(mut snap: Snapshot, v: &Version) -> Snapshot {
     if snap.current.as_ref() != Some(v) {
         snap.current = Some(v.clone());
-        snap.global = Some(false);
+        snap.global = jio_common::gate::KeyState::Set(false);
         snap.role_keys.clear();
         snap.host_keys.clear();
     }

@@ -266,28 +266,20 @@ impl Inner {
     }
 
     fn decode(&self, raw: RawEntry) -> Result<KeyValue> {
-        let value = match raw.value {
-            Some(v) => {
-                String::from_utf8(B64.decode(v).unwrap_or_default()).map_err(|_| StoreError::NotText {
-                    url: self.url.clone(),
-                    key: raw.key.clone(),
-                })?
-            }
-            None => String::new(),
-        };
+        let value = raw.value.map(|v| B64.decode(v).unwrap_or_default()).unwrap_or_default();
         let key = Key::new(format!("/{}", raw.key)).map_err(|_| StoreError::NotText {
             url: self.url.clone(),
             key: raw.key.clone(),
         })?;
-        Ok(KeyValue {
+        // Consul keeps no per-key write count; 1 marks "exists".
+        Ok(KeyValue::from_bytes(
             key,
             value,
-            create_revision: raw.create_index as i64,
-            mod_revision: raw.modify_index as i64,
-            // Consul keeps no per-key write count; 1 marks "exists".
-            version: 1,
-            lease: raw.session.map(LeaseId),
-        })
+            raw.create_index as i64,
+            raw.modify_index as i64,
+            1,
+            raw.session.map(LeaseId),
+        ))
     }
 
     fn entries(&self, op: &'static str, a: &Answer) -> Result<Vec<KeyValue>> {

@@ -229,19 +229,18 @@ impl Inner {
 
     fn decode_kv(&self, raw: RawKv) -> Result<KeyValue> {
         let key = decode_text(&self.url, &raw.key, None)?;
-        let value = decode_text(&self.url, &raw.value, Some(&key))?;
         let key = Key::new(key.clone()).map_err(|_| StoreError::NotText {
             url: self.url.clone(),
             key,
         })?;
-        Ok(KeyValue {
+        Ok(KeyValue::from_bytes(
             key,
-            value,
-            create_revision: raw.create_revision,
-            mod_revision: raw.mod_revision,
-            version: raw.version,
-            lease: (raw.lease != 0).then(|| LeaseId(raw.lease.to_string())),
-        })
+            B64.decode(&raw.value).unwrap_or_default(),
+            raw.create_revision,
+            raw.mod_revision,
+            raw.version,
+            (raw.lease != 0).then(|| LeaseId(raw.lease.to_string())),
+        ))
     }
 }
 

@@ -55,6 +55,37 @@ pub struct KeyValue {
     /// Number of writes since creation (1 after the first put).
     pub version: i64,
     pub lease: Option<LeaseId>,
+    /// The stored bytes are not UTF-8 text (another program wrote them): `value`
+    /// then holds an escaped rendering (`v\xff2`) for messages only, and every
+    /// parser in `values` refuses it, naming the key.
+    pub not_text: bool,
+}
+
+impl KeyValue {
+    /// A key-value from stored bytes: text as it is, anything else escaped and
+    /// marked `not_text`.
+    pub fn from_bytes(
+        key: Key,
+        value: Vec<u8>,
+        create_revision: Revision,
+        mod_revision: Revision,
+        version: i64,
+        lease: Option<LeaseId>,
+    ) -> KeyValue {
+        let (value, not_text) = match String::from_utf8(value) {
+            Ok(s) => (s, false),
+            Err(e) => (crate::encode::escape_bytes(e.as_bytes()), true),
+        };
+        KeyValue {
+            key,
+            value,
+            create_revision,
+            mod_revision,
+            version,
+            lease,
+            not_text,
+        }
+    }
 }
 
 /// A prefix listing and the revision it was read at.

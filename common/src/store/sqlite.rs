@@ -467,6 +467,7 @@ fn to_kv(
         mod_revision: modr,
         version,
         lease: lease.map(|l| LeaseId(l.to_string())),
+        not_text: false,
     })
 }
 
