@@ -12,8 +12,8 @@ use serde::Serialize;
 use crate::gate::{self, Gate, GateKeys, KeyState};
 use crate::keys::{EnableLevel, Key, Outcome, Parsed, Schema, Step};
 use crate::names::{HostName, Role, Version};
-use crate::store::{DynStore, KeyValue, Revision, StoreError};
-use crate::values::{HostRecord, parse_json, parse_version};
+use crate::store::{DynStore, KeyValue, LeaseId, Revision, StoreError};
+use crate::values::{AgentRecord, HostRecord, parse_json, parse_version};
 
 /// The original tool's rule for a host that never registered: letters then digits.
 pub fn role_from_name(host: &HostName) -> Option<Role> {
@@ -45,11 +45,20 @@ pub struct Snapshot {
     pub global: KeyState,
     pub role_keys: BTreeMap<Role, KeyState>,
     pub host_keys: BTreeMap<HostName, KeyState>,
-    /// Failure entries for the current version, with their values (log links).
+    /// Mod revision of each enable key that is set (host, role and global).
+    pub enable_revisions: BTreeMap<EnableLevel, Revision>,
+    /// Failure entries for the current version, with their values (a log link, or
+    /// the agent's reason).
     pub failures: BTreeMap<HostName, (Step, String)>,
-    /// Hosts with a live agent.
-    pub agents: BTreeSet<HostName>,
+    /// Mod revision of each failure entry in `failures`.
+    pub failure_revisions: BTreeMap<HostName, Revision>,
+    /// Hosts with a live agent, and its record (`None` when it cannot be read).
+    pub agents: BTreeMap<HostName, Option<AgentRecord>>,
     pub lock: Option<LockRecord>,
+    /// The rollout lock key as read (revision, lease), to fence plans on holding it.
+    pub lock_key: Option<(Revision, Option<LeaseId>)>,
+    /// The emergency stop written by `global-disable-puppet`, and its mod revision.
+    pub halt: Option<(LockRecord, Revision)>,
     /// Mod revision of the plan epoch key (0 when absent): every `jioctl` write of
     /// enable keys or the desired version bumps it, and a plan is applied only if it
     /// has not moved since the plan was computed.
@@ -64,7 +73,7 @@ impl Snapshot {
     /// Builds a snapshot from key-values of the schema (any order, any subset).
     pub fn from_kvs<'a>(schema: &Schema, kvs: impl IntoIterator<Item = &'a KeyValue>) -> Snapshot {
         let mut s = Snapshot::default();
-        let mut failures: Vec<(Version, HostName, Step, String)> = Vec::new();
+        let mut failures: Vec<(Version, HostName, Step, String, Revision)> = Vec::new();
         for kv in kvs {
             let key_state = |s: &mut Snapshot, kv: &KeyValue| {
                 let st = KeyState::read(Some(kv));
@@ -87,23 +96,49 @@ impl Snapshot {
                 Some(Parsed::RunningVersion(v, h)) => {
                     s.running.entry(h).or_default().insert(v);
                 }
-                Some(Parsed::Enable(EnableLevel::Global)) => s.global = key_state(&mut s, kv),
-                Some(Parsed::Enable(EnableLevel::Role(r))) => {
+                Some(Parsed::Enable(level)) => {
                     let st = key_state(&mut s, kv);
-                    s.role_keys.insert(r, st);
-                }
-                Some(Parsed::Enable(EnableLevel::Host(h))) => {
-                    let st = key_state(&mut s, kv);
-                    s.host_keys.insert(h, st);
+                    s.enable_revisions.insert(level.clone(), kv.mod_revision);
+                    match level {
+                        EnableLevel::Global => s.global = st,
+                        EnableLevel::Role(r) => {
+                            s.role_keys.insert(r, st);
+                        }
+                        EnableLevel::Host(h) => {
+                            s.host_keys.insert(h, st);
+                        }
+                    }
                 }
                 Some(Parsed::Status(step, Outcome::Failure, v, h)) => {
-                    failures.push((v, h, step, kv.value.clone()))
+                    failures.push((v, h, step, kv.value.clone(), kv.mod_revision))
                 }
                 Some(Parsed::Agent(h)) => {
-                    s.agents.insert(h);
+                    // An unreadable record still proves a live agent; it counts as
+                    // running (the safe reading) and is reported.
+                    let rec = match parse_json::<AgentRecord>(kv) {
+                        Ok(r) => Some(r),
+                        Err(e) => {
+                            s.problems.push(e.to_string());
+                            None
+                        }
+                    };
+                    s.agents.insert(h, rec);
                 }
                 Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
-                    s.lock = serde_json::from_str(&kv.value).ok();
+                    s.lock = parse_json(kv).ok();
+                    s.lock_key = Some((kv.mod_revision, kv.lease.clone()));
+                }
+                Some(Parsed::Lock(name)) if name == HALT => {
+                    let rec = parse_json(kv).unwrap_or_else(|e| {
+                        s.problems.push(e.to_string());
+                        LockRecord {
+                            holder: "unknown".into(),
+                            host: "unknown".into(),
+                            pid: 0,
+                            since: 0,
+                        }
+                    });
+                    s.halt = Some((rec, kv.mod_revision));
                 }
                 Some(Parsed::Lock(name)) if name == EPOCH => s.epoch = kv.mod_revision,
                 _ => {}
@@ -111,9 +146,10 @@ impl Snapshot {
             s.revision = s.revision.max(kv.mod_revision);
         }
         if let Some(cur) = &s.current {
-            for (v, h, step, link) in failures {
+            for (v, h, step, link, rev) in failures {
                 if &v == cur {
-                    s.failures.insert(h, (step, link));
+                    s.failures.insert(h.clone(), (step, link));
+                    s.failure_revisions.insert(h, rev);
                 }
             }
         }
@@ -139,15 +175,16 @@ impl Snapshot {
             && snap.current.as_ref() != Some(v)
         {
             // Failures were read for `version`; record them under it.
-            snap.failures = kvs
-                .iter()
-                .filter_map(|kv| match schema.parse(&kv.key) {
-                    Some(Parsed::Status(step, Outcome::Failure, fv, h)) if &fv == v => {
-                        Some((h, (step, kv.value.clone())))
-                    }
-                    _ => None,
-                })
-                .collect();
+            snap.failures.clear();
+            snap.failure_revisions.clear();
+            for kv in &kvs {
+                if let Some(Parsed::Status(step, Outcome::Failure, fv, h)) = schema.parse(&kv.key)
+                    && &fv == v
+                {
+                    snap.failures.insert(h.clone(), (step, kv.value.clone()));
+                    snap.failure_revisions.insert(h, kv.mod_revision);
+                }
+            }
         }
         Ok(snap)
     }
@@ -160,29 +197,42 @@ impl Snapshot {
         schema: &Schema,
         version: Option<&Version>,
     ) -> Result<(Vec<KeyValue>, Revision), StoreError> {
+        let (kvs, revisions) = Snapshot::read_kvs_at(store, schema, version).await?;
+        Ok((kvs, revisions.into_iter().max().unwrap_or(0)))
+    }
+
+    /// Like `read_kvs`, with the revision of every listing. The desired version, the
+    /// enable keys and the locks are read first, the agents' records after them: an
+    /// agent starts a run only in a transaction fenced on the enable keys it read, so
+    /// every run that the enable keys read here do not account for is in the later
+    /// listing of the records.
+    pub async fn read_kvs_at(
+        store: &DynStore,
+        schema: &Schema,
+        version: Option<&Version>,
+    ) -> Result<(Vec<KeyValue>, Vec<Revision>), StoreError> {
         let current = store.get(&schema.current_version()).await?;
-        let cur_version = version
-            .cloned()
-            .or_else(|| current.as_ref().and_then(|kv| Version::new(kv.value.trim()).ok()));
-        let mut prefixes: Vec<Key> = vec![
-            schema.hosts(),
-            schema.running_versions(),
-            schema.enable_root(),
-            schema.agents(),
-            schema.locks(),
-        ];
+        let cur_version = version.cloned().or_else(|| {
+            current
+                .as_ref()
+                .and_then(|kv| parse_version(kv).ok().flatten())
+        });
+        let first = [schema.enable_root(), schema.locks()];
+        let mut second: Vec<Key> = vec![schema.hosts(), schema.running_versions(), schema.agents()];
         if let Some(v) = &cur_version {
             for step in Step::ALL {
-                prefixes.push(schema.status_version_prefix(step, Outcome::Failure, v));
+                second.push(schema.status_version_prefix(step, Outcome::Failure, v));
             }
         }
-        let listings = futures_util::future::try_join_all(prefixes.iter().map(|p| store.list(p))).await?;
-        let revision = listings.iter().map(|l| l.revision).max().unwrap_or(0);
+        let early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
+        let late = futures_util::future::try_join_all(second.iter().map(|p| store.list(p))).await?;
+        let mut revisions: Vec<Revision> = current.iter().map(|kv| kv.mod_revision).collect();
+        revisions.extend(early.iter().chain(late.iter()).map(|l| l.revision));
         let kvs = current
             .into_iter()
-            .chain(listings.into_iter().flat_map(|l| l.kvs))
+            .chain(early.into_iter().chain(late).flat_map(|l| l.kvs))
             .collect();
-        Ok((kvs, revision))
+        Ok((kvs, revisions))
     }
 
     /// Every known host: registered, or found at some version.
@@ -213,26 +263,35 @@ impl Snapshot {
 pub const ROLLOUT_LOCK: &str = "rollout";
 /// The key whose mod revision fences plans (see `Snapshot::epoch`).
 pub const EPOCH: &str = "epoch";
+/// The emergency stop `global-disable-puppet` leaves: a driver that sees one newer
+/// than its own start halts.
+pub const HALT: &str = "halt";
 
 /// A host's place in the rollout to the current version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HostState {
     Upgraded,
+    /// Enabled and moving, retrying after an operator re-enabled it, or running
+    /// something (for any version) whatever its enable keys say.
     Upgrading,
     Failed,
     Pending,
     /// Upgrading, but its agent's liveness lease is gone.
     Lost,
+    /// The enable key that decides for it holds an invalid value: neither its agent
+    /// nor `jioctl` moves it until the value is fixed.
+    Blocked,
 }
 
 impl HostState {
-    pub const ALL: [HostState; 5] = [
+    pub const ALL: [HostState; 6] = [
         HostState::Upgraded,
         HostState::Upgrading,
         HostState::Failed,
         HostState::Pending,
         HostState::Lost,
+        HostState::Blocked,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -241,6 +300,7 @@ impl HostState {
             HostState::Failed => "failed",
             HostState::Pending => "pending",
             HostState::Lost => "lost",
+            HostState::Blocked => "blocked",
         }
     }
     /// Holds a rolling slot (started and not done).
@@ -255,32 +315,98 @@ pub struct HostStatus {
     pub host: HostName,
     pub role: Role,
     pub state: HostState,
+    /// Why, where it is not obvious from the state (blocked, lost, still running an
+    /// earlier version, retrying).
+    pub reason: Option<String>,
+}
+
+impl Snapshot {
+    /// The host's agent is running a command (any version), or its record cannot
+    /// be read (counted as running: the safe reading).
+    fn agent_running(&self, h: &HostName) -> Option<String> {
+        match self.agents.get(h) {
+            Some(Some(r)) if r.state.running() => Some(format!(
+                "its agent is {} {}",
+                if r.state == crate::values::AgentState::Checking {
+                    "running a health check at"
+                } else {
+                    "running puppet for"
+                },
+                r.version.as_ref().map(Version::as_str).unwrap_or("no version")
+            )),
+            Some(None) => Some("its agent's record cannot be read".into()),
+            _ => None,
+        }
+    }
+
+    /// An operator (or a plan) wrote one of the host's enable keys after its failure
+    /// entry: its agent retries (it compares the same revisions), so the host is
+    /// moving again, not failed.
+    fn retrying(&self, h: &HostName, role: &Role, gate: &Gate) -> bool {
+        let Some(failed_at) = self.failure_revisions.get(h) else {
+            return false;
+        };
+        let keys = [
+            EnableLevel::Host(h.clone()),
+            EnableLevel::Role(role.clone()),
+            EnableLevel::Global,
+        ];
+        gate.enabled
+            && keys
+                .iter()
+                .any(|l| self.enable_revisions.get(l).is_some_and(|rev| rev > failed_at))
+    }
 }
 
 /// Classifies every host for the current version. Without a current version every
-/// host counts as upgraded (there is nothing to move to).
+/// host counts as upgraded (there is nothing to move to), unless its agent runs.
 pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
     s.hosts()
         .into_iter()
         .map(|h| {
             let role = s.role_of(&h);
-            let state = match &s.current {
-                None => HostState::Upgraded,
+            let running = s.agent_running(&h);
+            let (state, reason) = match &s.current {
+                None => match running {
+                    Some(r) => (HostState::Upgrading, Some(r)),
+                    None => (HostState::Upgraded, None),
+                },
                 Some(cur) => {
+                    let gate = s.gate(&h, &role);
+                    let upgraded = s.running.get(&h).is_some_and(|vs| vs.contains(cur));
                     if s.failures.contains_key(&h) {
-                        HostState::Failed
-                    } else if s.running.get(&h).is_some_and(|vs| vs.contains(cur)) {
-                        HostState::Upgraded
-                    } else if !s.gate(&h, &role).enabled {
-                        HostState::Pending
-                    } else if s.agents.contains(&h) {
-                        HostState::Upgrading
+                        if s.retrying(&h, &role, &gate) {
+                            (
+                                HostState::Upgrading,
+                                Some("retrying: re-enabled after its failure".into()),
+                            )
+                        } else {
+                            (HostState::Failed, None)
+                        }
+                    } else if let Some(r) = running {
+                        (HostState::Upgrading, (!gate.enabled || upgraded).then_some(r))
+                    } else if upgraded {
+                        (HostState::Upgraded, None)
+                    } else if let Some(why) = gate.blocked {
+                        (HostState::Blocked, Some(why))
+                    } else if !gate.enabled {
+                        (HostState::Pending, None)
+                    } else if s.agents.contains_key(&h) {
+                        (HostState::Upgrading, None)
                     } else {
-                        HostState::Lost
+                        (
+                            HostState::Lost,
+                            Some("enabled, but its agent is not alive (no /agents record)".into()),
+                        )
                     }
                 }
             };
-            HostStatus { host: h, role, state }
+            HostStatus {
+                host: h,
+                role,
+                state,
+                reason,
+            }
         })
         .collect()
 }
@@ -302,6 +428,8 @@ pub fn by_state_and_role(hosts: &[HostStatus]) -> BTreeMap<HostState, BTreeMap<R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const IDLE: &str = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
 
     fn kv(key: &str, value: &str) -> KeyValue {
         KeyValue {
@@ -337,7 +465,7 @@ mod tests {
             kv("/config_state/enable_puppet/host/cp3", "false"),
             kv("/status/configured/failure/v2/cp2", "http://logs/cp2"),
             kv("/status/validated/failure/v1/cp1", ""), // another version: ignored
-            kv("/agents/ctl2", "{}"),
+            kv("/agents/ctl2", IDLE),
         ];
         let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
         let states: BTreeMap<String, (String, HostState)> = classify(&snap)
@@ -357,6 +485,109 @@ mod tests {
         .collect();
         assert_eq!(states, want);
         assert_eq!(snap.failures[&HostName::new("cp2").unwrap()].1, "http://logs/cp2");
+    }
+
+    fn kv_rev(key: &str, value: &str, rev: Revision) -> KeyValue {
+        KeyValue {
+            mod_revision: rev,
+            ..kv(key, value)
+        }
+    }
+
+    fn state_of(snap: &Snapshot, host: &str) -> (HostState, Option<String>) {
+        let h = classify(snap)
+            .into_iter()
+            .find(|s| s.host.as_str() == host)
+            .unwrap();
+        (h.state, h.reason)
+    }
+
+    #[test]
+    fn a_host_whose_agent_runs_is_in_flight_whatever_its_gate() {
+        // Re-targeted to v3: every enable key was reset, but cp1's agent still runs
+        // its v2 puppet and cp2's agent is checking its health.
+        let kvs = vec![
+            kv("/current_version", "v3"),
+            kv("/config_state/enable_puppet/global", "false"),
+            kv("/hosts/cp1", &rec("compute")),
+            kv("/hosts/cp2", &rec("compute")),
+            kv("/hosts/cp3", &rec("compute")),
+            kv("/running/versions/v3/cp2", "1"),
+            kv(
+                "/agents/cp1",
+                r#"{"state":"upgrading","version":"v2","since":1,"pid":1}"#,
+            ),
+            kv(
+                "/agents/cp2",
+                r#"{"state":"checking","version":"v3","since":1,"pid":1}"#,
+            ),
+            kv("/agents/cp3", IDLE),
+        ];
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let (st, why) = state_of(&snap, "cp1");
+        assert_eq!(st, HostState::Upgrading);
+        assert!(why.unwrap().contains("running puppet for v2"));
+        let (st, why) = state_of(&snap, "cp2");
+        assert_eq!(st, HostState::Upgrading);
+        assert!(why.unwrap().contains("health check"));
+        assert_eq!(state_of(&snap, "cp3").0, HostState::Pending);
+        assert!(HostState::Upgrading.in_flight());
+    }
+
+    #[test]
+    fn an_invalid_deciding_key_blocks_the_host_on_this_side_too() {
+        let kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "yes"),
+            kv("/config_state/enable_puppet/host/cp2", "true"),
+            kv("/hosts/cp1", &rec("compute")),
+            kv("/hosts/cp2", &rec("compute")),
+            kv("/agents/cp1", IDLE),
+            kv("/agents/cp2", IDLE),
+        ];
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let (st, why) = state_of(&snap, "cp1");
+        assert_eq!(st, HostState::Blocked);
+        assert!(why.unwrap().contains("/config_state/enable_puppet/global"));
+        assert!(!st.in_flight());
+        // cp2's own key decides before the invalid global one.
+        assert_eq!(state_of(&snap, "cp2").0, HostState::Upgrading);
+    }
+
+    #[test]
+    fn a_failed_host_re_enabled_after_its_failure_is_retrying() {
+        let base = |host_key_rev: Revision| {
+            vec![
+                kv("/current_version", "v2"),
+                kv("/config_state/enable_puppet/global", "false"),
+                kv_rev("/config_state/enable_puppet/host/cp1", "true", host_key_rev),
+                kv("/hosts/cp1", &rec("compute")),
+                kv("/agents/cp1", IDLE),
+                kv_rev("/status/configured/failure/v2/cp1", "puppet exited 6", 10),
+            ]
+        };
+        let snap = Snapshot::from_kvs(&Schema::default(), &base(5));
+        assert_eq!(state_of(&snap, "cp1").0, HostState::Failed);
+        let snap = Snapshot::from_kvs(&Schema::default(), &base(11));
+        let (st, why) = state_of(&snap, "cp1");
+        assert_eq!(st, HostState::Upgrading);
+        assert!(why.unwrap().contains("retrying"));
+    }
+
+    #[test]
+    fn unreadable_agent_records_and_locks_are_reported() {
+        let kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+            kv("/hosts/cp1", &rec("compute")),
+            kv("/agents/cp1", "{not json"),
+            kv("/locks/halt", r#"{"holder":"alice","host":"l","pid":1,"since":1}"#),
+        ];
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        // Counted as running: the safe reading.
+        assert_eq!(state_of(&snap, "cp1").0, HostState::Upgrading);
+        assert!(snap.problems.iter().any(|p| p.contains("/agents/cp1")));
+        assert_eq!(snap.halt.as_ref().unwrap().0.holder, "alice");
     }
 
     #[test]

@@ -93,7 +93,7 @@ impl Outcome {
 }
 
 /// Which `enable_puppet` key: the most specific one that is set decides.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EnableLevel {
     Host(HostName),
     Role(Role),

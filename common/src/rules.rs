@@ -90,8 +90,7 @@ fn strings(path: &str, v: &Value, errors: &mut Vec<String>) -> Vec<String> {
 impl Rules {
     /// Parses the instructions JSON.
     pub fn parse(text: &str) -> Result<Rules, RulesError> {
-        let v: Value =
-            serde_json::from_str(text).map_err(|e| RulesError(vec![format!("malformed JSON: {e}")]))?;
+        let v = strict_json(text).map_err(|e| RulesError(vec![format!("malformed JSON: {e}")]))?;
         let Value::Object(top) = v else {
             return Err(RulesError(vec![format!(
                 "the rules must be a JSON object, not {v}"
@@ -305,6 +304,69 @@ impl Rules {
     }
 }
 
+/// Parses JSON like `serde_json`, but an object that names a key twice is an error
+/// (serde_json keeps the last one silently, so half of a rule would be ignored).
+fn strict_json(text: &str) -> Result<Value, serde_json::Error> {
+    use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
+    struct Strict(Value);
+    impl<'de> Deserialize<'de> for Strict {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+            d.deserialize_any(StrictVisitor)
+        }
+    }
+    struct StrictVisitor;
+    impl<'de> Visitor<'de> for StrictVisitor {
+        type Value = Strict;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Strict, E> {
+            Ok(Strict(Value::Bool(v)))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Strict, E> {
+            Ok(Strict(v.into()))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Strict, E> {
+            Ok(Strict(v.into()))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Strict, E> {
+            Ok(Strict(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Strict, E> {
+            Ok(Strict(Value::String(v.to_string())))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Strict, E> {
+            Ok(Strict(Value::String(v)))
+        }
+        fn visit_unit<E>(self) -> Result<Strict, E> {
+            Ok(Strict(Value::Null))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+            let mut out = Vec::new();
+            while let Some(Strict(v)) = seq.next_element()? {
+                out.push(v);
+            }
+            Ok(Strict(Value::Array(out)))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+            let mut out = serde_json::Map::new();
+            while let Some(k) = map.next_key::<String>()? {
+                let Strict(v) = map.next_value()?;
+                if out.insert(k.clone(), v).is_some() {
+                    return Err(A::Error::custom(format!(
+                        "key {k:?} is given twice in one object (which one was meant?)"
+                    )));
+                }
+            }
+            Ok(Strict(Value::Object(out)))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let Strict(v) = Strict::deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
+}
+
 fn find_cycle(graph: &BTreeMap<String, Vec<String>>) -> Option<Vec<String>> {
     fn visit(
         n: &str,
@@ -359,8 +421,15 @@ pub struct GroupPlan {
     pub upgraded: usize,
     pub in_flight: usize,
     pub pending: usize,
+    /// Hosts whose enable key holds an invalid value (never admitted).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub blocked: usize,
     /// Hosts or roles admitted by this plan, or why none.
     pub action: String,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The keys a pass writes.
@@ -421,7 +490,11 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved) -> Plan {
                 "waiting for {}",
                 waiting.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
             )
-        } else if limit.is_none_or(|l| l >= (pending.len() + in_flight) as u64) {
+        } else if !hs.iter().any(|h| h.state == HostState::Blocked)
+            && limit.is_none_or(|l| l >= (pending.len() + in_flight) as u64)
+        {
+            // (Not with a blocked host in the group: a role key would override the
+            // invalid key that blocks it, or clearing its host key would unblock it.)
             // Everything fits: open the role keys, clear their host keys.
             let roles: BTreeSet<&Role> = hs.iter().map(|h| &h.role).collect();
             for role in &roles {
@@ -459,6 +532,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved) -> Plan {
             upgraded,
             in_flight,
             pending: pending.len(),
+            blocked: hs.iter().filter(|h| h.state == HostState::Blocked).count(),
             action,
         });
     }
@@ -471,6 +545,8 @@ mod tests {
     use crate::fleet::classify;
     use crate::keys::{Key, Schema};
     use crate::store::KeyValue;
+
+    const IDLE: &str = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
 
     fn kv(key: &str, value: &str) -> KeyValue {
         KeyValue {
@@ -496,7 +572,7 @@ mod tests {
                 &format!("/hosts/{h}"),
                 &format!(r#"{{"role":"{role}","agent_version":"1","addresses":[],"first_seen":1}}"#),
             ));
-            kvs.push(kv(&format!("/agents/{h}"), "{}"));
+            kvs.push(kv(&format!("/agents/{h}"), IDLE));
             match *state {
                 "up" => kvs.push(kv(&format!("/running/versions/v2/{h}"), "1")),
                 "going" => kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true")),
@@ -577,6 +653,63 @@ mod tests {
         // No rules: unlimited.
         let p = run("{}", &hosts);
         assert_eq!(names(&p.enable_roles), vec!["compute"]);
+    }
+
+    #[test]
+    fn hosts_still_running_an_older_version_hold_their_slots() {
+        // Re-targeted while cp1 and cp2 run their v1 puppet: limit 2, nothing fits.
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+        ];
+        for h in ["cp1", "cp2", "cp3", "cp4"] {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
+            ));
+        }
+        for h in ["cp1", "cp2"] {
+            kvs.push(kv(
+                &format!("/agents/{h}"),
+                r#"{"state":"upgrading","version":"v1","since":1,"pid":1}"#,
+            ));
+        }
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let statuses = classify(&snap);
+        let roles = statuses.iter().map(|h| h.role.clone()).collect();
+        let r = Rules::parse(r#"{"rolling_rules":{"roles":{"compute":2}}}"#)
+            .unwrap()
+            .resolve(&roles)
+            .unwrap();
+        let p = plan(&snap, &statuses, &r);
+        assert!(p.is_empty(), "{p:?}");
+        assert!(p.groups[0].action.contains("at limit (2 of 2"), "{:?}", p.groups);
+    }
+
+    #[test]
+    fn a_blocked_host_keeps_its_group_on_host_keys() {
+        // The role key is invalid: enabling the role would overwrite it.
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+            kv("/config_state/enable_puppet/role/compute", "yes"),
+            kv("/config_state/enable_puppet/host/cp2", "false"),
+        ];
+        for h in ["cp1", "cp2"] {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
+            ));
+            kvs.push(kv(&format!("/agents/{h}"), IDLE));
+        }
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let statuses = classify(&snap);
+        let roles = statuses.iter().map(|h| h.role.clone()).collect();
+        let r = Rules::parse("{}").unwrap().resolve(&roles).unwrap();
+        let p = plan(&snap, &statuses, &r);
+        assert!(p.enable_roles.is_empty() && p.clear_host_keys.is_empty(), "{p:?}");
+        assert_eq!(names(&p.enable_hosts), vec!["cp2"]);
+        assert_eq!(p.groups[0].blocked, 1);
     }
 
     #[test]
@@ -724,6 +857,15 @@ mod tests {
                 "give only one",
             ),
             (r#"{"max_failures": -2}"#, "max_failures: -2 is not a count"),
+            (
+                r#"{"rolling_rules":{"global":1},"rolling_rules":{"global":5}}"#,
+                "key \"rolling_rules\" is given twice",
+            ),
+            (
+                r#"{"rolling_rules":{"roles":{"compute":1,"compute":9}}}"#,
+                "key \"compute\" is given twice",
+            ),
+            (r#"{} {}"#, "malformed JSON"),
         ];
         for (text, want) in cases {
             let err = Rules::parse(text).unwrap_err().to_string();
