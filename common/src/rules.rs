@@ -317,7 +317,7 @@ fn strict_json(text: &str) -> Result<Value, serde_json::Error> {
     struct StrictVisitor;
     impl<'de> Visitor<'de> for StrictVisitor {
         type Value = Strict;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a JSON value")
         }
         fn visit_bool<E>(self, v: bool) -> Result<Strict, E> {

@@ -22,8 +22,15 @@ pub mod exit {
     pub const UNREACHABLE: u8 = 2;
     /// The rules are invalid (nothing was written).
     pub const INVALID_RULES: u8 = 3;
-    /// Another jioctl drives a rollout (without --retry).
+    /// Another jioctl drives a rollout (without --retry), or this one lost the lock.
     pub const LOCKED: u8 = 4;
+    /// `upgrade --timeout` passed before the rollout finished.
+    pub const TIMED_OUT: u8 = 5;
+    /// An emergency stop (`global-disable-puppet`) halted the rollout.
+    pub const HALTED: u8 = 6;
+    /// Stopped by SIGINT (Ctrl-C) / SIGTERM: 128 + the signal number, as shells do.
+    pub const SIGINT: u8 = 130;
+    pub const SIGTERM: u8 = 143;
     /// Bad command line, configuration or input (nothing was written).
     pub const USAGE: u8 = 64;
     /// Anything else.
@@ -84,13 +91,21 @@ pub enum Command {
         /// Repeat passes until nothing is pending or upgrading
         #[arg(long)]
         retry: bool,
+        /// With --retry: give up (exit 5) when the rollout has not finished by then (e.g. 30m)
+        #[arg(long, value_parser = parse_duration, requires = "retry")]
+        timeout: Option<std::time::Duration>,
     },
     /// Delete every role and host enable_puppet key and set the global one to false
     #[command(alias = "global_disable_puppet")]
     GlobalDisablePuppet,
-    /// Set /current_version
+    /// Set /current_version (refused when it would release hosts outside any rules, unless --force)
     #[command(alias = "trigger_update")]
-    TriggerUpdate { version: String },
+    TriggerUpdate {
+        version: String,
+        /// Write it even though it releases hosts at once, outside any rolling rules
+        #[arg(long)]
+        force: bool,
+    },
     /// Print /current_version
     #[command(alias = "current_version")]
     CurrentVersion,
@@ -108,6 +123,9 @@ pub enum Command {
         /// Remove the key instead
         #[arg(long)]
         delete: bool,
+        /// With `true --global`: write it even though it releases hosts at once
+        #[arg(long)]
+        force: bool,
     },
     /// Versions hosts run, with counts
     #[command(alias = "running_versions")]
@@ -196,6 +214,10 @@ pub fn main() -> u8 {
     }
 }
 
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    jio_common::duration::parse(s)
+}
+
 fn usage(msg: impl std::fmt::Display) -> anyhow::Result<u8> {
     eprintln!("jioctl: {msg}");
     Ok(exit::USAGE)
@@ -255,6 +277,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             instructions_file,
             noop,
             retry,
+            timeout,
         } => {
             let version = match Version::new(version) {
                 Ok(v) => v,
@@ -279,38 +302,50 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     verbose: cli.verbose > 0,
                     json,
                     quiet: false,
+                    timeout,
                 },
             )
             .await
         }
         Command::GlobalDisablePuppet => {
             let store = connect(&cfg).await?;
-            writes::write(&store, &schema, writes::global_disable_ops(&schema)).await?;
-            println!("puppet disabled globally; every enable_puppet key removed");
-            Ok(exit::OK)
+            upgrade::emergency_stop(&store, &schema).await
         }
-        Command::TriggerUpdate { version } => {
+        Command::TriggerUpdate { version, force } => {
             let version = match Version::new(version) {
                 Ok(v) => v,
                 Err(e) => return usage(e),
             };
             let store = connect(&cfg).await?;
-            writes::write(
-                &store,
-                &schema,
-                vec![Op::put(schema.current_version(), version.to_string())],
-            )
+            let ops = vec![Op::put(schema.current_version(), version.to_string())];
+            let what = format!("trigger-update {version}");
+            let wrote = release_checked(&store, &schema, ops, force, &what, |s| {
+                s.current = Some(version.clone());
+            })
             .await?;
+            if let Some(code) = wrote {
+                return Ok(code);
+            }
             println!("current_version set to {version}");
             Ok(exit::OK)
         }
         Command::CurrentVersion => {
             let store = connect(&cfg).await?;
             match store.get(&schema.current_version()).await? {
-                Some(kv) => {
-                    println!("{}", kv.value.trim());
-                    Ok(exit::OK)
-                }
+                Some(kv) => match jio_common::values::parse_version(&kv) {
+                    Ok(Some(v)) => {
+                        println!("{v}");
+                        Ok(exit::OK)
+                    }
+                    Ok(None) => {
+                        eprintln!("jioctl: {} is empty", kv.key);
+                        Ok(exit::FAILED)
+                    }
+                    Err(e) => {
+                        eprintln!("jioctl: {e}");
+                        Ok(exit::SOFTWARE)
+                    }
+                },
                 None => {
                     eprintln!("jioctl: /current_version is not set");
                     Ok(exit::FAILED)
@@ -323,6 +358,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             role,
             host,
             delete,
+            force,
         } => {
             let level = match (global, role, host) {
                 (true, None, None) => EnableLevel::Global,
@@ -346,9 +382,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 (false, None) => return usage("give true or false, or --delete"),
             };
             let store = connect(&cfg).await?;
-            writes::write(&store, &schema, vec![op])
-                .await
-                .context("writing the enable key")?;
+            if level == EnableLevel::Global && value.as_deref() == Some("true") {
+                let what = "enable-puppet true --global".to_string();
+                if let Some(code) = release_checked(&store, &schema, vec![op], force, &what, |s| {
+                    s.global = jio_common::gate::KeyState::Set(true);
+                })
+                .await?
+                {
+                    return Ok(code);
+                }
+            } else {
+                writes::write(&store, &schema, vec![op])
+                    .await
+                    .context("writing the enable key")?;
+            }
             println!(
                 "{key} {}",
                 if delete {
@@ -403,6 +450,49 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             let store = connect(&cfg).await?;
             queries::logs(&store, &schema, &client, &host, version, phase.as_deref()).await
         }
+    }
+}
+
+/// Writes `ops` (which `change` describes on a snapshot) unless they would let hosts
+/// start at once outside any rolling rules; `--force` writes anyway. `Some(code)`:
+/// refused, nothing written.
+async fn release_checked(
+    store: &DynStore,
+    schema: &jio_common::keys::Schema,
+    ops: Vec<Op>,
+    force: bool,
+    what: &str,
+    change: impl Fn(&mut jio_common::fleet::Snapshot),
+) -> anyhow::Result<Option<u8>> {
+    loop {
+        let before = jio_common::fleet::Snapshot::read(store, schema).await?;
+        let mut after = before.clone();
+        change(&mut after);
+        let released = upgrade::released_by(&before, &after);
+        if !released.is_empty() && !force {
+            eprintln!(
+                "jioctl: {what} would release {} host(s) at once, outside any rolling rules ({}{}); nothing was written. Use `jioctl upgrade` to roll out under the rules, or --force",
+                released.len(),
+                released
+                    .iter()
+                    .take(8)
+                    .map(|h| h.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if released.len() > 8 { ", ..." } else { "" }
+            );
+            return Ok(Some(exit::USAGE));
+        }
+        if upgrade::write_checked(store, schema, ops.clone(), &before).await? {
+            if !released.is_empty() {
+                eprintln!(
+                    "jioctl: --force: {} host(s) released at once, outside any rolling rules",
+                    released.len()
+                );
+            }
+            return Ok(None);
+        }
+        // Something changed what the count was computed on: count again.
     }
 }
 

@@ -14,11 +14,12 @@ pub struct Counts {
     pub failed: usize,
     pub pending: usize,
     pub lost: usize,
+    pub blocked: usize,
 }
 
 impl Counts {
     fn total(&self) -> usize {
-        self.upgraded + self.upgrading + self.failed + self.pending + self.lost
+        self.upgraded + self.upgrading + self.failed + self.pending + self.lost + self.blocked
     }
 }
 
@@ -32,6 +33,7 @@ pub fn counts(hosts: &[HostStatus]) -> BTreeMap<String, Counts> {
             HostState::Failed => c.failed += 1,
             HostState::Pending => c.pending += 1,
             HostState::Lost => c.lost += 1,
+            HostState::Blocked => c.blocked += 1,
         }
     }
     out
@@ -92,7 +94,7 @@ impl Progress {
                 let done = (c.upgraded * width).checked_div(c.total()).unwrap_or(width);
                 let _ = writeln!(
                     out,
-                    "\x1b[2K{:<16} [{}{}] {:>4}/{:<4} upgrading {:<3} failed {:<3} pending {:<3}{}",
+                    "\x1b[2K{:<16} [{}{}] {:>4}/{:<4} upgrading {:<3} failed {:<3} pending {:<3}{}{}",
                     role,
                     "#".repeat(done),
                     "-".repeat(width - done),
@@ -105,6 +107,11 @@ impl Progress {
                         format!(" lost {}", c.lost)
                     } else {
                         String::new()
+                    },
+                    if c.blocked > 0 {
+                        format!(" blocked {}", c.blocked)
+                    } else {
+                        String::new()
                     }
                 );
             }
@@ -114,13 +121,18 @@ impl Progress {
                 if self.last.get(role) != Some(c) {
                     let _ = writeln!(
                         out,
-                        "{role}: {}/{} upgraded, {} upgrading, {} failed, {} pending, {} lost",
+                        "{role}: {}/{} upgraded, {} upgrading, {} failed, {} pending, {} lost{}",
                         c.upgraded,
                         c.total(),
                         c.upgrading,
                         c.failed,
                         c.pending,
-                        c.lost
+                        c.lost,
+                        if c.blocked > 0 {
+                            format!(", {} blocked", c.blocked)
+                        } else {
+                            String::new()
+                        }
                     );
                 }
             }

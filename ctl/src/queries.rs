@@ -167,9 +167,13 @@ pub async fn get_failures(
             .collect();
         println!("{}", json!(v));
     } else if hosts {
-        for (h, (step, link)) in f {
-            let link = if link.is_empty() { "(no log link)" } else { link };
-            println!("{h}\t{}\t{}\t{link}", snap.role_of(h), step.as_str());
+        for (h, (step, value)) in f {
+            println!(
+                "{h}\t{}\t{}\t{}",
+                snap.role_of(h),
+                step.as_str(),
+                crate::status::describe_entry(value)
+            );
         }
     } else {
         let mut by_role: BTreeMap<String, usize> = BTreeMap::new();
@@ -199,7 +203,13 @@ pub async fn logs(
     let version = match version {
         Some(v) => v,
         None => match store.get(&schema.current_version()).await? {
-            Some(kv) => Version::new(kv.value.trim())?,
+            Some(kv) => match jio_common::values::parse_version(&kv)? {
+                Some(v) => v,
+                None => {
+                    eprintln!("jioctl: /current_version is empty; give --version");
+                    return Ok(exit::FAILED);
+                }
+            },
             None => {
                 eprintln!("jioctl: /current_version is not set; give --version");
                 return Ok(exit::FAILED);
@@ -225,6 +235,17 @@ pub async fn logs(
         );
         return Ok(exit::FAILED);
     };
+    if kv.not_text {
+        eprintln!("jioctl: {} holds a value that is not UTF-8 text ({})", kv.key, kv.value);
+        return Ok(exit::FAILED);
+    }
+    if !kv.value.is_empty() && !crate::status::is_link(&kv.value) {
+        eprintln!(
+            "jioctl: {} has no log link; the agent reported: {}",
+            kv.key, kv.value
+        );
+        return Ok(exit::FAILED);
+    }
     if kv.value.is_empty() {
         eprintln!(
             "jioctl: {} has no log link yet (the upload is still queued on the host, or Swift is not configured there)",

@@ -21,14 +21,44 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
     let links: BTreeMap<&str, &str> = snap
         .failures
         .iter()
+        .filter(|(_, (_, l))| is_link(l))
         .map(|(h, (_, l))| (h.as_str(), l.as_str()))
         .collect();
     out.insert("failure_links".into(), json!(links));
+    let failure_reasons: BTreeMap<&str, &str> = snap
+        .failures
+        .iter()
+        .filter(|(_, (_, l))| !l.is_empty() && !is_link(l))
+        .map(|(h, (_, l))| (h.as_str(), l.as_str()))
+        .collect();
+    out.insert("failure_reasons".into(), json!(failure_reasons));
+    let reasons: BTreeMap<&str, &str> = hosts
+        .iter()
+        .filter_map(|h| h.reason.as_deref().map(|r| (h.host.as_str(), r)))
+        .collect();
+    out.insert("reasons".into(), json!(reasons));
     out.insert("lock".into(), json!(snap.lock));
     if !snap.problems.is_empty() {
         out.insert("problems".into(), json!(snap.problems));
     }
     Value::Object(out)
+}
+
+/// A status leaf's value is a link to the run's logs when it looks like one;
+/// otherwise it is the agent's reason for the failure (or empty).
+pub fn is_link(value: &str) -> bool {
+    value.starts_with("http://") || value.starts_with("https://")
+}
+
+/// A failure entry's value for people: the link, the reason, or that there is none.
+pub fn describe_entry(value: &str) -> String {
+    if value.is_empty() {
+        "(no log link, no reason recorded)".into()
+    } else if is_link(value) {
+        value.to_string()
+    } else {
+        format!("reason: {value}")
+    }
 }
 
 /// Filters to one role.
@@ -63,29 +93,41 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
     for h in hosts {
         *per_role.entry(&h.role).or_default().entry(h.state).or_default() += 1;
     }
+    let any_blocked = hosts.iter().any(|h| h.state == HostState::Blocked);
     let _ = writeln!(
         s,
-        "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}",
-        "ROLE", "UPGRADED", "UPGRADING", "FAILED", "PENDING", "LOST"
+        "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}",
+        "ROLE",
+        "UPGRADED",
+        "UPGRADING",
+        "FAILED",
+        "PENDING",
+        "LOST",
+        if any_blocked { "  BLOCKED" } else { "" }
     );
     for (role, counts) in &per_role {
         let c = |st| counts.get(&st).copied().unwrap_or(0);
         let total: usize = counts.values().sum();
         let _ = writeln!(
             s,
-            "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}",
+            "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}",
             role.as_str(),
             format!("{}/{}", c(HostState::Upgraded), total),
             c(HostState::Upgrading),
             c(HostState::Failed),
             c(HostState::Pending),
-            c(HostState::Lost)
+            c(HostState::Lost),
+            if any_blocked {
+                format!("  {:>7}", c(HostState::Blocked))
+            } else {
+                String::new()
+            }
         );
     }
     if hosts.is_empty() {
         let _ = writeln!(s, "(no hosts)");
     }
-    for state in [HostState::Upgrading, HostState::Lost, HostState::Pending] {
+    for state in [HostState::Upgrading, HostState::Pending] {
         let names: Vec<&str> = hosts
             .iter()
             .filter(|h| h.state == state)
@@ -95,25 +137,32 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
             let _ = writeln!(s, "{}: {}", state.as_str(), names.join(" "));
         }
     }
-    for h in hosts.iter().filter(|h| h.state == HostState::Failed) {
-        let (step, link) = snap
-            .failures
-            .get(&h.host)
-            .cloned()
-            .unwrap_or((jio_common::keys::Step::Configured, String::new()));
-        let link = if link.is_empty() {
-            "(no log link)".to_string()
-        } else {
-            link
-        };
-        let _ = writeln!(
-            s,
-            "failed: {} ({}) at {}: {}",
-            h.host,
-            h.role,
-            step.as_str(),
-            link
-        );
+    // Hosts with something to explain, one line each.
+    for h in hosts {
+        match (h.state, &h.reason) {
+            (HostState::Failed, _) => {
+                let (step, value) = snap
+                    .failures
+                    .get(&h.host)
+                    .cloned()
+                    .unwrap_or((jio_common::keys::Step::Configured, String::new()));
+                let _ = writeln!(
+                    s,
+                    "failed: {} ({}) at {}: {}",
+                    h.host,
+                    h.role,
+                    step.as_str(),
+                    describe_entry(&value)
+                );
+            }
+            (state, Some(reason)) => {
+                let _ = writeln!(s, "{}: {} ({}): {reason}", state.as_str(), h.host, h.role);
+            }
+            (HostState::Lost, None) => {
+                let _ = writeln!(s, "lost: {} ({})", h.host, h.role);
+            }
+            _ => {}
+        }
     }
     s
 }

@@ -1,25 +1,29 @@
 //! `jioctl upgrade`: set the desired version and drive the rollout under the rules.
 //!
 //! Each pass reads a snapshot, plans with the pure planner, and applies the plan in
-//! epoch-fenced transactions; a pass that lost the race plans again. With `--retry`
-//! passes repeat, woken by a watch on the namespace (not a timer), until nothing is
-//! pending or upgrading, or failures stop the rollout.
+//! transactions fenced on the plan epoch and on still holding the rollout lock; a
+//! pass that lost the race plans again, a driver that lost the lock takes it again
+//! or stops. With `--retry` passes repeat, woken by a watch on the namespace (not a
+//! timer), until nothing is pending or upgrading, failures stop the rollout, an
+//! emergency stop halts it, or `--timeout` passes. While it waits it says on what.
+//! The last pass resets the enable keys, so a finished rollout leaves nothing armed.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use std::collections::BTreeMap;
 
-use jio_common::fleet::{self, HostState, Snapshot};
+use jio_common::fleet::{self, HALT, HostState, HostStatus, LockRecord, Snapshot};
+use jio_common::gate::KeyState;
 use jio_common::keys::{Key, Outcome, Parsed, Schema};
 use jio_common::names::{Role, Version};
 use jio_common::rules::{self, Plan, Rules};
-use jio_common::store::{DynStore, ErrorKind, KeyValue, Revision, StoreError, WatchEvent};
+use jio_common::store::{Compare, DynStore, ErrorKind, KeyValue, Op, Revision, StoreError, Txn, WatchEvent};
 
 use crate::cli::exit;
 use crate::progress::Progress;
-use crate::writes::{self, LockOutcome, RolloutLock};
+use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
 
 pub struct Args {
     pub version: Version,
@@ -30,6 +34,8 @@ pub struct Args {
     pub json: bool,
     /// Print nothing but errors (for programs that drive upgrades in-process).
     pub quiet: bool,
+    /// `--timeout`: give up (exit `TIMED_OUT`) when the rollout has not finished by then.
+    pub timeout: Option<Duration>,
 }
 
 /// The keys a snapshot reads, kept up to date from the watch so that a pass costs
@@ -38,14 +44,18 @@ pub struct Args {
 struct LiveView {
     kvs: BTreeMap<Key, KeyValue>,
     revision: Revision,
+    /// The oldest revision of the listings: the watch starts after it, so that no
+    /// change between two listings is missed (events already seen are skipped).
+    watch_from: Revision,
 }
 
 impl LiveView {
     async fn read(store: &DynStore, schema: &Schema) -> Result<LiveView, StoreError> {
-        let (kvs, revision) = Snapshot::read_kvs(store, schema, None).await?;
+        let (kvs, revisions) = Snapshot::read_kvs_at(store, schema, None).await?;
         Ok(LiveView {
             kvs: kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect(),
-            revision,
+            revision: revisions.iter().copied().max().unwrap_or(0),
+            watch_from: revisions.iter().copied().min().unwrap_or(0),
         })
     }
 
@@ -72,14 +82,12 @@ impl LiveView {
                 if !relevant(&kv.key) {
                     return Applied::Nothing;
                 }
-                let parsed = schema.parse(&kv.key);
-                let old = self.kvs.get(&kv.key).map(|o| o.value.clone());
-                // A liveness record only matters by being there; other values matter.
-                let changed = match parsed {
-                    Some(Parsed::Agent(_)) => old.is_none(),
-                    _ => old.as_ref() != Some(&kv.value),
-                };
-                let version_changed = parsed == Some(Parsed::CurrentVersion) && changed;
+                let old = self.kvs.get(&kv.key);
+                if old.is_some_and(|o| o.mod_revision >= kv.mod_revision) {
+                    return Applied::Nothing; // already in a listing
+                }
+                let changed = old.map(|o| (&o.value, o.not_text)) != Some((&kv.value, kv.not_text));
+                let version_changed = schema.parse(&kv.key) == Some(Parsed::CurrentVersion) && changed;
                 self.kvs.insert(kv.key.clone(), kv);
                 if version_changed {
                     Applied::Reread
@@ -89,7 +97,10 @@ impl LiveView {
                     Applied::Nothing
                 }
             }
-            WatchEvent::Delete { key, .. } => {
+            WatchEvent::Delete { key, revision } => {
+                if self.kvs.get(&key).is_some_and(|o| o.mod_revision > revision) {
+                    return Applied::Nothing; // written again after this delete
+                }
                 if schema.parse(&key) == Some(Parsed::CurrentVersion) {
                     Applied::Reread
                 } else if self.kvs.remove(&key).is_some() {
@@ -113,12 +124,15 @@ enum Applied {
 
 /// How long `--retry` keeps going while the store is unreachable.
 const STORE_PATIENCE: Duration = Duration::from_secs(300);
+/// While waiting, what blocks the rollout is printed on every change and at least
+/// this often.
+const WAITING_REMINDER: Duration = Duration::from_secs(60);
 
 /// A snapshot as it will be once the rollout to `v` has started (for `--noop`).
 fn as_if_started(mut snap: Snapshot, v: &Version) -> Snapshot {
     if snap.current.as_ref() != Some(v) {
         snap.current = Some(v.clone());
-        snap.global = jio_common::gate::KeyState::Set(false);
+        snap.global = KeyState::Set(false);
         snap.role_keys.clear();
         snap.host_keys.clear();
     }
@@ -131,8 +145,13 @@ fn print_plan(plan: &Plan) {
             .limit
             .map(|l| l.to_string())
             .unwrap_or_else(|| "unlimited".into());
+        let blocked = if g.blocked > 0 {
+            format!(" blocked {}", g.blocked)
+        } else {
+            String::new()
+        };
         println!(
-            "  {:<16} limit {:<9} upgraded {:<4} in flight {:<4} pending {:<4} -> {}",
+            "  {:<16} limit {:<9} upgraded {:<4} in flight {:<4} pending {:<4}{blocked} -> {}",
             g.group, limit, g.upgraded, g.in_flight, g.pending, g.action
         );
     }
@@ -163,10 +182,71 @@ fn admitted(plan: &Plan) -> Option<String> {
     (!parts.is_empty()).then(|| format!("enabled {}", parts.join("; ")))
 }
 
+/// At most this many hosts are named per kind in a waiting line.
+const NAMED: usize = 8;
+
+fn named(hosts: &[&HostStatus], with_reason: bool) -> String {
+    let mut parts: Vec<String> = hosts
+        .iter()
+        .take(NAMED)
+        .map(|h| match (&h.reason, with_reason) {
+            (Some(r), true) => format!("{} ({r})", h.host),
+            _ => h.host.to_string(),
+        })
+        .collect();
+    if hosts.len() > NAMED {
+        parts.push(format!("and {} more", hosts.len() - NAMED));
+    }
+    parts.join(", ")
+}
+
+/// What the rollout waits for, in one line: the hosts that are not done and why.
+pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
+    let of = |st: HostState| -> Vec<&HostStatus> { hosts.iter().filter(|h| h.state == st).collect() };
+    let mut parts = Vec::new();
+    let upgrading = of(HostState::Upgrading);
+    if !upgrading.is_empty() {
+        parts.push(format!("{} upgrading: {}", upgrading.len(), named(&upgrading, true)));
+    }
+    for (st, what) in [
+        (HostState::Lost, "lost"),
+        (HostState::Blocked, "blocked"),
+        (HostState::Failed, "failed"),
+    ] {
+        let hs = of(st);
+        if !hs.is_empty() {
+            parts.push(format!("{} {what}: {}", hs.len(), named(&hs, true)));
+        }
+    }
+    for g in &plan.groups {
+        if g.pending > 0 {
+            parts.push(format!("{} pending in {}: {}", g.pending, g.group, g.action));
+        }
+    }
+    if parts.is_empty() {
+        "nothing".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// How a run ended, before the final status is printed.
+enum End {
+    Code(u8),
+    /// Print the final status, then exit with the code.
+    Show(u8),
+}
+
 /// Runs the command; returns the exit code.
 pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Result<u8> {
+    // The revision this command started at: an emergency stop written after it halts
+    // this run; one written before it was seen by the operator who started it.
+    let started_at = store.ping().await?;
     // Check the rules against the fleet before anything is written.
     let snap = Snapshot::read_for(store, schema, Some(&args.version)).await?;
+    for p in &snap.problems {
+        eprintln!("jioctl: warning: {p}");
+    }
     let roles = fleet::classify(&snap).into_iter().map(|h| h.role).collect();
     let resolved = match args.rules.resolve(&roles) {
         Ok(r) => r,
@@ -194,37 +274,121 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
         return Ok(exit::OK);
     }
 
-    let lock = loop {
+    let deadline = args.timeout.map(|t| Instant::now() + t);
+    let lock = tokio::select! {
+        l = take_lock(store, schema, &args, deadline) => l?,
+        sig = interrupted() => {
+            eprintln!("jioctl: {sig}: stopped while waiting for the rollout lock; nothing was written");
+            return Ok(signal_code(sig));
+        }
+    };
+    let Some(lock) = lock else {
+        return Ok(if args.retry {
+            exit::TIMED_OUT
+        } else {
+            exit::LOCKED
+        });
+    };
+    let mut lock = Some(lock);
+    let result = tokio::select! {
+        r = drive(store, schema, &args, &mut lock, started_at, deadline) => r,
+        sig = interrupted() => {
+            if let Some(l) = lock.take() {
+                l.release().await;
+            }
+            eprintln!(
+                "jioctl: {sig}: the rollout to {} is no longer driven; the rollout lock is released. Hosts already enabled go on; `jioctl global-disable-puppet` stops them",
+                args.version
+            );
+            return Ok(signal_code(sig));
+        }
+    };
+    if let Some(l) = lock.take() {
+        l.release().await;
+    }
+    match result? {
+        End::Code(c) => Ok(c),
+        End::Show(c) => {
+            if !args.quiet {
+                finish(store, schema, &args).await?;
+            }
+            Ok(c)
+        }
+    }
+}
+
+/// SIGINT or SIGTERM, whichever comes first.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+fn signal_code(sig: &str) -> u8 {
+    if sig == "SIGTERM" {
+        exit::SIGTERM
+    } else {
+        exit::SIGINT
+    }
+}
+
+/// Takes the rollout lock, waiting for it with `--retry`. `None`: not taken (the
+/// reason was printed).
+async fn take_lock(
+    store: &DynStore,
+    schema: &Schema,
+    args: &Args,
+    deadline: Option<Instant>,
+) -> anyhow::Result<Option<RolloutLock>> {
+    let key = schema.lock(fleet::ROLLOUT_LOCK);
+    let mut last_said = None;
+    loop {
         match RolloutLock::try_take(store, schema).await? {
-            LockOutcome::Taken(l) => break l,
+            LockOutcome::Taken(l) => return Ok(Some(l)),
             LockOutcome::Held(holder) => {
                 let who = writes::describe(&holder);
                 if !args.retry {
                     eprintln!(
                         "jioctl: a rollout is already being driven by {who}; try again later or use --retry to wait"
                     );
-                    return Ok(exit::LOCKED);
+                    return Ok(None);
                 }
-                eprintln!("jioctl: waiting for the rollout lock held by {who}");
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    eprintln!("jioctl: --timeout passed while waiting for the rollout lock held by {who}");
+                    return Ok(None);
+                }
+                if last_said.as_ref() != Some(&who) {
+                    eprintln!("jioctl: waiting for the rollout lock held by {who}");
+                    last_said = Some(who);
+                }
                 let rev = store.ping().await?;
-                let mut w = store.watch(&schema.lock(fleet::ROLLOUT_LOCK), rev + 1).await?;
-                if store.get(&schema.lock(fleet::ROLLOUT_LOCK)).await?.is_some() {
-                    let _ = tokio::time::timeout(Duration::from_secs(30), w.next()).await;
+                let mut w = store.watch(&key, rev + 1).await?;
+                if store.get(&key).await?.is_some() {
+                    let wait = deadline
+                        .map(|d| d.saturating_duration_since(Instant::now()))
+                        .unwrap_or(Duration::from_secs(30))
+                        .min(Duration::from_secs(30));
+                    let _ = tokio::time::timeout(wait, w.next()).await;
                 }
             }
         }
-    };
-    let result = drive(store, schema, &args).await;
-    lock.release().await;
-    let (code, show) = result?;
-    if show && !args.quiet {
-        finish(store, schema, &args).await?;
     }
-    Ok(code)
 }
 
-/// Runs passes; returns the exit code and whether to print the final status.
-async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result<(u8, bool)> {
+/// Runs passes until the rollout ends.
+async fn drive(
+    store: &DynStore,
+    schema: &Schema,
+    args: &Args,
+    lock: &mut Option<RolloutLock>,
+    started_at: Revision,
+    deadline: Option<Instant>,
+) -> anyhow::Result<End> {
     let tty = std::io::stdout().is_terminal() && !args.json;
     let mut progress = if args.quiet {
         Progress::silent()
@@ -234,7 +398,17 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
     let mut view: Option<LiveView> = None;
     let mut watch = None;
     let mut unreachable_since: Option<Instant> = None;
+    let mut waiting = Waiting::default();
     loop {
+        if lock.as_ref().is_some_and(RolloutLock::lease_ended) {
+            match retake(store, schema, lock).await? {
+                Some(code) => return Ok(End::Code(code)),
+                None => view = None,
+            }
+        }
+        let Some(held) = lock.as_ref() else {
+            return Ok(End::Code(exit::LOCKED));
+        };
         let result = async {
             let v = match view.take() {
                 Some(v) => v,
@@ -249,7 +423,7 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
         .await;
         let pass = match result {
             Ok(mut v) => {
-                let r = pass(store, schema, args, &mut progress, &mut v).await;
+                let r = pass(store, schema, args, &mut progress, &mut v, held, started_at).await;
                 view = Some(v);
                 r
             }
@@ -270,6 +444,10 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
                 if since.elapsed() > STORE_PATIENCE {
                     return Err(e.into());
                 }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    eprintln!("jioctl: --timeout passed while the store was unreachable");
+                    return Ok(End::Code(exit::TIMED_OUT));
+                }
                 view = None;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
@@ -277,7 +455,7 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
             Err(PassError::Store(e)) => return Err(e.into()),
             Err(PassError::Rules(e)) => {
                 eprintln!("jioctl: {e}");
-                return Ok((exit::INVALID_RULES, false));
+                return Ok(End::Code(exit::INVALID_RULES));
             }
         };
         match outcome {
@@ -285,23 +463,60 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
                 view = None;
                 continue;
             }
+            PassOutcome::LockLost => {
+                match retake(store, schema, lock).await? {
+                    Some(code) => return Ok(End::Code(code)),
+                    None => view = None,
+                }
+                continue;
+            }
             PassOutcome::Again => continue,
+            PassOutcome::Halted(by) => {
+                eprintln!(
+                    "jioctl: the rollout to {} was halted by an emergency stop: {} ran global-disable-puppet; every enable key was reset and this run enables nothing more (run `jioctl upgrade {}` again to resume)",
+                    args.version,
+                    writes::describe(&Some(by)),
+                    args.version
+                );
+                return Ok(End::Code(exit::HALTED));
+            }
             PassOutcome::Stopped => {
                 report_failures(&snap, args);
-                return Ok((exit::FAILED, false));
+                return Ok(End::Code(exit::FAILED));
             }
             PassOutcome::Finished { failed } => {
-                return Ok((if failed == 0 { exit::OK } else { exit::FAILED }, true));
+                return Ok(End::Show(if failed == 0 { exit::OK } else { exit::FAILED }));
             }
-            PassOutcome::Continue if !args.retry => return Ok((exit::OK, true)),
-            PassOutcome::Continue => {}
+            PassOutcome::Continue { .. } if !args.retry => return Ok(End::Show(exit::OK)),
+            PassOutcome::Continue { waiting: line } => {
+                if let Some(line) = line {
+                    waiting.note(&mut progress, line);
+                }
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            eprintln!(
+                "jioctl: --timeout passed; the rollout to {} has not finished, waiting for {}",
+                args.version,
+                waiting.last.as_deref().unwrap_or("hosts still upgrading")
+            );
+            return Ok(End::Code(exit::TIMED_OUT));
         }
         if watch.is_none() {
-            watch = Some(store.watch(&schema.root(), snap.revision + 1).await?);
+            let from = view.as_ref().map(|v| v.watch_from).unwrap_or(snap.revision);
+            watch = Some(store.watch(&schema.root(), from + 1).await?);
         }
         let Some(w) = watch.as_mut() else { continue };
-        // Woken by any change; a slow resync guards against a silent watch.
-        let first = match tokio::time::timeout(Duration::from_secs(30), w.next()).await {
+        // Woken by any change; a slow resync guards against a silent watch, and the
+        // waiting line is repeated while nothing moves.
+        let nap = |d: Duration| {
+            let mut d = d.min(waiting.until_reminder());
+            if let Some(dl) = deadline {
+                d = d.min(dl.saturating_duration_since(Instant::now()));
+            }
+            d.max(Duration::from_millis(10))
+        };
+        let first = match tokio::time::timeout(nap(Duration::from_secs(30)), w.next()).await {
             Ok(Some(Ok(ev))) => Some(ev),
             Ok(Some(Err(e))) => return Err(e.into()),
             Ok(None) | Err(_) => {
@@ -331,7 +546,7 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
                 break;
             }
             // Nothing a plan depends on changed: wait for more, without a pass.
-            match tokio::time::timeout(Duration::from_secs(30), w.next()).await {
+            match tokio::time::timeout(nap(Duration::from_secs(30)), w.next()).await {
                 Ok(Some(Ok(ev))) => events.push(ev),
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) | Err(_) => {
@@ -341,8 +556,57 @@ async fn drive(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result
             }
         }
         if quiet {
-            // The slow resync: plan from a fresh read.
+            // The slow resync (or the reminder): plan from a fresh read.
             view = None;
+        }
+    }
+}
+
+/// The lock's lease ended: take it again before writing anything, or stop.
+/// `Some(code)`: stop with it.
+async fn retake(store: &DynStore, schema: &Schema, lock: &mut Option<RolloutLock>) -> anyhow::Result<Option<u8>> {
+    if let Some(old) = lock.take() {
+        old.release().await;
+    }
+    match RolloutLock::try_take(store, schema).await? {
+        LockOutcome::Taken(l) => {
+            eprintln!(
+                "jioctl: the rollout lock's lease had ended (this process was paused or cut off from the store); took the lock again, planning afresh"
+            );
+            *lock = Some(l);
+            Ok(None)
+        }
+        LockOutcome::Held(holder) => {
+            eprintln!(
+                "jioctl: lost the rollout lock (its lease ended while this process was paused or cut off from the store); it is now held by {}; this run stops without writing anything more",
+                writes::describe(&holder)
+            );
+            Ok(Some(exit::LOCKED))
+        }
+    }
+}
+
+/// The waiting line, printed on change and at least every `WAITING_REMINDER`.
+#[derive(Default)]
+struct Waiting {
+    last: Option<String>,
+    said_at: Option<Instant>,
+}
+
+impl Waiting {
+    fn note(&mut self, progress: &mut Progress, line: String) {
+        let due = self.said_at.is_none_or(|t| t.elapsed() >= WAITING_REMINDER);
+        if self.last.as_ref() != Some(&line) || due {
+            progress.note(&format!("waiting for: {line}"));
+            self.said_at = Some(Instant::now());
+        }
+        self.last = Some(line);
+    }
+
+    fn until_reminder(&self) -> Duration {
+        match self.said_at {
+            Some(t) => WAITING_REMINDER.saturating_sub(t.elapsed()),
+            None => WAITING_REMINDER,
         }
     }
 }
@@ -363,13 +627,30 @@ enum PassOutcome {
     Replan,
     /// The view is fresh: plan again at once.
     Again,
-    /// More failures than allowed.
+    /// The rollout lock is no longer ours: take it again or stop.
+    LockLost,
+    /// An emergency stop newer than this run.
+    Halted(LockRecord),
+    /// More failures than allowed (the enable keys were reset).
     Stopped,
-    /// Nothing pending or upgrading.
-    Finished {
-        failed: usize,
-    },
-    Continue,
+    /// Nothing pending or upgrading (the enable keys were reset).
+    Finished { failed: usize },
+    /// Hosts are moving; `waiting` says on what, when nothing was admitted.
+    Continue { waiting: Option<String> },
+}
+
+/// Maps a fenced write's outcome: `Some` ends the pass.
+fn fenced(f: Fenced, snap: &Snapshot) -> Option<(Snapshot, PassOutcome)> {
+    match f {
+        Fenced::Applied => None,
+        Fenced::Moved => Some((snap.clone(), PassOutcome::Replan)),
+        Fenced::LockLost => Some((snap.clone(), PassOutcome::LockLost)),
+    }
+}
+
+/// Some enable key would still let a host start.
+fn armed(snap: &Snapshot) -> bool {
+    snap.global != KeyState::Set(false) || !snap.role_keys.is_empty() || !snap.host_keys.is_empty()
 }
 
 async fn pass(
@@ -378,13 +659,33 @@ async fn pass(
     args: &Args,
     progress: &mut Progress,
     view: &mut LiveView,
+    lock: &RolloutLock,
+    started_at: Revision,
 ) -> Result<(Snapshot, PassOutcome), PassError> {
     let snap = view.snapshot(schema);
+    if let Some((by, rev)) = &snap.halt {
+        if *rev > started_at {
+            return Ok((snap.clone(), PassOutcome::Halted(by.clone())));
+        }
+        // An emergency stop from before this command: starting it is the operator's
+        // decision to go on. Clear it, fenced like any plan.
+        let ops = vec![Op::Delete(schema.lock(HALT))];
+        if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+            return Ok(end);
+        }
+        if !args.quiet {
+            println!(
+                "cleared the emergency stop by {} (it came before this upgrade was started)",
+                writes::describe(&Some(by.clone()))
+            );
+        }
+        return Ok((snap, PassOutcome::Replan));
+    }
     if snap.current.as_ref() != Some(&args.version) {
         // First pass (or someone changed it): start the rollout in one transaction.
         let ops = writes::start_rollout_ops(schema, &args.version);
-        if !writes::apply_fenced(store, schema, ops, snap.epoch).await? {
-            return Ok((snap, PassOutcome::Replan));
+        if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+            return Ok(end);
         }
         if !args.quiet {
             println!(
@@ -405,38 +706,61 @@ async fn pass(
         print_plan(&plan);
     }
     if !plan.is_empty() {
-        if !writes::apply_fenced(store, schema, writes::plan_ops(schema, &plan), snap.epoch).await? {
-            return Ok((snap, PassOutcome::Replan));
+        let ops = writes::plan_ops(schema, &plan);
+        if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+            return Ok(end);
         }
         if let Some(a) = admitted(&plan) {
             progress.note(&a);
         }
         // The watch brings our own writes back into the view.
-        return Ok((snap, PassOutcome::Continue));
+        return Ok((snap, PassOutcome::Continue { waiting: None }));
     }
     progress.update(&hosts);
     let count = |s: HostState| hosts.iter().filter(|h| h.state == s).count();
     let failed = count(HostState::Failed);
-    if plan.stopped_on_failures {
-        return Ok((snap, PassOutcome::Stopped));
+    let moving = count(HostState::Pending)
+        + count(HostState::Upgrading)
+        + count(HostState::Lost)
+        + count(HostState::Blocked);
+    let done = moving == 0;
+    if done || plan.stopped_on_failures {
+        // Leave nothing armed: a later trigger-update must not release the fleet.
+        if armed(&snap) {
+            let ops = writes::global_disable_ops(schema);
+            if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+                return Ok(end);
+            }
+            if !args.quiet {
+                println!("enable keys reset (puppet disabled globally): nothing is left armed");
+            }
+        }
+        return Ok((
+            snap,
+            if done {
+                PassOutcome::Finished { failed }
+            } else {
+                PassOutcome::Stopped
+            },
+        ));
     }
-    let moving = count(HostState::Pending) + count(HostState::Upgrading) + count(HostState::Lost);
-    if moving == 0 {
-        return Ok((snap, PassOutcome::Finished { failed }));
-    }
-    Ok((snap, PassOutcome::Continue))
+    Ok((
+        snap,
+        PassOutcome::Continue {
+            waiting: Some(waiting_line(&hosts, &plan)),
+        },
+    ))
 }
 
 fn report_failures(snap: &Snapshot, args: &Args) {
     eprintln!(
-        "jioctl: rollout to {} stopped: {} host(s) failed (max_failures {})",
+        "jioctl: rollout to {} stopped: {} host(s) failed (max_failures {}); hosts already running finish their run",
         args.version,
         snap.failures.len(),
         args.rules.max_failures
     );
-    for (h, (step, link)) in &snap.failures {
-        let link = if link.is_empty() { "(no log link)" } else { link };
-        eprintln!("  {h}: {} failed: {link}", step.as_str());
+    for (h, (step, value)) in &snap.failures {
+        eprintln!("  {h}: {} failed: {}", step.as_str(), crate::status::describe_entry(value));
     }
 }
 
@@ -449,4 +773,55 @@ async fn finish(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Resul
         print!("{}", crate::status::to_text(&snap, &hosts, store.url()));
     }
     Ok(())
+}
+
+/// `global-disable-puppet`: the emergency stop, and what it stopped.
+pub async fn emergency_stop(store: &DynStore, schema: &Schema) -> anyhow::Result<u8> {
+    let lock = store.get(&schema.lock(fleet::ROLLOUT_LOCK)).await?;
+    writes::write(store, schema, writes::emergency_stop_ops(schema)).await?;
+    println!("puppet disabled globally; every enable_puppet key removed");
+    if let Some(kv) = lock {
+        let who: Option<LockRecord> = jio_common::values::parse_json(&kv).ok();
+        println!(
+            "a rollout driven by {} was running: it has been halted (it enables nothing more and exits); hosts already running finish their run",
+            writes::describe(&who)
+        );
+    }
+    Ok(exit::OK)
+}
+
+/// How many hosts a write of `after` would let start at once, outside any rules:
+/// hosts whose gate would open, that are not at the desired version and not
+/// already moving.
+pub fn released_by(before: &Snapshot, after: &Snapshot) -> Vec<jio_common::names::HostName> {
+    let was: BTreeMap<_, _> = fleet::classify(before)
+        .into_iter()
+        .map(|h| (h.host, h.state))
+        .collect();
+    fleet::classify(after)
+        .into_iter()
+        .filter(|h| {
+            matches!(h.state, HostState::Upgrading | HostState::Lost)
+                && h.reason.is_none()
+                && !matches!(was.get(&h.host), Some(HostState::Upgrading | HostState::Lost))
+        })
+        .map(|h| h.host)
+        .collect()
+}
+
+/// A fenced single write for `trigger-update` / `enable-puppet`: applied only if the
+/// epoch has not moved since `snap` (what the release count was computed on).
+pub async fn write_checked(
+    store: &DynStore,
+    schema: &Schema,
+    ops: Vec<Op>,
+    snap: &Snapshot,
+) -> Result<bool, StoreError> {
+    let mut txn = Txn::new().when(Compare::ModRevision(schema.lock(fleet::EPOCH), snap.epoch));
+    txn.ops = ops;
+    txn.ops.push(Op::put(
+        schema.lock(fleet::EPOCH),
+        serde_json::to_string(&writes::holder()).unwrap_or_default(),
+    ));
+    Ok(store.txn(txn).await?.committed())
 }

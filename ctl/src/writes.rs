@@ -3,14 +3,21 @@
 //! plan is applied only while the epoch is where the plan read it. So two operators,
 //! or an operator and a running `upgrade`, can never both apply a stale plan.
 //!
+//! A driver's writes are also fenced on still holding the rollout lock: every plan
+//! transaction compares the lock key's mod revision with the one this process wrote
+//! when it took the lock. A driver that was paused, or cut off, past the lock's lease
+//! writes nothing; it finds out and takes the lock again, or stops.
+//!
 //! Large plans are split into transactions of at most `CHUNK` ops, fewer where the
 //! store allows fewer (etcd refuses more than 128 per transaction by default, Consul
-//! more than 64), each fenced on the epoch the previous one left. Every prefix of a plan is safe on its own: it admits no more hosts than the
-//! whole plan would.
+//! more than 64), each fenced on the epoch the previous one left. Every prefix of a
+//! plan is safe on its own: it admits no more hosts than the whole plan would.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use jio_common::fleet::{EPOCH, LockRecord, ROLLOUT_LOCK};
+use jio_common::fleet::{EPOCH, HALT, LockRecord, ROLLOUT_LOCK};
 use jio_common::keys::{EnableLevel, Schema};
 use jio_common::names::Version;
 use jio_common::rules::Plan;
@@ -63,9 +70,19 @@ pub async fn write(store: &DynStore, schema: &Schema, ops: Vec<Op>) -> Result<Re
     }
 }
 
-/// `global-disable-puppet`: every role and host enable key goes, global becomes
-/// false. (Not one delete of the whole tree: a store refuses a transaction that
-/// deletes a key it also puts.)
+/// `global-disable-puppet`, the emergency stop: the enable keys are reset and the
+/// halt record is left for a running driver to find (it stops, saying who stopped it).
+pub fn emergency_stop_ops(schema: &Schema) -> Vec<Op> {
+    let mut ops = global_disable_ops(schema);
+    ops.push(Op::put(
+        schema.lock(HALT),
+        serde_json::to_string(&holder()).unwrap_or_default(),
+    ));
+    ops
+}
+
+/// Every role and host enable key goes, global becomes false. (Not one delete of
+/// the whole tree: a store refuses a transaction that deletes a key it also puts.)
 pub fn global_disable_ops(schema: &Schema) -> Vec<Op> {
     vec![
         Op::DeletePrefix(schema.enable_level_prefix(true)),
@@ -102,34 +119,59 @@ pub fn plan_ops(schema: &Schema, plan: &Plan) -> Vec<Op> {
     ops
 }
 
-/// Applies `ops` if the epoch is still at `epoch`; `false` when something changed
-/// first (plan again). A plan split in chunks may stop after a prefix.
+/// What became of a fenced write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// Every transaction was applied.
+    Applied,
+    /// Something wrote enable keys or the version since the plan was read (a prefix
+    /// of a chunked plan may have been applied): plan again.
+    Moved,
+    /// The rollout lock is no longer this process's: nothing more was written.
+    LockLost,
+}
+
+/// Applies `ops` if the epoch is still at `epoch` and `lock` is still held.
 pub async fn apply_fenced(
     store: &DynStore,
     schema: &Schema,
     ops: Vec<Op>,
     epoch: Revision,
-) -> Result<bool, StoreError> {
+    lock: &RolloutLock,
+) -> Result<Fenced, StoreError> {
     let key = schema.lock(EPOCH);
     let mut expect = epoch;
-    // Each transaction also holds the epoch compare and the epoch put.
-    let size = CHUNK.min(store.max_txn_ops().saturating_sub(2)).max(1);
+    // Each transaction also holds the two compares and the epoch put.
+    let size = CHUNK.min(store.max_txn_ops().saturating_sub(3)).max(1);
     for chunk in ops.chunks(size) {
-        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), expect));
+        let mut txn = Txn::new()
+            .when(Compare::ModRevision(key.clone(), expect))
+            .when(Compare::ModRevision(lock.key.clone(), lock.revision));
         txn.ops.extend(chunk.iter().cloned());
         txn.ops.push(epoch_put(schema));
         match store.txn(txn).await? {
             TxnOutcome::Committed(r) => expect = r,
-            TxnOutcome::Lost(_) => return Ok(false),
+            TxnOutcome::Lost(_) => {
+                return Ok(if lock.still_held().await? {
+                    Fenced::Moved
+                } else {
+                    Fenced::LockLost
+                });
+            }
         }
     }
-    Ok(true)
+    Ok(Fenced::Applied)
 }
 
 /// The rollout lock, held while this process drives an upgrade.
 pub struct RolloutLock {
     store: DynStore,
+    key: jio_common::keys::Key,
     lease: LeaseId,
+    /// The lock key's mod revision as this process wrote it: plans are fenced on it.
+    revision: Revision,
+    /// Set by the keeper when the lease ended.
+    lost: Arc<AtomicBool>,
     keeper: JoinHandle<()>,
 }
 
@@ -142,9 +184,40 @@ pub enum LockOutcome {
 const LOCK_TTL: Duration = Duration::from_secs(15);
 
 impl RolloutLock {
-    /// Tries once to take the lock.
+    /// Tries once to take the lock. A lock whose holder is a process of this host
+    /// that no longer exists (killed without a chance to release it) is taken over
+    /// at once.
     pub async fn try_take(store: &DynStore, schema: &Schema) -> Result<LockOutcome, StoreError> {
         let key = schema.lock(ROLLOUT_LOCK);
+        match RolloutLock::try_once(store, &key).await? {
+            LockOutcome::Held(_) => {}
+            taken => return Ok(taken),
+        }
+        let Some(current) = store.get(&key).await? else {
+            return RolloutLock::try_once(store, &key).await;
+        };
+        let record: Option<LockRecord> = jio_common::values::parse_json(&current).ok();
+        if let Some(r) = &record
+            && holder_is_dead(r)
+        {
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), current.mod_revision))
+                .then(Op::Delete(key.clone()));
+            if store.txn(txn).await?.committed() {
+                eprintln!(
+                    "jioctl: took over the rollout lock from {}: that process no longer exists",
+                    describe(&record)
+                );
+                if let Some(lease) = &current.lease {
+                    let _ = store.revoke_lease(lease).await;
+                }
+            }
+            return RolloutLock::try_once(store, &key).await;
+        }
+        Ok(LockOutcome::Held(record))
+    }
+
+    async fn try_once(store: &DynStore, key: &jio_common::keys::Key) -> Result<LockOutcome, StoreError> {
         let lease = store.grant_lease(LOCK_TTL).await?;
         let record = serde_json::to_string(&holder()).unwrap_or_default();
         let txn = Txn::new().when(Compare::Absent(key.clone())).then(Op::Put {
@@ -153,17 +226,18 @@ impl RolloutLock {
             lease: Some(lease.id.clone()),
         });
         match store.txn(txn).await? {
-            TxnOutcome::Committed(_) => {
-                let (s, id) = (store.clone(), lease.id.clone());
+            TxnOutcome::Committed(revision) => {
+                let lost = Arc::new(AtomicBool::new(false));
+                let (s, id, flag) = (store.clone(), lease.id.clone(), lost.clone());
                 let keeper = tokio::spawn(async move {
                     loop {
                         tokio::time::sleep(LOCK_TTL / 3).await;
                         match s.keep_alive(&id).await {
                             Ok(_) => {}
                             Err(e) if e.kind() == ErrorKind::NotFound => {
-                                tracing::error!(
-                                    "the rollout lock's lease ended; another jioctl may take over"
-                                );
+                                // The driver sees the flag before its next write, and
+                                // the fence stops any write already under way.
+                                flag.store(true, Ordering::SeqCst);
                                 return;
                             }
                             Err(e) => tracing::warn!(error = %e, "cannot renew the rollout lock"),
@@ -172,18 +246,36 @@ impl RolloutLock {
                 });
                 Ok(LockOutcome::Taken(RolloutLock {
                     store: store.clone(),
+                    key: key.clone(),
                     lease: lease.id,
+                    revision,
+                    lost,
                     keeper,
                 }))
             }
             TxnOutcome::Lost(_) => {
                 let _ = store.revoke_lease(&lease.id).await;
-                let current = store.get(&key).await?;
+                let current = store.get(key).await?;
                 Ok(LockOutcome::Held(
-                    current.and_then(|kv| serde_json::from_str(&kv.value).ok()),
+                    current.and_then(|kv| jio_common::values::parse_json(&kv).ok()),
                 ))
             }
         }
+    }
+
+    /// The keeper found the lease ended (this process was paused, or the store was
+    /// unreachable, for longer than the lease).
+    pub fn lease_ended(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Reads the lock key: is it still the one this process wrote?
+    pub async fn still_held(&self) -> Result<bool, StoreError> {
+        Ok(self
+            .store
+            .get(&self.key)
+            .await?
+            .is_some_and(|kv| kv.mod_revision == self.revision))
     }
 
     /// Releases the lock (revoking its lease deletes the key).
@@ -191,6 +283,18 @@ impl RolloutLock {
         self.keeper.abort();
         let _ = self.store.revoke_lease(&self.lease).await;
     }
+}
+
+/// The holder ran on this host and its process is gone.
+fn holder_is_dead(r: &LockRecord) -> bool {
+    let me = holder();
+    r.host == me.host
+        && r.pid != me.pid
+        && r.pid != 0
+        && matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(r.pid as i32), None),
+            Err(nix::errno::Errno::ESRCH)
+        )
 }
 
 /// "alice on laptop (pid 12, since 20261121T101500Z)".

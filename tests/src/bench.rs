@@ -417,6 +417,7 @@ fn upgrade_args(version: &str, rules: &str) -> jioctl::upgrade::Args {
         verbose: false,
         json: false,
         quiet: true,
+        timeout: None,
     }
 }
 
