@@ -1,0 +1,579 @@
+//! The safety defects of issue 11, each reproduced against a real etcd with real
+//! `jio-agent` daemons and `jioctl` processes: re-targeting mid-rollout, a driver that
+//! lost its lock, the emergency stop, a finished rollout left armed, invalid stored
+//! values, lost hosts, the recovery race, signals and loose input.
+//!
+//! The limits are checked on the configuration step's own log: the stand-in Puppet
+//! appends a start and an end line per run to a file shared by the fleet, and the
+//! intervals from that file alone say how many hosts ran at once.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use jio_common::keys::Schema;
+use jio_common::store::DynStore;
+use jio_tests::inspect::{open, text};
+use jio_tests::{Etcd, Host};
+use tokio::process::{Child, Command};
+
+fn jioctl_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))
+}
+
+fn agent_bin() -> PathBuf {
+    jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jioctl"), "jio-agent")
+}
+
+fn jioctl(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(jioctl_bin());
+    c.arg("--store")
+        .arg(url)
+        .args(args)
+        .env_remove("JIO_STORE")
+        .env("HOME", "/nonexistent")
+        .kill_on_drop(true);
+    c
+}
+
+async fn run(url: &str, args: &[&str]) -> Output {
+    jioctl(url, args).output().await.unwrap()
+}
+
+/// A driver in the background, its output collected.
+fn spawn(url: &str, args: &[&str]) -> Child {
+    jioctl(url, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+async fn finish(child: Child, within: Duration) -> Output {
+    tokio::time::timeout(within, child.wait_with_output())
+        .await
+        .expect("jioctl did not exit in time")
+        .unwrap()
+}
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, sig).unwrap();
+}
+
+/// Waits until `cond` holds, or fails naming what it waited for.
+async fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One run of the configuration step, from the shared log.
+#[derive(Debug, Clone)]
+struct Run {
+    host: String,
+    version: String,
+    start: f64,
+    /// `None`: still running.
+    end: Option<f64>,
+}
+
+/// Agents on a real etcd whose "Puppet" logs its runs to one shared file.
+struct Fleet {
+    hosts: Vec<Host>,
+    daemons: Vec<Child>,
+    work: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// `names` converged to v1, with runs that take `seconds`.
+    async fn start(url: &str, names: &[&str], seconds: f64) -> Fleet {
+        let s = open(url).await;
+        s.put(&Schema::default().current_version(), "v1", None)
+            .await
+            .unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let script = work.path().join("puppet.sh");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n\
+             # The configuration step: logs its own start and end, then exits like\n\
+             # `puppet apply --detailed-exitcodes` with changes (2), or 4 when the\n\
+             # host's fail file exists.\n\
+             dir=$(dirname \"$0\")\n\
+             echo \"start $JIO_HOST $JIO_VERSION $(date +%s.%N)\" >> \"$dir/runs.log\"\n\
+             sleep \"$(cat \"$dir/seconds\")\"\n\
+             echo \"end $JIO_HOST $JIO_VERSION $(date +%s.%N)\" >> \"$dir/runs.log\"\n\
+             [ -e \"$dir/fail-$JIO_HOST\" ] && exit 4\n\
+             exit 2\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::write(work.path().join("seconds"), "0.1").unwrap();
+        let mut f = Fleet {
+            hosts: Vec::new(),
+            daemons: Vec::new(),
+            work,
+        };
+        for name in names {
+            let host = Host::new(
+                name,
+                url,
+                &[script.display().to_string()],
+                "retry_interval = \"1h\"\nhealth_interval = \"0\"",
+            );
+            let child = Command::from(host.agent(&agent_bin(), &["run"]))
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(
+                    std::fs::File::create(f.work.path().join(format!("{name}.log"))).unwrap(),
+                ))
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            f.hosts.push(host);
+            f.daemons.push(child);
+        }
+        let hosts = &f.hosts;
+        wait_for("the fleet to converge to v1", Duration::from_secs(60), || {
+            hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
+        })
+        .await;
+        f.set_seconds(seconds);
+        f
+    }
+
+    fn set_seconds(&self, s: f64) {
+        std::fs::write(self.work.path().join("seconds"), s.to_string()).unwrap();
+    }
+
+    fn fail(&self, host: &str, fail: bool) {
+        let p = self.work.path().join(format!("fail-{host}"));
+        if fail {
+            std::fs::write(p, "").unwrap();
+        } else {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// Every run in the shared log, in start order.
+    fn runs(&self) -> Vec<Run> {
+        let text = std::fs::read_to_string(self.work.path().join("runs.log")).unwrap_or_default();
+        let mut runs: Vec<Run> = Vec::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [kind, host, version, at] = f[..] else { continue };
+            let at: f64 = at.parse().unwrap();
+            match kind {
+                "start" => runs.push(Run {
+                    host: host.into(),
+                    version: version.into(),
+                    start: at,
+                    end: None,
+                }),
+                _ => {
+                    if let Some(r) = runs.iter_mut().rev().find(|r| r.host == host && r.end.is_none()) {
+                        r.end = Some(at);
+                    }
+                }
+            }
+        }
+        runs
+    }
+
+    /// Runs of `version` started so far.
+    fn started(&self, version: &str) -> usize {
+        self.runs().iter().filter(|r| r.version == version).count()
+    }
+
+    fn all_at(&self, v: &str) -> bool {
+        self.hosts.iter().all(|h| h.local_version().as_deref() == Some(v))
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for d in &mut self.daemons {
+            let _ = d.start_kill();
+        }
+    }
+}
+
+/// The most runs that overlapped at one instant (runs starting after `from` and
+/// the ones still running then), from the log alone.
+fn max_overlap(runs: &[Run], from: f64) -> (usize, Vec<String>) {
+    let mut best = (0, Vec::new());
+    for r in runs.iter().filter(|r| r.start >= from) {
+        let t = r.start;
+        let at: Vec<String> = runs
+            .iter()
+            .filter(|o| o.start <= t && o.end.is_none_or(|e| e > t))
+            .map(|o| format!("{}@{}", o.host, o.version))
+            .collect();
+        if at.len() > best.0 {
+            best = (at.len(), at);
+        }
+    }
+    best
+}
+
+const SIX: [&str; 6] = ["compute1", "compute2", "compute3", "compute4", "compute5", "compute6"];
+
+async fn keys_under(s: &DynStore, prefix: &str) -> BTreeMap<String, String> {
+    s.list(&jio_common::keys::Key::new(prefix).unwrap())
+        .await
+        .unwrap()
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key.to_string(), kv.value))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_targeting_mid_rollout_keeps_the_limit() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let f = Fleet::start(&url, &SIX, 4.0).await;
+    let rules = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+    let first = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
+    wait_for("two computes running their v2 puppet", Duration::from_secs(30), || {
+        f.started("v2") >= 2
+    })
+    .await;
+    // Stop that driver the hard way, and re-target at once.
+    signal(&first, nix::sys::signal::Signal::SIGKILL);
+    let _ = finish(first, Duration::from_secs(5)).await;
+    let out = run(&url, &["upgrade", "v3", "--instructions", rules, "--retry"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // The dead driver's lock (same host, its pid gone) was taken over at once.
+    assert!(text(&out).contains("took over the rollout lock"), "{}", text(&out));
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, 0.0);
+    assert!(most <= 2, "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}");
+    assert!(f.all_at("v3"));
+    // The limit was reached, so the check could have failed.
+    assert_eq!(most, 2, "{runs:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_that_lost_its_lock_writes_nothing_more() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let names = ["compute1", "compute2", "compute3", "compute4", "compute5"];
+    let f = Fleet::start(&url, &names, 3.0).await;
+    let loose = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+    let strict = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
+    let a = spawn(&url, &["upgrade", "v2", "--instructions", loose, "--retry"]);
+    wait_for("the first driver to admit two computes", Duration::from_secs(30), || {
+        f.started("v2") >= 2
+    })
+    .await;
+    // Freeze it past the lock's lease (15 s); another operator takes over, stricter.
+    signal(&a, nix::sys::signal::Signal::SIGSTOP);
+    let frozen_at = jio_common::time::unix_now() as f64;
+    let b = spawn(&url, &["upgrade", "v2", "--instructions", strict, "--retry"]);
+    let lock = Schema::default().lock("rollout");
+    let start = Instant::now();
+    loop {
+        let held = s.get(&lock).await.unwrap();
+        if held.is_some_and(|kv| kv.value.contains(&format!("\"pid\":{}", b.id().unwrap()))) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(40), "the second driver never took the lock");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    signal(&a, nix::sys::signal::Signal::SIGCONT);
+    let a = finish(a, Duration::from_secs(30)).await;
+    assert_eq!(a.status.code(), Some(4), "{}", text(&a));
+    assert!(text(&a).contains("lost the rollout lock"), "{}", text(&a));
+    let b = finish(b, Duration::from_secs(90)).await;
+    assert_eq!(b.status.code(), Some(0), "{}", text(&b));
+    // Runs that started once the first driver was frozen: one at a time.
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, frozen_at + 1.0);
+    assert!(most <= 1, "{most} ran at once under the holder's limit of 1: {at:?}\n{runs:#?}");
+    assert!(f.all_at("v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let names = ["compute1", "compute2", "compute3", "compute4"];
+    let f = Fleet::start(&url, &names, 2.0).await;
+    let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
+    let driver = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
+    wait_for("the first compute to start", Duration::from_secs(30), || f.started("v2") >= 1).await;
+    let stop = run(&url, &["global-disable-puppet"]).await;
+    let stopped_at = jio_common::time::unix_now() as f64;
+    assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
+    assert!(
+        text(&stop).contains("was running: it has been halted"),
+        "{}",
+        text(&stop)
+    );
+    let out = finish(driver, Duration::from_secs(20)).await;
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    assert!(
+        text(&out).contains("halted by an emergency stop") && text(&out).contains("ran global-disable-puppet"),
+        "{}",
+        text(&out)
+    );
+    // Nothing new starts afterwards.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let late: Vec<Run> = f.runs().into_iter().filter(|r| r.start > stopped_at + 1.0).collect();
+    assert!(late.is_empty(), "runs started after the emergency stop: {late:#?}");
+    assert_eq!(
+        keys_under(&s, "/config_state/enable_puppet/").await,
+        [("/config_state/enable_puppet/global".to_string(), "false".to_string())].into()
+    );
+    // Starting the upgrade again is the operator's decision to go on.
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("cleared the emergency stop"), "{}", text(&out));
+    assert!(f.all_at("v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_rollout_leaves_nothing_armed() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let names = ["compute1", "compute2", "compute3"];
+    let f = Fleet::start(&url, &names, 0.2).await;
+    let out = run(&url, &["upgrade", "v2", "--retry"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("nothing is left armed"), "{}", text(&out));
+    assert_eq!(
+        keys_under(&s, "/config_state/enable_puppet/").await,
+        [("/config_state/enable_puppet/global".to_string(), "false".to_string())].into()
+    );
+    // The next trigger-update releases nobody.
+    let out = run(&url, &["trigger-update", "v9"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.started("v9"), 0, "{:#?}", f.runs());
+    // Opening the gate for everyone is refused, naming how many it would release.
+    let out = run(&url, &["enable-puppet", "true", "--global"]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("would release 3 host(s) at once"), "{}", text(&out));
+    assert_eq!(
+        s.get(&Schema::default().enable(&jio_common::keys::EnableLevel::Global))
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+        "false",
+        "nothing was written"
+    );
+    // With --force it is written, and said.
+    let out = run(&url, &["enable-puppet", "true", "--global", "--force"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("3 host(s) released at once"), "{}", text(&out));
+    wait_for("the forced release to upgrade the fleet", Duration::from_secs(30), || f.all_at("v9")).await;
+    // trigger-update refuses too once hosts are enabled.
+    let out = run(&url, &["trigger-update", "v10"]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("would release 3 host(s)"), "{}", text(&out));
+}
+
+/// Writes raw bytes with the real `etcdctl`, as another program could.
+fn etcdctl_put(url: &str, key: &[u8], value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let endpoints = url.trim_start_matches("etcd://");
+    let ok = std::process::Command::new(jio_tests::require_binary("etcdctl", "apt-get install -y etcd-client"))
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .arg("put")
+        .arg(std::ffi::OsStr::from_bytes(key))
+        .arg(std::ffi::OsStr::from_bytes(value))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "etcdctl put failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let mut f = Fleet::start(&url, &["compute1", "compute2", "controller1"], 0.2).await;
+    etcdctl_put(&url, b"/hosts/ghost1", b"{\"role\":\"x\xff\"}");
+    etcdctl_put(&url, b"/agents/ghost2", b"\xfe");
+    etcdctl_put(&url, b"/running/versions/v1/ghost3", b"\xff");
+    etcdctl_put(&url, b"/status/configured/failure/v1/ghost4", b"\xff");
+    etcdctl_put(&url, b"/hosts/bad\xffname", b"{}");
+    etcdctl_put(&url, b"/hosts/compute9", br#"{"role":"compute","agent_version":"1","first_seen":"x"}"#);
+    for args in [
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["running-versions"],
+        vec!["upgrade", "v2", "--noop"],
+    ] {
+        let out = run(&url, &args).await;
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+        let t = text(&out);
+        assert!(t.contains("/hosts/ghost1"), "{args:?} names the bad key: {t}");
+        assert!(t.contains("compute1"), "{args:?} still shows the fleet: {t}");
+    }
+    let st = text(&run(&url, &["status"]).await);
+    assert!(st.contains("bad\\xffname"), "the undecodable key is named, escaped: {st}");
+    assert!(st.contains("first_seen"), "the bad field is named: {st}");
+
+    // An invalid global key: the same meaning on both sides, the hosts are blocked.
+    let out = run(&url, &["enable-puppet", "false", "--global"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(&url, &["trigger-update", "v2"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    etcdctl_put(&url, b"/config_state/enable_puppet/global", b"yes");
+    let st = text(&run(&url, &["status"]).await);
+    assert!(
+        st.contains("blocked: compute1") && st.contains("/config_state/enable_puppet/global"),
+        "{st}"
+    );
+    // A rollout does not wait silently: it says what blocks it, and --timeout ends it.
+    let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "3s"]).await;
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(
+        text(&out).contains("--timeout passed") && text(&out).contains("blocked: compute1"),
+        "{}",
+        text(&out)
+    );
+    // The agents did not move either, and are still up.
+    assert!(f.all_at("v1"));
+    for d in &mut f.daemons {
+        assert!(d.try_wait().unwrap().is_none(), "an agent exited");
+    }
+    drop(f);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_host_is_named_while_the_rollout_waits() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &["compute1"], 0.2).await;
+    // A host registered, whose agent never runs.
+    s.put(
+        &jio_common::keys::Key::new("/hosts/compute7").unwrap(),
+        r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "4s"]).await;
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("waiting for:") && t.contains("1 lost: compute7 (enabled, but its agent is not alive"),
+        "{t}"
+    );
+    assert!(f.all_at("v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_enabled_failed_host_counts_as_retrying_at_once() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.5).await;
+    f.fail("compute2", true);
+    let rules = r#"{"rolling_rules": {"global": 1}}"#;
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("compute2: configured failed"), "{}", text(&out));
+    f.fail("compute2", false);
+    let out = run(&url, &["enable-puppet", "true", "--host", "compute2"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // At once: no "stopped: compute2 failed" while it is already running again.
+    let st = text(&run(&url, &["status"]).await);
+    assert!(st.contains("retrying"), "{st}");
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(f.all_at("v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_sigint_release_the_lock() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let _f = Fleet::start(&url, &["compute1"], 0.2).await;
+    let lock = Schema::default().lock("rollout");
+    let frozen = r#"{"rolling_rules":{"roles":{"compute":0}}}"#;
+    for (sig, code) in [
+        (nix::sys::signal::Signal::SIGTERM, 143),
+        (nix::sys::signal::Signal::SIGINT, 130),
+    ] {
+        let driver = spawn(&url, &["upgrade", "v2", "--instructions", frozen, "--retry"]);
+        let start = Instant::now();
+        while s.get(&lock).await.unwrap().is_none() {
+            assert!(start.elapsed() < Duration::from_secs(20), "the driver never took the lock");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        signal(&driver, sig);
+        let out = finish(driver, Duration::from_secs(10)).await;
+        assert_eq!(out.status.code(), Some(code), "{sig}: {}", text(&out));
+        assert!(text(&out).contains("the rollout lock is released"), "{}", text(&out));
+        assert!(s.get(&lock).await.unwrap().is_none(), "{sig}: the lock is gone at once");
+    }
+    // The frozen role is named while it waits.
+    let out = run(&url, &["upgrade", "v2", "--instructions", frozen, "--retry", "--timeout", "2s"]).await;
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(text(&out).contains("frozen (limit 0)"), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loose_input_is_refused() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let before = keys_under(&s, "/").await;
+    let dup = r#"{"rolling_rules":{"global":1},"rolling_rules":{"global":5}}"#;
+    let out = run(&url, &["upgrade", "v2", "--instructions", dup]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("given twice"), "{}", text(&out));
+    for args in [
+        vec!["trigger-update", "--", "--help"],
+        vec!["upgrade", "--", "-v2"],
+    ] {
+        let out = run(&url, &args).await;
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains("must not begin with '-'"), "{}", text(&out));
+    }
+    assert_eq!(keys_under(&s, "/").await, before, "nothing was written");
+    // The embedded store: read-only commands never create one, nor directories.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such/dir/x.db");
+    let url = format!("sqlite://{}", missing.display());
+    let out = run(&url, &["status"]).await;
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("x.db"), "{}", text(&out));
+    assert!(!dir.path().join("no").exists(), "no directory was created");
+    let out = run(&url, &["trigger-update", "v1"]).await;
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!dir.path().join("no").exists(), "no directory was created");
+    let out = run("sqlite://", &["status"]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+}
+
+/// Not a test of its own: the log parser above must see what overlapped.
+#[test]
+fn the_overlap_check_can_fail() {
+    let r = |h: &str, s: f64, e: Option<f64>| Run {
+        host: h.into(),
+        version: "v2".into(),
+        start: s,
+        end: e,
+    };
+    let runs = [r("a", 0.0, Some(2.0)), r("b", 1.0, Some(3.0)), r("c", 2.5, None)];
+    assert_eq!(max_overlap(&runs, 0.0).0, 2);
+    assert_eq!(max_overlap(&runs, 2.1).0, 2);
+    let _ = Path::new("");
+}
