@@ -73,6 +73,14 @@ async fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) 
     }
 }
 
+/// Wall-clock seconds, as `date +%s.%N` prints them.
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 /// One run of the configuration step, from the shared log.
 #[derive(Debug, Clone)]
 struct Run {
@@ -238,6 +246,7 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
     let etcd = Etcd::start().await;
     let url = etcd.url();
     let f = Fleet::start(&url, &SIX, 4.0).await;
+    let t0 = now();
     let rules = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
     let first = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
     wait_for("two computes running their v2 puppet", Duration::from_secs(30), || {
@@ -252,7 +261,7 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
     // The dead driver's lock (same host, its pid gone) was taken over at once.
     assert!(text(&out).contains("took over the rollout lock"), "{}", text(&out));
     let runs = f.runs();
-    let (most, at) = max_overlap(&runs, 0.0);
+    let (most, at) = max_overlap(&runs, t0);
     assert!(most <= 2, "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}");
     assert!(f.all_at("v3"));
     // The limit was reached, so the check could have failed.
@@ -275,7 +284,7 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
     .await;
     // Freeze it past the lock's lease (15 s); another operator takes over, stricter.
     signal(&a, nix::sys::signal::Signal::SIGSTOP);
-    let frozen_at = jio_common::time::unix_now() as f64;
+    let frozen_at = now();
     let b = spawn(&url, &["upgrade", "v2", "--instructions", strict, "--retry"]);
     let lock = Schema::default().lock("rollout");
     let start = Instant::now();
@@ -311,7 +320,7 @@ async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
     let driver = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
     wait_for("the first compute to start", Duration::from_secs(30), || f.started("v2") >= 1).await;
     let stop = run(&url, &["global-disable-puppet"]).await;
-    let stopped_at = jio_common::time::unix_now() as f64;
+    let stopped_at = now();
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
     assert!(
         text(&stop).contains("was running: it has been halted"),
