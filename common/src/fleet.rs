@@ -211,26 +211,30 @@ impl Snapshot {
         schema: &Schema,
         version: Option<&Version>,
     ) -> Result<(Vec<KeyValue>, Vec<Revision>), StoreError> {
-        let current = store.get(&schema.current_version()).await?;
+        // The desired version is listed (not read with a get) so that its read
+        // revision is known: a change after it is in the watch a live view opens.
+        let first = [schema.current_version(), schema.enable_root(), schema.locks()];
+        let early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
+        let current_key = schema.current_version();
         let cur_version = version.cloned().or_else(|| {
-            current
-                .as_ref()
+            early[0]
+                .kvs
+                .iter()
+                .find(|kv| kv.key == current_key)
                 .and_then(|kv| parse_version(kv).ok().flatten())
         });
-        let first = [schema.enable_root(), schema.locks()];
         let mut second: Vec<Key> = vec![schema.hosts(), schema.running_versions(), schema.agents()];
         if let Some(v) = &cur_version {
             for step in Step::ALL {
                 second.push(schema.status_version_prefix(step, Outcome::Failure, v));
             }
         }
-        let early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
         let late = futures_util::future::try_join_all(second.iter().map(|p| store.list(p))).await?;
-        let mut revisions: Vec<Revision> = current.iter().map(|kv| kv.mod_revision).collect();
-        revisions.extend(early.iter().chain(late.iter()).map(|l| l.revision));
-        let kvs = current
+        let revisions: Vec<Revision> = early.iter().chain(late.iter()).map(|l| l.revision).collect();
+        let kvs = early
             .into_iter()
-            .chain(early.into_iter().chain(late).flat_map(|l| l.kvs))
+            .chain(late)
+            .flat_map(|l| l.kvs)
             .collect();
         Ok((kvs, revisions))
     }

@@ -226,7 +226,13 @@ impl RolloutLock {
             lease: Some(lease.id.clone()),
         });
         match store.txn(txn).await? {
-            TxnOutcome::Committed(revision) => {
+            TxnOutcome::Committed(committed) => {
+                // The fence compares the key's own mod revision, as the store reports
+                // it (on Consul a transaction's index need not be the key's).
+                let revision = match store.get(key).await? {
+                    Some(kv) if kv.lease.as_ref() == Some(&lease.id) => kv.mod_revision,
+                    _ => committed,
+                };
                 let lost = Arc::new(AtomicBool::new(false));
                 let (s, id, flag) = (store.clone(), lease.id.clone(), lost.clone());
                 let keeper = tokio::spawn(async move {
