@@ -249,10 +249,9 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
     let t0 = now();
     let rules = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
     let first = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
-    wait_for("two computes running their v2 puppet", Duration::from_secs(30), || {
-        f.started("v2") >= 2
-    })
-    .await;
+    // The second wave: compute3 and compute4 run their v2 puppet (the first two are
+    // done, so a re-targeted plan in name order would pick compute1 and compute2).
+    wait_for("the second wave of v2 runs", Duration::from_secs(60), || f.started("v2") >= 4).await;
     // Stop that driver the hard way, and re-target at once.
     signal(&first, nix::sys::signal::Signal::SIGKILL);
     let _ = finish(first, Duration::from_secs(5)).await;
