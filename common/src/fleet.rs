@@ -231,11 +231,7 @@ impl Snapshot {
         }
         let late = futures_util::future::try_join_all(second.iter().map(|p| store.list(p))).await?;
         let revisions: Vec<Revision> = early.iter().chain(late.iter()).map(|l| l.revision).collect();
-        let kvs = early
-            .into_iter()
-            .chain(late)
-            .flat_map(|l| l.kvs)
-            .collect();
+        let kvs = early.into_iter().chain(late).flat_map(|l| l.kvs).collect();
         Ok((kvs, revisions))
     }
 
@@ -585,7 +581,10 @@ mod tests {
             kv("/config_state/enable_puppet/global", "false"),
             kv("/hosts/cp1", &rec("compute")),
             kv("/agents/cp1", "{not json"),
-            kv("/locks/halt", r#"{"holder":"alice","host":"l","pid":1,"since":1}"#),
+            kv(
+                "/locks/halt",
+                r#"{"holder":"alice","host":"l","pid":1,"since":1}"#,
+            ),
         ];
         let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
         // Counted as running: the safe reading.

@@ -330,7 +330,9 @@ fn strict_json(text: &str) -> Result<Value, serde_json::Error> {
             Ok(Strict(v.into()))
         }
         fn visit_f64<E>(self, v: f64) -> Result<Strict, E> {
-            Ok(Strict(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)))
+            Ok(Strict(
+                serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number),
+            ))
         }
         fn visit_str<E>(self, v: &str) -> Result<Strict, E> {
             Ok(Strict(Value::String(v.to_string())))

@@ -244,9 +244,10 @@ mod tests {
         let json = serde_json::to_string(&rec).unwrap();
         assert_eq!(json, r#"{"state":"upgrading","version":"v2","since":5,"pid":42}"#);
         assert_eq!(parse_json::<AgentRecord>(&kv(&json)), Ok(rec));
-        let err = parse_json::<AgentRecord>(&kv(r#"{"state":"idle","version":null,"since":1,"pid":1,"x":1}"#))
-            .unwrap_err()
-            .to_string();
+        let err =
+            parse_json::<AgentRecord>(&kv(r#"{"state":"idle","version":null,"since":1,"pid":1,"x":1}"#))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("unknown field `x`"), "{err}");
         let err = parse_json::<HostRecord>(&kv(r#"{"role":"a/b","agent_version":"1","first_seen":1}"#))
             .unwrap_err()

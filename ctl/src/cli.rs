@@ -238,14 +238,26 @@ fn load_rules(instructions: Option<String>, file: Option<PathBuf>) -> Result<Rul
     Rules::parse(&text).map_err(|e| (exit::INVALID_RULES, e.to_string()))
 }
 
+/// Opens the store for a command that only reads: an embedded store that does not
+/// exist is an error, never created.
 async fn connect(cfg: &Config) -> anyhow::Result<DynStore> {
+    open(cfg, store::Create::Never).await
+}
+
+/// Opens the store for a command that writes: a missing embedded store file is
+/// created, a missing directory is an error (jioctl never creates directories).
+async fn connect_rw(cfg: &Config) -> anyhow::Result<DynStore> {
+    open(cfg, store::Create::File).await
+}
+
+async fn open(cfg: &Config, create: store::Create) -> anyhow::Result<DynStore> {
     if !cfg.store_given {
         eprintln!(
             "jioctl: no store configured; using the embedded store {}",
             cfg.store
         );
     }
-    Ok(store::open(&cfg.store).await?)
+    Ok(store::open_opts(&cfg.store, std::time::Duration::from_secs(10), create).await?)
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
@@ -290,7 +302,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     return Ok(code);
                 }
             };
-            let store = connect(&cfg).await?;
+            let store = if noop {
+                connect(&cfg).await?
+            } else {
+                connect_rw(&cfg).await?
+            };
             upgrade::run(
                 &store,
                 &schema,
@@ -308,7 +324,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             .await
         }
         Command::GlobalDisablePuppet => {
-            let store = connect(&cfg).await?;
+            let store = connect_rw(&cfg).await?;
             upgrade::emergency_stop(&store, &schema).await
         }
         Command::TriggerUpdate { version, force } => {
@@ -316,7 +332,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 Ok(v) => v,
                 Err(e) => return usage(e),
             };
-            let store = connect(&cfg).await?;
+            let store = connect_rw(&cfg).await?;
             let ops = vec![Op::put(schema.current_version(), version.to_string())];
             let what = format!("trigger-update {version}");
             let wrote = release_checked(&store, &schema, ops, force, &what, |s| {
@@ -381,7 +397,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 (false, Some(other)) => return usage(format!("value {other:?}: expected true or false")),
                 (false, None) => return usage("give true or false, or --delete"),
             };
-            let store = connect(&cfg).await?;
+            let store = connect_rw(&cfg).await?;
             if level == EnableLevel::Global && value.as_deref() == Some("true") {
                 let what = "enable-puppet true --global".to_string();
                 if let Some(code) = release_checked(&store, &schema, vec![op], force, &what, |s| {

@@ -12,6 +12,16 @@ use serde_json::json;
 
 use crate::cli::exit;
 
+/// Reads a snapshot and reports every value it could not understand (by key) on
+/// stderr; the rest is used as it is.
+async fn read(store: &DynStore, schema: &Schema) -> anyhow::Result<Snapshot> {
+    let snap = Snapshot::read(store, schema).await?;
+    for p in &snap.problems {
+        eprintln!("jioctl: warning: {p}");
+    }
+    Ok(snap)
+}
+
 fn versions(snap: &Snapshot) -> BTreeMap<Version, Vec<HostName>> {
     let mut out: BTreeMap<Version, Vec<HostName>> = BTreeMap::new();
     for (h, vs) in &snap.running {
@@ -23,7 +33,7 @@ fn versions(snap: &Snapshot) -> BTreeMap<Version, Vec<HostName>> {
 }
 
 pub async fn running_versions(store: &DynStore, schema: &Schema, as_json: bool) -> anyhow::Result<u8> {
-    let snap = Snapshot::read(store, schema).await?;
+    let snap = read(store, schema).await?;
     let v = versions(&snap);
     if as_json {
         println!("{}", json!(v));
@@ -127,7 +137,7 @@ pub async fn check_single_version(
     v: &Version,
     as_json: bool,
 ) -> anyhow::Result<u8> {
-    let snap = Snapshot::read(store, schema).await?;
+    let snap = read(store, schema).await?;
     let others: BTreeMap<Version, Vec<HostName>> =
         versions(&snap).into_iter().filter(|(x, _)| x != v).collect();
     if as_json {
@@ -153,7 +163,7 @@ pub async fn get_failures(
     hosts: bool,
     as_json: bool,
 ) -> anyhow::Result<u8> {
-    let snap = Snapshot::read(store, schema).await?;
+    let snap = read(store, schema).await?;
     let f = &snap.failures;
     if as_json {
         let v: BTreeMap<&str, serde_json::Value> = f
@@ -236,7 +246,10 @@ pub async fn logs(
         return Ok(exit::FAILED);
     };
     if kv.not_text {
-        eprintln!("jioctl: {} holds a value that is not UTF-8 text ({})", kv.key, kv.value);
+        eprintln!(
+            "jioctl: {} holds a value that is not UTF-8 text ({})",
+            kv.key, kv.value
+        );
         return Ok(exit::FAILED);
     }
     if !kv.value.is_empty() && !crate::status::is_link(&kv.value) {

@@ -206,7 +206,11 @@ pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
     let mut parts = Vec::new();
     let upgrading = of(HostState::Upgrading);
     if !upgrading.is_empty() {
-        parts.push(format!("{} upgrading: {}", upgrading.len(), named(&upgrading, true)));
+        parts.push(format!(
+            "{} upgrading: {}",
+            upgrading.len(),
+            named(&upgrading, true)
+        ));
     }
     for (st, what) in [
         (HostState::Lost, "lost"),
@@ -283,11 +287,7 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
         }
     };
     let Some(lock) = lock else {
-        return Ok(if args.retry {
-            exit::TIMED_OUT
-        } else {
-            exit::LOCKED
-        });
+        return Ok(if args.retry { exit::TIMED_OUT } else { exit::LOCKED });
     };
     let mut lock = Some(lock);
     let result = tokio::select! {
@@ -320,7 +320,8 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
 /// SIGINT or SIGTERM, whichever comes first.
 async fn interrupted() -> &'static str {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         return std::future::pending().await;
     };
     tokio::select! {
@@ -564,7 +565,11 @@ async fn drive(
 
 /// The lock's lease ended: take it again before writing anything, or stop.
 /// `Some(code)`: stop with it.
-async fn retake(store: &DynStore, schema: &Schema, lock: &mut Option<RolloutLock>) -> anyhow::Result<Option<u8>> {
+async fn retake(
+    store: &DynStore,
+    schema: &Schema,
+    lock: &mut Option<RolloutLock>,
+) -> anyhow::Result<Option<u8>> {
     if let Some(old) = lock.take() {
         old.release().await;
     }
@@ -670,7 +675,10 @@ async fn pass(
         // An emergency stop from before this command: starting it is the operator's
         // decision to go on. Clear it, fenced like any plan.
         let ops = vec![Op::Delete(schema.lock(HALT))];
-        if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+        if let Some(end) = fenced(
+            writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
+            &snap,
+        ) {
             return Ok(end);
         }
         if !args.quiet {
@@ -684,7 +692,10 @@ async fn pass(
     if snap.current.as_ref() != Some(&args.version) {
         // First pass (or someone changed it): start the rollout in one transaction.
         let ops = writes::start_rollout_ops(schema, &args.version);
-        if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+        if let Some(end) = fenced(
+            writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
+            &snap,
+        ) {
             return Ok(end);
         }
         if !args.quiet {
@@ -707,7 +718,10 @@ async fn pass(
     }
     if !plan.is_empty() {
         let ops = writes::plan_ops(schema, &plan);
-        if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+        if let Some(end) = fenced(
+            writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
+            &snap,
+        ) {
             return Ok(end);
         }
         if let Some(a) = admitted(&plan) {
@@ -728,7 +742,10 @@ async fn pass(
         // Leave nothing armed: a later trigger-update must not release the fleet.
         if armed(&snap) {
             let ops = writes::global_disable_ops(schema);
-            if let Some(end) = fenced(writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?, &snap) {
+            if let Some(end) = fenced(
+                writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
+                &snap,
+            ) {
                 return Ok(end);
             }
             if !args.quiet {
@@ -760,7 +777,11 @@ fn report_failures(snap: &Snapshot, args: &Args) {
         args.rules.max_failures
     );
     for (h, (step, value)) in &snap.failures {
-        eprintln!("  {h}: {} failed: {}", step.as_str(), crate::status::describe_entry(value));
+        eprintln!(
+            "  {h}: {} failed: {}",
+            step.as_str(),
+            crate::status::describe_entry(value)
+        );
     }
 }
 

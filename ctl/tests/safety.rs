@@ -68,7 +68,10 @@ fn signal(child: &Child, sig: nix::sys::signal::Signal) {
 async fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -174,7 +177,9 @@ impl Fleet {
         let mut runs: Vec<Run> = Vec::new();
         for line in text.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let [kind, host, version, at] = f[..] else { continue };
+            let [kind, host, version, at] = f[..] else {
+                continue;
+            };
             let at: f64 = at.parse().unwrap();
             match kind {
                 "start" => runs.push(Run {
@@ -229,7 +234,9 @@ fn max_overlap(runs: &[Run], from: f64) -> (usize, Vec<String>) {
     best
 }
 
-const SIX: [&str; 6] = ["compute1", "compute2", "compute3", "compute4", "compute5", "compute6"];
+const SIX: [&str; 6] = [
+    "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
+];
 
 async fn keys_under(s: &DynStore, prefix: &str) -> BTreeMap<String, String> {
     s.list(&jio_common::keys::Key::new(prefix).unwrap())
@@ -251,17 +258,27 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
     let first = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
     // The second wave: compute3 and compute4 run their v2 puppet (the first two are
     // done, so a re-targeted plan in name order would pick compute1 and compute2).
-    wait_for("the second wave of v2 runs", Duration::from_secs(60), || f.started("v2") >= 4).await;
+    wait_for("the second wave of v2 runs", Duration::from_secs(60), || {
+        f.started("v2") >= 4
+    })
+    .await;
     // Stop that driver the hard way, and re-target at once.
     signal(&first, nix::sys::signal::Signal::SIGKILL);
     let _ = finish(first, Duration::from_secs(5)).await;
     let out = run(&url, &["upgrade", "v3", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     // The dead driver's lock (same host, its pid gone) was taken over at once.
-    assert!(text(&out).contains("took over the rollout lock"), "{}", text(&out));
+    assert!(
+        text(&out).contains("took over the rollout lock"),
+        "{}",
+        text(&out)
+    );
     let runs = f.runs();
     let (most, at) = max_overlap(&runs, t0);
-    assert!(most <= 2, "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}");
+    assert!(
+        most <= 2,
+        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
+    );
     assert!(f.all_at("v3"));
     // The limit was reached, so the check could have failed.
     assert_eq!(most, 2, "{runs:#?}");
@@ -277,9 +294,11 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
     let loose = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
     let strict = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
     let a = spawn(&url, &["upgrade", "v2", "--instructions", loose, "--retry"]);
-    wait_for("the first driver to admit two computes", Duration::from_secs(30), || {
-        f.started("v2") >= 2
-    })
+    wait_for(
+        "the first driver to admit two computes",
+        Duration::from_secs(30),
+        || f.started("v2") >= 2,
+    )
     .await;
     // Freeze it past the lock's lease (15 s); another operator takes over, stricter.
     signal(&a, nix::sys::signal::Signal::SIGSTOP);
@@ -292,7 +311,10 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
         if held.is_some_and(|kv| kv.value.contains(&format!("\"pid\":{}", b.id().unwrap()))) {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(40), "the second driver never took the lock");
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "the second driver never took the lock"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     signal(&a, nix::sys::signal::Signal::SIGCONT);
@@ -304,7 +326,10 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
     // Runs that started once the first driver was frozen: one at a time.
     let runs = f.runs();
     let (most, at) = max_overlap(&runs, frozen_at + 1.0);
-    assert!(most <= 1, "{most} ran at once under the holder's limit of 1: {at:?}\n{runs:#?}");
+    assert!(
+        most <= 1,
+        "{most} ran at once under the holder's limit of 1: {at:?}\n{runs:#?}"
+    );
     assert!(f.all_at("v2"));
 }
 
@@ -317,7 +342,10 @@ async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
     let f = Fleet::start(&url, &names, 2.0).await;
     let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
     let driver = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
-    wait_for("the first compute to start", Duration::from_secs(30), || f.started("v2") >= 1).await;
+    wait_for("the first compute to start", Duration::from_secs(30), || {
+        f.started("v2") >= 1
+    })
+    .await;
     let stop = run(&url, &["global-disable-puppet"]).await;
     let stopped_at = now();
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
@@ -329,22 +357,38 @@ async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
     let out = finish(driver, Duration::from_secs(20)).await;
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     assert!(
-        text(&out).contains("halted by an emergency stop") && text(&out).contains("ran global-disable-puppet"),
+        text(&out).contains("halted by an emergency stop")
+            && text(&out).contains("ran global-disable-puppet"),
         "{}",
         text(&out)
     );
     // Nothing new starts afterwards.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let late: Vec<Run> = f.runs().into_iter().filter(|r| r.start > stopped_at + 1.0).collect();
-    assert!(late.is_empty(), "runs started after the emergency stop: {late:#?}");
+    let late: Vec<Run> = f
+        .runs()
+        .into_iter()
+        .filter(|r| r.start > stopped_at + 1.0)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "runs started after the emergency stop: {late:#?}"
+    );
     assert_eq!(
         keys_under(&s, "/config_state/enable_puppet/").await,
-        [("/config_state/enable_puppet/global".to_string(), "false".to_string())].into()
+        [(
+            "/config_state/enable_puppet/global".to_string(),
+            "false".to_string()
+        )]
+        .into()
     );
     // Starting the upgrade again is the operator's decision to go on.
     let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("cleared the emergency stop"), "{}", text(&out));
+    assert!(
+        text(&out).contains("cleared the emergency stop"),
+        "{}",
+        text(&out)
+    );
     assert!(f.all_at("v2"));
 }
 
@@ -360,7 +404,11 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     assert!(text(&out).contains("nothing is left armed"), "{}", text(&out));
     assert_eq!(
         keys_under(&s, "/config_state/enable_puppet/").await,
-        [("/config_state/enable_puppet/global".to_string(), "false".to_string())].into()
+        [(
+            "/config_state/enable_puppet/global".to_string(),
+            "false".to_string()
+        )]
+        .into()
     );
     // The next trigger-update releases nobody.
     let out = run(&url, &["trigger-update", "v9"]).await;
@@ -370,7 +418,11 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     // Opening the gate for everyone is refused, naming how many it would release.
     let out = run(&url, &["enable-puppet", "true", "--global"]).await;
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
-    assert!(text(&out).contains("would release 3 host(s) at once"), "{}", text(&out));
+    assert!(
+        text(&out).contains("would release 3 host(s) at once"),
+        "{}",
+        text(&out)
+    );
     assert_eq!(
         s.get(&Schema::default().enable(&jio_common::keys::EnableLevel::Global))
             .await
@@ -383,8 +435,17 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     // With --force it is written, and said.
     let out = run(&url, &["enable-puppet", "true", "--global", "--force"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("3 host(s) released at once"), "{}", text(&out));
-    wait_for("the forced release to upgrade the fleet", Duration::from_secs(30), || f.all_at("v9")).await;
+    assert!(
+        text(&out).contains("3 host(s) released at once"),
+        "{}",
+        text(&out)
+    );
+    wait_for(
+        "the forced release to upgrade the fleet",
+        Duration::from_secs(30),
+        || f.all_at("v9"),
+    )
+    .await;
     // trigger-update refuses too once hosts are enabled.
     let out = run(&url, &["trigger-update", "v10"]).await;
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
@@ -395,16 +456,19 @@ async fn a_finished_rollout_leaves_nothing_armed() {
 fn etcdctl_put(url: &str, key: &[u8], value: &[u8]) {
     use std::os::unix::ffi::OsStrExt as _;
     let endpoints = url.trim_start_matches("etcd://");
-    let ok = std::process::Command::new(jio_tests::require_binary("etcdctl", "apt-get install -y etcd-client"))
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoints}"))
-        .arg("put")
-        .arg(std::ffi::OsStr::from_bytes(key))
-        .arg(std::ffi::OsStr::from_bytes(value))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap()
-        .success();
+    let ok = std::process::Command::new(jio_tests::require_binary(
+        "etcdctl",
+        "apt-get install -y etcd-client",
+    ))
+    .env("ETCDCTL_API", "3")
+    .arg(format!("--endpoints={endpoints}"))
+    .arg("put")
+    .arg(std::ffi::OsStr::from_bytes(key))
+    .arg(std::ffi::OsStr::from_bytes(value))
+    .stdout(Stdio::null())
+    .status()
+    .unwrap()
+    .success();
     assert!(ok, "etcdctl put failed");
 }
 
@@ -418,21 +482,28 @@ async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
     etcdctl_put(&url, b"/running/versions/v1/ghost3", b"\xff");
     etcdctl_put(&url, b"/status/configured/failure/v1/ghost4", b"\xff");
     etcdctl_put(&url, b"/hosts/bad\xffname", b"{}");
-    etcdctl_put(&url, b"/hosts/compute9", br#"{"role":"compute","agent_version":"1","first_seen":"x"}"#);
-    for args in [
-        vec!["status"],
-        vec!["status", "--json"],
-        vec!["running-versions"],
-        vec!["upgrade", "v2", "--noop"],
+    etcdctl_put(
+        &url,
+        b"/hosts/compute9",
+        br#"{"role":"compute","agent_version":"1","first_seen":"x"}"#,
+    );
+    for (args, fleet) in [
+        (vec!["status"], "compute                    2/2"),
+        (vec!["status", "--json"], "compute1"),
+        (vec!["running-versions"], "v1\t4 host(s)"),
+        (vec!["upgrade", "v2", "--noop"], "would have enabled role compute"),
     ] {
         let out = run(&url, &args).await;
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
         let t = text(&out);
         assert!(t.contains("/hosts/ghost1"), "{args:?} names the bad key: {t}");
-        assert!(t.contains("compute1"), "{args:?} still shows the fleet: {t}");
+        assert!(t.contains(fleet), "{args:?} still shows the fleet: {t}");
     }
     let st = text(&run(&url, &["status"]).await);
-    assert!(st.contains("bad\\xffname"), "the undecodable key is named, escaped: {st}");
+    assert!(
+        st.contains("bad\\xffname"),
+        "the undecodable key is named, escaped: {st}"
+    );
     assert!(st.contains("first_seen"), "the bad field is named: {st}");
 
     // An invalid global key: the same meaning on both sides, the hosts are blocked.
@@ -495,7 +566,11 @@ async fn a_re_enabled_failed_host_counts_as_retrying_at_once() {
     let rules = r#"{"rolling_rules": {"global": 1}}"#;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(text(&out).contains("compute2: configured failed"), "{}", text(&out));
+    assert!(
+        text(&out).contains("compute2: configured failed"),
+        "{}",
+        text(&out)
+    );
     f.fail("compute2", false);
     let out = run(&url, &["enable-puppet", "true", "--host", "compute2"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -522,17 +597,39 @@ async fn sigterm_and_sigint_release_the_lock() {
         let driver = spawn(&url, &["upgrade", "v2", "--instructions", frozen, "--retry"]);
         let start = Instant::now();
         while s.get(&lock).await.unwrap().is_none() {
-            assert!(start.elapsed() < Duration::from_secs(20), "the driver never took the lock");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the driver never took the lock"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         signal(&driver, sig);
         let out = finish(driver, Duration::from_secs(10)).await;
         assert_eq!(out.status.code(), Some(code), "{sig}: {}", text(&out));
-        assert!(text(&out).contains("the rollout lock is released"), "{}", text(&out));
-        assert!(s.get(&lock).await.unwrap().is_none(), "{sig}: the lock is gone at once");
+        assert!(
+            text(&out).contains("the rollout lock is released"),
+            "{}",
+            text(&out)
+        );
+        assert!(
+            s.get(&lock).await.unwrap().is_none(),
+            "{sig}: the lock is gone at once"
+        );
     }
     // The frozen role is named while it waits.
-    let out = run(&url, &["upgrade", "v2", "--instructions", frozen, "--retry", "--timeout", "2s"]).await;
+    let out = run(
+        &url,
+        &[
+            "upgrade",
+            "v2",
+            "--instructions",
+            frozen,
+            "--retry",
+            "--timeout",
+            "2s",
+        ],
+    )
+    .await;
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     assert!(text(&out).contains("frozen (limit 0)"), "{}", text(&out));
 }

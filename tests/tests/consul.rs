@@ -45,14 +45,15 @@ async fn transactions_over_64_operations_are_refused_and_plans_split() {
     let ops: Vec<Op> = (0..150)
         .map(|i| Op::put(k(&format!("/config_state/enable_puppet/host/h{i:03}")), "true"))
         .collect();
-    let jioctl::writes::LockOutcome::Taken(lock) = jioctl::writes::RolloutLock::try_take(&s, &schema)
-        .await
-        .unwrap()
+    let jioctl::writes::LockOutcome::Taken(lock) =
+        jioctl::writes::RolloutLock::try_take(&s, &schema).await.unwrap()
     else {
         panic!("the rollout lock is free")
     };
     assert_eq!(
-        jioctl::writes::apply_fenced(&s, &schema, ops, 0, &lock).await.unwrap(),
+        jioctl::writes::apply_fenced(&s, &schema, ops, 0, &lock)
+            .await
+            .unwrap(),
         jioctl::writes::Fenced::Applied
     );
     lock.release().await;

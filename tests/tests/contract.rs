@@ -88,6 +88,49 @@ impl Backend {
         }
     }
 
+    /// Writes raw bytes under a raw key, as another program could (no validation).
+    async fn put_raw(&self, key: &[u8], value: &[u8]) {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        match &self.fixture {
+            Fixture::Etcd(e) => {
+                let endpoint = e.url().trim_start_matches("etcd://").to_string();
+                let r = reqwest::Client::new()
+                    .post(format!("http://{endpoint}/v3/kv/put"))
+                    .json(&serde_json::json!({"key": b64(key), "value": b64(value)}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{r:?}");
+            }
+            Fixture::Consul(c) => {
+                // Consul keys are text in its API; the raw part is the value.
+                let key = String::from_utf8_lossy(key.strip_prefix(b"/").unwrap_or(key)).into_owned();
+                let r = reqwest::Client::new()
+                    .put(format!("{}/v1/kv/{key}", c.url().replace("consul://", "http://")))
+                    .body(value.to_vec())
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{r:?}");
+            }
+            Fixture::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("store.db")).unwrap();
+                conn.busy_timeout(Duration::from_secs(10)).unwrap();
+                let rev: i64 = conn
+                    .query_row("SELECT value FROM meta WHERE name = 'revision'", [], |r| r.get(0))
+                    .unwrap();
+                conn.execute(
+                    "INSERT OR REPLACE INTO kv (key, value, create_rev, mod_rev, version, lease) VALUES (?1, ?2, ?3, ?3, 1, NULL)",
+                    rusqlite::params![key, value, rev + 1],
+                )
+                .unwrap();
+                conn.execute("UPDATE meta SET value = ?1 WHERE name = 'revision'", [rev + 1])
+                    .unwrap();
+            }
+        }
+    }
+
     /// Restarts the server (etcd, Consul). The embedded store has no server to restart.
     async fn restart_server(&mut self) {
         match &mut self.fixture {
@@ -547,6 +590,50 @@ async fn watch_recovers_from_compaction(b: Backend) {
     );
 }
 
+/// A value (and, where the store allows it, a key name) that is not UTF-8 text is
+/// reported as such, and never fails the listing, the get or the watch it is in.
+async fn bytes_that_are_not_text_do_not_blind_a_listing(b: Backend) {
+    let s = &b.store;
+    s.put(&k("/t/a"), "1", None).await.unwrap();
+    let mut w = s.watch(&k("/t/"), 0).await.unwrap();
+    b.put_raw(b"/t/b", b"v\xff2").await;
+    s.put(&k("/t/c"), "3", None).await.unwrap();
+    if !matches!(b.fixture, Fixture::Consul(_)) {
+        b.put_raw(b"/t/bad\xffkey", b"x").await;
+    }
+    let l = s.list(&k("/t/")).await.unwrap();
+    let got: Vec<(&str, &str, bool)> = l
+        .kvs
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv.value.as_str(), kv.not_text))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("/t/a", "1", false),
+            ("/t/b", "v\\xff2", true),
+            ("/t/c", "3", false)
+        ]
+    );
+    let one = s.get(&k("/t/b")).await.unwrap().unwrap();
+    assert!(one.not_text);
+    let many = s.get_many(&[k("/t/a"), k("/t/b")]).await.unwrap();
+    assert!(many[1].as_ref().unwrap().not_text);
+    // The watch goes on past the bad value (the embedded store's raw write bypasses
+    // its event log, so there only the later put is seen).
+    let want = if matches!(b.fixture, Fixture::Sqlite(_)) {
+        1
+    } else {
+        2
+    };
+    let evs = collect(&mut w, want).await;
+    let last = evs.last().unwrap();
+    assert!(
+        matches!(last, WatchEvent::Put(kv) if kv.key.as_str() == "/t/c" || kv.not_text),
+        "{evs:?}"
+    );
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod etcd {
@@ -578,6 +665,7 @@ macro_rules! contract {
 
 contract!(
     put_get_delete,
+    bytes_that_are_not_text_do_not_blind_a_listing,
     list_ten_thousand_keys,
     txn_race_has_one_winner,
     txn_compare_and_set_loses_no_update,
@@ -588,6 +676,49 @@ contract!(
     watch_from_now_sees_only_new_events,
     watch_recovers_from_compaction,
 );
+
+/// A store that accepts connections and never answers (a frozen etcd): the retry
+/// budget is a deadline that counts the requests too.
+#[tokio::test]
+async fn a_silent_endpoint_fails_within_the_retry_budget() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accept and hold every connection, answering nothing.
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for c in listener.incoming().take(64) {
+            conns.push(c);
+        }
+    });
+    let url = StoreUrl::parse(&format!("etcd://127.0.0.1:{port}")).unwrap();
+    let opts = EtcdOptions {
+        retry_budget: Duration::from_secs(2),
+        ..EtcdOptions::default()
+    };
+    let store = EtcdStore::new(&url, opts).unwrap();
+    let start = Instant::now();
+    let err = store.ping().await.unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_millis(3500),
+        "a 2 s budget took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let consul = ConsulStore::new(
+        &StoreUrl::parse(&format!("consul://127.0.0.1:{port}")).unwrap(),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let start = Instant::now();
+    let err = consul.ping().await.unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_millis(3500),
+        "a 2 s budget took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    drop(held);
+}
 
 #[tokio::test]
 async fn unreachable_etcd_is_a_quick_clear_error() {

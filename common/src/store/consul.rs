@@ -37,7 +37,7 @@ use super::{
     Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
     TxnOutcome, WatchEvent, WatchStream, overlapping_ops,
 };
-use super::{Endpoints, retry_policy};
+use super::{Deadline, Endpoints, retry_policy};
 use crate::keys::Key;
 use crate::swift::Secret;
 
@@ -233,18 +233,19 @@ impl Inner {
         idempotent: bool,
     ) -> Result<Answer> {
         let backoff = retry_policy(self.retry_budget);
+        let deadline = Deadline::after(self.retry_budget);
         let res = (|| {
             self.attempt(
                 method.clone(),
                 path,
                 query,
                 body.clone(),
-                Some(self.request_timeout),
+                Some(deadline.attempt_timeout(self.request_timeout)),
             )
         })
         .retry(backoff)
         .sleep(tokio::time::sleep)
-        .when(|f| matches!(f, Failure::NotSent(_)) || idempotent)
+        .when(|f| (matches!(f, Failure::NotSent(_)) || idempotent) && deadline.open())
         .await;
         let url = self.url.clone();
         let answer = match res {
@@ -265,14 +266,23 @@ impl Inner {
         Ok(answer)
     }
 
-    fn decode(&self, raw: RawEntry) -> Result<KeyValue> {
-        let value = raw.value.map(|v| B64.decode(v).unwrap_or_default()).unwrap_or_default();
-        let key = Key::new(format!("/{}", raw.key)).map_err(|_| StoreError::NotText {
-            url: self.url.clone(),
-            key: raw.key.clone(),
-        })?;
+    /// An entry as stored; a key that is not a valid key of ours is skipped with a
+    /// warning naming it (it never fails the whole call).
+    fn decode(&self, raw: RawEntry) -> Option<KeyValue> {
+        let value = raw
+            .value
+            .map(|v| B64.decode(v).unwrap_or_default())
+            .unwrap_or_default();
+        let Ok(key) = Key::new(format!("/{}", raw.key)) else {
+            tracing::warn!(
+                store = %self.url,
+                key = %crate::encode::escape_bytes(raw.key.as_bytes()),
+                "skipping a key that is not a valid key (another program wrote it)"
+            );
+            return None;
+        };
         // Consul keeps no per-key write count; 1 marks "exists".
-        Ok(KeyValue::from_bytes(
+        Some(KeyValue::from_bytes(
             key,
             value,
             raw.create_index as i64,
@@ -289,7 +299,7 @@ impl Inner {
         self.expect_ok(op, a)?;
         let raw: Vec<RawEntry> = serde_json::from_slice(&a.body)
             .map_err(|e| self.rejected(op, format!("unexpected answer: {e}")))?;
-        raw.into_iter().map(|r| self.decode(r)).collect()
+        Ok(raw.into_iter().filter_map(|r| self.decode(r)).collect())
     }
 
     fn rejected(&self, op: &'static str, message: String) -> StoreError {

@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::{
-    Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
-    TxnOutcome, WatchEvent, WatchStream, prefix_end,
+    Compare, Deadline, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl,
+    Txn, TxnOutcome, WatchEvent, WatchStream, prefix_end,
 };
 use super::{Endpoints, retry_policy};
 use crate::keys::Key;
@@ -104,12 +104,17 @@ impl EtcdStore {
 }
 
 impl Inner {
-    async fn attempt<R: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<R, Failure> {
+    async fn attempt<R: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<R, Failure> {
         let (i, base) = self.endpoints.pick();
         let sent = self
             .client
             .post(format!("{base}{path}"))
-            .timeout(self.opts.request_timeout)
+            .timeout(timeout)
             .json(body)
             .send()
             .await;
@@ -169,10 +174,11 @@ impl Inner {
             Failure::Status { http, code, .. } => *http >= 500 && (idempotent || *code == 14),
             Failure::Decode(_) => false,
         };
-        let res = (|| self.attempt::<R>(path, &body))
+        let deadline = Deadline::after(self.opts.retry_budget);
+        let res = (|| self.attempt::<R>(path, &body, deadline.attempt_timeout(self.opts.request_timeout)))
             .retry(backoff)
             .sleep(tokio::time::sleep)
-            .when(retryable)
+            .when(|f| retryable(f) && deadline.open())
             .await;
         res.map_err(|f| self.classify(op, f, idempotent))
     }
@@ -227,13 +233,11 @@ impl Inner {
             .map_err(|e| e.into_store(&self.url, op))
     }
 
-    fn decode_kv(&self, raw: RawKv) -> Result<KeyValue> {
-        let key = decode_text(&self.url, &raw.key, None)?;
-        let key = Key::new(key.clone()).map_err(|_| StoreError::NotText {
-            url: self.url.clone(),
-            key,
-        })?;
-        Ok(KeyValue::from_bytes(
+    /// A key-value as stored. A key that is not a valid text key (another program
+    /// wrote it) is skipped with a warning naming it; it never fails the whole call.
+    fn decode_kv(&self, raw: RawKv) -> Option<KeyValue> {
+        let key = decode_key(&self.url, &raw.key)?;
+        Some(KeyValue::from_bytes(
             key,
             B64.decode(&raw.value).unwrap_or_default(),
             raw.create_revision,
@@ -281,12 +285,21 @@ fn b64(s: &[u8]) -> String {
     B64.encode(s)
 }
 
-fn decode_text(url: &str, b: &str, key: Option<&str>) -> Result<String> {
+/// A stored key name, or `None` (with a warning naming it, escaped) when it is not
+/// a valid text key.
+fn decode_key(url: &str, b: &str) -> Option<Key> {
     let bytes = B64.decode(b).unwrap_or_default();
-    String::from_utf8(bytes).map_err(|_| StoreError::NotText {
-        url: url.to_string(),
-        key: key.unwrap_or("(a key)").to_string(),
-    })
+    let key = String::from_utf8(bytes.clone())
+        .ok()
+        .and_then(|k| Key::new(k).ok());
+    if key.is_none() {
+        tracing::warn!(
+            store = %url,
+            key = %crate::encode::escape_bytes(&bytes),
+            "skipping a key that is not a valid text key (another program wrote it)"
+        );
+    }
+    key
 }
 
 fn range_body(prefix: &Key) -> Value {
@@ -420,11 +433,11 @@ impl Store for EtcdStore {
     async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {
         let body = json!({ "key": b64(key.as_str().as_bytes()) });
         let resp = self.inner.range("get", body).await?;
-        resp.kvs
+        Ok(resp
+            .kvs
             .into_iter()
             .next()
-            .map(|kv| self.inner.decode_kv(kv))
-            .transpose()
+            .and_then(|kv| self.inner.decode_kv(kv)))
     }
 
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
@@ -451,8 +464,7 @@ impl Store for EtcdStore {
                     .kvs
                     .into_iter()
                     .next()
-                    .map(|kv| self.inner.decode_kv(kv))
-                    .transpose()?,
+                    .and_then(|kv| self.inner.decode_kv(kv)),
             );
         }
         Ok(out)
@@ -464,8 +476,8 @@ impl Store for EtcdStore {
         let kvs = resp
             .kvs
             .into_iter()
-            .map(|kv| self.inner.decode_kv(kv))
-            .collect::<Result<Vec<_>>>()?;
+            .filter_map(|kv| self.inner.decode_kv(kv))
+            .collect();
         Ok(Listing { kvs, revision })
     }
 
@@ -662,16 +674,9 @@ async fn watch_task(
             WatchEnd::Compacted => {
                 // History is gone: hand over the whole state and resume after it.
                 let resp = inner.range("watch re-list", range_body(&prefix)).await;
-                let listing = resp.and_then(|r| {
-                    let kvs = r
-                        .kvs
-                        .into_iter()
-                        .map(|kv| inner.decode_kv(kv))
-                        .collect::<Result<Vec<_>>>()?;
-                    Ok(Listing {
-                        kvs,
-                        revision: r.header.revision,
-                    })
+                let listing = resp.map(|r| Listing {
+                    kvs: r.kvs.into_iter().filter_map(|kv| inner.decode_kv(kv)).collect(),
+                    revision: r.header.revision,
                 });
                 match listing {
                     Ok(l) => {
@@ -782,19 +787,13 @@ async fn watch_once(
                     continue; // already delivered before a reconnection
                 }
                 let out = if ev.kind == "DELETE" {
-                    match decode_text(&inner.url, &ev.kv.key, None).and_then(|k| {
-                        Key::new(k.clone()).map_err(|_| StoreError::NotText {
-                            url: inner.url.clone(),
-                            key: k,
-                        })
-                    }) {
-                        Ok(key) => Ok(WatchEvent::Delete { key, revision: rev }),
-                        Err(e) => Err(e),
-                    }
+                    decode_key(&inner.url, &ev.kv.key).map(|key| WatchEvent::Delete { key, revision: rev })
                 } else {
                     inner.decode_kv(ev.kv).map(WatchEvent::Put)
                 };
-                if tx.send(out).await.is_err() {
+                if let Some(out) = out
+                    && tx.send(Ok(out)).await.is_err()
+                {
                     return WatchEnd::ReceiverGone;
                 }
                 last = last.max(rev);

@@ -207,42 +207,53 @@ pub enum ErrorKind {
     Denied,
 }
 
+/// A URL as echoed in messages: at most 120 characters (a 5,000-character URL must
+/// not become a 5,000-character error line).
+pub fn short(url: &str) -> String {
+    const MAX: usize = 120;
+    if url.chars().count() <= MAX {
+        return url.to_string();
+    }
+    let mut out: String = url.chars().take(MAX).collect();
+    out.push_str("...");
+    out
+}
+
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("store {url} is unreachable ({op}): {reason}")]
+    #[error("store {} is unreachable ({op}): {reason}", short(url))]
     Unavailable {
         url: String,
         op: &'static str,
         reason: String,
     },
     #[error(
-        "store {url} did not confirm {op} (it may or may not have been applied; re-read before retrying): {reason}"
+        "store {} did not confirm {op} (it may or may not have been applied; re-read before retrying): {reason}",
+        short(url)
     )]
     Ambiguous {
         url: String,
         op: &'static str,
         reason: String,
     },
-    #[error("invalid store URL {url:?}: {reason}")]
+    #[error("invalid store URL {:?}: {reason}", short(url))]
     InvalidUrl { url: String, reason: String },
-    #[error("lease {lease} not found on {url} (expired or revoked)")]
+    #[error("lease {lease} not found on {} (expired or revoked)", short(url))]
     LeaseNotFound { url: String, lease: LeaseId },
-    #[error("store {url} refused {op}: {message}")]
+    #[error("store {} refused {op}: {message}", short(url))]
     Denied {
         url: String,
         op: &'static str,
         message: String,
     },
-    #[error("store {url} rejected {op}: {message}")]
+    #[error("store {} rejected {op}: {message}", short(url))]
     Rejected {
         url: String,
         op: &'static str,
         message: String,
     },
-    #[error("key {key} on store {url} holds data that is not UTF-8 text")]
-    NotText { url: String, key: String },
-    #[error("embedded store {url} failed during {op}: {source}")]
+    #[error("embedded store {} failed during {op}: {source}", short(url))]
     Sqlite {
         url: String,
         op: &'static str,
@@ -257,9 +268,7 @@ impl StoreError {
             StoreError::Unavailable { .. } | StoreError::Ambiguous { .. } => ErrorKind::Unavailable,
             StoreError::LeaseNotFound { .. } => ErrorKind::NotFound,
             StoreError::Denied { .. } => ErrorKind::Denied,
-            StoreError::InvalidUrl { .. } | StoreError::Rejected { .. } | StoreError::NotText { .. } => {
-                ErrorKind::InvalidInput
-            }
+            StoreError::InvalidUrl { .. } | StoreError::Rejected { .. } => ErrorKind::InvalidInput,
             StoreError::Sqlite { source, .. } => match source.sqlite_error_code() {
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
                     ErrorKind::Unavailable
@@ -339,6 +348,17 @@ pub trait Store: Send + Sync + 'static {
 /// A shared handle on some store.
 pub type DynStore = Arc<dyn Store>;
 
+/// Whether opening the embedded store may create it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Create {
+    /// A missing store is an error (read-only commands).
+    Never,
+    /// A missing file is created, a missing directory is an error.
+    File,
+    /// The file and its directories are created (the agent).
+    FileAndDirs,
+}
+
 /// Opens the store named by `url` and checks that it answers.
 pub async fn open(url: &StoreUrl) -> Result<DynStore> {
     open_with(url, Duration::from_secs(10)).await
@@ -347,6 +367,11 @@ pub async fn open(url: &StoreUrl) -> Result<DynStore> {
 /// Like `open`; `retry` bounds how long one operation retries before the store is
 /// reported unreachable.
 pub async fn open_with(url: &StoreUrl, retry: Duration) -> Result<DynStore> {
+    open_opts(url, retry, Create::FileAndDirs).await
+}
+
+/// Like `open_with`; `create` says what a missing embedded store may become.
+pub async fn open_opts(url: &StoreUrl, retry: Duration, create: Create) -> Result<DynStore> {
     let store: DynStore = match url {
         StoreUrl::Etcd { .. } => Arc::new(EtcdStore::new(
             url,
@@ -355,7 +380,7 @@ pub async fn open_with(url: &StoreUrl, retry: Duration) -> Result<DynStore> {
                 ..EtcdOptions::default()
             },
         )?),
-        StoreUrl::Sqlite { path } => Arc::new(SqliteStore::open(path).await?),
+        StoreUrl::Sqlite { path } => Arc::new(SqliteStore::open_with(path, create).await?),
         StoreUrl::Consul { .. } => Arc::new(ConsulStore::new(url, retry)?),
     };
     store.ping().await?;
@@ -397,6 +422,36 @@ impl Endpoints {
         {
             tracing::warn!(store = self.kind, from = %self.urls[i], to = %self.urls[next], %reason, "endpoint failed, switching");
         }
+    }
+}
+
+/// The end of one operation's retry budget: the requests count against it too, so
+/// an endpoint that accepts connections and never answers makes the operation fail
+/// after about `budget`, not after `budget` plus every request's timeout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline(tokio::time::Instant);
+
+impl Deadline {
+    pub(crate) fn after(budget: Duration) -> Deadline {
+        Deadline(tokio::time::Instant::now() + budget)
+    }
+
+    /// The timeout of the next attempt: at most `per_request`, at most what is left
+    /// (but long enough to get an answer from a healthy store).
+    pub(crate) fn attempt_timeout(&self, per_request: Duration) -> Duration {
+        self.left().clamp(
+            Duration::from_millis(100),
+            per_request.max(Duration::from_millis(100)),
+        )
+    }
+
+    pub(crate) fn left(&self) -> Duration {
+        self.0.saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    /// Another attempt may start.
+    pub(crate) fn open(&self) -> bool {
+        !self.left().is_zero()
     }
 }
 

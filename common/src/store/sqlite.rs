@@ -19,8 +19,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::{broadcast, mpsc};
 
 use super::{
-    Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, Txn, TxnOutcome,
-    WatchEvent, WatchStream, overlapping_ops, prefix_end,
+    Compare, Create, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, Txn,
+    TxnOutcome, WatchEvent, WatchStream, overlapping_ops, prefix_end,
 };
 use crate::keys::Key;
 
@@ -97,17 +97,45 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
 impl SqliteStore {
     /// Opens (creating when missing) the store file and its parent directory.
     pub async fn open(path: &Path) -> Result<SqliteStore> {
+        SqliteStore::open_with(path, Create::FileAndDirs).await
+    }
+
+    /// Opens the store file; `create` says whether a missing file, and a missing
+    /// directory, may be created.
+    pub async fn open_with(path: &Path, create: Create) -> Result<SqliteStore> {
         let url = format!("sqlite://{}", path.display());
         let path = path.to_path_buf();
         let u = url.clone();
         let p = path.clone();
         let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
-            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable {
-                    url: u.clone(),
-                    op: "open",
-                    reason: format!("cannot create {}: {e}", dir.display()),
-                })?;
+            let refuse = |reason: String| StoreError::InvalidUrl {
+                url: u.clone(),
+                reason,
+            };
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+            match create {
+                Create::Never if !p.exists() => {
+                    return Err(refuse(format!(
+                        "{} does not exist (read-only commands never create a store; check the path)",
+                        p.display()
+                    )));
+                }
+                Create::File if dir.is_some_and(|d| !d.is_dir()) => {
+                    return Err(refuse(format!(
+                        "directory {} does not exist (jioctl never creates directories)",
+                        dir.map(|d| d.display().to_string()).unwrap_or_default()
+                    )));
+                }
+                Create::FileAndDirs => {
+                    if let Some(dir) = dir {
+                        std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable {
+                            url: u.clone(),
+                            op: "open",
+                            reason: format!("cannot create {}: {e}", dir.display()),
+                        })?;
+                    }
+                }
+                _ => {}
             }
             let wrap = |source| StoreError::Sqlite {
                 url: u.clone(),
@@ -363,7 +391,7 @@ impl<'c> Writer<'c> {
             .is_some())
     }
 
-    fn row(&self, key: &[u8]) -> rusqlite::Result<Option<(String, i64, i64, i64)>> {
+    fn row(&self, key: &[u8]) -> rusqlite::Result<Option<(Bytes, i64, i64, i64)>> {
         self.tx
             .prepare_cached("SELECT value, create_rev, mod_rev, version FROM kv WHERE key = ?1")?
             .query_row([key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
@@ -431,7 +459,9 @@ impl<'c> Writer<'c> {
         Ok(match c {
             Compare::Absent(k) => self.row(k.as_str().as_bytes())?.is_none(),
             Compare::ModRevision(k, r) => self.row(k.as_str().as_bytes())?.map_or(0, |row| row.2) == *r,
-            Compare::Value(k, v) => self.row(k.as_str().as_bytes())?.is_some_and(|row| row.0 == *v),
+            Compare::Value(k, v) => self
+                .row(k.as_str().as_bytes())?
+                .is_some_and(|row| row.0.0 == v.as_bytes()),
         })
     }
 }
@@ -449,26 +479,41 @@ fn range_keys(conn: &Connection, prefix: &[u8]) -> rusqlite::Result<Vec<Vec<u8>>
     }
 }
 
+/// A stored value's bytes, whether SQLite holds them as TEXT or as a BLOB (another
+/// program may have written either, valid UTF-8 or not).
+struct Bytes(Vec<u8>);
+
+impl rusqlite::types::FromSql for Bytes {
+    fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        v.as_bytes().map(|b| Bytes(b.to_vec()))
+    }
+}
+
 /// A row of `kv` or `events` as a `KeyValue`; keys that are not valid text are skipped
-/// with a warning (only another program could have written them).
+/// with a warning naming them (only another program could have written them).
 fn to_kv(
     key: Vec<u8>,
-    value: String,
+    value: Bytes,
     create: i64,
     modr: i64,
     version: i64,
     lease: Option<i64>,
 ) -> Option<KeyValue> {
-    let key = String::from_utf8(key).ok().and_then(|k| Key::new(k).ok())?;
-    Some(KeyValue {
+    let Some(key) = String::from_utf8(key.clone()).ok().and_then(|k| Key::new(k).ok()) else {
+        tracing::warn!(
+            key = %crate::encode::escape_bytes(&key),
+            "embedded store: skipping a key that is not a valid text key (another program wrote it)"
+        );
+        return None;
+    };
+    Some(KeyValue::from_bytes(
         key,
-        value,
-        create_revision: create,
-        mod_revision: modr,
+        value.0,
+        create,
+        modr,
         version,
-        lease: lease.map(|l| LeaseId(l.to_string())),
-        not_text: false,
-    })
+        lease.map(|l| LeaseId(l.to_string())),
+    ))
 }
 
 fn list_range(conn: &Connection, prefix: &[u8]) -> rusqlite::Result<Vec<KeyValue>> {
@@ -505,7 +550,7 @@ fn events_since(conn: &Connection, from: Revision) -> rusqlite::Result<Vec<Watch
     let rows = stmt.query_map([from], |r| {
         let rev: i64 = r.get(0)?;
         let key: Vec<u8> = r.get(1)?;
-        let value: Option<String> = r.get(2)?;
+        let value: Option<Bytes> = r.get(2)?;
         Ok(match value {
             Some(v) => to_kv(key, v, r.get(3)?, rev, r.get(4)?, r.get(5)?).map(WatchEvent::Put),
             None => String::from_utf8(key)

@@ -50,9 +50,9 @@ impl StoreUrl {
             }
             "sqlite" => {
                 if rest.is_empty() {
-                    return Ok(StoreUrl::Sqlite {
-                        path: default_sqlite_path(),
-                    });
+                    return Err(fail(
+                        "no path given (sqlite:///absolute/path/store.db; with no store at all, the default is used)",
+                    ));
                 }
                 if rest.contains('?') || rest.contains('#') {
                     return Err(fail("query strings and fragments are not supported"));
@@ -226,10 +226,8 @@ mod tests {
                 path: "/tmp/x.db".into()
             }
         );
-        assert!(matches!(
-            StoreUrl::parse("sqlite://").unwrap(),
-            StoreUrl::Sqlite { .. }
-        ));
+        let err = StoreUrl::parse("sqlite://").unwrap_err().to_string();
+        assert!(err.contains("no path given"), "{err}");
         assert_eq!(
             StoreUrl::parse("sqlite:///tmp/x.db").unwrap().to_string(),
             "sqlite:///tmp/x.db"
