@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use jio_common::fleet::ROLLOUT_LOCK;
 use jio_common::gate::{self, GateKeys, KeyState};
 use jio_common::keys::{EnableLevel, Key, Outcome as KeyOutcome, Schema, Step};
 use jio_common::names::{HostName, Role, Version};
-use jio_common::store::{DynStore, ErrorKind, Revision, StoreError};
+use jio_common::store::{Compare, DynStore, ErrorKind, Revision, StoreError};
 use jio_common::time::{unix_now, utc_stamp};
 use jio_common::values::{AgentState, parse_version};
 use tokio::sync::watch;
@@ -31,8 +32,6 @@ pub enum AgentError {
     Store(#[from] StoreError),
     #[error(transparent)]
     State(#[from] StateError),
-    #[error("{key}: {reason}")]
-    BadValue { key: Key, reason: String },
 }
 
 impl AgentError {
@@ -50,6 +49,8 @@ pub enum PassResult {
     Reported,
     /// An upgrade ran.
     Ran { version: Version, result: RunResult },
+    /// What the decision read changed before the run could start: nothing ran.
+    Raced,
 }
 
 /// One host's agent.
@@ -144,51 +145,46 @@ impl Agent {
         ]
     }
 
-    /// Reads the desired version and the gate.
+    /// Reads the desired version, the gate and the rollout lock. An invalid value is
+    /// part of what was observed (the decision says the host is blocked), never an
+    /// error.
     pub async fn observe(&self) -> Result<Observation, AgentError> {
         let s = self.schema();
         let keys = [
+            s.current_version(),
             s.enable(&EnableLevel::Host(self.host().clone())),
             s.enable(&EnableLevel::Role(self.role().clone())),
             s.enable(&EnableLevel::Global),
+            s.lock(ROLLOUT_LOCK),
         ];
-        let mut got = self
-            .store
-            .get_many(&[
-                s.current_version(),
-                keys[0].clone(),
-                keys[1].clone(),
-                keys[2].clone(),
-            ])
-            .await?
-            .into_iter();
-        let desired = got.next().flatten();
-        let (h, r, g) = (got.next().flatten(), got.next().flatten(), got.next().flatten());
-        let bad = |e: jio_common::values::ValueError| AgentError::BadValue {
-            key: e.key.clone(),
-            reason: e.to_string(),
-        };
+        let got = self.store.get_many(&keys).await?;
+        let [desired, h, r, g, lock] = <[_; 5]>::try_from(got).map_err(|_| {
+            AgentError::Store(StoreError::Rejected {
+                url: self.store.url().to_string(),
+                op: "get",
+                message: "the store answered a different number of keys".into(),
+            })
+        })?;
         let mut states: [KeyState; 3] = Default::default();
         let mut revs: [Revision; 3] = [0; 3];
         for (i, kv) in [h, r, g].into_iter().enumerate() {
             if let Some(kv) = kv {
                 states[i] = KeyState::read(Some(&kv));
-                if let KeyState::Invalid(e) = &states[i] {
-                    return Err(AgentError::BadValue {
-                        key: kv.key.clone(),
-                        reason: e.clone(),
-                    });
-                }
                 revs[i] = kv.mod_revision;
             }
         }
-        let desired = match desired {
-            Some(kv) => parse_version(&kv).map_err(bad)?,
-            None => None,
+        let desired_revision = desired.as_ref().map_or(0, |kv| kv.mod_revision);
+        let (desired, desired_invalid) = match desired.as_ref().map(parse_version) {
+            None => (None, None),
+            Some(Ok(v)) => (v, None),
+            Some(Err(e)) => (None, Some(e.to_string())),
         };
         let [host, role, global] = states;
         Ok(Observation {
             desired,
+            desired_invalid,
+            desired_revision,
+            rollout_lock: lock.is_some(),
             local: state::read_local_version(&self.cfg.version_file)?,
             gate: gate::decide(&GateKeys { host, role, global }),
             gate_revisions: revs,
@@ -197,6 +193,40 @@ impl Agent {
             now: unix_now(),
             retry_interval: self.cfg.retry_interval,
         })
+    }
+
+    /// The compares that fence the start of an upgrade on what `obs` read: the
+    /// desired version and the three enable keys are still at those revisions.
+    fn start_fence(&self, obs: &Observation) -> Vec<Compare> {
+        let s = self.schema();
+        let gate_keys = [
+            s.enable(&EnableLevel::Host(self.host().clone())),
+            s.enable(&EnableLevel::Role(self.role().clone())),
+            s.enable(&EnableLevel::Global),
+        ];
+        let mut c = vec![Compare::ModRevision(s.current_version(), obs.desired_revision)];
+        c.extend(
+            gate_keys
+                .into_iter()
+                .zip(obs.gate_revisions)
+                .map(|(k, rev)| Compare::ModRevision(k, rev)),
+        );
+        c
+    }
+
+    /// Writes the record that says a run starts, fenced on `compares`; `false` when
+    /// the run must not start (something changed, or the store cannot fence it).
+    async fn begin(
+        &self,
+        state: AgentState,
+        version: &Version,
+        compares: Vec<Compare>,
+    ) -> Result<bool, AgentError> {
+        match &self.liveness {
+            Some(l) => Ok(l.begin(state, Some(version.clone()), compares).await?),
+            // Without a liveness record (tests of a bare pass) there is nothing to fence.
+            None => Ok(true),
+        }
     }
 
     /// One pass: report what is pending, or decide and act.
@@ -213,6 +243,14 @@ impl Agent {
         }
         match decision {
             Decision::Upgrade { version, why } => {
+                if !self
+                    .begin(AgentState::Upgrading, &version, self.start_fence(&obs))
+                    .await?
+                {
+                    tracing::info!(%version, "the desired version or an enable key changed before the run could start; deciding again");
+                    self.last_decision = None;
+                    return Ok(PassResult::Raced);
+                }
                 let result = self.upgrade(&version, why, &obs).await?;
                 self.last_decision = None;
                 Ok(PassResult::Ran { version, result })
@@ -242,7 +280,21 @@ impl Agent {
     /// Writes every pending report, oldest first. A validated success moves the
     /// local version only once the store has it.
     pub async fn flush_reports(&mut self) -> Result<(), AgentError> {
-        while let Some(r) = self.journal.unreported.first().cloned() {
+        while let Some(mut r) = self.journal.unreported.first().cloned() {
+            // The store shows the host upgraded only once its local version says so:
+            // the local version file is written first, and a failure to write it is
+            // the validation's failure, reported with its reason.
+            if r.step == Step::Validated
+                && r.ok
+                && let Err(e) = state::write_local_version(&self.cfg.version_file, &r.version)
+            {
+                let reason = format!("the version file could not be written: {e}");
+                tracing::error!(version = %r.version, %reason, "the upgrade counts as failed");
+                r.ok = false;
+                r.link = reason.clone();
+                self.journal.unreported[0] = r.clone();
+                self.journal.save(&self.cfg.state_dir)?;
+            }
             let revision = report::apply(
                 &self.store,
                 self.schema(),
@@ -280,9 +332,6 @@ impl Agent {
                     }
                 }
             }
-            if r.step == Step::Validated && r.ok {
-                state::write_local_version(&self.cfg.version_file, &r.version)?;
-            }
             self.journal.unreported.remove(0);
             self.journal.save(&self.cfg.state_dir)?;
         }
@@ -303,13 +352,26 @@ impl Agent {
     }
 
     /// A step's report; with Swift configured, its log is composed for upload.
-    fn pending_report(&self, version: &Version, step: Step, ok: bool, run_dir: &Path) -> PendingReport {
+    /// A step's report. A failure's reason is the status leaf's value until a log
+    /// link (with Swift) replaces it.
+    fn pending_report(
+        &self,
+        version: &Version,
+        step: Step,
+        outcome: &Outcome,
+        run_dir: &Path,
+    ) -> PendingReport {
         let at = unix_now();
+        let ok = outcome.ok();
+        let reason = match outcome {
+            Outcome::Failure(r) => Some(r.chars().take(500).collect::<String>()),
+            _ => None,
+        };
         let mut r = PendingReport {
             version: version.clone(),
             step,
             ok,
-            link: String::new(),
+            link: reason.clone().unwrap_or_default(),
             at,
             log: None,
             object: None,
@@ -342,10 +404,11 @@ impl Agent {
         let stamp = utc_stamp(at);
         let id = format!("{stamp}-{nanos:09}-{}", step.as_str());
         let header = format!(
-            "jio-agent run log: host {}, version {version}, {} {}, run {}",
+            "jio-agent run log: host {}, version {version}, {} {}{}, run {}",
             self.host(),
             step.as_str(),
             if ok { "success" } else { "failure" },
+            reason.map(|r| format!(" ({r})")).unwrap_or_default(),
             run_dir.display()
         );
         match uploads::compose(&self.cfg.state_dir, &id, &header, &files) {
@@ -413,7 +476,11 @@ impl Agent {
 
     /// Puppet (after the fact file and pre-commands): the configure step.
     async fn configure(&mut self, version: &Version, run_dir: &Path) -> Result<Outcome, AgentError> {
-        state::write_fact(&self.cfg.facts_file, version)?;
+        if let Err(e) = state::write_fact(&self.cfg.facts_file, version) {
+            return Ok(Outcome::Failure(format!(
+                "the Facter fact could not be written: {e}"
+            )));
+        }
         if let Steps::Simulated(sim) = &self.cfg.steps {
             (sim.on_start)(self.host(), version);
             tokio::time::sleep(sim.configure).await;
@@ -454,6 +521,18 @@ impl Agent {
         if let Steps::Simulated(sim) = &self.cfg.steps {
             tokio::time::sleep(sim.validate).await;
             return Outcome::Success { changes: false };
+        }
+        if self
+            .cfg
+            .validation_command
+            .iter()
+            .any(|a| a.contains("{validation_dir}"))
+            && !self.cfg.validation_dir.is_dir()
+        {
+            return Outcome::Failure(format!(
+                "validation directory {} does not exist",
+                self.cfg.validation_dir.display()
+            ));
         }
         let argv = substitute(
             &self.cfg.validation_command,
@@ -501,7 +580,7 @@ impl Agent {
         let (step, outcome) = if configured == Outcome::Interrupted {
             ("configured", configured)
         } else {
-            self.report(self.pending_report(version, Step::Configured, configured.ok(), &run_dir))
+            self.report(self.pending_report(version, Step::Configured, &configured, &run_dir))
                 .await?;
             if !configured.ok() || self.stopping() {
                 (
@@ -513,9 +592,15 @@ impl Agent {
                     },
                 )
             } else {
-                let validated = self.validate(version, &run_dir).await;
+                let mut validated = self.validate(version, &run_dir).await;
+                // The host is upgraded only once its local version says so.
+                if validated.ok()
+                    && let Err(e) = state::write_local_version(&self.cfg.version_file, version)
+                {
+                    validated = Outcome::Failure(format!("the version file could not be written: {e}"));
+                }
                 if validated != Outcome::Interrupted {
-                    self.report(self.pending_report(version, Step::Validated, validated.ok(), &run_dir))
+                    self.report(self.pending_report(version, Step::Validated, &validated, &run_dir))
                         .await?;
                 }
                 ("validated", validated)
@@ -576,30 +661,58 @@ impl Agent {
         let Some(local) = state::read_local_version(&self.cfg.version_file)? else {
             return Ok(());
         };
-        let run_dir = self.new_run_dir(&local)?;
-        if self.validate(&local, &run_dir).await.ok() {
+        // A health check (and its repair) is a run like any other: it holds the host's
+        // slot, and it never starts while a rollout driver holds the lock (the driver
+        // counts it once it has started; it must not start behind its back).
+        let no_driver = vec![Compare::ModRevision(self.schema().lock(ROLLOUT_LOCK), 0)];
+        if !self
+            .begin(AgentState::Checking, &local, no_driver.clone())
+            .await?
+        {
+            tracing::info!(version = %local, "a rollout is being driven (the rollout lock is held): health check skipped");
+            return Ok(());
+        }
+        let run_dir = match self.new_run_dir(&local) {
+            Ok(d) => d,
+            Err(e) => {
+                self.set_liveness(AgentState::Idle, Some(local));
+                return Err(e.into());
+            }
+        };
+        let checked = self.validate(&local, &run_dir).await;
+        if checked.ok() {
             self.health_failed = false;
+            self.set_liveness(AgentState::Idle, Some(local.clone()));
             // Healthy again after a reported failure: say so.
             if self.has_failure_entry(&local).await? {
                 tracing::info!(version = %local, "health check passes again");
-                self.report(self.pending_report(&local, Step::Validated, true, &run_dir))
+                self.report(self.pending_report(&local, Step::Validated, &checked, &run_dir))
                     .await?;
-                self.set_liveness(AgentState::Idle, Some(local));
             }
             return Ok(());
         }
-        tracing::warn!(version = %local, "health check failed; running puppet to repair");
-        self.set_liveness(AgentState::Upgrading, Some(local.clone()));
-        let configured = self.configure(&local, &run_dir).await?;
-        if configured == Outcome::Interrupted {
+        if !self.begin(AgentState::Upgrading, &local, no_driver).await? {
+            tracing::warn!(version = %local, "health check failed, but a rollout is being driven (the rollout lock is held): no repair now");
+            self.set_liveness(AgentState::Failed, Some(local));
             return Ok(());
         }
-        let repaired = configured.ok() && self.validate(&local, &run_dir).await.ok();
+        tracing::warn!(version = %local, "health check failed; running puppet to repair");
+        let configured = self.configure(&local, &run_dir).await?;
+        if configured == Outcome::Interrupted {
+            self.set_liveness(AgentState::Idle, Some(local));
+            return Ok(());
+        }
+        let validated = if configured.ok() {
+            self.validate(&local, &run_dir).await
+        } else {
+            configured.clone()
+        };
+        let repaired = validated.ok();
         if !configured.ok() {
-            self.report(self.pending_report(&local, Step::Configured, false, &run_dir))
+            self.report(self.pending_report(&local, Step::Configured, &configured, &run_dir))
                 .await?;
         } else {
-            self.report(self.pending_report(&local, Step::Validated, repaired, &run_dir))
+            self.report(self.pending_report(&local, Step::Validated, &validated, &run_dir))
                 .await?;
         }
         tracing::info!(version = %local, repaired, "health repair finished");
@@ -633,17 +746,25 @@ impl Agent {
         let mut watches = self.open_watches().await;
         let mut store_backoff = Duration::from_millis(200);
         let mut next_health = tokio::time::Instant::now() + self.cfg.health_interval;
+        // The last error logged: a failing pass is logged once, not on every retry.
+        let mut last_error: Option<String> = None;
         loop {
             if self.stopping() {
                 return Ok(());
             }
             let mut wait = self.cfg.resync_interval;
-            match self.pass().await {
+            let result = self.pass().await;
+            if result.is_ok()
+                && let Some(e) = last_error.take()
+            {
+                tracing::info!(was = %e, "passes work again");
+            }
+            match result {
                 Ok(PassResult::Idle(Decision::Backoff { until, .. })) => {
                     store_backoff = Duration::from_millis(200);
                     wait = wait.min(Duration::from_secs(until.saturating_sub(unix_now()).max(1)));
                 }
-                Ok(PassResult::Reported) | Ok(PassResult::Ran { .. }) => {
+                Ok(PassResult::Reported) | Ok(PassResult::Ran { .. }) | Ok(PassResult::Raced) => {
                     store_backoff = Duration::from_millis(200);
                     continue; // look again at once
                 }
@@ -663,18 +784,22 @@ impl Agent {
                         wait = wait.min(next_health.saturating_duration_since(tokio::time::Instant::now()));
                     }
                 }
-                Err(e) if e.store_unavailable() => {
-                    if self.last_decision.take().is_some() || store_backoff == Duration::from_millis(200) {
-                        tracing::warn!(error = %e, "store unreachable; retrying");
+                // Nothing read from the store, and no local fault, ends the daemon: it
+                // says what failed (once), and tries again with backoff.
+                Err(e) => {
+                    let msg = e.to_string();
+                    if last_error.as_ref() != Some(&msg) {
+                        if e.store_unavailable() {
+                            tracing::warn!(error = %e, "store unreachable; retrying");
+                        } else {
+                            tracing::error!(error = %e, "the pass failed; retrying with backoff");
+                        }
+                        last_error = Some(msg);
                     }
+                    self.last_decision = None;
                     wait = store_backoff;
                     store_backoff = (store_backoff * 2).min(Duration::from_secs(30));
                 }
-                Err(e @ AgentError::BadValue { .. }) => {
-                    tracing::error!(error = %e, "cannot decide: fix the value in the store");
-                    wait = self.cfg.resync_interval.min(Duration::from_secs(30));
-                }
-                Err(e) => return Err(e),
             }
             tokio::select! {
                 ev = watches.next() => {
@@ -769,6 +894,11 @@ fn log_decision(d: &Decision, obs: &Observation) {
             tracing::info!(desired = %version, local, reason = ?why, "upgrade allowed")
         }
         Decision::Report => tracing::info!("results waiting to be reported"),
+        Decision::Blocked { reason } => tracing::error!(
+            local,
+            %reason,
+            "blocked by an invalid value in the store: nothing starts until it is fixed (the agent keeps watching)"
+        ),
     }
 }
 

@@ -253,14 +253,16 @@ async fn pending_update(cfg: &Config) -> u8 {
     };
     match store.get(&cfg.schema.current_version()).await {
         Err(e) => unreachable(&e),
-        Ok(Some(kv))
-            if !kv.value.trim().is_empty()
-                && Some(kv.value.trim()) != local.as_ref().map(Version::as_str) =>
-        {
-            println!("{}", kv.value.trim());
-            exit::OK
-        }
-        Ok(_) => exit::FAILED,
+        Ok(Some(kv)) => match jio_common::values::parse_version(&kv) {
+            Ok(Some(v)) if Some(&v) != local.as_ref() => {
+                println!("{v}");
+                exit::OK
+            }
+            Ok(_) => exit::FAILED,
+            // Nothing can be applied until the value is fixed: not pending.
+            Err(e) => fail(format!("no update can be applied: {e}"), exit::FAILED),
+        },
+        Ok(None) => exit::FAILED,
     }
 }
 
@@ -354,6 +356,7 @@ fn decision_text(d: &Decision) -> String {
             jio_common::time::utc_stamp(*until)
         ),
         Decision::Upgrade { version, .. } => format!("upgrade to {version}"),
+        Decision::Blocked { reason } => format!("blocked: {reason}"),
     }
 }
 
@@ -423,8 +426,12 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
         local,
     ));
     let mut result = agent.pass().await;
-    // A pass that only reported earlier results goes on to decide.
-    if matches!(result, Ok(PassResult::Reported)) {
+    // A pass that only reported earlier results, or found the store changed under
+    // its decision, goes on to decide again (a few times).
+    for _ in 0..3 {
+        if !matches!(result, Ok(PassResult::Reported) | Ok(PassResult::Raced)) {
+            break;
+        }
         result = agent.pass().await;
     }
     if let Some(l) = agent.liveness.take() {
@@ -467,6 +474,14 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
         }) => fail(format!("upgrade to {version} was interrupted"), exit::INTERRUPTED),
         Ok(PassResult::Idle(Decision::Backoff { version, .. })) => fail(
             format!("upgrade to {version} failed earlier; waiting before retrying"),
+            exit::FAILED,
+        ),
+        Ok(PassResult::Idle(Decision::Blocked { reason })) => fail(
+            format!("blocked by an invalid value in the store, nothing was run: {reason}"),
+            exit::FAILED,
+        ),
+        Ok(PassResult::Raced) => fail(
+            "the desired version or an enable key kept changing while deciding; nothing was run",
             exit::FAILED,
         ),
         Ok(PassResult::Idle(d)) => {

@@ -27,6 +27,13 @@ pub struct Failure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observation {
     pub desired: Option<Version>,
+    /// `/current_version` holds something that is not a version: why (naming the key).
+    pub desired_invalid: Option<String>,
+    /// Mod revision of `/current_version` as read (0: absent): a run starts only in a
+    /// transaction that still finds it there.
+    pub desired_revision: Revision,
+    /// A `jioctl upgrade` driver holds the rollout lock (health repairs wait).
+    pub rollout_lock: bool,
     pub local: Option<Version>,
     pub gate: Gate,
     pub gate_revisions: [Revision; 3],
@@ -55,6 +62,11 @@ pub enum Decision {
     NoDesiredVersion,
     /// The local version is the desired one.
     UpToDate,
+    /// A value this decision depends on is invalid (the reason names the key):
+    /// nothing starts until it is fixed.
+    Blocked {
+        reason: String,
+    },
     /// An upgrade is pending but the gate says no.
     Disabled {
         version: Version,
@@ -85,11 +97,23 @@ pub fn decide(o: &Observation) -> Decision {
     if o.unreported {
         return Decision::Report;
     }
+    if let Some(reason) = &o.desired_invalid {
+        return Decision::Blocked {
+            reason: reason.clone(),
+        };
+    }
     let Some(desired) = o.desired.clone() else {
         return Decision::NoDesiredVersion;
     };
     if o.local.as_ref() == Some(&desired) {
         return Decision::UpToDate;
+    }
+    // An unreadable enable key blocks even a first converge: it says something, and
+    // nobody can tell what.
+    if let Some(reason) = &o.gate.blocked {
+        return Decision::Blocked {
+            reason: reason.clone(),
+        };
     }
     let why = if o.local.is_none() {
         Why::FirstConverge
@@ -131,6 +155,9 @@ mod tests {
     fn obs(desired: Option<&str>, local: Option<&str>, enabled: bool, level: Level) -> Observation {
         Observation {
             desired: desired.map(v),
+            desired_invalid: None,
+            desired_revision: 3,
+            rollout_lock: false,
             local: local.map(v),
             gate: Gate {
                 enabled,
@@ -254,6 +281,31 @@ mod tests {
                 "{desired:?} {local:?} {enabled} {level:?}"
             );
         }
+    }
+
+    #[test]
+    fn invalid_values_block_and_never_fail() {
+        let blocked =
+            |o: &Observation| matches!(decide(o), Decision::Blocked { reason } if reason.contains("/k"));
+        // An invalid desired version: nothing to do until it is fixed.
+        let mut o = obs(None, Some("v1"), true, Level::Default);
+        o.desired_invalid = Some("value of key /k is invalid".into());
+        assert!(blocked(&o));
+        // An invalid deciding enable key: blocked, a first converge too.
+        for local in [Some("v1"), None] {
+            let mut o = obs(Some("v2"), local, false, Level::Global);
+            o.gate.blocked = Some("value \"yes\" of key /k is invalid".into());
+            assert!(blocked(&o), "{local:?}");
+        }
+        // Up to date stays up to date whatever the gate says.
+        let mut o = obs(Some("v2"), Some("v2"), false, Level::Global);
+        o.gate.blocked = Some("/k".into());
+        assert_eq!(decide(&o), Decision::UpToDate);
+        // Results waiting to be reported still come first.
+        let mut o = obs(Some("v2"), Some("v1"), false, Level::Global);
+        o.desired_invalid = Some("/k".into());
+        o.unreported = true;
+        assert_eq!(decide(&o), Decision::Report);
     }
 
     #[test]

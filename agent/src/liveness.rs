@@ -1,24 +1,36 @@
 //! The liveness record `/agents/<host>`, bound to a lease the agent keeps renewing,
-//! so `jioctl` can tell a dead agent from a slow Puppet run.
+//! so `jioctl` can tell a dead agent from a slow Puppet run, and count a host as in
+//! flight while its agent runs anything.
 //!
 //! One task owns the lease: it renews every TTL/3, grants a new lease when the old
 //! one ended (the store was unreachable for longer than the TTL), and rewrites the
-//! record whenever it changes. It logs on change, not on every renewal.
+//! record whenever it changes. It logs on change, not on every renewal. A run starts
+//! with `begin`, which writes the record in a transaction fenced on what the agent
+//! decided on; the task and `begin` take turns on one lock, so a stale rewrite can
+//! never land after the record that says a run started.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jio_common::keys::Key;
 use jio_common::names::Version;
-use jio_common::store::{DynStore, ErrorKind, LeaseId};
+use jio_common::store::{Compare, DynStore, ErrorKind, LeaseId, Op, StoreError, Txn, TxnOutcome};
 use jio_common::time::unix_now;
 use jio_common::values::{AgentRecord, AgentState};
-use tokio::sync::watch;
+use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
+
+/// The lease, shared by the task and `begin`; holding the lock means writing the
+/// record.
+type Lease = Arc<Mutex<Option<LeaseId>>>;
 
 /// Handle on the liveness task.
 pub struct Liveness {
     record: watch::Sender<AgentRecord>,
-    task: JoinHandle<Option<LeaseId>>,
+    lease: Lease,
+    key: Key,
+    ttl: Duration,
+    task: JoinHandle<()>,
     stop: watch::Sender<bool>,
     store: DynStore,
 }
@@ -38,9 +50,13 @@ impl Liveness {
             pid: std::process::id(),
         });
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(keep(store.clone(), key, ttl, rx, stop_rx));
+        let lease: Lease = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(keep(store.clone(), key.clone(), ttl, lease.clone(), rx, stop_rx));
         Liveness {
             record,
+            lease,
+            key,
+            ttl,
             task,
             stop,
             store,
@@ -63,10 +79,55 @@ impl Liveness {
         });
     }
 
+    /// Writes the record that says a run starts, in one transaction with `compares`
+    /// (what the decision read). `Ok(false)`: a compare failed, nothing was written
+    /// and the run must not start. An error (the store is unreachable, no lease can
+    /// be had): the run must not start either.
+    pub async fn begin(
+        &self,
+        state: AgentState,
+        version: Option<Version>,
+        compares: Vec<Compare>,
+    ) -> Result<bool, StoreError> {
+        let mut lease = self.lease.lock().await;
+        if lease.is_none() {
+            *lease = Some(self.store.grant_lease(self.ttl).await?.id);
+        }
+        let record = AgentRecord {
+            state,
+            version,
+            since: unix_now(),
+            pid: std::process::id(),
+        };
+        let txn = Txn {
+            compares,
+            ops: vec![Op::Put {
+                key: self.key.clone(),
+                value: serde_json::to_string(&record).unwrap_or_default(),
+                lease: lease.clone(),
+            }],
+        };
+        match self.store.txn(txn).await {
+            Ok(TxnOutcome::Committed(_)) => {
+                // The task rewrites the same record once: harmless.
+                self.record.send_replace(record);
+                Ok(true)
+            }
+            Ok(TxnOutcome::Lost(_)) => Ok(false),
+            Err(e) => {
+                if e.kind() == ErrorKind::NotFound {
+                    *lease = None;
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Stops renewing and revokes the lease, which deletes the record.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        if let Ok(Some(lease)) = self.task.await {
+        let _ = self.task.await;
+        if let Some(lease) = self.lease.lock().await.take() {
             let _ = self.store.revoke_lease(&lease).await;
         }
     }
@@ -76,22 +137,28 @@ async fn keep(
     store: DynStore,
     key: Key,
     ttl: Duration,
+    shared: Lease,
     mut record: watch::Receiver<AgentRecord>,
     mut stop: watch::Receiver<bool>,
-) -> Option<LeaseId> {
-    let mut lease: Option<LeaseId> = None;
+) {
     let mut dirty = true;
     let mut failing = false;
     let period = ttl / 3;
     loop {
-        let step: Result<(), jio_common::store::StoreError> = async {
+        let step: Result<(), StoreError> = async {
+            let mut lease = shared.lock().await;
             if lease.is_none() {
-                lease = Some(store.grant_lease(ttl).await?.id);
+                *lease = Some(store.grant_lease(ttl).await?.id);
                 dirty = true;
             }
             if dirty {
                 let value = serde_json::to_string(&*record.borrow_and_update()).unwrap_or_default();
-                store.put(&key, &value, lease.as_ref()).await?;
+                if let Err(e) = store.put(&key, &value, lease.as_ref()).await {
+                    if e.kind() == ErrorKind::NotFound {
+                        *lease = None;
+                    }
+                    return Err(e);
+                }
                 dirty = false;
             }
             Ok(())
@@ -104,9 +171,6 @@ async fn keep(
             }
             Ok(()) => {}
             Err(e) => {
-                if e.kind() == ErrorKind::NotFound {
-                    lease = None;
-                }
                 if !failing {
                     tracing::warn!(key = %key, error = %e, "cannot write the liveness record; retrying");
                     failing = true;
@@ -120,12 +184,16 @@ async fn keep(
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {
-                if let Some(l) = &lease && !failing {
-                    match store.keep_alive(l).await {
+                let current = shared.lock().await.clone();
+                if let Some(l) = current && !failing {
+                    match store.keep_alive(&l).await {
                         Ok(_) => {}
                         Err(e) if e.kind() == ErrorKind::NotFound => {
                             tracing::warn!(key = %key, "liveness lease ended; granting a new one");
-                            lease = None;
+                            let mut lease = shared.lock().await;
+                            if lease.as_ref() == Some(&l) {
+                                *lease = None;
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(key = %key, error = %e, "cannot renew the liveness lease; retrying");
@@ -136,11 +204,11 @@ async fn keep(
             }
             changed = record.changed() => {
                 if changed.is_err() {
-                    return lease;
+                    return;
                 }
                 dirty = true;
             }
-            _ = stop.changed() => return lease,
+            _ = stop.changed() => return,
         }
     }
 }
