@@ -9,7 +9,7 @@ use jio_common::fleet::ROLLOUT_LOCK;
 use jio_common::gate::{self, GateKeys, KeyState};
 use jio_common::keys::{EnableLevel, Key, Outcome as KeyOutcome, Schema, Step};
 use jio_common::names::{HostName, Role, Version};
-use jio_common::store::{Compare, DynStore, ErrorKind, Revision, StoreError};
+use jio_common::store::{Compare, DynStore, ErrorKind, Op, Revision, StoreError};
 use jio_common::time::{unix_now, utc_stamp};
 use jio_common::values::{AgentState, parse_version};
 use tokio::sync::watch;
@@ -68,6 +68,8 @@ pub struct Agent {
     /// Versions under which this host has a `/running/versions` entry, once known
     /// (learnt by one listing; kept up to date by this agent's own reports).
     running_versions: Option<Vec<Version>>,
+    /// This host's run marker may be in the store and no run is going on: remove it.
+    run_marker: bool,
 }
 
 impl Agent {
@@ -121,6 +123,7 @@ impl Agent {
             health_failed: false,
             upload_wake: None,
             running_versions: None,
+            run_marker: true,
         })
     }
 
@@ -217,20 +220,49 @@ impl Agent {
     /// Writes the record that says a run starts, fenced on `compares`; `false` when
     /// the run must not start (something changed, or the store cannot fence it).
     async fn begin(
-        &self,
+        &mut self,
         state: AgentState,
         version: &Version,
         compares: Vec<Compare>,
     ) -> Result<bool, AgentError> {
-        match &self.liveness {
-            Some(l) => Ok(l.begin(state, Some(version.clone()), compares).await?),
+        let Some(l) = &self.liveness else {
             // Without a liveness record (tests of a bare pass) there is nothing to fence.
-            None => Ok(true),
+            return Ok(true);
+        };
+        // The run marker outlives a frozen or killed agent (no lease): the host keeps
+        // its slot until this agent has seen the run end and removed it.
+        let marker = Op::put(
+            self.schema().run(self.host()),
+            serde_json::to_string(&jio_common::values::AgentRecord {
+                state,
+                version: Some(version.clone()),
+                since: unix_now(),
+                pid: std::process::id(),
+            })
+            .unwrap_or_default(),
+        );
+        let started = l
+            .begin(state, Some(version.clone()), compares, vec![marker])
+            .await?;
+        if started {
+            self.run_marker = true;
         }
+        Ok(started)
+    }
+
+    /// Removes the run marker once no run is going on (after a run, and at start-up:
+    /// a killed agent's marker stays until its successor has stopped the orphans).
+    async fn clear_run_marker(&mut self) -> Result<(), AgentError> {
+        if self.run_marker {
+            self.store.delete(&self.schema().run(self.host())).await?;
+            self.run_marker = false;
+        }
+        Ok(())
     }
 
     /// One pass: report what is pending, or decide and act.
     pub async fn pass(&mut self) -> Result<PassResult, AgentError> {
+        self.clear_run_marker().await?;
         if !self.journal.unreported.is_empty() {
             self.flush_reports().await?;
             return Ok(PassResult::Reported);

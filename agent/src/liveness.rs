@@ -80,14 +80,15 @@ impl Liveness {
     }
 
     /// Writes the record that says a run starts, in one transaction with `compares`
-    /// (what the decision read). `Ok(false)`: a compare failed, nothing was written
-    /// and the run must not start. An error (the store is unreachable, no lease can
-    /// be had): the run must not start either.
+    /// (what the decision read) and `also` (the run marker). `Ok(false)`: a compare
+    /// failed, nothing was written and the run must not start. An error (the store is
+    /// unreachable, no lease can be had): the run must not start either.
     pub async fn begin(
         &self,
         state: AgentState,
         version: Option<Version>,
         compares: Vec<Compare>,
+        also: Vec<Op>,
     ) -> Result<bool, StoreError> {
         let mut lease = self.lease.lock().await;
         if lease.is_none() {
@@ -99,14 +100,13 @@ impl Liveness {
             since: unix_now(),
             pid: std::process::id(),
         };
-        let txn = Txn {
-            compares,
-            ops: vec![Op::Put {
-                key: self.key.clone(),
-                value: serde_json::to_string(&record).unwrap_or_default(),
-                lease: lease.clone(),
-            }],
-        };
+        let mut ops = vec![Op::Put {
+            key: self.key.clone(),
+            value: serde_json::to_string(&record).unwrap_or_default(),
+            lease: lease.clone(),
+        }];
+        ops.extend(also);
+        let txn = Txn { compares, ops };
         match self.store.txn(txn).await {
             Ok(TxnOutcome::Committed(_)) => {
                 // The task rewrites the same record once: harmless.

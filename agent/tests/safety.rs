@@ -205,6 +205,7 @@ async fn a_fenced_start_loses_when_what_it_read_changed() {
             AgentState::Upgrading,
             Some(v.clone()),
             vec![Compare::ModRevision(enable.clone(), rev)],
+            vec![],
         )
         .await
         .unwrap();
@@ -221,7 +222,8 @@ async fn a_fenced_start_loses_when_what_it_read_changed() {
         live.begin(
             AgentState::Upgrading,
             Some(v),
-            vec![Compare::ModRevision(enable, rev)]
+            vec![Compare::ModRevision(enable, rev)],
+            vec![],
         )
         .await
         .unwrap()

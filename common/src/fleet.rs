@@ -54,6 +54,9 @@ pub struct Snapshot {
     pub failure_revisions: BTreeMap<HostName, Revision>,
     /// Hosts with a live agent, and its record (`None` when it cannot be read).
     pub agents: BTreeMap<HostName, Option<AgentRecord>>,
+    /// Run markers: runs that started and were not yet seen to end, whether or not
+    /// the agent is alive (`None` when the marker cannot be read).
+    pub runs: BTreeMap<HostName, Option<AgentRecord>>,
     pub lock: Option<LockRecord>,
     /// The rollout lock key as read (revision, lease), to fence plans on holding it.
     pub lock_key: Option<(Revision, Option<LeaseId>)>,
@@ -123,6 +126,16 @@ impl Snapshot {
                         }
                     };
                     s.agents.insert(h, rec);
+                }
+                Some(Parsed::Run(h)) => {
+                    let rec = match parse_json::<AgentRecord>(kv) {
+                        Ok(r) => Some(r),
+                        Err(e) => {
+                            s.problems.push(e.to_string());
+                            None
+                        }
+                    };
+                    s.runs.insert(h, rec);
                 }
                 Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
                     s.lock = parse_json(kv).ok();
@@ -223,7 +236,12 @@ impl Snapshot {
                 .find(|kv| kv.key == current_key)
                 .and_then(|kv| parse_version(kv).ok().flatten())
         });
-        let mut second: Vec<Key> = vec![schema.hosts(), schema.running_versions(), schema.agents()];
+        let mut second: Vec<Key> = vec![
+            schema.hosts(),
+            schema.running_versions(),
+            schema.agents(),
+            schema.runs(),
+        ];
         if let Some(v) = &cur_version {
             for step in Step::ALL {
                 second.push(schema.status_version_prefix(step, Outcome::Failure, v));
@@ -324,6 +342,35 @@ impl Snapshot {
     /// The host's agent is running a command (any version), or its record cannot
     /// be read (counted as running: the safe reading).
     fn agent_running(&self, h: &HostName) -> Option<String> {
+        let what = |r: &AgentRecord| {
+            format!(
+                "{} {}",
+                if r.state == crate::values::AgentState::Checking {
+                    "a health check at"
+                } else {
+                    "puppet for"
+                },
+                r.version.as_ref().map(Version::as_str).unwrap_or("no version")
+            )
+        };
+        match (self.runs.get(h), self.agents.contains_key(h)) {
+            (Some(Some(r)), false) => {
+                return Some(format!(
+                    "its run of {} never ended and its agent is not alive: it keeps its slot until the agent is back",
+                    what(r)
+                ));
+            }
+            (Some(None), _) => return Some("its run marker cannot be read".into()),
+            (Some(Some(r)), true)
+                if !self
+                    .agents
+                    .get(h)
+                    .is_some_and(|a| a.as_ref().is_some_and(|a| a.state.running())) =>
+            {
+                return Some(format!("its agent is finishing its run of {}", what(r)));
+            }
+            _ => {}
+        }
         match self.agents.get(h) {
             Some(Some(r)) if r.state.running() => Some(format!(
                 "its agent is {} {}",

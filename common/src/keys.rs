@@ -121,6 +121,8 @@ pub enum Parsed {
     ActiveRole(Role, HostName, Interface),
     Host(HostName),
     Agent(HostName),
+    /// A run that started and has not been seen to end (not bound to a lease).
+    Run(HostName),
     Lock(String),
 }
 
@@ -131,6 +133,7 @@ const STATUS: &str = "/status/";
 const ACTIVE_ROLES: &str = "/active_roles/";
 const HOSTS: &str = "/hosts/";
 const AGENTS: &str = "/agents/";
+const RUNS: &str = "/runs/";
 const LOCKS: &str = "/locks/";
 
 /// The key schema under one namespace prefix.
@@ -300,6 +303,18 @@ impl Schema {
         self.key(&[AGENTS, h.as_str()])
     }
 
+    /// Prefix of the run markers.
+    pub fn runs(&self) -> Key {
+        self.key(&[RUNS])
+    }
+
+    /// The host's run marker: written when a run starts (with its liveness record,
+    /// fenced), deleted once the agent has seen it end. Unlike the liveness record it
+    /// outlives a frozen or dead agent, so the host keeps its slot meanwhile.
+    pub fn run(&self, h: &HostName) -> Key {
+        self.key(&[RUNS, h.as_str()])
+    }
+
     /// Prefix of every lock.
     pub fn locks(&self) -> Key {
         self.key(&[LOCKS])
@@ -376,6 +391,9 @@ impl Schema {
         }
         if let Some(h) = rest.strip_prefix(AGENTS) {
             return Some(Parsed::Agent(HostName::new(h).ok()?));
+        }
+        if let Some(h) = rest.strip_prefix(RUNS) {
+            return Some(Parsed::Run(HostName::new(h).ok()?));
         }
         if let Some(l) = rest.strip_prefix(LOCKS) {
             return (!l.is_empty() && !l.contains('/')).then(|| Parsed::Lock(l.to_string()));
@@ -532,6 +550,7 @@ mod tests {
                 ),
                 (s.host(&h("c1")), Parsed::Host(h("c1"))),
                 (s.agent(&h("c1")), Parsed::Agent(h("c1"))),
+                (s.run(&h("c1")), Parsed::Run(h("c1"))),
                 (s.lock("rollout"), Parsed::Lock("rollout".into())),
             ];
             for (key, want) in cases {

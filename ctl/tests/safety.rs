@@ -285,6 +285,44 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_agent_keeps_its_slot_across_a_re_target() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let names = ["compute1", "compute2", "compute3", "compute4"];
+    let mut f = Fleet::start(&url, &names, 4.0).await;
+    let t0 = now();
+    let rules = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+    let first = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
+    wait_for("the second wave of v2 runs", Duration::from_secs(60), || {
+        f.started("v2") >= 4
+    })
+    .await;
+    // compute3's agent freezes while its puppet runs: its lease ends, its run goes on.
+    let agent3 = &f.daemons[2];
+    signal(agent3, nix::sys::signal::Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    signal(&first, nix::sys::signal::Signal::SIGKILL);
+    let _ = finish(first, Duration::from_secs(5)).await;
+    let second = spawn(&url, &["upgrade", "v3", "--instructions", rules, "--retry"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st = text(&run(&url, &["status"]).await);
+    assert!(st.contains("compute3") && st.contains("never ended"), "{st}");
+    signal(&f.daemons[2], nix::sys::signal::Signal::SIGCONT);
+    let out = finish(second, Duration::from_secs(120)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, t0);
+    assert!(
+        most <= 2,
+        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
+    );
+    assert!(f.all_at("v3"));
+    for d in &mut f.daemons {
+        assert!(d.try_wait().unwrap().is_none());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_that_lost_its_lock_writes_nothing_more() {
     let etcd = Etcd::start().await;
     let url = etcd.url();
