@@ -148,6 +148,46 @@ impl Etcd {
         format!("http://127.0.0.1:{}", self.members[i].client)
     }
 
+    /// The process id of member `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(|c| c.id())
+    }
+
+    /// How many members the cluster has.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no members (never: a cluster has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The member that leads the cluster now, asked of each member in turn.
+    pub async fn leader(&self) -> Option<usize> {
+        let client = reqwest::Client::new();
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for i in 0..self.members.len() {
+            let r = client
+                .post(format!("{}/v3/maintenance/status", self.endpoint(i)))
+                .json(&serde_json::json!({}))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await;
+            let v: serde_json::Value = match r {
+                Ok(r) => r.json().await.unwrap_or_default(),
+                Err(_) => serde_json::Value::Null,
+            };
+            ids.push(v["header"]["member_id"].as_str().map(String::from));
+            if let Some(l) = v["leader"].as_str() {
+                leader = Some(l.to_string());
+            }
+        }
+        let leader = leader?;
+        ids.iter().position(|id| id.as_deref() == Some(leader.as_str()))
+    }
+
     /// SIGKILLs member `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod consul;
 pub mod etcd;
+pub mod faults;
 pub mod fleetgen;
 pub mod host;
 pub mod inspect;
