@@ -26,7 +26,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -35,7 +35,7 @@ impl Rng {
     }
     /// Uniform in `0..n` (`n > 0`).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -539,7 +539,8 @@ impl FaultFleet {
                 None => true,
             };
             if dead {
-                self.note(format!("the agent of {} had exited; starting it", HOSTS[i]));
+                let name = self.nodes[i].host.name.clone();
+                self.note(format!("the agent of {name} had exited; starting it"));
                 self.start_agent(i);
             }
         }
