@@ -220,7 +220,7 @@ async fn connect(cfg: &Config) -> Result<DynStore, StoreError> {
     } else {
         " (default: no store configured)"
     };
-    tracing::info!(store = %cfg.store, "using store{how}");
+    tracing::info!(store = %store::short(&cfg.store.to_string()), "using store{how}");
     let store = store::open_with(&cfg.store, cfg.store_retry).await?;
     report::register(
         &store,

@@ -12,6 +12,7 @@ use jio_common::keys::{EnableLevel, Key, Schema};
 use jio_common::names::HostName;
 use jio_common::store::{Compare, DynStore};
 use jio_common::values::AgentState;
+use jio_tests::etcd::etcdctl_put;
 use jio_tests::inspect::{host_entries as entries, open, text};
 use jio_tests::{Etcd, Host};
 use tokio::process::{Child, Command};
@@ -68,24 +69,6 @@ fn puppet_script(dir: &Path, url: &str, host: &str) -> Vec<String> {
     vec![script.display().to_string()]
 }
 
-fn etcdctl_put(url: &str, key: &str, value: &[u8]) {
-    use std::os::unix::ffi::OsStrExt as _;
-    let ok = std::process::Command::new(jio_tests::require_binary(
-        "etcdctl",
-        "apt-get install -y etcd-client",
-    ))
-    .env("ETCDCTL_API", "3")
-    .arg(format!("--endpoints={}", url.trim_start_matches("etcd://")))
-    .arg("put")
-    .arg(key)
-    .arg(std::ffi::OsStr::from_bytes(value))
-    .stdout(Stdio::null())
-    .status()
-    .unwrap()
-    .success();
-    assert!(ok, "etcdctl put failed");
-}
-
 fn alive(d: &mut Child) -> bool {
     d.try_wait().unwrap().is_none()
 }
@@ -113,7 +96,7 @@ async fn no_value_in_the_store_ends_the_daemon() {
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // One bad byte in the desired version: logged naming the key, the daemon stays.
-    etcdctl_put(&url, "/current_version", b"v\xff2");
+    etcdctl_put(&url, b"/current_version", b"v\xff2");
     wait_for("the error naming the key", Duration::from_secs(10), || async {
         log_text().contains("/current_version") && log_text().contains("not UTF-8")
     })
@@ -126,8 +109,8 @@ async fn no_value_in_the_store_ends_the_daemon() {
     assert!(text(&out).contains("/current_version"), "{}", text(&out));
 
     // An invalid deciding enable key blocks; the daemon stays up.
-    etcdctl_put(&url, "/config_state/enable_puppet/global", b"yes");
-    etcdctl_put(&url, "/current_version", b"v2");
+    etcdctl_put(&url, b"/config_state/enable_puppet/global", b"yes");
+    etcdctl_put(&url, b"/current_version", b"v2");
     wait_for("the blocked decision", Duration::from_secs(10), || async {
         log_text().contains("blocked") && log_text().contains("/config_state/enable_puppet/global")
     })

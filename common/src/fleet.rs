@@ -78,6 +78,13 @@ impl Snapshot {
         let mut s = Snapshot::default();
         let mut failures: Vec<(Version, HostName, Step, String, Revision)> = Vec::new();
         for kv in kvs {
+            let record = |s: &mut Snapshot, kv: &KeyValue| match parse_json::<AgentRecord>(kv) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    s.problems.push(e.to_string());
+                    None
+                }
+            };
             let key_state = |s: &mut Snapshot, kv: &KeyValue| {
                 let st = KeyState::read(Some(kv));
                 if let KeyState::Invalid(e) = &st {
@@ -115,26 +122,14 @@ impl Snapshot {
                 Some(Parsed::Status(step, Outcome::Failure, v, h)) => {
                     failures.push((v, h, step, kv.value.clone(), kv.mod_revision))
                 }
+                // An unreadable record or marker still proves something: it counts
+                // as running (the safe reading) and is reported.
                 Some(Parsed::Agent(h)) => {
-                    // An unreadable record still proves a live agent; it counts as
-                    // running (the safe reading) and is reported.
-                    let rec = match parse_json::<AgentRecord>(kv) {
-                        Ok(r) => Some(r),
-                        Err(e) => {
-                            s.problems.push(e.to_string());
-                            None
-                        }
-                    };
+                    let rec = record(&mut s, kv);
                     s.agents.insert(h, rec);
                 }
                 Some(Parsed::Run(h)) => {
-                    let rec = match parse_json::<AgentRecord>(kv) {
-                        Ok(r) => Some(r),
-                        Err(e) => {
-                            s.problems.push(e.to_string());
-                            None
-                        }
-                    };
+                    let rec = record(&mut s, kv);
                     s.runs.insert(h, rec);
                 }
                 Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {

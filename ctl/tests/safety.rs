@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use jio_common::keys::Schema;
 use jio_common::store::DynStore;
+use jio_tests::etcd::etcdctl_put;
 use jio_tests::inspect::{open, text};
 use jio_tests::{Etcd, Host};
 use tokio::process::{Child, Command};
@@ -488,26 +489,6 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     let out = run(&url, &["trigger-update", "v10"]).await;
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
     assert!(text(&out).contains("would release 3 host(s)"), "{}", text(&out));
-}
-
-/// Writes raw bytes with the real `etcdctl`, as another program could.
-fn etcdctl_put(url: &str, key: &[u8], value: &[u8]) {
-    use std::os::unix::ffi::OsStrExt as _;
-    let endpoints = url.trim_start_matches("etcd://");
-    let ok = std::process::Command::new(jio_tests::require_binary(
-        "etcdctl",
-        "apt-get install -y etcd-client",
-    ))
-    .env("ETCDCTL_API", "3")
-    .arg(format!("--endpoints={endpoints}"))
-    .arg("put")
-    .arg(std::ffi::OsStr::from_bytes(key))
-    .arg(std::ffi::OsStr::from_bytes(value))
-    .stdout(Stdio::null())
-    .status()
-    .unwrap()
-    .success();
-    assert!(ok, "etcdctl put failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

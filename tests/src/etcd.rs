@@ -209,6 +209,24 @@ impl Etcd {
     }
 }
 
+/// Writes raw bytes under `key` with the real `etcdctl` (as another program could:
+/// nothing checks them), against the endpoints of `url` (`etcd://...`).
+pub fn etcdctl_put(url: &str, key: &[u8], value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let ok = Command::new(require_binary("etcdctl", INSTALL))
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", url.trim_start_matches("etcd://")))
+        .arg("--command-timeout=15s")
+        .arg("put")
+        .arg(std::ffi::OsStr::from_bytes(key))
+        .arg(std::ffi::OsStr::from_bytes(value))
+        .stdout(Stdio::null())
+        .status()
+        .expect("run etcdctl")
+        .success();
+    assert!(ok, "etcdctl put {} failed", jio_common::encode::escape_bytes(key));
+}
+
 impl Drop for Etcd {
     fn drop(&mut self) {
         for i in 0..self.members.len() {

@@ -368,12 +368,7 @@ impl FaultFleet {
     }
 
     fn put_bytes(&self, key: &str, value: &[u8]) {
-        use std::os::unix::ffi::OsStrExt as _;
-        self.etcdctl_raw(&[
-            std::ffi::OsStr::new("put"),
-            std::ffi::OsStr::new(key),
-            std::ffi::OsStr::from_bytes(value),
-        ]);
+        crate::etcd::etcdctl_put(&self.url, key.as_bytes(), value);
     }
 
     fn jioctl(&self, args: &[&str]) -> Command {

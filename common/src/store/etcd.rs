@@ -121,9 +121,10 @@ impl Inner {
         let resp = match sent {
             Ok(r) => r,
             Err(e) => {
-                let reason = error_chain(&e);
+                let connect = e.is_connect();
+                let reason = error_chain(&e.without_url());
                 self.endpoints.fail_over(i, &reason);
-                return Err(if e.is_connect() {
+                return Err(if connect {
                     Failure::NotSent(reason)
                 } else {
                     Failure::Unknown(reason)
@@ -134,7 +135,7 @@ impl Inner {
         let bytes = match resp.bytes().await {
             Ok(b) => b,
             Err(e) => {
-                let reason = error_chain(&e);
+                let reason = error_chain(&e.without_url());
                 self.endpoints.fail_over(i, &reason);
                 return Err(Failure::Unknown(reason));
             }
@@ -735,7 +736,7 @@ async fn watch_once(
             return WatchEnd::Broken(reason);
         }
         Err(e) => {
-            let reason = error_chain(&e);
+            let reason = error_chain(&e.without_url());
             inner.endpoints.fail_over(i, &reason);
             return WatchEnd::Broken(reason);
         }
@@ -750,7 +751,7 @@ async fn watch_once(
         let chunk = match chunk {
             Some(Ok(c)) => c,
             Some(Err(e)) => {
-                let reason = error_chain(&e);
+                let reason = error_chain(&e.without_url());
                 inner.endpoints.fail_over(i, &reason);
                 return WatchEnd::Broken(reason);
             }

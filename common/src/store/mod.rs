@@ -420,7 +420,7 @@ impl Endpoints {
                 .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            tracing::warn!(store = self.kind, from = %self.urls[i], to = %self.urls[next], %reason, "endpoint failed, switching");
+            tracing::warn!(store = self.kind, from = %short(&self.urls[i]), to = %short(&self.urls[next]), %reason, "endpoint failed, switching");
         }
     }
 }
