@@ -424,7 +424,10 @@ mod tests {
             "setsid sleep 300 > /dev/null 2>&1 & echo $! > {}; wait",
             pidfile.display()
         );
-        let f = go(&["sh", "-c", &script], Duration::from_millis(500), d.path()).await;
+        // Long enough for the shell to have started its detached child even on a
+        // loaded machine (right after a build): the test is about stopping it, not
+        // about a fork racing the timeout.
+        let f = go(&["sh", "-c", &script], Duration::from_secs(3), d.path()).await;
         assert!(matches!(f.exit, Exit::TimedOut(_)), "{:?}", f.exit);
         let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"));
