@@ -563,7 +563,9 @@ async fn kill_9_during_a_run_then_restart_ends_consistent() {
     let mut second = spawn(&host, &["run"]);
     wait_for("the rerun to finish", Duration::from_secs(60), || async {
         host.local_version().as_deref() == Some("v1")
-            && entries(&s, "compute5").await.contains("/running/versions/v1/compute5")
+            && entries(&s, "compute5")
+                .await
+                .contains("/running/versions/v1/compute5")
     })
     .await;
     assert_eq!(
@@ -610,7 +612,9 @@ async fn once_and_run_on_the_embedded_store() {
     put(&s, schema.current_version(), "v2").await;
     wait_for("the upgrade to v2", Duration::from_secs(30), || async {
         host.local_version().as_deref() == Some("v2")
-            && entries(&s, "compute9").await.contains("/running/versions/v2/compute9")
+            && entries(&s, "compute9")
+                .await
+                .contains("/running/versions/v2/compute9")
     })
     .await;
     assert_eq!(
