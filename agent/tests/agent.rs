@@ -148,9 +148,14 @@ async fn puppet_outcomes_are_reported() {
         ),
     ];
     let mut tasks = Vec::new();
+    let mut sandboxes = Vec::new();
     for (name, manifest, extra, code, want) in cases {
-        let m = puppet.manifest(name, &manifest);
-        let host = Host::new(name, &etcd.url(), &puppet.command(&m), extra);
+        // One Puppet sandbox per host, as on real nodes: concurrent runs sharing a
+        // vardir can fail on each other's state files.
+        let p = Puppet::new();
+        let m = p.manifest(name, &manifest);
+        let host = Host::new(name, &etcd.url(), &p.command(&m), extra);
+        sandboxes.push(p);
         tasks.push(tokio::spawn(async move {
             let out = agent(&host, &["once"]).await;
             (name, host, out, code, want)
@@ -671,7 +676,11 @@ async fn idle_health_check_repairs_reports_and_recovers() {
     })
     .await;
     assert!(runs() >= 2, "puppet ran to repair");
-    assert_eq!(agent_state(&s, "db4").await.as_deref(), Some("failed"));
+    // The liveness record follows the report.
+    wait_for("the failed liveness state", Duration::from_secs(10), || async {
+        agent_state(&s, "db4").await.as_deref() == Some("failed")
+    })
+    .await;
 
     // It recovers: the next health check reports success in place of the failure.
     host.set_validation(true);
