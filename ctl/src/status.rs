@@ -38,6 +38,7 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
         .collect();
     out.insert("reasons".into(), json!(reasons));
     out.insert("lock".into(), json!(snap.lock));
+    out.insert("emergency_stop".into(), json!(snap.halt.as_ref().map(|(by, _)| by)));
     if !snap.problems.is_empty() {
         out.insert("problems".into(), json!(snap.problems));
     }
@@ -84,6 +85,13 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
             s,
             "rollout driven by {}",
             crate::writes::describe(&Some(l.clone()))
+        );
+    }
+    if let Some((by, _)) = &snap.halt {
+        let _ = writeln!(
+            s,
+            "emergency stop: {} ran global-disable-puppet; `jioctl upgrade` resumes the rollout",
+            crate::writes::describe(&Some(by.clone()))
         );
     }
     for p in &snap.problems {

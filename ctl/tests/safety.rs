@@ -420,6 +420,8 @@ async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
         )]
         .into()
     );
+    let st = text(&run(&url, &["status"]).await);
+    assert!(st.contains("emergency stop:"), "{st}");
     // Starting the upgrade again is the operator's decision to go on.
     let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
