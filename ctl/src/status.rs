@@ -38,7 +38,10 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
         .collect();
     out.insert("reasons".into(), json!(reasons));
     out.insert("lock".into(), json!(snap.lock));
-    out.insert("emergency_stop".into(), json!(snap.halt.as_ref().map(|(by, _)| by)));
+    out.insert(
+        "emergency_stop".into(),
+        json!(snap.halt.as_ref().map(|(by, _)| by)),
+    );
     if !snap.problems.is_empty() {
         out.insert("problems".into(), json!(snap.problems));
     }
