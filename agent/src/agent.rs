@@ -70,27 +70,25 @@ pub struct Agent {
     running_versions: Option<Vec<Version>>,
     /// This host's run marker may be in the store and no run is going on: remove it.
     run_marker: bool,
+    /// Commands a killed agent left running, to stop before anything else.
+    orphan: Option<runner::ProcessGroup>,
+    /// The last journal save failed (logged once until it works again).
+    journal_failing: bool,
 }
 
 impl Agent {
     /// Loads the journal and turns a run that a dead agent left in progress into an
-    /// interrupted one (it will be run again).
+    /// interrupted one (it will be run again). The commands it left running are
+    /// stopped by the first pass, before anything else happens.
     pub fn new(cfg: Config, store: DynStore, shutdown: watch::Receiver<bool>) -> Result<Agent, AgentError> {
         let mut agent = Agent::new_readonly(cfg, store, shutdown)?;
         if let Some(run) = agent.journal.in_progress.take() {
-            if let Some(child) = run.child
-                && runner::stop_orphan(child)
-            {
-                tracing::warn!(
-                    pgid = child.pgid,
-                    "stopped the commands a killed agent left running"
-                );
-            }
+            agent.orphan = run.child;
             tracing::warn!(
                 version = %run.version,
                 started = run.started,
                 pid = run.pid,
-                "found a run that never finished (the agent was killed); it counts as interrupted and will run again"
+                "found a run that never finished (the agent stopped during it); it counts as interrupted and will run again"
             );
             agent.journal.last_run = Some(LastRun {
                 version: run.version,
@@ -101,7 +99,7 @@ impl Agent {
                 reason: Some("the agent stopped during the run".into()),
                 run_dir: run.run_dir,
             });
-            agent.journal.save(&agent.cfg.state_dir)?;
+            agent.save_journal();
         }
         Ok(agent)
     }
@@ -124,6 +122,8 @@ impl Agent {
             upload_wake: None,
             running_versions: None,
             run_marker: true,
+            orphan: None,
+            journal_failing: false,
         })
     }
 
@@ -260,30 +260,44 @@ impl Agent {
         Ok(())
     }
 
-    /// One pass: report what is pending, or decide and act.
+    /// One pass: report what is pending, or observe, decide and act.
     pub async fn pass(&mut self) -> Result<PassResult, AgentError> {
+        if let Some(child) = self.orphan.take()
+            && runner::stop_orphan(child).await
+        {
+            tracing::warn!(
+                pgid = child.pgid,
+                "stopped the commands a killed agent left running"
+            );
+        }
         self.clear_run_marker().await?;
         if !self.journal.unreported.is_empty() {
             self.flush_reports().await?;
             return Ok(PassResult::Reported);
         }
         let obs = self.observe().await?;
-        let decision = decide::decide(&obs);
+        self.act(&obs).await
+    }
+
+    /// Decides on `obs` and acts. A run starts only if nothing `obs` read has changed
+    /// since: its start is fenced on the revisions `obs` holds (`Raced` otherwise).
+    pub async fn act(&mut self, obs: &Observation) -> Result<PassResult, AgentError> {
+        let decision = decide::decide(obs);
         if self.last_decision.as_ref() != Some(&decision) {
-            log_decision(&decision, &obs);
+            log_decision(&decision, obs);
             self.last_decision = Some(decision.clone());
         }
         match decision {
             Decision::Upgrade { version, why } => {
                 if !self
-                    .begin(AgentState::Upgrading, &version, self.start_fence(&obs))
+                    .begin(AgentState::Upgrading, &version, self.start_fence(obs))
                     .await?
                 {
                     tracing::info!(%version, "the desired version or an enable key changed before the run could start; deciding again");
                     self.last_decision = None;
                     return Ok(PassResult::Raced);
                 }
-                let result = self.upgrade(&version, why, &obs).await?;
+                let result = self.upgrade(&version, why, obs).await;
                 self.last_decision = None;
                 Ok(PassResult::Ran { version, result })
             }
@@ -303,6 +317,26 @@ impl Agent {
         }
     }
 
+    /// Saves the journal. A failure is logged (once until it works again) and the
+    /// agent carries on: the journal in memory is right, and the next save writes it
+    /// whole. Returns whether it was saved.
+    fn save_journal(&mut self) -> bool {
+        match self.journal.save(&self.cfg.state_dir) {
+            Ok(()) => {
+                if std::mem::take(&mut self.journal_failing) {
+                    tracing::info!("the journal is written again");
+                }
+                true
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.journal_failing, true) {
+                    tracing::error!(error = %e, "cannot write the journal; results are kept in memory until it can be written");
+                }
+                false
+            }
+        }
+    }
+
     fn set_liveness(&self, state: AgentState, version: Option<Version>) {
         if let Some(l) = &self.liveness {
             l.set(state, version);
@@ -310,23 +344,12 @@ impl Agent {
     }
 
     /// Writes every pending report, oldest first. A validated success moves the
-    /// local version only once the store has it.
+    /// local version first (see `settle_local_version`). Only store errors are
+    /// returned: the reports not yet written stay in the journal.
     pub async fn flush_reports(&mut self) -> Result<(), AgentError> {
-        while let Some(mut r) = self.journal.unreported.first().cloned() {
-            // The store shows the host upgraded only once its local version says so:
-            // the local version file is written first, and a failure to write it is
-            // the validation's failure, reported with its reason.
-            if r.step == Step::Validated
-                && r.ok
-                && let Err(e) = state::write_local_version(&self.cfg.version_file, &r.version)
-            {
-                let reason = format!("the version file could not be written: {e}");
-                tracing::error!(version = %r.version, %reason, "the upgrade counts as failed");
-                r.ok = false;
-                r.link = reason.clone();
-                self.journal.unreported[0] = r.clone();
-                self.journal.save(&self.cfg.state_dir)?;
-            }
+        while !self.journal.unreported.is_empty() {
+            self.settle_local_version(0);
+            let r = self.journal.unreported[0].clone();
             let revision = report::apply(
                 &self.store,
                 self.schema(),
@@ -365,25 +388,65 @@ impl Agent {
                 }
             }
             self.journal.unreported.remove(0);
-            self.journal.save(&self.cfg.state_dir)?;
+            self.save_journal();
         }
         Ok(())
     }
 
-    /// Queues a report in the journal (durably), then tries to write it.
-    async fn report(&mut self, r: PendingReport) -> Result<(), AgentError> {
-        self.journal.unreported.push(r);
-        self.journal.save(&self.cfg.state_dir)?;
-        match self.flush_reports().await {
-            Err(e) if e.store_unavailable() => {
-                tracing::warn!(error = %e, "store unreachable; the result stays in the journal and is reported when it is back");
-                Ok(())
-            }
-            other => other,
+    /// The store shows a host upgraded only once its local version file says so:
+    /// for the pending validated success at `i`, the version file is written before
+    /// the report goes out (the journal already holds the report, so a crash in
+    /// between is reported at the next start). When it cannot be written, the report
+    /// becomes the validation's failure with that reason (also appended to its log),
+    /// and the reason is returned.
+    fn settle_local_version(&mut self, i: usize) -> Option<String> {
+        let vf = self.cfg.version_file.clone();
+        let r = self.journal.unreported.get_mut(i)?;
+        if r.step != Step::Validated || !r.ok {
+            return None;
         }
+        if matches!(state::read_local_version(&vf), Ok(Some(v)) if v == r.version) {
+            return None;
+        }
+        let e = state::write_local_version(&vf, &r.version).err()?;
+        let reason = format!("the version file could not be written to {}: {e}", vf.display());
+        tracing::error!(version = %r.version, %reason, "the upgrade counts as failed");
+        r.ok = false;
+        r.link = reason.clone();
+        if let Some(log) = &r.log {
+            let line = format!("== but the upgrade counts as failed: {reason}\n");
+            let appended = std::fs::OpenOptions::new()
+                .append(true)
+                .open(log)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            if let Err(e) = appended {
+                tracing::warn!(log = %log.display(), error = %e, "cannot add the reason to the run log");
+            }
+        }
+        self.save_journal();
+        Some(reason)
     }
 
-    /// A step's report; with Swift configured, its log is composed for upload.
+    /// Keeps a step's report in the journal (durably where the journal can be
+    /// written), then tries to write it to the store; what the store cannot take now
+    /// stays in the journal for a later pass. Returns the reason a validated success
+    /// turned into a failure (the local version file could not be written).
+    async fn report(&mut self, r: PendingReport) -> Option<String> {
+        self.journal.unreported.push(r);
+        self.save_journal();
+        let failed = self.settle_local_version(self.journal.unreported.len() - 1);
+        match self.flush_reports().await {
+            Ok(()) => {}
+            Err(e) if e.store_unavailable() => {
+                tracing::warn!(error = %e, "store unreachable; the result stays in the journal and is reported when it is back")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the store did not take the result; it stays in the journal and is retried")
+            }
+        }
+        failed
+    }
+
     /// A step's report. A failure's reason is the status leaf's value until a log
     /// link (with Swift) replaces it.
     fn pending_report(
@@ -453,13 +516,15 @@ impl Agent {
         r
     }
 
-    fn new_run_dir(&self, version: &Version) -> Result<PathBuf, StateError> {
+    /// Creates the directory of a new run; the error is the directory and the
+    /// reason, naming it.
+    fn new_run_dir(&self, version: &Version) -> Result<PathBuf, (PathBuf, String)> {
         let runs = self.cfg.state_dir.join("runs");
         let dir = runs.join(format!("{}-{}", utc_stamp(unix_now()), version));
-        std::fs::create_dir_all(&dir).map_err(|source| StateError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            let reason = format!("cannot create the run directory {}: {e}", dir.display());
+            return Err((dir, reason));
+        }
         prune_runs(&runs);
         Ok(dir)
     }
@@ -507,16 +572,17 @@ impl Agent {
     }
 
     /// Puppet (after the fact file and pre-commands): the configure step.
-    async fn configure(&mut self, version: &Version, run_dir: &Path) -> Result<Outcome, AgentError> {
+    async fn configure(&mut self, version: &Version, run_dir: &Path) -> Outcome {
         if let Err(e) = state::write_fact(&self.cfg.facts_file, version) {
-            return Ok(Outcome::Failure(format!(
-                "the Facter fact could not be written: {e}"
-            )));
+            return Outcome::Failure(format!(
+                "the Facter fact could not be written to {}: {e}",
+                self.cfg.facts_file.display()
+            ));
         }
         if let Steps::Simulated(sim) = &self.cfg.steps {
             (sim.on_start)(self.host(), version);
             tokio::time::sleep(sim.configure).await;
-            return Ok(Outcome::Success { changes: true });
+            return Outcome::Success { changes: true };
         }
         for (i, cmd) in self.cfg.pre_commands.clone().iter().enumerate() {
             let f = self
@@ -531,7 +597,7 @@ impl Agent {
                 .await;
             let o = runner::plain_outcome(&format!("pre-command {:?}", cmd.join(" ")), &f.exit);
             if !o.ok() {
-                return Ok(o);
+                return o;
             }
         }
         let jsonl = run_dir.join("puppet.jsonl");
@@ -546,7 +612,7 @@ impl Agent {
                 version,
             )
             .await;
-        Ok(runner::puppet_outcome(&f.exit))
+        runner::puppet_outcome(&f.exit)
     }
 
     async fn validate(&mut self, version: &Version, run_dir: &Path) -> Outcome {
@@ -588,54 +654,23 @@ impl Agent {
         *self.shutdown.borrow()
     }
 
-    /// One upgrade to `version`: configure, validate, report each step.
-    async fn upgrade(
-        &mut self,
-        version: &Version,
-        why: Why,
-        obs: &Observation,
-    ) -> Result<RunResult, AgentError> {
-        let run_dir = self.new_run_dir(version)?;
+    /// One upgrade to `version`: configure, validate, report each step. Whatever goes
+    /// wrong on the host (a command, a file that cannot be written) is a failed run
+    /// with its reason, reported like any other.
+    async fn upgrade(&mut self, version: &Version, why: Why, obs: &Observation) -> RunResult {
         let started = unix_now();
-        tracing::info!(%version, reason = ?why, run_dir = %run_dir.display(), "upgrade starts");
-        self.journal.in_progress = Some(RunStart {
-            version: version.clone(),
-            started,
-            pid: std::process::id(),
-            run_dir: run_dir.clone(),
-            child: None,
-        });
-        self.journal.save(&self.cfg.state_dir)?;
-        self.set_liveness(AgentState::Upgrading, Some(version.clone()));
-
-        let configured = self.configure(version, &run_dir).await?;
-        let (step, outcome) = if configured == Outcome::Interrupted {
-            ("configured", configured)
-        } else {
-            self.report(self.pending_report(version, Step::Configured, &configured, &run_dir))
-                .await?;
-            if !configured.ok() || self.stopping() {
-                (
-                    "configured",
-                    if self.stopping() && configured.ok() {
-                        Outcome::Interrupted
-                    } else {
-                        configured
-                    },
-                )
-            } else {
-                let mut validated = self.validate(version, &run_dir).await;
-                // The host is upgraded only once its local version says so.
-                if validated.ok()
-                    && let Err(e) = state::write_local_version(&self.cfg.version_file, version)
-                {
-                    validated = Outcome::Failure(format!("the version file could not be written: {e}"));
-                }
-                if validated != Outcome::Interrupted {
-                    self.report(self.pending_report(version, Step::Validated, &validated, &run_dir))
-                        .await?;
-                }
-                ("validated", validated)
+        let (run_dir, step, outcome) = match self.prepare_run(version, started) {
+            Ok(run_dir) => {
+                tracing::info!(%version, reason = ?why, run_dir = %run_dir.display(), "upgrade starts");
+                let (step, outcome) = self.configure_and_validate(version, &run_dir).await;
+                (run_dir, step, outcome)
+            }
+            Err((run_dir, reason)) => {
+                // Nothing ran: the configure step failed before its first command.
+                let failed = Outcome::Failure(reason);
+                self.report(self.pending_report(version, Step::Configured, &failed, &run_dir))
+                    .await;
+                (run_dir, "configured", failed)
             }
         };
         let (result, reason) = match &outcome {
@@ -672,7 +707,7 @@ impl Agent {
             }
             RunResult::Interrupted => {}
         }
-        self.journal.save(&self.cfg.state_dir)?;
+        self.save_journal();
         match result {
             RunResult::Success => {
                 tracing::info!(%version, "upgrade succeeded");
@@ -684,54 +719,113 @@ impl Agent {
             }
             RunResult::Interrupted => tracing::warn!(%version, "upgrade interrupted; it will run again"),
         }
-        Ok(result)
+        result
+    }
+
+    /// Creates the run's directory and records the run in the journal. Without
+    /// either nothing may run (a killed agent's run could not be found again): the
+    /// error is the directory and the reason.
+    fn prepare_run(&mut self, version: &Version, started: u64) -> Result<PathBuf, (PathBuf, String)> {
+        let run_dir = self.new_run_dir(version)?;
+        self.journal.in_progress = Some(RunStart {
+            version: version.clone(),
+            started,
+            pid: std::process::id(),
+            run_dir: run_dir.clone(),
+            child: None,
+        });
+        if let Err(e) = self.journal.save(&self.cfg.state_dir) {
+            self.journal.in_progress = None;
+            return Err((run_dir, format!("the journal could not be written: {e}")));
+        }
+        Ok(run_dir)
+    }
+
+    /// The configure step, then (when it succeeded) the validation; each reported.
+    /// Returns the last step that ran and its outcome.
+    async fn configure_and_validate(&mut self, version: &Version, run_dir: &Path) -> (&'static str, Outcome) {
+        let configured = self.configure(version, run_dir).await;
+        if configured == Outcome::Interrupted {
+            return ("configured", configured);
+        }
+        self.report(self.pending_report(version, Step::Configured, &configured, run_dir))
+            .await;
+        if !configured.ok() {
+            return ("configured", configured);
+        }
+        if self.stopping() {
+            return ("configured", Outcome::Interrupted);
+        }
+        let mut validated = self.validate(version, run_dir).await;
+        if validated != Outcome::Interrupted
+            && let Some(reason) = self
+                .report(self.pending_report(version, Step::Validated, &validated, run_dir))
+                .await
+        {
+            validated = Outcome::Failure(reason);
+        }
+        ("validated", validated)
     }
 
     /// The idle health check: validate; on failure run Puppet once to repair and
     /// validate again; report the outcome for the local version.
+    ///
+    /// A health check (and its repair) is a run like any other: it holds the host's
+    /// slot, and it is fenced like an upgrade on what it decided on (the desired
+    /// version and the enable keys), and also on the rollout lock being free: the
+    /// driver of a `jioctl upgrade` counts a run once it has started, so none may
+    /// start behind its back.
     pub async fn health_check(&mut self) -> Result<(), AgentError> {
-        let Some(local) = state::read_local_version(&self.cfg.version_file)? else {
+        let obs = self.observe().await?;
+        let Some(local) = obs.local.clone() else {
             return Ok(());
         };
-        // A health check (and its repair) is a run like any other: it holds the host's
-        // slot, and it never starts while a rollout driver holds the lock (the driver
-        // counts it once it has started; it must not start behind its back).
-        let no_driver = vec![Compare::ModRevision(self.schema().lock(ROLLOUT_LOCK), 0)];
-        if !self
-            .begin(AgentState::Checking, &local, no_driver.clone())
-            .await?
-        {
-            tracing::info!(version = %local, "a rollout is being driven (the rollout lock is held): health check skipped");
+        if decide::decide(&obs) != Decision::UpToDate {
+            return Ok(()); // the next pass acts on what changed
+        }
+        if obs.rollout_lock {
+            tracing::info!(version = %local, "health check skipped: a jioctl upgrade driver holds the rollout lock");
             return Ok(());
         }
         let run_dir = match self.new_run_dir(&local) {
             Ok(d) => d,
-            Err(e) => {
-                self.set_liveness(AgentState::Idle, Some(local));
-                return Err(e.into());
+            Err((_, reason)) => {
+                tracing::error!(version = %local, %reason, "health check skipped");
+                return Ok(());
             }
         };
+        let mut fence = self.start_fence(&obs);
+        fence.push(Compare::ModRevision(self.schema().lock(ROLLOUT_LOCK), 0));
+        if !self.begin(AgentState::Checking, &local, fence.clone()).await? {
+            let why = self.why_fence_lost().await;
+            tracing::info!(version = %local, "health check skipped: {why}");
+            return Ok(());
+        }
         let checked = self.validate(&local, &run_dir).await;
         if checked.ok() {
             self.health_failed = false;
-            self.set_liveness(AgentState::Idle, Some(local.clone()));
             // Healthy again after a reported failure: say so.
             if self.has_failure_entry(&local).await? {
                 tracing::info!(version = %local, "health check passes again");
                 self.report(self.pending_report(&local, Step::Validated, &checked, &run_dir))
-                    .await?;
+                    .await;
             }
+            self.set_liveness(AgentState::Idle, Some(local.clone()));
             return Ok(());
         }
-        if !self.begin(AgentState::Upgrading, &local, no_driver).await? {
-            tracing::warn!(version = %local, "health check failed, but a rollout is being driven (the rollout lock is held): no repair now");
+        if checked == Outcome::Interrupted {
+            return Ok(());
+        }
+        if !self.begin(AgentState::Upgrading, &local, fence).await? {
+            let why = self.why_fence_lost().await;
+            tracing::warn!(version = %local, "health check failed, but no repair now: {why}");
+            self.health_failed = true;
             self.set_liveness(AgentState::Failed, Some(local));
             return Ok(());
         }
         tracing::warn!(version = %local, "health check failed; running puppet to repair");
-        let configured = self.configure(&local, &run_dir).await?;
+        let configured = self.configure(&local, &run_dir).await;
         if configured == Outcome::Interrupted {
-            self.set_liveness(AgentState::Idle, Some(local));
             return Ok(());
         }
         let validated = if configured.ok() {
@@ -739,14 +833,19 @@ impl Agent {
         } else {
             configured.clone()
         };
-        let repaired = validated.ok();
-        if !configured.ok() {
+        if validated == Outcome::Interrupted {
+            return Ok(());
+        }
+        let repaired = if !configured.ok() {
             self.report(self.pending_report(&local, Step::Configured, &configured, &run_dir))
-                .await?;
+                .await;
+            false
         } else {
             self.report(self.pending_report(&local, Step::Validated, &validated, &run_dir))
-                .await?;
-        }
+                .await
+                .is_none()
+                && validated.ok()
+        };
         tracing::info!(version = %local, repaired, "health repair finished");
         self.health_failed = !repaired;
         self.set_liveness(
@@ -758,6 +857,15 @@ impl Agent {
             Some(local),
         );
         Ok(())
+    }
+
+    /// Why a fenced start of a health check lost, for the log (one read).
+    async fn why_fence_lost(&self) -> &'static str {
+        match self.store.get(&self.schema().lock(ROLLOUT_LOCK)).await {
+            Ok(Some(_)) => "a jioctl upgrade driver holds the rollout lock",
+            Ok(None) => "the desired version or an enable key changed since it was read",
+            Err(_) => "the rollout lock, the desired version or an enable key changed",
+        }
     }
 
     async fn has_failure_entry(&self, v: &Version) -> Result<bool, AgentError> {

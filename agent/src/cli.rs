@@ -26,7 +26,8 @@ use crate::uploads::Uploader;
 pub mod exit {
     /// Success; for `pending-update`: an update is pending.
     pub const OK: u8 = 0;
-    /// The upgrade failed; for `pending-update`: up to date.
+    /// The upgrade failed, waits to retry, or is blocked by an invalid value in the
+    /// store; for `pending-update`: up to date, or `/current_version` is invalid.
     pub const FAILED: u8 = 1;
     /// The store is unreachable.
     pub const UNREACHABLE: u8 = 2;
@@ -38,7 +39,8 @@ pub mod exit {
     pub const INTERRUPTED: u8 = 5;
     /// Bad command line or configuration.
     pub const USAGE: u8 = 64;
-    /// A local file could not be read or written, or a stored value is invalid.
+    /// A local file could not be read or written (never a stored value: an invalid
+    /// one blocks the host, which `once` reports as `FAILED`).
     pub const SOFTWARE: u8 = 70;
 }
 
@@ -288,9 +290,11 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
             "role": cfg.role,
             "store": cfg.store.to_string(),
             "desired": obs.desired,
+            "desired_invalid": obs.desired_invalid,
             "local": obs.local,
             "enabled": obs.gate.enabled,
             "decided_by": obs.gate.level,
+            "blocked": obs.gate.blocked,
             "decision": decision_text(&decision),
             "last_run": j.last_run,
             "in_progress": j.in_progress,
@@ -302,10 +306,13 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
     let none = || "none".to_string();
     println!("host:      {} (role {})", cfg.hostname, cfg.role);
     println!("store:     {}", cfg.store);
-    println!(
-        "desired:   {}",
-        obs.desired.as_ref().map(ToString::to_string).unwrap_or_else(none)
-    );
+    match &obs.desired_invalid {
+        Some(reason) => println!("desired:   invalid: {reason}"),
+        None => println!(
+            "desired:   {}",
+            obs.desired.as_ref().map(ToString::to_string).unwrap_or_else(none)
+        ),
+    }
     println!(
         "local:     {}",
         obs.local.as_ref().map(ToString::to_string).unwrap_or_else(none)
@@ -314,10 +321,13 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
         jio_common::gate::Level::Default => "no enable_puppet key is set".to_string(),
         l => format!("decided by the {} key", l.as_str()),
     };
-    println!(
-        "enabled:   {} ({by})",
-        if obs.gate.enabled { "yes" } else { "no" }
-    );
+    match &obs.gate.blocked {
+        Some(reason) => println!("enabled:   blocked ({by}): {reason}"),
+        None => println!(
+            "enabled:   {} ({by})",
+            if obs.gate.enabled { "yes" } else { "no" }
+        ),
+    }
     println!("decision:  {}", decision_text(&decision));
     match &j.last_run {
         Some(r) => println!(

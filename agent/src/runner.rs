@@ -202,8 +202,9 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 }
 
 /// Stops a group left behind by an agent that died, if its leader is still the
-/// same process. Returns whether it was found.
-pub fn stop_orphan(group: ProcessGroup) -> bool {
+/// same process. Returns whether it was found. Waits (without blocking the runtime)
+/// up to `KILL_AFTER` for it to end before SIGKILL.
+pub async fn stop_orphan(group: ProcessGroup) -> bool {
     if process_start_time(group.pgid) != Some(group.start) {
         return false;
     }
@@ -211,7 +212,7 @@ pub fn stop_orphan(group: ProcessGroup) -> bool {
     let tree = process_tree(group.pgid);
     signal_all(pg, &tree, Signal::SIGTERM);
     for _ in 0..50 {
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(KILL_AFTER / 50).await;
         if tree
             .iter()
             .all(|&(pid, start)| process_start_time(pid) != Some(start))
@@ -397,8 +398,8 @@ mod tests {
         assert!(!alive, "grandchild {pid} survived the timeout");
     }
 
-    #[test]
-    fn orphans_are_identified_by_start_time() {
+    #[tokio::test]
+    async fn orphans_are_identified_by_start_time() {
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .process_group(0)
@@ -407,12 +408,15 @@ mod tests {
         let pgid = child.id();
         let start = process_start_time(pgid).unwrap();
         // A different start time is a different process: left alone.
-        assert!(!stop_orphan(ProcessGroup {
-            pgid,
-            start: start + 1
-        }));
+        assert!(
+            !stop_orphan(ProcessGroup {
+                pgid,
+                start: start + 1
+            })
+            .await
+        );
         assert!(child.try_wait().unwrap().is_none());
-        assert!(stop_orphan(ProcessGroup { pgid, start }));
+        assert!(stop_orphan(ProcessGroup { pgid, start }).await);
         assert!(child.wait().unwrap().signal().is_some());
     }
 

@@ -782,3 +782,506 @@ async fn systemd_notify_ready_after_the_store_answers_and_watchdog() {
     }
     assert!(rest.iter().any(|m| m == "STOPPING=1"), "{rest:?}");
 }
+
+// ---- Issue 11: stored values never end the daemon, fenced starts, local failures ----
+
+/// The daemon, its stderr (the log) in `log`.
+fn spawn_logged(host: &Host, log: &std::path::Path) -> Child {
+    Command::from(host.agent(&bin(), &["run"]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn alive(d: &mut Child) -> bool {
+    d.try_wait().unwrap().is_none()
+}
+
+/// A shell script that appends the value of each key, as the real `etcdctl` reads
+/// it at that moment, to its file (one line per run), then exits `code`.
+fn record_script(script: &std::path::Path, url: &str, gets: &[(String, &std::path::Path)], code: i32) {
+    let etcdctl = jio_tests::require_binary("etcdctl", "apt-get install -y etcd-client");
+    let mut body = String::from("#!/bin/sh\n");
+    for (key, file) in gets {
+        body.push_str(&format!(
+            "ETCDCTL_API=3 {} --endpoints={} get --print-value-only {key} >> {}\n",
+            etcdctl.display(),
+            url.trim_start_matches("etcd://"),
+            file.display()
+        ));
+    }
+    body.push_str(&format!("exit {code}\n"));
+    std::fs::write(script, body).unwrap();
+    std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+/// A "puppet" (exits 2: changes) that records what the host's liveness record and
+/// run marker said when it started: `<dir>/puppet-seen` and `<dir>/puppet-marker`.
+fn recording_puppet(dir: &std::path::Path, url: &str, host: &str) -> Vec<String> {
+    let script = dir.join("puppet.sh");
+    let (seen, marker) = (dir.join("puppet-seen"), dir.join("puppet-marker"));
+    record_script(
+        &script,
+        url,
+        &[
+            (format!("/agents/{host}"), &seen),
+            (format!("/runs/{host}"), &marker),
+        ],
+        2,
+    );
+    vec![script.display().to_string()]
+}
+
+fn lines(path: &std::path::Path) -> usize {
+    read(path).lines().count()
+}
+
+async fn value(s: &DynStore, key: &str) -> Option<String> {
+    let key = jio_common::keys::Key::new(key).unwrap();
+    s.get(&key).await.unwrap().map(|kv| kv.value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_stored_values_block_the_host_and_never_end_the_daemon() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new(
+        "compute11",
+        &url,
+        &recording_puppet(work.path(), &url, "compute11"),
+        "resync_interval = \"1h\"\nretry_interval = \"1h\"\nhealth_interval = \"0\"",
+    );
+    let puppet_runs = work.path().join("puppet-seen");
+    let host_key = "/config_state/enable_puppet/host/compute11";
+
+    // A host key that is not text blocks even a first converge; `once` says so
+    // (naming the key) and exits 1, not 64.
+    etcdctl_put_bytes(&url, host_key.as_bytes(), b"tr\xffue");
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("blocked") && text(&out).contains(host_key),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(lines(&puppet_runs), 0, "a blocked host ran puppet");
+    assert_eq!(host.local_version(), None);
+
+    // The daemon: one error naming the key, it stays up, and acts once it is fixed.
+    let log = work.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    wait_for(
+        "the blocked decision in the log",
+        Duration::from_secs(15),
+        || async {
+            read(&log).contains("blocked") && read(&log).contains(&format!("key {host_key} is invalid"))
+        },
+    )
+    .await;
+    let out = agent(&host, &["status"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("enabled:   blocked") && text(&out).contains(host_key),
+        "{}",
+        text(&out)
+    );
+    assert!(alive(&mut daemon), "{}", read(&log));
+    put(
+        &s,
+        Schema::default().enable(&EnableLevel::Host(HostName::new("compute11").unwrap())),
+        "true",
+    )
+    .await;
+    wait_for(
+        "the first converge once fixed",
+        Duration::from_secs(30),
+        || async { host.local_version().as_deref() == Some("v1") },
+    )
+    .await;
+
+    // A desired version that is not text while the daemon runs: it stays up, says
+    // which key and why, once.
+    etcdctl_put_bytes(&url, b"/current_version", b"v\xff2");
+    let bad = "key /current_version is invalid: not UTF-8";
+    wait_for(
+        "the error naming /current_version",
+        Duration::from_secs(15),
+        || async { read(&log).contains(bad) },
+    )
+    .await;
+    let out = agent(&host, &["pending-update"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("/current_version"), "{}", text(&out));
+    let out = agent(&host, &["status", "--json"]).await;
+    let st = status_json(&out);
+    assert!(
+        st["desired_invalid"]
+            .as_str()
+            .unwrap()
+            .contains("/current_version"),
+        "{st}"
+    );
+    assert!(alive(&mut daemon), "{}", read(&log));
+
+    // Fixed: the watch wakes it and it upgrades.
+    etcdctl_put_bytes(&url, b"/current_version", b"v2");
+    wait_for("the upgrade once fixed", Duration::from_secs(30), || async {
+        host.local_version().as_deref() == Some("v2")
+    })
+    .await;
+    assert!(alive(&mut daemon), "{}", read(&log));
+    assert_eq!(read(&log).matches(bad).count(), 1, "logged once: {}", read(&log));
+    assert_eq!(lines(&puppet_runs), 2);
+    daemon.kill().await.unwrap();
+}
+
+/// Raw bytes through the real `etcdctl`.
+fn etcdctl_put_bytes(url: &str, key: &[u8], value: &[u8]) {
+    jio_tests::etcd::etcdctl_put(url, key, value);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_record_says_upgrading_before_puppet_starts() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new(
+        "compute12",
+        &url,
+        &recording_puppet(work.path(), &url, "compute12"),
+        "resync_interval = \"1h\"\nhealth_interval = \"0\"",
+    );
+    let log = work.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    wait_for("the converge", Duration::from_secs(30), || async {
+        entries(&s, "compute12")
+            .await
+            .contains("/running/versions/v1/compute12")
+    })
+    .await;
+    let seen = read(&work.path().join("puppet-seen"));
+    assert!(
+        seen.contains(r#""state":"upgrading""#) && seen.contains(r#""version":"v1""#),
+        "when puppet started, /agents/compute12 said: {seen:?}"
+    );
+    // So did the run marker that keeps the host's slot should the agent freeze.
+    let marker = read(&work.path().join("puppet-marker"));
+    assert!(
+        marker.contains(r#""state":"upgrading""#) && marker.contains(r#""version":"v1""#),
+        "when puppet started, /runs/compute12 said: {marker:?}"
+    );
+    // Back to idle once the run has been reported.
+    wait_for("the idle record", Duration::from_secs(10), || async {
+        agent_state(&s, "compute12").await.as_deref() == Some("idle")
+    })
+    .await;
+    assert!(alive(&mut daemon), "{}", read(&log));
+    daemon.kill().await.unwrap();
+}
+
+/// An agent in this process, configured from `host`'s file, with its liveness
+/// record; it stops when the returned sender is dropped.
+fn embedded_agent(host: &Host, s: &DynStore) -> (jio_agent::agent::Agent, tokio::sync::watch::Sender<bool>) {
+    let ov = jio_agent::config::Overrides {
+        config_path: Some(host.config()),
+        ..Default::default()
+    };
+    let cfg = jio_agent::config::load(&ov, || None).unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut a = jio_agent::agent::Agent::new(cfg.clone(), s.clone(), rx).unwrap();
+    a.liveness = Some(jio_agent::liveness::Liveness::start(
+        s.clone(),
+        cfg.schema.agent(&cfg.hostname),
+        cfg.lease_ttl,
+        jio_common::values::AgentState::Idle,
+        None,
+    ));
+    (a, tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_loses_when_what_the_decision_read_changed() {
+    use jio_agent::agent::PassResult;
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let schema = Schema::default();
+    let h = HostName::new("compute13").unwrap();
+    put(&s, schema.current_version(), "v1").await;
+    put(&s, schema.enable(&EnableLevel::Host(h.clone())), "true").await;
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new(
+        "compute13",
+        &url,
+        &recording_puppet(work.path(), &url, "compute13"),
+        "",
+    );
+    let puppet_runs = work.path().join("puppet-seen");
+    let (mut a, _stop) = embedded_agent(&host, &s);
+
+    // An operator disables the host between the observation and the start.
+    let obs = a.observe().await.unwrap();
+    put(&s, schema.enable(&EnableLevel::Host(h.clone())), "false").await;
+    assert_eq!(a.act(&obs).await.unwrap(), PassResult::Raced);
+    // The role and global keys, and the desired version, fence it too.
+    for key in [
+        schema.enable(&EnableLevel::Role(
+            jio_common::names::Role::new("compute").unwrap(),
+        )),
+        schema.enable(&EnableLevel::Global),
+        schema.current_version(),
+    ] {
+        put(&s, schema.enable(&EnableLevel::Host(h.clone())), "true").await;
+        let obs = a.observe().await.unwrap();
+        let same = s.get(&key).await.unwrap().map(|kv| kv.value);
+        put(&s, key.clone(), same.as_deref().unwrap_or("true")).await;
+        assert_eq!(a.act(&obs).await.unwrap(), PassResult::Raced, "{key}");
+    }
+    assert_eq!(lines(&puppet_runs), 0, "puppet ran after a lost start");
+    assert_eq!(host.local_version(), None);
+    assert_ne!(agent_state(&s, "compute13").await.as_deref(), Some("upgrading"));
+
+    // Nothing changed since: it starts, and Puppet sees the record.
+    let obs = a.observe().await.unwrap();
+    assert!(matches!(a.act(&obs).await.unwrap(), PassResult::Ran { .. }));
+    assert_eq!(host.local_version().as_deref(), Some("v1"));
+    assert!(read(&puppet_runs).contains(r#""state":"upgrading""#));
+    a.liveness.take().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_and_repairs_wait_for_the_rollout_driver() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let schema = Schema::default();
+    put(&s, schema.current_version(), "v1").await;
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new(
+        "db11",
+        &url,
+        &recording_puppet(work.path(), &url, "db11"),
+        "resync_interval = \"1h\"\nhealth_interval = \"1s\"",
+    );
+    // Validation records what the record said while it ran (run-parts runs 05 first).
+    let checks = work.path().join("validation-seen");
+    record_script(
+        &host.validation_dir().join("05-record"),
+        &url,
+        &[("/agents/db11".to_string(), &checks)],
+        0,
+    );
+    let puppet_runs = work.path().join("puppet-seen");
+    let log = work.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    wait_for("first converge", Duration::from_secs(30), || async {
+        host.local_version().as_deref() == Some("v1")
+    })
+    .await;
+    wait_for("a health check", Duration::from_secs(15), || async {
+        read(&checks).contains(r#""state":"checking""#)
+    })
+    .await;
+    assert_eq!(lines(&puppet_runs), 1);
+
+    // A driver holds the rollout lock: no health check and no repair starts.
+    put(&s, schema.lock(jio_common::fleet::ROLLOUT_LOCK), r#"{"pid":1}"#).await;
+    host.set_validation(false);
+    let skipped = "health check skipped: a jioctl upgrade driver holds the rollout lock";
+    wait_for("two skipped health checks", Duration::from_secs(15), || async {
+        read(&log).matches(skipped).count() >= 2
+    })
+    .await;
+    assert_eq!(
+        lines(&puppet_runs),
+        1,
+        "puppet ran under the lock: {}",
+        read(&log)
+    );
+    assert!(
+        !entries(&s, "db11")
+            .await
+            .contains("/status/validated/failure/v1/db11"),
+        "{}",
+        read(&log)
+    );
+
+    // Released: the failing check runs and Puppet repairs, its record upgrading.
+    s.delete(&schema.lock(jio_common::fleet::ROLLOUT_LOCK))
+        .await
+        .unwrap();
+    wait_for("the failure report", Duration::from_secs(30), || async {
+        entries(&s, "db11")
+            .await
+            .contains("/status/validated/failure/v1/db11")
+    })
+    .await;
+    assert!(lines(&puppet_runs) >= 2);
+    assert!(
+        read(&puppet_runs)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains(r#""state":"upgrading""#),
+        "{}",
+        read(&puppet_runs)
+    );
+    assert!(alive(&mut daemon), "{}", read(&log));
+    daemon.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_up() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let schema = Schema::default();
+    let h = HostName::new("compute14").unwrap();
+    put(&s, schema.current_version(), "v1").await;
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new(
+        "compute14",
+        &url,
+        &recording_puppet(work.path(), &url, "compute14"),
+        "resync_interval = \"1h\"\nretry_interval = \"1h\"\nhealth_interval = \"0\"",
+    );
+    let puppet_runs = work.path().join("puppet-seen");
+    // Tests run as root, which permissions do not stop: a regular file where a
+    // directory should be does.
+    let facts_dir = host.facts_file().parent().unwrap().to_path_buf();
+    std::fs::write(&facts_dir, "not a directory").unwrap();
+    let log = work.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    let reenable = || async {
+        // Any write of an enable key is a new decision: the failure backoff ends.
+        put(&s, schema.enable(&EnableLevel::Host(h.clone())), "true").await;
+    };
+
+    // The Facter fact cannot be written: a configured failure with the file and
+    // the OS error; nothing ran, the daemon is up and the host is not shown moving.
+    let key = "/status/configured/failure/v1/compute14";
+    wait_for("the configured failure", Duration::from_secs(15), || async {
+        entries(&s, "compute14").await.contains(key)
+    })
+    .await;
+    let v = value(&s, key).await.unwrap();
+    assert!(
+        v.contains("Facter fact could not be written")
+            && v.contains(&host.facts_file().display().to_string())
+            && v.contains("os error"),
+        "{v}"
+    );
+    assert_eq!(lines(&puppet_runs), 0);
+    wait_for("the failed record", Duration::from_secs(10), || async {
+        agent_state(&s, "compute14").await.as_deref() == Some("failed")
+    })
+    .await;
+    assert!(alive(&mut daemon), "{}", read(&log));
+    std::fs::remove_file(&facts_dir).unwrap();
+    reenable().await;
+    wait_for("the converge once fixed", Duration::from_secs(30), || async {
+        entries(&s, "compute14")
+            .await
+            .contains("/running/versions/v1/compute14")
+    })
+    .await;
+    assert_eq!(host.local_version().as_deref(), Some("v1"));
+
+    // The version file cannot be written: the validation's failure, with the reason,
+    // and never a running entry for the version the host is not at.
+    let blocker = host.version_file().with_extension("tmp-jio");
+    std::fs::create_dir(&blocker).unwrap();
+    put(&s, schema.current_version(), "v2").await;
+    let key = "/status/validated/failure/v2/compute14";
+    wait_for("the validated failure", Duration::from_secs(30), || async {
+        entries(&s, "compute14").await.contains(key)
+    })
+    .await;
+    let v = value(&s, key).await.unwrap();
+    assert!(
+        v.contains("version file could not be written") && v.contains("os error"),
+        "{v}"
+    );
+    let e = entries(&s, "compute14").await;
+    assert!(
+        !e.contains("/running/versions/v2/compute14"),
+        "shown upgraded: {e:?}"
+    );
+    assert!(e.contains("/running/versions/v1/compute14"), "{e:?}");
+    assert_eq!(host.local_version().as_deref(), Some("v1"));
+    assert!(alive(&mut daemon), "{}", read(&log));
+    assert!(!read(&log).contains("could not be reported"), "{}", read(&log));
+    // A restart tells no tale of a killed agent, and stays up.
+    daemon.kill().await.unwrap();
+    let log2 = work.path().join("agent2.log");
+    let mut daemon = spawn_logged(&host, &log2);
+    wait_for(
+        "the restarted daemon's decision",
+        Duration::from_secs(15),
+        || async { read(&log2).contains("waiting before retrying") },
+    )
+    .await;
+    assert!(!read(&log2).contains("never finished"), "{}", read(&log2));
+    assert!(alive(&mut daemon), "{}", read(&log2));
+    std::fs::remove_dir(&blocker).unwrap();
+    reenable().await;
+    wait_for("the upgrade once fixed", Duration::from_secs(30), || async {
+        entries(&s, "compute14")
+            .await
+            .contains("/running/versions/v2/compute14")
+    })
+    .await;
+    assert_eq!(host.local_version().as_deref(), Some("v2"));
+
+    // The run directory cannot be made: a configured failure naming it; nothing ran.
+    let runs = host.state_dir().join("runs");
+    std::fs::remove_dir_all(&runs).unwrap();
+    std::fs::write(&runs, "not a directory").unwrap();
+    let before = lines(&puppet_runs);
+    put(&s, schema.current_version(), "v3").await;
+    let key = "/status/configured/failure/v3/compute14";
+    wait_for("the configured failure", Duration::from_secs(15), || async {
+        entries(&s, "compute14").await.contains(key)
+    })
+    .await;
+    let v = value(&s, key).await.unwrap();
+    assert!(
+        v.contains("cannot create the run directory") && v.contains("os error"),
+        "{v}"
+    );
+    assert_eq!(lines(&puppet_runs), before);
+    assert!(alive(&mut daemon), "{}", read(&log2));
+
+    // A missing validation directory is named, not "validation exited 1".
+    std::fs::remove_file(&runs).unwrap();
+    std::fs::remove_dir_all(host.validation_dir()).unwrap();
+    put(&s, schema.current_version(), "v4").await;
+    let key = "/status/validated/failure/v4/compute14";
+    wait_for("the validated failure", Duration::from_secs(30), || async {
+        entries(&s, "compute14").await.contains(key)
+    })
+    .await;
+    let v = value(&s, key).await.unwrap();
+    assert_eq!(
+        v,
+        format!(
+            "validation directory {} does not exist",
+            host.validation_dir().display()
+        )
+    );
+    assert!(alive(&mut daemon), "{}", read(&log2));
+    let e = entries(&s, "compute14").await;
+    assert!(!e.contains("/running/versions/v4/compute14"), "{e:?}");
+    daemon.kill().await.unwrap();
+}
