@@ -469,9 +469,13 @@ async fn store_outage_during_a_run_loses_nothing() {
             .is_ok_and(|j| j.contains("\"validated\"") && j.contains("\"unreported\""))
     })
     .await;
-    // The local version moves first: the store never shows a host upgraded that
-    // its own version file does not; the journaled report follows when it can.
-    assert_eq!(host.local_version().as_deref(), Some("v1"));
+    // The local version moves before the store: the store never shows a host
+    // upgraded that its own version file does not; the journaled report follows
+    // when the store is back.
+    wait_for("the local version", Duration::from_secs(10), || async {
+        host.local_version().as_deref() == Some("v1")
+    })
+    .await;
     assert!(
         daemon.try_wait().unwrap().is_none(),
         "the daemon keeps running while the store is down"
