@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use jio_common::keys::{EnableLevel, Schema};
 use jio_common::names::HostName;
 use jio_common::store::DynStore;
-use jio_tests::inspect::{host_entries as entries, open, text};
+use jio_tests::inspect::{host_entries as entries, open, text, wait_for};
 use jio_tests::{Etcd, Host, Puppet};
 use tokio::process::{Child, Command};
 
@@ -38,21 +38,6 @@ fn set(keys: &[&str]) -> BTreeSet<String> {
 
 async fn put(s: &DynStore, key: jio_common::keys::Key, value: &str) {
     s.put(&key, value, None).await.unwrap();
-}
-
-async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn agent_state(s: &DynStore, host: &str) -> Option<String> {
@@ -482,12 +467,7 @@ async fn store_outage_during_a_run_loses_nothing() {
     );
     etcd.restart(0).await;
     let s = open(&etcd.url()).await;
-    wait_for("the report after the outage", Duration::from_secs(60), || async {
-        entries(&s, "compute3")
-            .await
-            .contains("/running/versions/v1/compute3")
-    })
-    .await;
+    reported_at(&s, "compute3", "v1", Duration::from_secs(60)).await;
     assert_eq!(
         entries(&s, "compute3").await,
         set(&[
@@ -842,8 +822,49 @@ fn recording_puppet(dir: &std::path::Path, url: &str, host: &str) -> Vec<String>
     vec![script.display().to_string()]
 }
 
+/// One host on a fresh etcd whose desired version is v1, its "puppet" the
+/// [`recording_puppet`] (`puppet_runs` has a line per run).
+struct Recorded {
+    etcd: Etcd,
+    url: String,
+    s: DynStore,
+    work: tempfile::TempDir,
+    host: Host,
+    puppet_runs: PathBuf,
+}
+
+async fn recorded(name: &str, config: &str) -> Recorded {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    put(&s, Schema::default().current_version(), "v1").await;
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new(name, &url, &recording_puppet(work.path(), &url, name), config);
+    let puppet_runs = work.path().join("puppet-seen");
+    Recorded {
+        etcd,
+        url,
+        s,
+        work,
+        host,
+        puppet_runs,
+    }
+}
+
 fn lines(path: &std::path::Path) -> usize {
     read(path).lines().count()
+}
+
+/// Waits for the host's `/running/versions/<version>/<host>` entry.
+async fn reported_at(s: &DynStore, host: &str, version: &str, within: Duration) {
+    let key = format!("/running/versions/{version}/{host}");
+    wait_for(&key, within, || async { entries(s, host).await.contains(&key) }).await;
+}
+
+/// Waits for the failure entry `key` and returns its value (the reason).
+async fn failure(s: &DynStore, key: &str, within: Duration) -> String {
+    wait_for(key, within, || async { value(s, key).await.is_some() }).await;
+    value(s, key).await.unwrap()
 }
 
 async fn value(s: &DynStore, key: &str) -> Option<String> {
@@ -853,18 +874,18 @@ async fn value(s: &DynStore, key: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_stored_values_block_the_host_and_never_end_the_daemon() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
-    put(&s, Schema::default().current_version(), "v1").await;
-    let work = tempfile::tempdir().unwrap();
-    let host = Host::new(
+    let Recorded {
+        etcd: _etcd,
+        url,
+        s,
+        work,
+        host,
+        puppet_runs,
+    } = recorded(
         "compute11",
-        &url,
-        &recording_puppet(work.path(), &url, "compute11"),
         "resync_interval = \"1h\"\nretry_interval = \"1h\"\nhealth_interval = \"0\"",
-    );
-    let puppet_runs = work.path().join("puppet-seen");
+    )
+    .await;
     let host_key = "/config_state/enable_puppet/host/compute11";
 
     // A host key that is not text blocks even a first converge; `once` says so
@@ -955,25 +976,17 @@ fn etcdctl_put_bytes(url: &str, key: &[u8], value: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_in_flight_record_says_upgrading_before_puppet_starts() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
-    put(&s, Schema::default().current_version(), "v1").await;
-    let work = tempfile::tempdir().unwrap();
-    let host = Host::new(
-        "compute12",
-        &url,
-        &recording_puppet(work.path(), &url, "compute12"),
-        "resync_interval = \"1h\"\nhealth_interval = \"0\"",
-    );
+    let Recorded {
+        etcd: _etcd,
+        url: _,
+        s,
+        work,
+        host,
+        puppet_runs: _,
+    } = recorded("compute12", "resync_interval = \"1h\"\nhealth_interval = \"0\"").await;
     let log = work.path().join("agent.log");
     let mut daemon = spawn_logged(&host, &log);
-    wait_for("the converge", Duration::from_secs(30), || async {
-        entries(&s, "compute12")
-            .await
-            .contains("/running/versions/v1/compute12")
-    })
-    .await;
+    reported_at(&s, "compute12", "v1", Duration::from_secs(30)).await;
     let seen = read(&work.path().join("puppet-seen"));
     assert!(
         seen.contains(r#""state":"upgrading""#) && seen.contains(r#""version":"v1""#),
@@ -1017,21 +1030,17 @@ fn embedded_agent(host: &Host, s: &DynStore) -> (jio_agent::agent::Agent, tokio:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_loses_when_what_the_decision_read_changed() {
     use jio_agent::agent::PassResult;
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
+    let Recorded {
+        etcd: _etcd,
+        url: _,
+        s,
+        work: _work,
+        host,
+        puppet_runs,
+    } = recorded("compute13", "").await;
     let schema = Schema::default();
     let h = HostName::new("compute13").unwrap();
-    put(&s, schema.current_version(), "v1").await;
     put(&s, schema.enable(&EnableLevel::Host(h.clone())), "true").await;
-    let work = tempfile::tempdir().unwrap();
-    let host = Host::new(
-        "compute13",
-        &url,
-        &recording_puppet(work.path(), &url, "compute13"),
-        "",
-    );
-    let puppet_runs = work.path().join("puppet-seen");
     let (mut a, _stop) = embedded_agent(&host, &s);
 
     // An operator disables the host between the observation and the start.
@@ -1066,18 +1075,15 @@ async fn a_start_loses_when_what_the_decision_read_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_and_repairs_wait_for_the_rollout_driver() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
+    let Recorded {
+        etcd: _etcd,
+        url,
+        s,
+        work,
+        host,
+        puppet_runs: _,
+    } = recorded("db11", "resync_interval = \"1h\"\nhealth_interval = \"1s\"").await;
     let schema = Schema::default();
-    put(&s, schema.current_version(), "v1").await;
-    let work = tempfile::tempdir().unwrap();
-    let host = Host::new(
-        "db11",
-        &url,
-        &recording_puppet(work.path(), &url, "db11"),
-        "resync_interval = \"1h\"\nhealth_interval = \"1s\"",
-    );
     // Validation records what the record said while it ran (run-parts runs 05 first).
     let checks = work.path().join("validation-seen");
     record_script(
@@ -1147,20 +1153,20 @@ async fn health_checks_and_repairs_wait_for_the_rollout_driver() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_up() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
+    let Recorded {
+        etcd: _etcd,
+        url: _,
+        s,
+        work,
+        host,
+        puppet_runs,
+    } = recorded(
+        "compute14",
+        "resync_interval = \"1h\"\nretry_interval = \"1h\"\nhealth_interval = \"0\"",
+    )
+    .await;
     let schema = Schema::default();
     let h = HostName::new("compute14").unwrap();
-    put(&s, schema.current_version(), "v1").await;
-    let work = tempfile::tempdir().unwrap();
-    let host = Host::new(
-        "compute14",
-        &url,
-        &recording_puppet(work.path(), &url, "compute14"),
-        "resync_interval = \"1h\"\nretry_interval = \"1h\"\nhealth_interval = \"0\"",
-    );
-    let puppet_runs = work.path().join("puppet-seen");
     // Tests run as root, which permissions do not stop: a regular file where a
     // directory should be does.
     let facts_dir = host.facts_file().parent().unwrap().to_path_buf();
@@ -1174,12 +1180,12 @@ async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_u
 
     // The Facter fact cannot be written: a configured failure with the file and
     // the OS error; nothing ran, the daemon is up and the host is not shown moving.
-    let key = "/status/configured/failure/v1/compute14";
-    wait_for("the configured failure", Duration::from_secs(15), || async {
-        entries(&s, "compute14").await.contains(key)
-    })
+    let v = failure(
+        &s,
+        "/status/configured/failure/v1/compute14",
+        Duration::from_secs(15),
+    )
     .await;
-    let v = value(&s, key).await.unwrap();
     assert!(
         v.contains("Facter fact could not be written")
             && v.contains(&host.facts_file().display().to_string())
@@ -1194,12 +1200,7 @@ async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_u
     assert!(alive(&mut daemon), "{}", read(&log));
     std::fs::remove_file(&facts_dir).unwrap();
     reenable().await;
-    wait_for("the converge once fixed", Duration::from_secs(30), || async {
-        entries(&s, "compute14")
-            .await
-            .contains("/running/versions/v1/compute14")
-    })
-    .await;
+    reported_at(&s, "compute14", "v1", Duration::from_secs(30)).await;
     assert_eq!(host.local_version().as_deref(), Some("v1"));
 
     // The version file cannot be written: the validation's failure, with the reason,
@@ -1207,12 +1208,12 @@ async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_u
     let blocker = host.version_file().with_extension("tmp-jio");
     std::fs::create_dir(&blocker).unwrap();
     put(&s, schema.current_version(), "v2").await;
-    let key = "/status/validated/failure/v2/compute14";
-    wait_for("the validated failure", Duration::from_secs(30), || async {
-        entries(&s, "compute14").await.contains(key)
-    })
+    let v = failure(
+        &s,
+        "/status/validated/failure/v2/compute14",
+        Duration::from_secs(30),
+    )
     .await;
-    let v = value(&s, key).await.unwrap();
     assert!(
         v.contains("version file could not be written") && v.contains("os error"),
         "{v}"
@@ -1240,12 +1241,7 @@ async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_u
     assert!(alive(&mut daemon), "{}", read(&log2));
     std::fs::remove_dir(&blocker).unwrap();
     reenable().await;
-    wait_for("the upgrade once fixed", Duration::from_secs(30), || async {
-        entries(&s, "compute14")
-            .await
-            .contains("/running/versions/v2/compute14")
-    })
-    .await;
+    reported_at(&s, "compute14", "v2", Duration::from_secs(30)).await;
     assert_eq!(host.local_version().as_deref(), Some("v2"));
 
     // The run directory cannot be made: a configured failure naming it; nothing ran.
@@ -1254,12 +1250,12 @@ async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_u
     std::fs::write(&runs, "not a directory").unwrap();
     let before = lines(&puppet_runs);
     put(&s, schema.current_version(), "v3").await;
-    let key = "/status/configured/failure/v3/compute14";
-    wait_for("the configured failure", Duration::from_secs(15), || async {
-        entries(&s, "compute14").await.contains(key)
-    })
+    let v = failure(
+        &s,
+        "/status/configured/failure/v3/compute14",
+        Duration::from_secs(15),
+    )
     .await;
-    let v = value(&s, key).await.unwrap();
     assert!(
         v.contains("cannot create the run directory") && v.contains("os error"),
         "{v}"
@@ -1271,12 +1267,12 @@ async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_u
     std::fs::remove_file(&runs).unwrap();
     std::fs::remove_dir_all(host.validation_dir()).unwrap();
     put(&s, schema.current_version(), "v4").await;
-    let key = "/status/validated/failure/v4/compute14";
-    wait_for("the validated failure", Duration::from_secs(30), || async {
-        entries(&s, "compute14").await.contains(key)
-    })
+    let v = failure(
+        &s,
+        "/status/validated/failure/v4/compute14",
+        Duration::from_secs(30),
+    )
     .await;
-    let v = value(&s, key).await.unwrap();
     assert_eq!(
         v,
         format!(
@@ -1288,4 +1284,73 @@ async fn local_failures_are_failed_runs_with_their_reason_and_the_daemon_stays_u
     let e = entries(&s, "compute14").await;
     assert!(!e.contains("/running/versions/v4/compute14"), "{e:?}");
     daemon.kill().await.unwrap();
+}
+
+/// On the embedded store: `begin` writes nothing when a compared key moved, the
+/// keeper never puts an older record back, and stopping revokes the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_liveness_record_is_fenced_kept_and_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let s: DynStore = open(&url).await;
+    let schema = Schema::default();
+    let host = HostName::new("compute15").unwrap();
+    let enable = schema.enable(&EnableLevel::Host(host.clone()));
+    let rev = s.put(&enable, "true", None).await.unwrap();
+    let live = jio_agent::liveness::Liveness::start(
+        s.clone(),
+        schema.agent(&host),
+        Duration::from_secs(3),
+        jio_common::values::AgentState::Idle,
+        None,
+    );
+    let v = jio_common::names::Version::new("v2").unwrap();
+    // The key moved since the decision read it: nothing is written.
+    s.put(&enable, "false", None).await.unwrap();
+    let won = live
+        .begin(
+            jio_common::values::AgentState::Upgrading,
+            Some(v.clone()),
+            vec![jio_common::store::Compare::ModRevision(enable.clone(), rev)],
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(!won);
+    let record =
+        |s: DynStore, k: jio_common::keys::Key| async move { s.get(&k).await.unwrap().map(|kv| kv.value) };
+    wait_for("the idle record", Duration::from_secs(10), || {
+        let (s, k) = (s.clone(), schema.agent(&host));
+        async move { record(s, k).await.is_some_and(|v| v.contains("idle")) }
+    })
+    .await;
+    // Unchanged since: the record says upgrading, bound to the lease.
+    let rev = s.get(&enable).await.unwrap().unwrap().mod_revision;
+    assert!(
+        live.begin(
+            jio_common::values::AgentState::Upgrading,
+            Some(v),
+            vec![jio_common::store::Compare::ModRevision(enable, rev)],
+            vec![],
+        )
+        .await
+        .unwrap()
+    );
+    let kv = s.get(&schema.agent(&host)).await.unwrap().unwrap();
+    assert!(kv.value.contains("upgrading") && kv.lease.is_some(), "{kv:?}");
+    // The keeper does not put an older record back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        s.get(&schema.agent(&host))
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .contains("upgrading")
+    );
+    live.stop().await;
+    assert!(
+        s.get(&schema.agent(&host)).await.unwrap().is_none(),
+        "the lease was revoked"
+    );
 }

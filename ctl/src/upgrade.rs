@@ -644,13 +644,22 @@ enum PassOutcome {
     Continue { waiting: Option<String> },
 }
 
-/// Maps a fenced write's outcome: `Some` ends the pass.
-fn fenced(f: Fenced, snap: &Snapshot) -> Option<(Snapshot, PassOutcome)> {
-    match f {
-        Fenced::Applied => None,
-        Fenced::Moved => Some((snap.clone(), PassOutcome::Replan)),
-        Fenced::LockLost => Some((snap.clone(), PassOutcome::LockLost)),
-    }
+/// Writes `ops` fenced on what `snap` read and on still holding `lock`: `None` when
+/// applied, or the end of the pass (replan, or the lock lost).
+async fn fenced(
+    store: &DynStore,
+    schema: &Schema,
+    ops: Vec<Op>,
+    snap: &Snapshot,
+    lock: &RolloutLock,
+) -> Result<Option<(Snapshot, PassOutcome)>, StoreError> {
+    Ok(
+        match writes::apply_fenced(store, schema, ops, snap.epoch, lock).await? {
+            Fenced::Applied => None,
+            Fenced::Moved => Some((snap.clone(), PassOutcome::Replan)),
+            Fenced::LockLost => Some((snap.clone(), PassOutcome::LockLost)),
+        },
+    )
 }
 
 /// Some enable key would still let a host start.
@@ -675,10 +684,7 @@ async fn pass(
         // An emergency stop from before this command: starting it is the operator's
         // decision to go on. Clear it, fenced like any plan.
         let ops = vec![Op::Delete(schema.lock(HALT))];
-        if let Some(end) = fenced(
-            writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
-            &snap,
-        ) {
+        if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
             return Ok(end);
         }
         if !args.quiet {
@@ -692,10 +698,7 @@ async fn pass(
     if snap.current.as_ref() != Some(&args.version) {
         // First pass (or someone changed it): start the rollout in one transaction.
         let ops = writes::start_rollout_ops(schema, &args.version);
-        if let Some(end) = fenced(
-            writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
-            &snap,
-        ) {
+        if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
             return Ok(end);
         }
         if !args.quiet {
@@ -718,10 +721,7 @@ async fn pass(
     }
     if !plan.is_empty() {
         let ops = writes::plan_ops(schema, &plan);
-        if let Some(end) = fenced(
-            writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
-            &snap,
-        ) {
+        if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
             return Ok(end);
         }
         if let Some(a) = admitted(&plan) {
@@ -742,10 +742,7 @@ async fn pass(
         // Leave nothing armed: a later trigger-update must not release the fleet.
         if armed(&snap) {
             let ops = writes::global_disable_ops(schema);
-            if let Some(end) = fenced(
-                writes::apply_fenced(store, schema, ops, snap.epoch, lock).await?,
-                &snap,
-            ) {
+            if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
                 return Ok(end);
             }
             if !args.quiet {

@@ -4,9 +4,11 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,30 +20,10 @@ use jio_tests::inspect::{host_entries as entries, open, text};
 use jio_tests::{Etcd, Host, Puppet, Recorder};
 use tokio::process::{Child, Command};
 
-fn jioctl_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))
-}
-
-fn agent_bin() -> PathBuf {
-    jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jioctl"), "jio-agent")
-}
+use common::{agent_bin, jioctl, run};
 
 fn fake_puppet() -> String {
     format!("{}/../examples/fake-puppet.sh", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn jioctl(url: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(jioctl_bin());
-    c.arg("--store")
-        .arg(url)
-        .args(args)
-        .env_remove("JIO_STORE")
-        .env("HOME", "/nonexistent");
-    c
-}
-
-async fn run(url: &str, args: &[&str]) -> Output {
-    jioctl(url, args).output().await.unwrap()
 }
 
 /// Hosts with running agents, converged to v1.

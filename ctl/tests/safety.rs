@@ -9,40 +9,21 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use jio_common::keys::Schema;
 use jio_common::store::DynStore;
 use jio_tests::etcd::etcdctl_put;
-use jio_tests::inspect::{open, text};
+use jio_tests::inspect::{open, text, wait_for};
 use jio_tests::{Etcd, Host};
 use tokio::process::{Child, Command};
 
-fn jioctl_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))
-}
-
-fn agent_bin() -> PathBuf {
-    jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jioctl"), "jio-agent")
-}
-
-fn jioctl(url: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(jioctl_bin());
-    c.arg("--store")
-        .arg(url)
-        .args(args)
-        .env_remove("JIO_STORE")
-        .env("HOME", "/nonexistent")
-        .kill_on_drop(true);
-    c
-}
-
-async fn run(url: &str, args: &[&str]) -> Output {
-    jioctl(url, args).output().await.unwrap()
-}
+use common::{agent_bin, jioctl, run};
 
 /// A driver in the background, its output collected.
 fn spawn(url: &str, args: &[&str]) -> Child {
@@ -63,18 +44,6 @@ async fn finish(child: Child, within: Duration) -> Output {
 fn signal(child: &Child, sig: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
     nix::sys::signal::kill(pid, sig).unwrap();
-}
-
-/// Waits until `cond` holds, or fails naming what it waited for.
-async fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Wall-clock seconds, as `date +%s.%N` prints them.
@@ -151,7 +120,7 @@ impl Fleet {
             f.daemons.push(child);
         }
         let hosts = &f.hosts;
-        wait_for("the fleet to converge to v1", Duration::from_secs(60), || {
+        wait_for("the fleet to converge to v1", Duration::from_secs(60), || async {
             hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
         })
         .await;
@@ -249,20 +218,29 @@ async fn keys_under(s: &DynStore, prefix: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+
+/// A driver of v2 under [`COMPUTE_2`], once its second wave (the third and fourth
+/// computes) runs its puppet.
+async fn second_wave_of_v2(url: &str, f: &Fleet) -> Child {
+    let driver = spawn(url, &["upgrade", "v2", "--instructions", COMPUTE_2, "--retry"]);
+    wait_for("the second wave of v2 runs", Duration::from_secs(60), || async {
+        f.started("v2") >= 4
+    })
+    .await;
+    driver
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_targeting_mid_rollout_keeps_the_limit() {
     let etcd = Etcd::start().await;
     let url = etcd.url();
     let f = Fleet::start(&url, &SIX, 4.0).await;
     let t0 = now();
-    let rules = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
-    let first = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
-    // The second wave: compute3 and compute4 run their v2 puppet (the first two are
-    // done, so a re-targeted plan in name order would pick compute1 and compute2).
-    wait_for("the second wave of v2 runs", Duration::from_secs(60), || {
-        f.started("v2") >= 4
-    })
-    .await;
+    let rules = COMPUTE_2;
+    // In the second wave the first two computes are done, so a re-targeted plan in
+    // name order would pick them while compute3 and compute4 still run.
+    let first = second_wave_of_v2(&url, &f).await;
     // Stop that driver the hard way, and re-target at once.
     signal(&first, nix::sys::signal::Signal::SIGKILL);
     let _ = finish(first, Duration::from_secs(5)).await;
@@ -292,12 +270,8 @@ async fn a_frozen_agent_keeps_its_slot_across_a_re_target() {
     let names = ["compute1", "compute2", "compute3", "compute4"];
     let mut f = Fleet::start(&url, &names, 4.0).await;
     let t0 = now();
-    let rules = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
-    let first = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
-    wait_for("the second wave of v2 runs", Duration::from_secs(60), || {
-        f.started("v2") >= 4
-    })
-    .await;
+    let rules = COMPUTE_2;
+    let first = second_wave_of_v2(&url, &f).await;
     // compute3's agent freezes while its puppet runs: its lease ends, its run goes on.
     let agent3 = &f.daemons[2];
     signal(agent3, nix::sys::signal::Signal::SIGSTOP);
@@ -336,7 +310,7 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
     wait_for(
         "the first driver to admit two computes",
         Duration::from_secs(30),
-        || f.started("v2") >= 2,
+        || async { f.started("v2") >= 2 },
     )
     .await;
     // Freeze it past the lock's lease (15 s); another operator takes over, stricter.
@@ -381,7 +355,7 @@ async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
     let f = Fleet::start(&url, &names, 2.0).await;
     let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
     let driver = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
-    wait_for("the first compute to start", Duration::from_secs(30), || {
+    wait_for("the first compute to start", Duration::from_secs(30), || async {
         f.started("v2") >= 1
     })
     .await;
@@ -484,7 +458,7 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     wait_for(
         "the forced release to upgrade the fleet",
         Duration::from_secs(30),
-        || f.all_at("v9"),
+        || async { f.all_at("v9") },
     )
     .await;
     // trigger-update refuses too once hosts are enabled.

@@ -2,7 +2,8 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -12,13 +13,7 @@ use jio_tests::inspect::{open, text};
 use jio_tests::{Etcd, Host, Puppet, Swift};
 use tokio::process::Command;
 
-fn jioctl_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))
-}
-
-fn agent_bin() -> PathBuf {
-    jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jioctl"), "jio-agent")
-}
+use common::{agent_bin, jioctl_bin};
 
 fn swift_section(swift: &Swift, key: &str) -> String {
     format!(

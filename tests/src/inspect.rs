@@ -1,9 +1,11 @@
 //! Small helpers the scenario tests share: opening a store, reading a host's
-//! entries, finding the built binaries, showing a command's output.
+//! entries, finding the built binaries, showing a command's output, waiting for a
+//! condition.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Output;
+use std::time::{Duration, Instant};
 
 use jio_common::keys::{Parsed, Schema};
 use jio_common::names::HostName;
@@ -52,4 +54,20 @@ pub fn sibling_binary(binary: &str, name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// Waits until `cond` holds, polling every 50 ms, or fails naming what it waited for.
+pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !cond().await {
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -1,0 +1,34 @@
+//! What the jioctl scenario tests share: the built binaries and running jioctl
+//! against a store.
+
+#![allow(dead_code)] // each test file uses its own part
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use tokio::process::Command;
+
+pub fn jioctl_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))
+}
+
+pub fn agent_bin() -> PathBuf {
+    jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jioctl"), "jio-agent")
+}
+
+/// `jioctl --store <url> <args>`, free of the caller's environment and files; it
+/// is killed if the test drops it.
+pub fn jioctl(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(jioctl_bin());
+    c.arg("--store")
+        .arg(url)
+        .args(args)
+        .env_remove("JIO_STORE")
+        .env("HOME", "/nonexistent")
+        .kill_on_drop(true);
+    c
+}
+
+pub async fn run(url: &str, args: &[&str]) -> Output {
+    jioctl(url, args).output().await.unwrap()
+}
