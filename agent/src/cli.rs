@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use jio_common::backoff::Backoff;
 use jio_common::names::Version;
 use jio_common::store::{self, DynStore, ErrorKind, StoreError};
 use jio_common::time::unix_now;
@@ -278,12 +279,12 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
         Ok(a) => a,
         Err(e) => return fail(&e, error_code(&e)),
     };
-    let obs = match agent.observe().await {
+    let obs = match agent.observe(false).await {
         Ok(o) => o,
         Err(e) => return fail(&e, error_code(&e)),
     };
     let decision = decide::decide(&obs);
-    let j = &agent.journal;
+    let j = agent.journal();
     if as_json {
         let out = json!({
             "host": cfg.hostname,
@@ -367,6 +368,11 @@ fn decision_text(d: &Decision) -> String {
         ),
         Decision::Upgrade { version, .. } => format!("upgrade to {version}"),
         Decision::Blocked { reason } => format!("blocked: {reason}"),
+        Decision::HealthCheck { version } => format!("health check of {version} due"),
+        Decision::Repair { version } => format!("repair {version} (its health check failed)"),
+        Decision::HealthHeld { version } => format!(
+            "idle: the health check of {version} waits (a jioctl upgrade driver holds the rollout lock)"
+        ),
     }
 }
 
@@ -427,24 +433,24 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
             addrs.len()
         );
     }
-    let local = agent.observe().await.ok().and_then(|o| o.local);
-    agent.liveness = Some(Liveness::start(
+    let local = agent.observe(false).await.ok().and_then(|o| o.local);
+    agent.set_liveness(Liveness::start(
         store.clone(),
         cfg.schema.agent(&cfg.hostname),
         cfg.lease_ttl,
         AgentState::Idle,
         local,
     ));
-    let mut result = agent.pass().await;
+    let mut result = agent.pass(false).await;
     // A pass that only reported earlier results, or found the store changed under
     // its decision, goes on to decide again (a few times).
     for _ in 0..3 {
         if !matches!(result, Ok(PassResult::Reported) | Ok(PassResult::Raced)) {
             break;
         }
-        result = agent.pass().await;
+        result = agent.pass(false).await;
     }
-    if let Some(l) = agent.liveness.take() {
+    if let Some(l) = agent.take_liveness() {
         l.stop().await;
     }
     if let Some(client) = &cfg.swift {
@@ -471,7 +477,7 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
             version,
         }) => {
             let reason = agent
-                .journal
+                .journal()
                 .last_run
                 .as_ref()
                 .and_then(|r| r.reason.clone())
@@ -499,12 +505,21 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
             exit::OK
         }
         Ok(PassResult::Reported) => exit::OK,
+        // `once` never asks for a health check; should one have run, say how it went.
+        Ok(PassResult::Checked { version, ok } | PassResult::Repaired { version, ok }) => {
+            if *ok {
+                println!("jio-agent: {version} is healthy");
+                exit::OK
+            } else {
+                fail(format!("the health check of {version} failed"), exit::FAILED)
+            }
+        }
         Err(e) => fail(e, error_code(e)),
     };
-    if !agent.journal.unreported.is_empty() {
+    if !agent.journal().unreported.is_empty() {
         eprintln!(
             "jio-agent: {} result(s) could not be reported yet; they stay in {} and are reported by the next run",
-            agent.journal.unreported.len(),
+            agent.journal().unreported.len(),
             Journal::path(&cfg.state_dir).display()
         );
         if code == exit::OK {
@@ -533,21 +548,18 @@ async fn run(cfg: Config) -> u8 {
     };
     let mut shutdown = shutdown_signal();
     // The daemon waits for the store instead of exiting.
-    let mut delay = Duration::from_millis(200);
-    let mut warned = false;
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
     let store = loop {
         match connect(&cfg).await {
             Ok(s) => break s,
             Err(e) if e.kind() == ErrorKind::Unavailable => {
-                if !warned {
+                if backoff.failures() == 0 {
                     tracing::warn!(error = %e, "store unreachable; waiting for it");
-                    warned = true;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::time::sleep(backoff.fail()) => {}
                     _ = shutdown.changed() => return exit::OK,
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
             Err(e) => return fail(e, exit::USAGE),
         }
@@ -569,7 +581,7 @@ async fn run(cfg: Config) -> u8 {
     };
     let uploader = cfg.swift.as_ref().map(|client| {
         let u = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone());
-        agent.upload_wake = Some(u.wake.clone());
+        agent.set_upload_wake(u.wake.clone());
         tokio::spawn(u.run(stop_uploads))
     });
     {
@@ -590,7 +602,7 @@ async fn run(cfg: Config) -> u8 {
         });
     }
     tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
-    let res = crate::agent::serve(agent).await;
+    let res = crate::daemon::serve(agent).await;
     crate::notify::notify("STOPPING=1");
     tracing::info!(
         store_requests = counting.requests(),

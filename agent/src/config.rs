@@ -19,37 +19,6 @@ pub const DEFAULT_CONFIG: &str = "/etc/jiocloud/agent.toml";
 /// The original tool's rule: letters followed by digits; the letters are the role.
 pub const DEFAULT_ROLE_PATTERN: &str = r"^([a-z]+)[0-9]+(-.*)?$";
 
-/// How the configure and validate steps run.
-#[derive(Clone, Default)]
-pub enum Steps {
-    /// Real commands: pre-commands, Puppet, validation (the only choice in a file).
-    #[default]
-    Commands,
-    /// Simulated steps of fixed durations, for many agents in one process (benchmarks).
-    Simulated(SimulatedSteps),
-}
-
-/// Called when a simulated configure step starts, with the host and the version.
-pub type OnStart = std::sync::Arc<dyn Fn(&HostName, &jio_common::names::Version) + Send + Sync>;
-
-/// A simulated configure step: it calls `on_start` with the host and version, then
-/// takes `configure`; validation takes `validate`. Both succeed.
-#[derive(Clone)]
-pub struct SimulatedSteps {
-    pub configure: Duration,
-    pub validate: Duration,
-    pub on_start: OnStart,
-}
-
-impl std::fmt::Debug for Steps {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Steps::Commands => f.write_str("Commands"),
-            Steps::Simulated(s) => write!(f, "Simulated({:?}, {:?})", s.configure, s.validate),
-        }
-    }
-}
-
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -77,8 +46,6 @@ pub struct Config {
     pub store_retry: Duration,
     /// Where run logs go, when configured.
     pub swift: Option<std::sync::Arc<jio_common::swift::SwiftClient>>,
-    /// Real commands, unless an embedding program simulates the steps.
-    pub steps: Steps,
 }
 
 /// The file's keys; every one optional, unknown ones rejected.
@@ -409,7 +376,6 @@ fn build(
         stop_grace,
         store_retry,
         swift,
-        steps: Steps::Commands,
     })
 }
 

@@ -5,10 +5,15 @@
 
 use std::time::Duration;
 
+use jio_common::backoff::Backoff;
 use jio_common::gate::{Gate, Level};
 use jio_common::names::Version;
 use jio_common::store::Revision;
+use jio_common::values::AgentState;
 use serde::{Deserialize, Serialize};
+
+use crate::runner::Outcome;
+use crate::state::RunResult;
 
 /// The last failed upgrade, as the journal remembers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +47,42 @@ pub struct Observation {
     pub unreported: bool,
     pub now: u64,
     pub retry_interval: Duration,
+    /// The idle health check is due (the daemon's timer; never in `once`).
+    pub health_due: bool,
+    /// What the health checks found since the last upgrade.
+    pub health: Health,
+}
+
+/// What the idle health checks found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Health {
+    /// Nothing wrong was found (or nothing was checked yet).
+    #[default]
+    Good,
+    /// The last check failed: Puppet runs once to repair.
+    CheckFailed,
+    /// The repair did not make the check pass (or could not start).
+    RepairFailed,
+}
+
+impl Health {
+    /// After a check with this outcome (`Interrupted` changes nothing).
+    pub fn after_check(self, checked: &Outcome) -> Health {
+        match checked {
+            Outcome::Success { .. } => Health::Good,
+            Outcome::Failure(_) => Health::CheckFailed,
+            Outcome::Interrupted => self,
+        }
+    }
+
+    /// After a repair: good only when Puppet and the check both passed.
+    pub fn after_repair(self, repaired: &Outcome) -> Health {
+        match repaired {
+            Outcome::Success { .. } => Health::Good,
+            Outcome::Failure(_) => Health::RepairFailed,
+            Outcome::Interrupted => self,
+        }
+    }
 }
 
 /// Why an upgrade starts.
@@ -82,6 +123,20 @@ pub enum Decision {
         version: Version,
         why: Why,
     },
+    /// Up to date and the health check is due: validate the local version.
+    HealthCheck {
+        version: Version,
+    },
+    /// The health check failed: run Puppet once to repair, then validate.
+    Repair {
+        version: Version,
+    },
+    /// A health check or repair would run, but a `jioctl upgrade` driver holds the
+    /// rollout lock: it counts runs once they have started, so none starts behind
+    /// its back.
+    HealthHeld {
+        version: Version,
+    },
 }
 
 /// The longest wait between retries, as a multiple of the retry interval.
@@ -89,8 +144,7 @@ const MAX_BACKOFF_FACTOR: u32 = 16;
 
 /// How long to wait after `attempts` consecutive failures.
 pub fn backoff(retry_interval: Duration, attempts: u32) -> Duration {
-    let factor = 1u32 << attempts.saturating_sub(1).min(4);
-    retry_interval * factor.min(MAX_BACKOFF_FACTOR)
+    Backoff::new(retry_interval, retry_interval * MAX_BACKOFF_FACTOR).delay_after(attempts)
 }
 
 pub fn decide(o: &Observation) -> Decision {
@@ -106,7 +160,7 @@ pub fn decide(o: &Observation) -> Decision {
         return Decision::NoDesiredVersion;
     };
     if o.local.as_ref() == Some(&desired) {
-        return Decision::UpToDate;
+        return health(o, desired);
     }
     // An unreadable enable key blocks even a first converge: it says something, and
     // nobody can tell what.
@@ -143,6 +197,59 @@ pub fn decide(o: &Observation) -> Decision {
     }
 }
 
+/// Up to date: a repair when the last check failed, a check when one is due.
+fn health(o: &Observation, version: Version) -> Decision {
+    let repair = o.health == Health::CheckFailed;
+    if !repair && !o.health_due {
+        return Decision::UpToDate;
+    }
+    if o.rollout_lock {
+        Decision::HealthHeld { version }
+    } else if repair {
+        Decision::Repair { version }
+    } else {
+        Decision::HealthCheck { version }
+    }
+}
+
+/// The state the liveness record shows while nothing runs.
+pub fn idle_state(d: &Decision, o: &Observation) -> AgentState {
+    let failed_here = o
+        .failure
+        .as_ref()
+        .is_some_and(|f| Some(&f.version) == o.desired.as_ref());
+    let unhealthy = o.health != Health::Good && matches!(d, Decision::UpToDate | Decision::HealthHeld { .. });
+    if failed_here || unhealthy {
+        AgentState::Failed
+    } else {
+        AgentState::Idle
+    }
+}
+
+/// The journal's failure after an upgrade to `version` ended with `result`: cleared
+/// by a success, counted up by a failure (for the backoff), kept by an interruption.
+pub fn failure_after(
+    previous: Option<&Failure>,
+    version: &Version,
+    result: RunResult,
+    now: u64,
+    gate_revisions: [Revision; 3],
+) -> Option<Failure> {
+    match result {
+        RunResult::Success => None,
+        RunResult::Interrupted => previous.cloned(),
+        RunResult::Failed => Some(Failure {
+            version: version.clone(),
+            at: now,
+            attempts: match previous {
+                Some(f) if &f.version == version => f.attempts + 1,
+                _ => 1,
+            },
+            gate_revisions,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,6 +258,15 @@ mod tests {
         Version::new(s).unwrap()
     }
     const MIN: Duration = Duration::from_secs(60);
+
+    fn failure(version: &str, at: u64, attempts: u32) -> Failure {
+        Failure {
+            version: v(version),
+            at,
+            attempts,
+            gate_revisions: [0, 5, 0],
+        }
+    }
 
     fn obs(desired: Option<&str>, local: Option<&str>, enabled: bool, level: Level) -> Observation {
         Observation {
@@ -169,6 +285,8 @@ mod tests {
             unreported: false,
             now: 10_000,
             retry_interval: 10 * MIN,
+            health_due: false,
+            health: Health::Good,
         }
     }
 
@@ -360,11 +478,99 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        assert_eq!(backoff(MIN, 0), MIN);
+        assert_eq!(backoff(MIN, 0), Duration::ZERO);
         assert_eq!(backoff(MIN, 1), MIN);
         assert_eq!(backoff(MIN, 2), 2 * MIN);
         assert_eq!(backoff(MIN, 3), 4 * MIN);
         assert_eq!(backoff(MIN, 5), 16 * MIN);
         assert_eq!(backoff(MIN, 50), 16 * MIN);
+    }
+
+    #[test]
+    fn health_checks_and_repairs() {
+        use Decision::*;
+        // health, due, lock => decision (the host is up to date at v1)
+        let table = [
+            (Health::Good, false, false, UpToDate),
+            (Health::Good, true, false, HealthCheck { version: v("v1") }),
+            (Health::Good, true, true, HealthHeld { version: v("v1") }),
+            (Health::CheckFailed, false, false, Repair { version: v("v1") }),
+            (Health::CheckFailed, false, true, HealthHeld { version: v("v1") }),
+            (Health::RepairFailed, false, false, UpToDate),
+            (
+                Health::RepairFailed,
+                true,
+                false,
+                HealthCheck { version: v("v1") },
+            ),
+        ];
+        for (health, due, lock, want) in table {
+            let mut o = obs(Some("v1"), Some("v1"), false, Level::Global);
+            (o.health, o.health_due, o.rollout_lock) = (health, due, lock);
+            assert_eq!(decide(&o), want, "{health:?} due={due} lock={lock}");
+        }
+        // A new desired version comes before any health check.
+        let mut o = obs(Some("v2"), Some("v1"), true, Level::Host);
+        (o.health, o.health_due) = (Health::CheckFailed, true);
+        assert!(matches!(decide(&o), Upgrade { .. }));
+    }
+
+    #[test]
+    fn health_transitions() {
+        let fail = Outcome::Failure("x".into());
+        let ok = Outcome::Success { changes: false };
+        assert_eq!(Health::Good.after_check(&fail), Health::CheckFailed);
+        assert_eq!(Health::RepairFailed.after_check(&ok), Health::Good);
+        assert_eq!(
+            Health::CheckFailed.after_check(&Outcome::Interrupted),
+            Health::CheckFailed
+        );
+        assert_eq!(Health::CheckFailed.after_repair(&fail), Health::RepairFailed);
+        assert_eq!(Health::CheckFailed.after_repair(&ok), Health::Good);
+    }
+
+    #[test]
+    fn idle_states() {
+        let mut o = obs(Some("v1"), Some("v1"), true, Level::Host);
+        assert_eq!(idle_state(&Decision::UpToDate, &o), AgentState::Idle);
+        o.health = Health::RepairFailed;
+        assert_eq!(idle_state(&Decision::UpToDate, &o), AgentState::Failed);
+        let held = Decision::HealthHeld { version: v("v1") };
+        o.health = Health::CheckFailed;
+        assert_eq!(idle_state(&held, &o), AgentState::Failed);
+        let mut o = obs(Some("v2"), Some("v1"), true, Level::Host);
+        o.failure = Some(failure("v2", 10_000, 1));
+        let d = decide(&o);
+        assert_eq!(idle_state(&d, &o), AgentState::Failed);
+        o.failure = Some(failure("v1", 10_000, 1));
+        assert_eq!(
+            idle_state(
+                &Decision::Disabled {
+                    version: v("v2"),
+                    level: Level::Host
+                },
+                &o
+            ),
+            AgentState::Idle
+        );
+    }
+
+    #[test]
+    fn recording_an_outcome() {
+        let revs = [1, 2, 3];
+        let first = failure_after(None, &v("v2"), RunResult::Failed, 100, revs).unwrap();
+        assert_eq!((first.attempts, first.at), (1, 100));
+        let second = failure_after(Some(&first), &v("v2"), RunResult::Failed, 200, revs).unwrap();
+        assert_eq!((second.attempts, second.at), (2, 200));
+        let other = failure_after(Some(&second), &v("v3"), RunResult::Failed, 300, revs).unwrap();
+        assert_eq!(other.attempts, 1);
+        assert_eq!(
+            failure_after(Some(&second), &v("v2"), RunResult::Interrupted, 300, revs),
+            Some(second.clone())
+        );
+        assert_eq!(
+            failure_after(Some(&second), &v("v2"), RunResult::Success, 300, revs),
+            None
+        );
     }
 }

@@ -6,11 +6,16 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod decide;
 pub mod identity;
+pub mod ledger;
 pub mod liveness;
 pub mod notify;
+pub mod observe;
 pub mod report;
+pub mod rundir;
 pub mod runner;
 pub mod state;
+pub mod steps;
 pub mod uploads;

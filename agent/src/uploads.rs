@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use jio_common::backoff::Backoff;
 use jio_common::keys::Key;
 use jio_common::store::{Compare, DynStore, Op, Revision, Txn, TxnOutcome};
 use jio_common::swift::SwiftClient;
@@ -202,7 +203,7 @@ impl Uploader {
 
     /// Runs until `stop` turns true.
     pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut delay = Duration::from_secs(1);
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
         let mut failing: Option<String> = None;
         loop {
             if *stop.borrow() {
@@ -213,7 +214,7 @@ impl Uploader {
                     if failing.take().is_some() {
                         tracing::info!("run log uploads resumed");
                     }
-                    delay = Duration::from_secs(1);
+                    backoff.succeed();
                     continue;
                 }
                 Attempt::Empty => Duration::from_secs(300),
@@ -222,9 +223,7 @@ impl Uploader {
                         tracing::error!(%reason, queued = queued(&self.state_dir).len(), "cannot upload run logs; retrying with backoff");
                         failing = Some(reason);
                     }
-                    let d = delay;
-                    delay = (delay * 2).min(Duration::from_secs(300));
-                    d
+                    backoff.fail()
                 }
             };
             tokio::select! {

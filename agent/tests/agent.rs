@@ -1017,7 +1017,7 @@ fn embedded_agent(host: &Host, s: &DynStore) -> (jio_agent::agent::Agent, tokio:
     let cfg = jio_agent::config::load(&ov, || None).unwrap();
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut a = jio_agent::agent::Agent::new(cfg.clone(), s.clone(), rx).unwrap();
-    a.liveness = Some(jio_agent::liveness::Liveness::start(
+    a.set_liveness(jio_agent::liveness::Liveness::start(
         s.clone(),
         cfg.schema.agent(&cfg.hostname),
         cfg.lease_ttl,
@@ -1044,7 +1044,7 @@ async fn a_start_loses_when_what_the_decision_read_changed() {
     let (mut a, _stop) = embedded_agent(&host, &s);
 
     // An operator disables the host between the observation and the start.
-    let obs = a.observe().await.unwrap();
+    let obs = a.observe(false).await.unwrap();
     put(&s, schema.enable(&EnableLevel::Host(h.clone())), "false").await;
     assert_eq!(a.act(&obs).await.unwrap(), PassResult::Raced);
     // The role and global keys, and the desired version, fence it too.
@@ -1056,7 +1056,7 @@ async fn a_start_loses_when_what_the_decision_read_changed() {
         schema.current_version(),
     ] {
         put(&s, schema.enable(&EnableLevel::Host(h.clone())), "true").await;
-        let obs = a.observe().await.unwrap();
+        let obs = a.observe(false).await.unwrap();
         let same = s.get(&key).await.unwrap().map(|kv| kv.value);
         put(&s, key.clone(), same.as_deref().unwrap_or("true")).await;
         assert_eq!(a.act(&obs).await.unwrap(), PassResult::Raced, "{key}");
@@ -1066,11 +1066,11 @@ async fn a_start_loses_when_what_the_decision_read_changed() {
     assert_ne!(agent_state(&s, "compute13").await.as_deref(), Some("upgrading"));
 
     // Nothing changed since: it starts, and Puppet sees the record.
-    let obs = a.observe().await.unwrap();
+    let obs = a.observe(false).await.unwrap();
     assert!(matches!(a.act(&obs).await.unwrap(), PassResult::Ran { .. }));
     assert_eq!(host.local_version().as_deref(), Some("v1"));
     assert!(read(&puppet_runs).contains(r#""state":"upgrading""#));
-    a.liveness.take().unwrap().stop().await;
+    a.take_liveness().unwrap().stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backoff;
+pub mod clock;
 pub mod duration;
 pub mod encode;
 pub mod fleet;

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use jio_agent::config::{Overrides, SimulatedSteps, Steps};
+use jio_agent::config::Overrides;
+use jio_agent::steps::ScriptedSteps;
 use jio_common::fleet::{self, Snapshot};
 use jio_common::keys::{EnableLevel, Key, Parsed, Schema};
 use jio_common::names::{HostName, Role, Version};
@@ -243,15 +244,15 @@ impl SimFleet {
                     v,
                 );
             }
-            let mut cfg = jio_agent::config::load(&ov, || None).expect("agent config");
+            let cfg = jio_agent::config::load(&ov, || None).expect("agent config");
             let tx = tx.clone();
-            cfg.steps = Steps::Simulated(SimulatedSteps {
-                configure: step,
-                validate: Duration::ZERO,
-                on_start: Arc::new(move |h, v| {
-                    let _ = tx.send((h.clone(), v.clone(), Instant::now()));
-                }),
-            });
+            let steps = ScriptedSteps::new()
+                .taking(step, Duration::ZERO)
+                .on_step(Arc::new(move |s, h, v| {
+                    if s == jio_common::keys::Step::Configured {
+                        let _ = tx.send((h.clone(), v.clone(), Instant::now()));
+                    }
+                }));
             let h = HostName::new(name.clone()).expect("host");
             ops.push(Op::put(
                 schema.host(&h),
@@ -261,7 +262,7 @@ impl SimFleet {
                 schema.running_version_host(&Version::new(local).expect("v"), &h),
                 "1",
             ));
-            configs.push(cfg);
+            configs.push((cfg, steps));
         }
         // Register every host first (as first boots do), then start the agents.
         for chunk in ops.chunks(50) {
@@ -273,10 +274,12 @@ impl SimFleet {
                 .await
                 .expect("register hosts");
         }
-        for cfg in configs {
-            let agent = jio_agent::agent::Agent::new(cfg, bs.store.clone(), stop_rx.clone()).expect("agent");
+        for (cfg, steps) in configs {
+            let agent = jio_agent::agent::Agent::new(cfg, bs.store.clone(), stop_rx.clone())
+                .expect("agent")
+                .with_steps(Arc::new(steps));
             tasks.push(tokio::spawn(async move {
-                if let Err(e) = jio_agent::agent::serve(agent).await {
+                if let Err(e) = jio_agent::daemon::serve(agent).await {
                     eprintln!("embedded agent failed: {e}");
                 }
             }));

@@ -38,6 +38,7 @@ use super::{
     TxnOutcome, WatchEvent, WatchStream, overlapping_ops,
 };
 use super::{Deadline, Endpoints, retry_policy};
+use crate::backoff::Backoff;
 use crate::keys::Key;
 use crate::swift::Secret;
 
@@ -666,8 +667,7 @@ async fn watch_task(
     tx: mpsc::Sender<Result<WatchEvent>>,
 ) {
     let mut state: BTreeMap<Key, KeyValue> = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
-    let mut delay = Duration::from_millis(100);
-    let mut broken = false;
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let answer = tokio::select! {
             a = inner.list_raw("watch", ckey(&prefix), Some((index, BLOCK_WAIT))) => a,
@@ -676,23 +676,19 @@ async fn watch_task(
         let (kvs, new_index) = match answer {
             Ok(x) => x,
             Err(e) => {
-                if !broken {
+                if backoff.failures() == 0 {
                     tracing::warn!(prefix = %prefix, error = %e, "consul watch failed; retrying");
-                    broken = true;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::time::sleep(backoff.fail()) => {}
                     _ = tx.closed() => return,
                 }
-                delay = (delay * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
-        if broken {
+        if backoff.succeed() {
             tracing::info!(prefix = %prefix, "consul watch reconnected");
-            broken = false;
         }
-        delay = Duration::from_millis(100);
         let new_state: BTreeMap<Key, KeyValue> = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
         if new_index < index {
             // The index went backwards (a restore): start again from what is there now.

@@ -27,6 +27,7 @@ use super::{
     Txn, TxnOutcome, WatchEvent, WatchStream, prefix_end,
 };
 use super::{Endpoints, retry_policy};
+use crate::backoff::Backoff;
 use crate::keys::Key;
 
 /// Timeouts and retry budget of the etcd client.
@@ -667,7 +668,7 @@ async fn watch_task(
     mut next: Revision,
     tx: mpsc::Sender<Result<WatchEvent>>,
 ) {
-    let mut delay = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut broken = false;
     loop {
         match watch_once(&inner, &prefix, &mut next, &tx, &mut broken).await {
@@ -692,7 +693,8 @@ async fn watch_task(
                     }
                     Err(e) => {
                         tracing::warn!(prefix = %prefix, error = %e, "watch could not re-list after compaction; retrying");
-                        tokio::time::sleep(delay).await;
+                        tokio::time::sleep(backoff.fail()).await;
+                        continue;
                     }
                 }
             }
@@ -704,12 +706,11 @@ async fn watch_task(
                 if tx.is_closed() {
                     return;
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(backoff.fail()).await;
                 continue;
             }
         }
-        delay = Duration::from_millis(50);
+        backoff.succeed();
     }
 }
 

@@ -8,6 +8,7 @@
 mod consul;
 mod counting;
 mod etcd;
+mod memory;
 mod sqlite;
 mod url;
 
@@ -22,6 +23,7 @@ use crate::keys::Key;
 pub use self::consul::{CONSUL_MAX_TXN_OPS, CONSUL_MIN_TTL, ConsulStore};
 pub use self::counting::CountingStore;
 pub use self::etcd::{EtcdOptions, EtcdStore};
+pub use self::memory::MemoryStore;
 pub use self::sqlite::SqliteStore;
 pub use self::url::{StoreUrl, default_store_url};
 

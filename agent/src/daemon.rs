@@ -1,0 +1,233 @@
+//! The daemon: passes woken by watches on the desired version and the enable keys,
+//! with a slow resync, the retry timer, the idle health check's timer, and backoff
+//! after a pass that failed. Nothing read from the store ends it: a failing pass is
+//! logged once and tried again. Timers run on tokio's clock (paused in tests).
+
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use futures_util::stream::SelectAll;
+use jio_common::backoff::Backoff;
+use jio_common::store::WatchStream;
+use jio_common::values::AgentState;
+use tokio::time::Instant;
+
+use crate::agent::{Agent, AgentError, PassResult};
+use crate::decide::Decision;
+use crate::liveness::Liveness;
+use crate::state;
+
+/// Runs `agent` as a daemon: its liveness record, then the reconcile loop until the
+/// shutdown signal; the lease is revoked at the end. `jio-agent run` and agents
+/// embedded in another program (benchmarks, tests) both go through here.
+pub async fn serve(mut agent: Agent) -> Result<(), AgentError> {
+    agent.learn_running_versions().await;
+    let cfg = agent.config();
+    let local = state::read_local_version(&cfg.version_file).ok().flatten();
+    let liveness = Liveness::start(
+        agent.store().clone(),
+        cfg.schema.agent(&cfg.hostname),
+        cfg.lease_ttl,
+        AgentState::Idle,
+        local,
+    );
+    agent.set_liveness(liveness);
+    let res = run(&mut agent).await;
+    if let Some(l) = agent.take_liveness() {
+        l.stop().await;
+    }
+    res
+}
+
+/// When the idle health check is next due (never when the interval is zero).
+struct HealthTimer {
+    interval: Duration,
+    next: Instant,
+}
+
+impl HealthTimer {
+    fn new(interval: Duration) -> HealthTimer {
+        HealthTimer {
+            interval,
+            next: Instant::now() + interval,
+        }
+    }
+
+    fn due(&self) -> bool {
+        !self.interval.is_zero() && Instant::now() >= self.next
+    }
+
+    fn restart(&mut self) {
+        self.next = Instant::now() + self.interval;
+    }
+
+    /// How long until it is due; `None` when health checks are off.
+    fn left(&self) -> Option<Duration> {
+        (!self.interval.is_zero()).then(|| self.next.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// What the loop does after a pass.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Something happened: look again at once.
+    Again,
+    /// Wait this long, or until a watch fires.
+    Wait(Duration),
+}
+
+/// The next step after a pass that returned `result` (pure but for the timers it
+/// is handed).
+fn after_pass(
+    result: &PassResult,
+    health_was_due: bool,
+    health: &mut HealthTimer,
+    resync: Duration,
+    now_unix: u64,
+) -> Next {
+    let checked = matches!(
+        result,
+        PassResult::Checked { .. } | PassResult::Idle(Decision::HealthHeld { .. })
+    );
+    if health_was_due && checked {
+        health.restart();
+    }
+    match result {
+        PassResult::Reported
+        | PassResult::Ran { .. }
+        | PassResult::Checked { .. }
+        | PassResult::Repaired { .. }
+        | PassResult::Raced => Next::Again,
+        PassResult::Idle(Decision::Backoff { until, .. }) => {
+            Next::Wait(resync.min(Duration::from_secs(until.saturating_sub(now_unix).max(1))))
+        }
+        PassResult::Idle(Decision::UpToDate | Decision::HealthHeld { .. }) => {
+            Next::Wait(health.left().map_or(resync, |left| resync.min(left)))
+        }
+        PassResult::Idle(_) => Next::Wait(resync),
+    }
+}
+
+/// The reconcile loop, until the shutdown signal.
+pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
+    let mut stop = agent.shutdown().clone();
+    let resync = agent.config().resync_interval;
+    let mut health = HealthTimer::new(agent.config().health_interval);
+    let mut failures = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+    // The last error logged: a failing pass is logged once, not on every retry.
+    let mut last_error: Option<String> = None;
+    let mut watches = open_watches(agent).await;
+    loop {
+        if agent.stopping() {
+            return Ok(());
+        }
+        let due = health.due();
+        let wait = match agent.pass(due).await {
+            Ok(result) => {
+                if failures.succeed()
+                    && let Some(e) = last_error.take()
+                {
+                    tracing::info!(was = %e, "passes work again");
+                }
+                let now = agent.clock_now();
+                match after_pass(&result, due, &mut health, resync, now) {
+                    Next::Again => continue,
+                    Next::Wait(d) => d,
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if last_error.as_ref() != Some(&msg) {
+                    if e.store_unavailable() {
+                        tracing::warn!(error = %e, "store unreachable; retrying");
+                    } else {
+                        tracing::error!(error = %e, "the pass failed; retrying with backoff");
+                    }
+                    last_error = Some(msg);
+                }
+                agent.forget_decision();
+                failures.fail()
+            }
+        };
+        tokio::select! {
+            ev = watches.next() => {
+                match ev {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "watch failed; reopening");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        watches = open_watches(agent).await;
+                    }
+                    None => watches = open_watches(agent).await,
+                }
+                // Drain whatever else already arrived: one pass covers it all.
+                while let Some(Some(Ok(_))) = futures_util::FutureExt::now_or_never(watches.next()) {}
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Watches on every key that should wake the agent, retried with backoff until
+/// they open (or the agent stops).
+async fn open_watches(agent: &Agent) -> SelectAll<WatchStream> {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+    let mut stop = agent.shutdown().clone();
+    loop {
+        let mut all = SelectAll::new();
+        let mut failed = None;
+        for key in agent.subject().watched_keys() {
+            match agent.store().watch(&key, 0).await {
+                Ok(w) => all.push(w),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let Some(e) = failed else { return all };
+        tracing::warn!(error = %e, "cannot open watches; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.fail()) => {}
+            _ = stop.changed() => return all,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jio_common::names::Version;
+
+    #[tokio::test(start_paused = true)]
+    async fn what_follows_a_pass() {
+        let v = Version::new("v1").unwrap_or_else(|e| panic!("{e}"));
+        let resync = Duration::from_secs(600);
+        let mut h = HealthTimer::new(Duration::from_secs(60));
+        let up = PassResult::Idle(Decision::UpToDate);
+        assert_eq!(
+            after_pass(&up, false, &mut h, resync, 0),
+            Next::Wait(Duration::from_secs(60))
+        );
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        assert!(h.due());
+        let checked = PassResult::Checked {
+            version: v.clone(),
+            ok: true,
+        };
+        assert_eq!(after_pass(&checked, true, &mut h, resync, 0), Next::Again);
+        assert!(!h.due(), "a check restarts the timer");
+        let backoff = PassResult::Idle(Decision::Backoff {
+            version: v,
+            until: 130,
+        });
+        assert_eq!(
+            after_pass(&backoff, false, &mut h, resync, 100),
+            Next::Wait(Duration::from_secs(30))
+        );
+        let off = &mut HealthTimer::new(Duration::ZERO);
+        assert_eq!(after_pass(&up, false, off, resync, 0), Next::Wait(resync));
+        assert!(!off.due());
+    }
+}

@@ -1,0 +1,300 @@
+//! The journal on disk and the reports it holds until the store has them: a step's
+//! report is journaled first, then written in one transaction; what the store cannot
+//! take now stays for a later pass. A validated success moves the local version file
+//! before its report goes out, so the store never shows a host upgraded unless the
+//! host says so.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use jio_common::clock::DynClock;
+use jio_common::keys::{Outcome as KeyOutcome, Schema, Step};
+use jio_common::names::{HostName, Version};
+use jio_common::store::DynStore;
+use jio_common::time::utc_stamp;
+
+use crate::agent::AgentError;
+use crate::runner::Outcome;
+use crate::state::{self, Journal, PendingReport};
+use crate::uploads;
+
+/// The journal and where reports go.
+pub struct Ledger {
+    pub journal: Journal,
+    state_dir: PathBuf,
+    version_file: PathBuf,
+    store: DynStore,
+    schema: Schema,
+    host: HostName,
+    clock: DynClock,
+    /// Run logs are composed and queued for Swift.
+    logs: bool,
+    upload_wake: Option<Arc<tokio::sync::Notify>>,
+    /// Versions under which this host has a `/running/versions` entry, once known
+    /// (learnt by one listing; kept up to date by this agent's own reports).
+    running_versions: Option<Vec<Version>>,
+    /// The last save failed (logged once until it works again).
+    failing: bool,
+}
+
+/// Where a ledger keeps things and reports to.
+pub struct LedgerSetup {
+    pub state_dir: PathBuf,
+    pub version_file: PathBuf,
+    pub store: DynStore,
+    pub schema: Schema,
+    pub host: HostName,
+    pub clock: DynClock,
+    pub logs: bool,
+}
+
+impl Ledger {
+    pub fn load(s: LedgerSetup) -> Result<Ledger, AgentError> {
+        Ok(Ledger {
+            journal: Journal::load(&s.state_dir)?,
+            state_dir: s.state_dir,
+            version_file: s.version_file,
+            store: s.store,
+            schema: s.schema,
+            host: s.host,
+            clock: s.clock,
+            logs: s.logs,
+            upload_wake: None,
+            running_versions: None,
+            failing: false,
+        })
+    }
+
+    pub fn set_upload_wake(&mut self, wake: Arc<tokio::sync::Notify>) {
+        self.upload_wake = Some(wake);
+    }
+
+    pub fn set_clock(&mut self, clock: DynClock) {
+        self.clock = clock;
+    }
+
+    pub fn set_running_versions(&mut self, v: Vec<Version>) {
+        self.running_versions = Some(v);
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Saves the journal. A failure is logged (once until it works again) and the
+    /// agent carries on: the journal in memory is right, and the next save writes it
+    /// whole. Returns whether it was saved.
+    pub fn save(&mut self) -> bool {
+        match self.journal.save(&self.state_dir) {
+            Ok(()) => {
+                if std::mem::take(&mut self.failing) {
+                    tracing::info!("the journal is written again");
+                }
+                true
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.failing, true) {
+                    tracing::error!(error = %e, "cannot write the journal; results are kept in memory until it can be written");
+                }
+                false
+            }
+        }
+    }
+
+    /// Writes every pending report, oldest first. Only store errors are returned:
+    /// the reports not yet written stay in the journal.
+    pub async fn flush(&mut self) -> Result<(), AgentError> {
+        while !self.journal.unreported.is_empty() {
+            self.settle_local_version(0);
+            let r = self.journal.unreported[0].clone();
+            let revision = crate::report::apply(
+                &self.store,
+                &self.schema,
+                &self.host,
+                &r,
+                self.running_versions.as_deref(),
+            )
+            .await?;
+            if r.step == Step::Validated && r.ok {
+                self.running_versions = Some(vec![r.version.clone()]);
+            }
+            tracing::info!(version = %r.version, step = r.step.as_str(), ok = r.ok, "reported");
+            self.queue_log(&r, revision);
+            self.journal.unreported.remove(0);
+            self.save();
+        }
+        Ok(())
+    }
+
+    /// Queues the report's run log for Swift, linked from its status entry.
+    fn queue_log(&self, r: &PendingReport, revision: jio_common::store::Revision) {
+        let (Some(log), Some(object)) = (&r.log, &r.object) else {
+            return;
+        };
+        let outcome = if r.ok {
+            KeyOutcome::Success
+        } else {
+            KeyOutcome::Failure
+        };
+        let entry = uploads::Entry {
+            object: object.clone(),
+            key: self
+                .schema
+                .status(r.step, outcome, &r.version, &self.host)
+                .to_string(),
+            revision,
+        };
+        match uploads::enqueue(&self.state_dir, log, &entry) {
+            Ok(()) => {
+                if let Some(w) = &self.upload_wake {
+                    w.notify_one();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(log = %log.display(), error = %e, "cannot queue the run log for upload")
+            }
+        }
+    }
+
+    /// For the pending validated success at `i`, the version file is written before
+    /// the report goes out (the journal already holds the report, so a crash in
+    /// between is reported at the next start). When it cannot be written, the report
+    /// becomes the validation's failure with that reason (also appended to its log),
+    /// and the reason is returned.
+    fn settle_local_version(&mut self, i: usize) -> Option<String> {
+        let vf = self.version_file.clone();
+        let r = self.journal.unreported.get_mut(i)?;
+        if r.step != Step::Validated || !r.ok {
+            return None;
+        }
+        if matches!(state::read_local_version(&vf), Ok(Some(v)) if v == r.version) {
+            return None;
+        }
+        let e = state::write_local_version(&vf, &r.version).err()?;
+        let reason = format!("the version file could not be written to {}: {e}", vf.display());
+        tracing::error!(version = %r.version, %reason, "the upgrade counts as failed");
+        r.ok = false;
+        r.link = reason.clone();
+        if let Some(log) = &r.log {
+            let line = format!("== but the upgrade counts as failed: {reason}\n");
+            let appended = std::fs::OpenOptions::new()
+                .append(true)
+                .open(log)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            if let Err(e) = appended {
+                tracing::warn!(log = %log.display(), error = %e, "cannot add the reason to the run log");
+            }
+        }
+        self.save();
+        Some(reason)
+    }
+
+    /// Journals a step's report (durably where the journal can be written), then
+    /// tries to write it to the store. Returns the reason a validated success turned
+    /// into a failure (the local version file could not be written).
+    pub async fn report(
+        &mut self,
+        version: &Version,
+        step: Step,
+        outcome: &Outcome,
+        run_dir: &Path,
+    ) -> Option<String> {
+        let r = self.pending_report(version, step, outcome, run_dir);
+        self.journal.unreported.push(r);
+        self.save();
+        let failed = self.settle_local_version(self.journal.unreported.len() - 1);
+        match self.flush().await {
+            Ok(()) => {}
+            Err(e) if e.store_unavailable() => {
+                tracing::warn!(error = %e, "store unreachable; the result stays in the journal and is reported when it is back")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the store did not take the result; it stays in the journal and is retried")
+            }
+        }
+        failed
+    }
+
+    /// A step's report. A failure's reason is the status leaf's value until a log
+    /// link (with Swift) replaces it.
+    fn pending_report(
+        &self,
+        version: &Version,
+        step: Step,
+        outcome: &Outcome,
+        run_dir: &Path,
+    ) -> PendingReport {
+        let at = self.clock.unix_now();
+        let reason = match outcome {
+            Outcome::Failure(r) => Some(r.chars().take(500).collect::<String>()),
+            _ => None,
+        };
+        let mut r = PendingReport {
+            version: version.clone(),
+            step,
+            ok: outcome.ok(),
+            link: reason.clone().unwrap_or_default(),
+            at,
+            log: None,
+            object: None,
+        };
+        if self.logs {
+            let header = format!(
+                "jio-agent run log: host {}, version {version}, {} {}{}, run {}",
+                self.host,
+                step.as_str(),
+                if r.ok { "success" } else { "failure" },
+                reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                run_dir.display()
+            );
+            match compose_log(&self.state_dir, step, at, &header, run_dir) {
+                Ok(log) => {
+                    r.log = Some(log);
+                    r.object = Some(format!(
+                        "{}/{version}/{}-{}.log",
+                        self.host,
+                        utc_stamp(at),
+                        step.as_str()
+                    ));
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot compose the run log; it will not be uploaded"),
+            }
+        }
+        r
+    }
+}
+
+/// One file holding a step's output files, for upload.
+fn compose_log(
+    state_dir: &Path,
+    step: Step,
+    at: u64,
+    header: &str,
+    run_dir: &Path,
+) -> std::io::Result<PathBuf> {
+    let names: Vec<String> = match step {
+        Step::Configured => {
+            let mut v: Vec<String> = std::fs::read_dir(run_dir)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                        .filter(|n| n.starts_with("pre-"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v.extend(["puppet.jsonl", "puppet.stdout", "puppet.stderr"].map(String::from));
+            v
+        }
+        Step::Validated => ["validation.stdout", "validation.stderr"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let files: Vec<PathBuf> = names.iter().map(|n| run_dir.join(n)).collect();
+    // Two logs of one step within a second get different names.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let id = format!("{}-{nanos:09}-{}", utc_stamp(at), step.as_str());
+    uploads::compose(state_dir, &id, header, &files)
+}

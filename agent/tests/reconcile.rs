@@ -1,0 +1,275 @@
+//! The agent's reconcile loop on paused time: the in-memory store, scripted steps
+//! and a clock that moves with tokio's, so that every timer is exact and a test of
+//! "an hour later" takes no time. Pure logic only: the real store, Puppet and
+//! run-parts are in `agent.rs`.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jio_agent::agent::Agent;
+use jio_agent::config::{Overrides, SCALAR_KEYS};
+use jio_agent::runner::Outcome;
+use jio_agent::steps::ScriptedSteps;
+use jio_common::clock::TokioClock;
+use jio_common::keys::{EnableLevel, Schema, Step};
+use jio_common::names::{HostName, Version};
+use jio_common::store::{DynStore, MemoryStore, Store as _};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const START: u64 = 1_800_000_000;
+
+/// One agent of host `compute1` on an in-memory store, its steps scripted, started
+/// at v1 (its version file says so, and so does `/current_version`).
+struct Rig {
+    store: MemoryStore,
+    steps: Arc<ScriptedSteps>,
+    /// When each step started (tokio's clock), in order.
+    starts: Arc<Mutex<Vec<(Step, Version, Instant)>>>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    dir: tempfile::TempDir,
+    t0: Instant,
+}
+
+fn v(s: &str) -> Version {
+    Version::new(s).unwrap()
+}
+
+fn host() -> HostName {
+    HostName::new("compute1").unwrap()
+}
+
+async fn rig(settings: &[(&str, &str)], steps: ScriptedSteps) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("agent.toml");
+    std::fs::write(&empty, "").unwrap();
+    std::fs::write(dir.path().join("version"), "v1\n").unwrap();
+    let mut ov = Overrides {
+        config_path: Some(empty),
+        ..Overrides::default()
+    };
+    let mut all = vec![
+        ("store".to_string(), "etcd://127.0.0.1:9".to_string()),
+        ("hostname".into(), "compute1".into()),
+        ("state_dir".into(), dir.path().join("state").display().to_string()),
+        (
+            "version_file".into(),
+            dir.path().join("version").display().to_string(),
+        ),
+        (
+            "facts_file".into(),
+            dir.path().join("facts").display().to_string(),
+        ),
+        ("resync_interval".into(), "1h".into()),
+        ("retry_interval".into(), "1m".into()),
+        ("health_interval".into(), "0".into()),
+    ];
+    all.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    for (k, val) in all {
+        let key = SCALAR_KEYS.iter().find(|x| **x == k).copied().unwrap();
+        ov.flags.insert(key, val);
+    }
+    let cfg = jio_agent::config::load(&ov, || None).unwrap();
+    let store = MemoryStore::new();
+    store
+        .put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let seen = starts.clone();
+    let steps = Arc::new(steps.on_step(Arc::new(move |step, _h, version| {
+        seen.lock().unwrap().push((step, version.clone(), Instant::now()));
+    })));
+    let (stop, stop_rx) = watch::channel(false);
+    let dynstore: DynStore = Arc::new(store.clone());
+    let agent = Agent::new(cfg, dynstore, stop_rx)
+        .unwrap()
+        .with_steps(steps.clone())
+        .with_clock(Arc::new(TokioClock::starting_at(START)));
+    let task = tokio::spawn(async move {
+        jio_agent::daemon::serve(agent).await.unwrap();
+    });
+    Rig {
+        store,
+        steps,
+        starts,
+        stop,
+        task,
+        dir,
+        t0: Instant::now(),
+    }
+}
+
+impl Rig {
+    async fn put(&self, key: jio_common::keys::Key, value: &str) {
+        self.store.put(&key, value, None).await.unwrap();
+    }
+
+    async fn desire(&self, version: &str) {
+        self.put(Schema::default().current_version(), version).await;
+    }
+
+    async fn enable_global(&self) {
+        self.put(Schema::default().enable(&EnableLevel::Global), "true")
+            .await;
+    }
+
+    /// Seconds after the start at which each step of `step` started.
+    fn at(&self, step: Step) -> Vec<u64> {
+        self.starts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _, _)| *s == step)
+            .map(|(_, _, t)| t.duration_since(self.t0).as_secs())
+            .collect()
+    }
+
+    fn local(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("version"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    async fn running(&self, version: &str) -> bool {
+        let key = Schema::default().running_version_host(&v(version), &host());
+        self.store.get(&key).await.unwrap().is_some()
+    }
+
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the daemon stops on the signal")
+            .unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_event_starts_an_upgrade_at_once() {
+    let r = rig(
+        &[],
+        ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(r.at(Step::Configured).is_empty(), "nothing to do at v1");
+    r.enable_global().await;
+    r.desire("v2").await;
+    // The resync is an hour away: only the watch can have woken it.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(r.at(Step::Configured), [10]);
+    assert_eq!(r.at(Step::Validated), [30]);
+    assert_eq!(r.local(), "v2");
+    assert!(r.running("v2").await);
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_backs_off_and_doubles() {
+    let failing = (0..3).map(|i| Outcome::Failure(format!("puppet exited 4 (attempt {i})")));
+    let r = rig(&[], ScriptedSteps::new().configure_outcomes(failing)).await;
+    r.enable_global().await;
+    r.desire("v2").await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    // Retry interval 1 min: tries at 0, then 1, 2 and 4 minutes later.
+    assert_eq!(r.at(Step::Configured), [0, 60, 180, 420]);
+    assert_eq!(r.local(), "v2", "the fourth try succeeded");
+    let failure = Schema::default().status(
+        Step::Configured,
+        jio_common::keys::Outcome::Failure,
+        &v("v2"),
+        &host(),
+    );
+    assert!(
+        r.store.get(&failure).await.unwrap().is_none(),
+        "the success cleared the failure entry"
+    );
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_enable_key_write_retries_at_once() {
+    let r = rig(
+        &[("retry_interval", "1h")],
+        ScriptedSteps::new().configure_outcomes([Outcome::Failure("puppet exited 4".into())]),
+    )
+    .await;
+    r.enable_global().await;
+    r.desire("v2").await;
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    assert_eq!(r.at(Step::Configured), [0], "backing off for an hour");
+    // An operator re-enables the host: a new decision, no backoff.
+    r.put(Schema::default().enable(&EnableLevel::Host(host())), "true")
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(r.at(Step::Configured), [0, 100]);
+    assert_eq!(r.local(), "v2");
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_checks_revalidate_and_repair() {
+    let steps = ScriptedSteps::new().validate_outcomes([
+        Outcome::Success { changes: false },
+        Outcome::Failure("validation exited 1".into()),
+        Outcome::Success { changes: false },
+    ]);
+    let r = rig(&[("health_interval", "30s")], steps).await;
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    // A check at 30 s passes; the one at 60 s fails and Puppet repairs at once,
+    // then validates again.
+    assert_eq!(r.at(Step::Validated), [30, 60, 60]);
+    assert_eq!(r.at(Step::Configured), [60]);
+    let success = Schema::default().status(
+        Step::Validated,
+        jio_common::keys::Outcome::Success,
+        &v("v1"),
+        &host(),
+    );
+    assert!(
+        r.store.get(&success).await.unwrap().is_some(),
+        "the repair was reported"
+    );
+    // The next check comes an interval after the last one.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(r.at(Step::Validated), [30, 60, 60, 90]);
+    assert_eq!(r.steps.calls().len(), 5);
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_checks_wait_while_a_driver_holds_the_lock() {
+    let r = rig(&[("health_interval", "30s")], ScriptedSteps::new()).await;
+    r.put(Schema::default().lock("rollout"), r#"{"pid":1}"#).await;
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    assert!(r.at(Step::Validated).is_empty(), "checked under the lock");
+    r.store.delete(&Schema::default().lock("rollout")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    assert_eq!(r.at(Step::Validated).len(), 1);
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_store_going_away_and_coming_back() {
+    let r = rig(&[], ScriptedSteps::new()).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    r.store.set_available(false);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(!r.task.is_finished(), "the daemon ended while the store was away");
+    r.store.set_available(true);
+    r.enable_global().await;
+    r.desire("v2").await;
+    // Passes retry with backoff capped at 30 s; the watches come back too.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(r.local(), "v2");
+    assert!(r.running("v2").await);
+    let configured = r.at(Step::Configured);
+    assert_eq!(configured.len(), 1);
+    assert!((605..=636).contains(&configured[0]), "{configured:?}");
+    r.stop().await;
+}
