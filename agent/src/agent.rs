@@ -252,7 +252,11 @@ impl Agent {
                 PassResult::Idle(other)
             }
         };
-        if !matches!(result, PassResult::Idle(_) | PassResult::Reported) {
+        // After a run, and after each held health check (one line per check that
+        // did not run), the next decision is logged again.
+        if !matches!(result, PassResult::Idle(_) | PassResult::Reported)
+            || matches!(result, PassResult::Idle(Decision::HealthHeld { .. }))
+        {
             self.last_decision = None;
         }
         Ok(result)

@@ -85,11 +85,12 @@ fn after_pass(
     resync: Duration,
     now_unix: u64,
 ) -> Next {
+    // The next check comes an interval after this one ended (a repair included).
     let checked = matches!(
         result,
         PassResult::Checked { .. } | PassResult::Idle(Decision::HealthHeld { .. })
     );
-    if health_was_due && checked {
+    if (health_was_due && checked) || matches!(result, PassResult::Repaired { .. }) {
         health.restart();
     }
     match result {

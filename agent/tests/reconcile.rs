@@ -214,17 +214,19 @@ async fn an_enable_key_write_retries_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn health_checks_revalidate_and_repair() {
-    let steps = ScriptedSteps::new().validate_outcomes([
-        Outcome::Success { changes: false },
-        Outcome::Failure("validation exited 1".into()),
-        Outcome::Success { changes: false },
-    ]);
+    let steps = ScriptedSteps::new()
+        .taking(Duration::from_secs(10), Duration::from_secs(5))
+        .validate_outcomes([
+            Outcome::Success { changes: false },
+            Outcome::Failure("validation exited 1".into()),
+            Outcome::Success { changes: false },
+        ]);
     let r = rig(&[("health_interval", "30s")], steps).await;
-    tokio::time::sleep(Duration::from_secs(75)).await;
-    // A check at 30 s passes; the one at 60 s fails and Puppet repairs at once,
-    // then validates again.
-    assert_eq!(r.at(Step::Validated), [30, 60, 60]);
-    assert_eq!(r.at(Step::Configured), [60]);
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    // A check at 30 s passes (it ends at 35); the next one, at 65, fails, and Puppet
+    // repairs at once (70 to 80), then validates again (80 to 85).
+    assert_eq!(r.at(Step::Validated), [30, 65, 80]);
+    assert_eq!(r.at(Step::Configured), [70]);
     let success = Schema::default().status(
         Step::Validated,
         jio_common::keys::Outcome::Success,
@@ -235,9 +237,9 @@ async fn health_checks_revalidate_and_repair() {
         r.store.get(&success).await.unwrap().is_some(),
         "the repair was reported"
     );
-    // The next check comes an interval after the last one.
+    // The next check comes an interval after the repair ended.
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert_eq!(r.at(Step::Validated), [30, 60, 60, 90]);
+    assert_eq!(r.at(Step::Validated), [30, 65, 80, 115]);
     assert_eq!(r.steps.calls().len(), 5);
     r.stop().await;
 }
