@@ -406,8 +406,7 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(e, exit::UNREACHABLE),
     };
-    let shutdown = shutdown_signal();
-    let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown) {
+    let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown_signal()) {
         Ok(a) => a,
         Err(e) => {
             if bootstrap {
@@ -416,23 +415,49 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
             return fail(&e, error_code(&e));
         }
     };
-    if bootstrap {
-        let addrs = identity::addresses();
-        if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await
-        {
-            record_provisioned(&store, &cfg, Some(&format!("cannot publish addresses: {e}"))).await;
-            return fail(e, exit::UNREACHABLE);
-        }
-        if !record_provisioned(&store, &cfg, None).await {
+    if bootstrap && let Err(code) = provision(&store, &cfg).await {
+        return code;
+    }
+    let result = passes(&mut agent, &store).await;
+    drain_uploads(&cfg, &store).await;
+    let code = once_outcome(&agent, &result);
+    if !agent.journal().unreported.is_empty() {
+        eprintln!(
+            "jio-agent: {} result(s) could not be reported yet; they stay in {} and are reported by the next run",
+            agent.journal().unreported.len(),
+            Journal::path(&cfg.state_dir).display()
+        );
+        if code == exit::OK {
             return exit::UNREACHABLE;
         }
-        println!(
-            "jio-agent: provisioned {} (role {}), {} address(es) published",
-            cfg.hostname,
-            cfg.role,
-            addrs.len()
-        );
     }
+    code
+}
+
+/// The first boot: publish the host's addresses and record it as provisioned.
+async fn provision(store: &DynStore, cfg: &Config) -> Result<(), u8> {
+    let addrs = identity::addresses();
+    if let Err(e) = report::publish_addresses(store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
+        record_provisioned(store, cfg, Some(&format!("cannot publish addresses: {e}"))).await;
+        return Err(fail(e, exit::UNREACHABLE));
+    }
+    if !record_provisioned(store, cfg, None).await {
+        return Err(exit::UNREACHABLE);
+    }
+    println!(
+        "jio-agent: provisioned {} (role {}), {} address(es) published",
+        cfg.hostname,
+        cfg.role,
+        addrs.len()
+    );
+    Ok(())
+}
+
+/// `once`'s passes, with the liveness record kept for their length. A pass that
+/// only reported earlier results, or found the store changed under its decision,
+/// goes on to decide again (a few times).
+async fn passes(agent: &mut Agent, store: &DynStore) -> Result<PassResult, AgentError> {
+    let cfg = agent.config().clone();
     let local = agent.observe(false).await.ok().and_then(|o| o.local);
     agent.set_liveness(Liveness::start(
         store.clone(),
@@ -442,8 +467,6 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
         local,
     ));
     let mut result = agent.pass(false).await;
-    // A pass that only reported earlier results, or found the store changed under
-    // its decision, goes on to decide again (a few times).
     for _ in 0..3 {
         if !matches!(result, Ok(PassResult::Reported) | Ok(PassResult::Raced)) {
             break;
@@ -453,18 +476,26 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
     if let Some(l) = agent.take_liveness() {
         l.stop().await;
     }
-    if let Some(client) = &cfg.swift {
-        let left = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone())
-            .drain(Duration::from_secs(30))
-            .await;
-        if left > 0 {
-            eprintln!(
-                "jio-agent: {left} run log(s) not uploaded yet; they stay queued in {}",
-                crate::uploads::dir(&cfg.state_dir).display()
-            );
-        }
+    result
+}
+
+/// Uploads the queued run logs for a while; what is left stays queued.
+async fn drain_uploads(cfg: &Config, store: &DynStore) {
+    let Some(client) = &cfg.swift else { return };
+    let left = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone())
+        .drain(Duration::from_secs(30))
+        .await;
+    if left > 0 {
+        eprintln!(
+            "jio-agent: {left} run log(s) not uploaded yet; they stay queued in {}",
+            crate::uploads::dir(&cfg.state_dir).display()
+        );
     }
-    let code = match &result {
+}
+
+/// What `once` says about its last pass, and its exit code.
+fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
+    match result {
         Ok(PassResult::Ran {
             result: RunResult::Success,
             version,
@@ -515,18 +546,7 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
             }
         }
         Err(e) => fail(e, error_code(e)),
-    };
-    if !agent.journal().unreported.is_empty() {
-        eprintln!(
-            "jio-agent: {} result(s) could not be reported yet; they stay in {} and are reported by the next run",
-            agent.journal().unreported.len(),
-            Journal::path(&cfg.state_dir).display()
-        );
-        if code == exit::OK {
-            return exit::UNREACHABLE;
-        }
     }
-    code
 }
 
 async fn record_provisioned(store: &DynStore, cfg: &Config, failure: Option<&str>) -> bool {

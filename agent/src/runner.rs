@@ -5,7 +5,9 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -171,17 +173,19 @@ pub async fn run(
             tracing::warn!(program = %program, "a process started by the command still holds its output open; no longer reading it");
         }
     }
-    if let Some(exit) = stopping {
-        return finished(exit);
-    }
-    finished(match status {
+    finished(stopping.unwrap_or_else(|| exit_of(status, program)))
+}
+
+/// How a child that was waited for ended.
+fn exit_of(status: std::io::Result<std::process::ExitStatus>, program: &str) -> Exit {
+    match status {
         Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
             (Some(c), _) => Exit::Code(c),
             (None, Some(sig)) => Exit::Signal(sig),
             (None, None) => Exit::Code(-1),
         },
         Err(e) => Exit::NotStarted(format!("waiting for {program}: {e}")),
-    })
+    }
 }
 
 /// A child's process group, identified so that it can be stopped after the agent
