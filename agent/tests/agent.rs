@@ -374,7 +374,9 @@ async fn daemon_reacts_to_watches_and_refuses_a_second_instance() {
         &puppet.command(&m),
         "resync_interval = \"1h\"\nrole = \"controller\"",
     );
-    let mut daemon = spawn(&host, &["run"]);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
     wait_for("first converge", Duration::from_secs(30), || async {
         host.local_version().as_deref() == Some("v1")
     })
@@ -386,7 +388,13 @@ async fn daemon_reacts_to_watches_and_refuses_a_second_instance() {
 
     put(&s, schema.enable(&EnableLevel::Global), "false").await;
     put(&s, schema.current_version(), "v2").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The daemon saw v2 and decided not to move (its own log says so).
+    wait_for("the decision on v2", Duration::from_secs(10), || async {
+        read(&log)
+            .lines()
+            .any(|l| l.contains("update pending, not enabled") && l.contains("v2"))
+    })
+    .await;
     assert_eq!(
         host.local_version().as_deref(),
         Some("v1"),
