@@ -17,14 +17,16 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use jio_common::keys::Key;
 use jio_common::store::{
-    Compare, ConsulStore, DynStore, ErrorKind, EtcdOptions, EtcdStore, Op, SqliteStore, Store, StoreError,
-    StoreUrl, Txn, TxnOutcome, WatchEvent, WatchStream,
+    Compare, ConsulStore, DynStore, ErrorKind, EtcdOptions, EtcdStore, MemoryStore, Op, SqliteStore, Store,
+    StoreError, StoreUrl, Txn, TxnOutcome, WatchEvent, WatchStream,
 };
 use jio_tests::Etcd;
 use jio_tests::consul::{ConsulOptions, ConsulServer};
 
 enum Fixture {
     Etcd(Etcd),
+    /// The in-memory store of the logic tests: held to the same contract.
+    Memory(MemoryStore),
     Sqlite(tempfile::TempDir),
     Consul(ConsulServer),
 }
@@ -65,6 +67,14 @@ impl Backend {
         }
     }
 
+    async fn memory() -> Backend {
+        let m = MemoryStore::new();
+        Backend {
+            store: Arc::new(m.clone()),
+            fixture: Fixture::Memory(m),
+        }
+    }
+
     async fn consul() -> Backend {
         let server = ConsulServer::start(ConsulOptions::default()).await;
         let store = open_consul(&server.url());
@@ -85,6 +95,7 @@ impl Backend {
                     .expect("open sqlite"),
             ),
             Fixture::Consul(server) => open_consul(&server.url()),
+            Fixture::Memory(m) => Arc::new(m.clone()),
         }
     }
 
@@ -114,6 +125,9 @@ impl Backend {
                     .unwrap();
                 assert!(r.status().is_success(), "{r:?}");
             }
+            Fixture::Memory(m) => {
+                m.put_raw(key, value).unwrap();
+            }
             Fixture::Sqlite(dir) => {
                 let conn = rusqlite::Connection::open(dir.path().join("store.db")).unwrap();
                 conn.busy_timeout(Duration::from_secs(10)).unwrap();
@@ -136,7 +150,7 @@ impl Backend {
         match &mut self.fixture {
             Fixture::Etcd(e) => e.restart(0).await,
             Fixture::Consul(c) => c.restart().await,
-            Fixture::Sqlite(_) => {}
+            Fixture::Sqlite(_) | Fixture::Memory(_) => {}
         }
     }
 }
@@ -649,6 +663,14 @@ macro_rules! contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Backend::sqlite().await).await
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::memory().await).await
                 }
             )*
         }

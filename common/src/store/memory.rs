@@ -56,7 +56,11 @@ impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore {
             url: Arc::from("memory://"),
-            state: Arc::default(),
+            // A new store is at revision 1, as a new etcd is: the first write is 2.
+            state: Arc::new(Mutex::new(State {
+                revision: 1,
+                ..State::default()
+            })),
             events: broadcast::channel(4096).0,
             available: Arc::new(AtomicBool::new(true)),
         }
@@ -66,6 +70,28 @@ impl MemoryStore {
     /// deliver nothing) or brings it back.
     pub fn set_available(&self, up: bool) {
         self.available.store(up, Ordering::SeqCst);
+    }
+
+    /// Writes raw bytes under a raw key, as another program could: a value that is
+    /// not text is kept and marked as such; a key name that is not a valid key is
+    /// kept out of every answer, as the real stores skip it.
+    pub fn put_raw(&self, key: &[u8], value: &[u8]) -> Result<Revision> {
+        let mut s = self.lock("put")?;
+        let Some(key) = std::str::from_utf8(key).ok().and_then(|k| Key::new(k).ok()) else {
+            tracing::warn!(key = %crate::encode::escape_bytes(key), "skipped a key that is not a valid key name");
+            return Ok(s.revision);
+        };
+        let rev = s.revision + 1;
+        let (create, version) = s
+            .kvs
+            .get(key.as_str())
+            .map_or((rev, 1), |old| (old.create_revision, old.version + 1));
+        let kv = KeyValue::from_bytes(key.clone(), value.to_vec(), create, rev, version, None);
+        s.kvs.insert(key.as_str().to_string(), kv.clone());
+        s.revision = rev;
+        s.history.push(WatchEvent::Put(kv.clone()));
+        let _ = self.events.send(Arc::new(vec![WatchEvent::Put(kv)]));
+        Ok(rev)
     }
 
     /// The state, once the store is reachable and expired leases are gone.
