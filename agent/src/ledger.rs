@@ -199,7 +199,7 @@ impl Ledger {
         outcome: &Outcome,
         run_dir: &Path,
     ) -> Option<String> {
-        let r = self.pending_report(version, step, outcome, run_dir);
+        let r = self.pending_report(version, step, outcome, run_dir).await;
         self.journal.unreported.push(r);
         self.save();
         let failed = self.settle_local_version(self.journal.unreported.len() - 1);
@@ -217,7 +217,7 @@ impl Ledger {
 
     /// A step's report. A failure's reason is the status leaf's value until a log
     /// link (with Swift) replaces it.
-    fn pending_report(
+    async fn pending_report(
         &self,
         version: &Version,
         step: Step,
@@ -247,7 +247,13 @@ impl Ledger {
                 reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                 run_dir.display()
             );
-            match compose_log(&self.state_dir, step, at, &header, run_dir) {
+            // Up to a few times 16 MiB of output: copied off the async workers.
+            let (state_dir, dir) = (self.state_dir.clone(), run_dir.to_path_buf());
+            let composed =
+                tokio::task::spawn_blocking(move || compose_log(&state_dir, step, at, &header, &dir))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            match composed {
                 Ok(log) => {
                     r.log = Some(log);
                     r.object = Some(format!(

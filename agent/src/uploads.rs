@@ -155,7 +155,7 @@ impl Uploader {
                 return Attempt::Done;
             }
         };
-        let body = match std::fs::read(&log) {
+        let body = match tokio::fs::read(&log).await {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(path = %log.display(), error = %e, "queued log is gone; dropping its entry");
