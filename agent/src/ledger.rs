@@ -296,11 +296,15 @@ fn compose_log(
             .to_vec(),
     };
     let files: Vec<PathBuf> = names.iter().map(|n| run_dir.join(n)).collect();
-    // Two logs of one step within a second get different names.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let id = format!("{}-{nanos:09}-{}", utc_stamp(at), step.as_str());
+    // Logs of one second keep their order, and a restarted agent (another pid)
+    // never overwrites one that is still queued.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!(
+        "{}-{seq:06}-{}-{}",
+        utc_stamp(at),
+        std::process::id(),
+        step.as_str()
+    );
     uploads::compose(state_dir, &id, header, &files)
 }

@@ -79,6 +79,9 @@ impl Drop for Inner {
     }
 }
 
+/// Lease deadlines are wall-clock milliseconds: they are shared through the file
+/// with other processes, so they cannot be on any one process's clock.
+#[allow(clippy::disallowed_methods)]
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -574,6 +577,9 @@ fn event_key(ev: &WatchEvent) -> Option<&Key> {
     }
 }
 
+/// A dedicated OS thread (never an async worker): it blocks on its channel, and
+/// times its lease sweep on the monotonic clock.
+#[allow(clippy::disallowed_methods)]
 fn pump_thread(
     conn: Connection,
     url: String,
