@@ -158,63 +158,128 @@ fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, String> {
         .map_err(|e| format!("{}: {}", path.display(), e.to_string().trim().replace('\n', " ")))
 }
 
-fn build(
-    file: FileConfig,
-    ov: &Overrides,
-    system_hostname: impl FnOnce() -> Option<String>,
-    errors: &mut Vec<String>,
-) -> Option<Config> {
-    // flag > environment > file
-    let pick = |key: &'static str, from_file: Option<String>| -> Option<(String, &'static str)> {
-        ov.flags
+/// The values given for each key: flag > environment > file, and the errors found
+/// so far (every one is reported, not only the first).
+struct Sources<'a> {
+    ov: &'a Overrides,
+    errors: &'a mut Vec<String>,
+}
+
+impl Sources<'_> {
+    /// The value of `key` and where it came from.
+    fn pick(&self, key: &'static str, from_file: Option<String>) -> Option<(String, &'static str)> {
+        self.ov
+            .flags
             .get(key)
             .map(|v| (v.clone(), "flag"))
-            .or_else(|| ov.env.get(key).map(|v| (v.clone(), "environment")))
+            .or_else(|| self.ov.env.get(key).map(|v| (v.clone(), "environment")))
             .or(from_file.map(|v| (v, "file")))
-    };
-    let path_of = |p: Option<PathBuf>| p.map(|p| p.to_string_lossy().into_owned());
+    }
 
-    let (store, store_given) = match pick("store", file.store) {
-        Some((v, src)) => match StoreUrl::parse(&v) {
+    fn error(&mut self, e: String) {
+        self.errors.push(e);
+    }
+
+    fn duration(&mut self, key: &'static str, file_v: Option<String>, default: &str) -> Duration {
+        let (v, src) = self
+            .pick(key, file_v)
+            .unwrap_or_else(|| (default.to_string(), "default"));
+        duration::parse(&v).unwrap_or_else(|e| {
+            self.error(format!("{key} ({src}): {e}"));
+            Duration::ZERO
+        })
+    }
+
+    /// A path; an empty one is an error.
+    fn path(&mut self, key: &'static str, v: Option<PathBuf>, default: &str) -> PathBuf {
+        let from_file = v.map(|p| p.to_string_lossy().into_owned());
+        let p = PathBuf::from(
+            self.pick(key, from_file)
+                .map(|p| p.0)
+                .unwrap_or_else(|| default.to_string()),
+        );
+        if p.as_os_str().is_empty() {
+            self.error(format!("{key}: must not be empty"));
+        }
+        p
+    }
+
+    /// A command from the file, or the default; it needs a program.
+    fn command(&mut self, key: &str, v: Option<Vec<String>>, default: &[&str]) -> Vec<String> {
+        let c = v.unwrap_or_else(|| default.iter().map(|a| a.to_string()).collect());
+        if c.first().is_none_or(|p| p.is_empty()) {
+            self.error(format!("{key}: a command needs a program"));
+        }
+        c
+    }
+}
+
+/// Where the agent is and who it is: the store, the key prefix, the host and role.
+struct Identity {
+    store: Option<StoreUrl>,
+    store_given: bool,
+    schema: Option<Schema>,
+    hostname: Option<HostName>,
+    role: Option<Role>,
+}
+
+fn identity(
+    src: &mut Sources<'_>,
+    file: &mut FileConfig,
+    system_hostname: impl FnOnce() -> Option<String>,
+) -> Identity {
+    let (store, store_given) = match src.pick("store", file.store.take()) {
+        Some((v, from)) => match StoreUrl::parse(&v) {
             Ok(u) => (Some(u), true),
             Err(e) => {
-                errors.push(format!("store ({src}): {e}"));
+                src.error(format!("store ({from}): {e}"));
                 (None, true)
             }
         },
         None => (Some(default_store_url()), false),
     };
-    let schema = match Schema::new(&pick("prefix", file.prefix).map(|p| p.0).unwrap_or_default()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            errors.push(format!("prefix: {e}"));
-            None
-        }
-    };
-    let hostname = match pick("hostname", file.hostname)
+    let prefix = src.pick("prefix", file.prefix.take()).map(|p| p.0);
+    let schema = Schema::new(&prefix.unwrap_or_default())
+        .map_err(|e| src.error(format!("prefix: {e}")))
+        .ok();
+    let hostname = match src
+        .pick("hostname", file.hostname.take())
         .map(|h| h.0)
         .or_else(system_hostname)
     {
         Some(h) => HostName::new(h)
-            .map_err(|e| errors.push(format!("hostname: {e}")))
+            .map_err(|e| src.error(format!("hostname: {e}")))
             .ok(),
         None => {
-            errors.push("hostname: not configured and the system host name cannot be read".into());
+            src.error("hostname: not configured and the system host name cannot be read".into());
             None
         }
     };
-    let pattern = pick("role_pattern", file.role_pattern)
+    let role = role(src, file, hostname.as_ref());
+    Identity {
+        store,
+        store_given,
+        schema,
+        hostname,
+        role,
+    }
+}
+
+/// The configured role, or the one `role_pattern` finds in the host name.
+fn role(src: &mut Sources<'_>, file: &mut FileConfig, hostname: Option<&HostName>) -> Option<Role> {
+    let pattern = src
+        .pick("role_pattern", file.role_pattern.take())
         .map(|p| p.0)
         .unwrap_or_else(|| DEFAULT_ROLE_PATTERN.to_string());
     let pattern = jio_common::roles::RolePattern::new(&pattern)
-        .map_err(|e| errors.push(format!("role_pattern {e}")))
+        .map_err(|e| src.error(format!("role_pattern {e}")))
         .ok();
-    let role = match (pick("role", file.role), &hostname, &pattern) {
-        (Some((r, _)), _, _) => Role::new(r).map_err(|e| errors.push(format!("role: {e}"))).ok(),
+    match (src.pick("role", file.role.take()), hostname, &pattern) {
+        (Some((r, _)), _, _) => Role::new(r).map_err(|e| src.error(format!("role: {e}"))).ok(),
         (None, Some(h), Some(p)) => match p.role_of(h) {
             Some(r) => Some(r),
             None => {
-                errors.push(format!(
+                src.error(format!(
                     "role: not configured, and host name {h:?} does not match role_pattern {:?} (set `role` in the configuration)",
                     p.as_str()
                 ));
@@ -222,150 +287,153 @@ fn build(
             }
         },
         _ => None,
-    };
+    }
+}
 
-    let mut dur = |key: &'static str, file_v: Option<String>, default: &str| -> Duration {
-        let (v, src) = pick(key, file_v).unwrap_or_else(|| (default.to_string(), "default"));
-        duration::parse(&v).unwrap_or_else(|e| {
-            errors.push(format!("{key} ({src}): {e}"));
-            Duration::ZERO
-        })
+/// Timeouts and intervals.
+struct Timing {
+    pre_command: Duration,
+    puppet: Duration,
+    validation: Duration,
+    retry: Duration,
+    health: Duration,
+    resync: Duration,
+    lease_ttl: Duration,
+    stop_grace: Duration,
+    store_retry: Duration,
+}
+
+fn timing(src: &mut Sources<'_>, file: &mut FileConfig) -> Timing {
+    let t = Timing {
+        pre_command: src.duration("pre_command_timeout", file.pre_command_timeout.take(), "30m"),
+        puppet: src.duration("puppet_timeout", file.puppet_timeout.take(), "30m"),
+        validation: src.duration("validation_timeout", file.validation_timeout.take(), "10m"),
+        retry: src.duration("retry_interval", file.retry_interval.take(), "10m"),
+        health: src.duration("health_interval", file.health_interval.take(), "10m"),
+        resync: src.duration("resync_interval", file.resync_interval.take(), "5m"),
+        lease_ttl: src.duration("lease_ttl", file.lease_ttl.take(), "15s"),
+        stop_grace: src.duration("stop_grace", file.stop_grace.take(), "30s"),
+        store_retry: src.duration("store_retry", file.store_retry.take(), "10s"),
     };
-    let pre_command_timeout = dur("pre_command_timeout", file.pre_command_timeout, "30m");
-    let puppet_timeout = dur("puppet_timeout", file.puppet_timeout, "30m");
-    let validation_timeout = dur("validation_timeout", file.validation_timeout, "10m");
-    let retry_interval = dur("retry_interval", file.retry_interval, "10m");
-    let health_interval = dur("health_interval", file.health_interval, "10m");
-    let resync_interval = dur("resync_interval", file.resync_interval, "5m");
-    let lease_ttl = dur("lease_ttl", file.lease_ttl, "15s");
-    let stop_grace = dur("stop_grace", file.stop_grace, "30s");
-    let store_retry = dur("store_retry", file.store_retry, "10s");
     for (key, d) in [
-        ("puppet_timeout", puppet_timeout),
-        ("pre_command_timeout", pre_command_timeout),
-        ("validation_timeout", validation_timeout),
-        ("retry_interval", retry_interval),
-        ("resync_interval", resync_interval),
-        ("store_retry", store_retry),
+        ("puppet_timeout", t.puppet),
+        ("pre_command_timeout", t.pre_command),
+        ("validation_timeout", t.validation),
+        ("retry_interval", t.retry),
+        ("resync_interval", t.resync),
+        ("store_retry", t.store_retry),
     ] {
         if d.is_zero() {
-            errors.push(format!("{key}: must be greater than 0"));
+            src.error(format!("{key}: must be greater than 0"));
         }
     }
-    if lease_ttl < Duration::from_secs(2) {
-        errors.push(format!(
+    if t.lease_ttl < Duration::from_secs(2) {
+        src.error(format!(
             "lease_ttl: {} is too short (at least 2s)",
-            duration::format(lease_ttl)
+            duration::format(t.lease_ttl)
         ));
     }
+    t
+}
 
-    let pre_commands = file.pre_commands.unwrap_or_else(|| {
+/// The commands of the steps, and the pre-commands before Puppet.
+fn commands(src: &mut Sources<'_>, file: &mut FileConfig) -> (Vec<Vec<String>>, Vec<String>, Vec<String>) {
+    let pre_commands = file.pre_commands.take().unwrap_or_else(|| {
         vec![
             vec!["apt-get".into(), "update".into()],
-            vec![
-                "apt-get".into(),
-                "dist-upgrade".into(),
-                "-y".into(),
-                "-o".into(),
-                "Dpkg::Options::=--force-confold".into(),
-            ],
+            [
+                "apt-get",
+                "dist-upgrade",
+                "-y",
+                "-o",
+                "Dpkg::Options::=--force-confold",
+            ]
+            .map(String::from)
+            .to_vec(),
         ]
     });
     for (i, c) in pre_commands.iter().enumerate() {
         if c.first().is_none_or(|p| p.is_empty()) {
-            errors.push(format!("pre_commands[{i}]: a command needs a program"));
+            src.error(format!("pre_commands[{i}]: a command needs a program"));
         }
     }
-    let puppet_command = file.puppet_command.unwrap_or_else(|| {
-        [
+    let puppet = src.command(
+        "puppet_command",
+        file.puppet_command.take(),
+        &[
             "puppet",
             "apply",
             "--detailed-exitcodes",
             "--logdest",
             "{log_jsonl}",
             "/etc/puppet/manifests/site.pp",
-        ]
-        .map(String::from)
-        .to_vec()
-    });
-    if puppet_command.first().is_none_or(|p| p.is_empty()) {
-        errors.push("puppet_command: a command needs a program".into());
-    }
-    let validation_command = file.validation_command.unwrap_or_else(|| {
-        [
+        ],
+    );
+    let validation = src.command(
+        "validation_command",
+        file.validation_command.take(),
+        &[
             "run-parts",
             "--regex=.",
             "--verbose",
             "--exit-on-error",
             "--report",
             "{validation_dir}",
-        ]
-        .map(String::from)
-        .to_vec()
-    });
-    if validation_command.first().is_none_or(|p| p.is_empty()) {
-        errors.push("validation_command: a command needs a program".into());
-    }
+        ],
+    );
+    (pre_commands, puppet, validation)
+}
 
-    let path = |key: &'static str, v: Option<PathBuf>, default: &str| -> PathBuf {
-        PathBuf::from(
-            pick(key, path_of(v))
-                .map(|p| p.0)
-                .unwrap_or_else(|| default.to_string()),
-        )
-    };
-    let state_dir = path("state_dir", file.state_dir, "/var/lib/jiocloud");
-    let version_file = path("version_file", file.version_file, "/etc/current_version");
-    let facts_file = path(
+fn build(
+    mut file: FileConfig,
+    ov: &Overrides,
+    system_hostname: impl FnOnce() -> Option<String>,
+    errors: &mut Vec<String>,
+) -> Option<Config> {
+    let mut src = Sources { ov, errors };
+    let id = identity(&mut src, &mut file, system_hostname);
+    let t = timing(&mut src, &mut file);
+    let (pre_commands, puppet_command, validation_command) = commands(&mut src, &mut file);
+    let state_dir = src.path("state_dir", file.state_dir.take(), "/var/lib/jiocloud");
+    let version_file = src.path("version_file", file.version_file.take(), "/etc/current_version");
+    let facts_file = src.path(
         "facts_file",
-        file.facts_file,
+        file.facts_file.take(),
         "/etc/facter/facts.d/current_version.txt",
     );
-    let validation_dir = path("validation_dir", file.validation_dir, "/usr/lib/jiocloud/tests");
-    for (key, p) in [
-        ("state_dir", &state_dir),
-        ("version_file", &version_file),
-        ("facts_file", &facts_file),
-        ("validation_dir", &validation_dir),
-    ] {
-        if p.as_os_str().is_empty() {
-            errors.push(format!("{key}: must not be empty"));
-        }
-    }
-
-    let swift = match file.swift {
-        None => None,
-        Some(settings) => match jio_common::swift::SwiftClient::new(settings) {
-            Ok(c) => Some(std::sync::Arc::new(c)),
-            Err(e) => {
-                errors.push(format!("[swift]: {e}"));
-                None
-            }
-        },
-    };
-
+    let validation_dir = src.path(
+        "validation_dir",
+        file.validation_dir.take(),
+        "/usr/lib/jiocloud/tests",
+    );
+    let swift = file.swift.take().and_then(|settings| {
+        jio_common::swift::SwiftClient::new(settings)
+            .map(std::sync::Arc::new)
+            .map_err(|e| src.error(format!("[swift]: {e}")))
+            .ok()
+    });
     Some(Config {
-        store: store?,
-        store_given,
-        schema: schema?,
-        hostname: hostname?,
-        role: role?,
+        store: id.store?,
+        store_given: id.store_given,
+        schema: id.schema?,
+        hostname: id.hostname?,
+        role: id.role?,
         state_dir,
         version_file,
         facts_file,
         pre_commands,
-        pre_command_timeout,
+        pre_command_timeout: t.pre_command,
         puppet_command,
-        puppet_timeout,
+        puppet_timeout: t.puppet,
         validation_command,
         validation_dir,
-        validation_timeout,
-        retry_interval,
-        health_interval,
-        resync_interval,
-        lease_ttl,
-        stop_grace,
-        store_retry,
+        validation_timeout: t.validation,
+        retry_interval: t.retry,
+        health_interval: t.health,
+        resync_interval: t.resync,
+        lease_ttl: t.lease_ttl,
+        stop_grace: t.stop_grace,
+        store_retry: t.store_retry,
         swift,
     })
 }
