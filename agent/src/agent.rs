@@ -53,6 +53,9 @@ pub enum PassResult {
     Repaired { version: Version, ok: bool },
     /// What the decision read changed before the run could start: nothing ran.
     Raced,
+    /// A health check or repair could not start on this host (its run directory
+    /// cannot be made): logged, and tried again at the next check.
+    Skipped { version: Version },
 }
 
 /// One host's agent.
@@ -399,7 +402,7 @@ impl Agent {
             finished: now,
             result,
             step: step.as_str().into(),
-            reason,
+            reason: reason.clone(),
             run_dir,
         });
         self.ledger.save();
@@ -410,7 +413,8 @@ impl Agent {
                 self.set_record(AgentState::Idle, Some(version.clone()));
             }
             RunResult::Failed => {
-                tracing::warn!(%version, "upgrade failed");
+                let reason = reason.as_deref().unwrap_or("");
+                tracing::error!(%version, step = step.as_str(), reason, "upgrade failed");
                 self.set_record(AgentState::Failed, Some(version.clone()));
             }
             RunResult::Interrupted => tracing::warn!(%version, "upgrade interrupted; it will run again"),
@@ -478,11 +482,13 @@ impl Agent {
     /// other: it holds the host's slot, and it starts fenced on what it decided on
     /// and on the rollout lock being free.
     async fn check_health(&mut self, version: Version, obs: &Observation) -> Result<PassResult, AgentError> {
-        let Some(run_dir) = self
-            .health_run(&version, AgentState::Checking, obs, "health check skipped")
+        let skipped = "health check skipped";
+        let run_dir = match self
+            .health_run(&version, AgentState::Checking, obs, skipped)
             .await?
-        else {
-            return Ok(PassResult::Raced);
+        {
+            Ok(d) => d,
+            Err(instead) => return Ok(instead),
         };
         let checked = self.step(Step::Validated, &version, &run_dir).await;
         if checked == Outcome::Interrupted {
@@ -498,7 +504,7 @@ impl Agent {
                 .await;
         }
         if let Outcome::Failure(reason) = &checked {
-            tracing::warn!(%version, %reason, "health check failed; puppet runs to repair it");
+            tracing::warn!(%version, %reason, "health check failed");
         }
         let state = if ok { AgentState::Idle } else { AgentState::Failed };
         self.set_record(state, Some(version.clone()));
@@ -508,17 +514,20 @@ impl Agent {
     /// The repair after a failed health check: Puppet once, then the check again;
     /// the outcome is reported for the local version.
     async fn repair(&mut self, version: Version, obs: &Observation) -> Result<PassResult, AgentError> {
-        let Some(run_dir) = self
-            .health_run(
-                &version,
-                AgentState::Upgrading,
-                obs,
-                "health check failed, but no repair now",
-            )
+        let skipped = "health check failed, but no repair now";
+        let run_dir = match self
+            .health_run(&version, AgentState::Upgrading, obs, skipped)
             .await?
-        else {
-            self.set_record(AgentState::Failed, Some(version));
-            return Ok(PassResult::Raced);
+        {
+            Ok(d) => d,
+            Err(instead) => {
+                if matches!(instead, PassResult::Skipped { .. }) {
+                    // It cannot run here: a failed repair until the next check.
+                    self.health = Health::RepairFailed;
+                }
+                self.set_record(AgentState::Failed, Some(version));
+                return Ok(instead);
+            }
         };
         let configured = self.step(Step::Configured, &version, &run_dir).await;
         let outcome = match configured {
@@ -553,28 +562,29 @@ impl Agent {
     }
 
     /// The run directory of a health check or repair, once its fenced start won;
-    /// `None` (logged with `skipped`) when it may not start.
+    /// otherwise what the pass did instead (logged with `skipped`).
     async fn health_run(
         &mut self,
         version: &Version,
         state: AgentState,
         obs: &Observation,
         skipped: &str,
-    ) -> Result<Option<std::path::PathBuf>, AgentError> {
+    ) -> Result<Result<std::path::PathBuf, PassResult>, AgentError> {
         let run_dir = match rundir::create(&self.cfg.state_dir, version, self.clock.unix_now()) {
             Ok(d) => d,
             Err((_, reason)) => {
                 tracing::error!(%version, %reason, "{skipped}");
-                return Ok(None);
+                let version = version.clone();
+                return Ok(Err(PassResult::Skipped { version }));
             }
         };
         let fence = self.subject().health_fence(obs);
         if !self.begin(state, version, fence).await? {
             let why = self.why_fence_lost().await;
-            tracing::info!(%version, "{skipped}: {why}");
-            return Ok(None);
+            tracing::warn!(%version, "{skipped}: {why}");
+            return Ok(Err(PassResult::Raced));
         }
-        Ok(Some(run_dir))
+        Ok(Ok(run_dir))
     }
 
     /// Why a fenced start of a health check lost, for the log (one read).
@@ -634,8 +644,12 @@ fn log_decision(d: &Decision, obs: &Observation) {
         ),
         Decision::HealthCheck { version } => tracing::debug!(%version, "health check due"),
         Decision::Repair { version } => {
-            tracing::warn!(%version, "health check failed; running puppet to repair")
+            tracing::info!(%version, "running puppet to repair the failed health check")
         }
+        Decision::HealthHeld { version } if obs.health == Health::CheckFailed => tracing::warn!(
+            %version,
+            "health check failed, but no repair now: a jioctl upgrade driver holds the rollout lock"
+        ),
         Decision::HealthHeld { version } => tracing::info!(
             %version,
             "health check skipped: a jioctl upgrade driver holds the rollout lock"

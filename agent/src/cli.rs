@@ -537,6 +537,10 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
         }
         Ok(PassResult::Reported) => exit::OK,
         // `once` never asks for a health check; should one have run, say how it went.
+        Ok(PassResult::Skipped { version }) => fail(
+            format!("the health check of {version} could not start (see the log)"),
+            exit::FAILED,
+        ),
         Ok(PassResult::Checked { version, ok } | PassResult::Repaired { version, ok }) => {
             if *ok {
                 println!("jio-agent: {version} is healthy");

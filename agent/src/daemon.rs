@@ -85,12 +85,11 @@ fn after_pass(
     resync: Duration,
     now_unix: u64,
 ) -> Next {
-    // The next check comes an interval after this one ended (a repair included).
-    let checked = matches!(
-        result,
-        PassResult::Checked { .. } | PassResult::Idle(Decision::HealthHeld { .. })
-    );
-    if (health_was_due && checked) || matches!(result, PassResult::Repaired { .. }) {
+    // The next check comes an interval after this one was due, whatever became of
+    // it (run, held, skipped, lost its fence, overtaken by an upgrade), or after a
+    // repair ended. Only reporting earlier results first leaves it due.
+    let decided = !matches!(result, PassResult::Reported);
+    if (health_was_due && decided) || matches!(result, PassResult::Repaired { .. }) {
         health.restart();
     }
     match result {
@@ -102,7 +101,7 @@ fn after_pass(
         PassResult::Idle(Decision::Backoff { until, .. }) => {
             Next::Wait(resync.min(Duration::from_secs(until.saturating_sub(now_unix).max(1))))
         }
-        PassResult::Idle(Decision::UpToDate | Decision::HealthHeld { .. }) => {
+        PassResult::Idle(Decision::UpToDate | Decision::HealthHeld { .. }) | PassResult::Skipped { .. } => {
             Next::Wait(health.left().map_or(resync, |left| resync.min(left)))
         }
         PassResult::Idle(_) => Next::Wait(resync),
@@ -147,6 +146,9 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
                     last_error = Some(msg);
                 }
                 agent.forget_decision();
+                if due {
+                    health.restart();
+                }
                 failures.fail()
             }
         };

@@ -15,7 +15,7 @@ use jio_agent::steps::ScriptedSteps;
 use jio_common::clock::TokioClock;
 use jio_common::keys::{EnableLevel, Schema, Step};
 use jio_common::names::{HostName, Version};
-use jio_common::store::{DynStore, MemoryStore, Store as _};
+use jio_common::store::{CountingStore, DynStore, MemoryStore, Store as _};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -25,6 +25,8 @@ const START: u64 = 1_800_000_000;
 /// at v1 (its version file says so, and so does `/current_version`).
 struct Rig {
     store: MemoryStore,
+    /// The agent's store requests.
+    counted: CountingStore,
     steps: Arc<ScriptedSteps>,
     /// When each step started (tokio's clock), in order.
     starts: Arc<Mutex<Vec<(Step, Version, Instant)>>>,
@@ -84,7 +86,8 @@ async fn rig(settings: &[(&str, &str)], steps: ScriptedSteps) -> Rig {
         seen.lock().unwrap().push((step, version.clone(), Instant::now()));
     })));
     let (stop, stop_rx) = watch::channel(false);
-    let dynstore: DynStore = Arc::new(store.clone());
+    let counted = CountingStore::new(Arc::new(store.clone()));
+    let dynstore: DynStore = Arc::new(counted.clone());
     let agent = Agent::new(cfg, dynstore, stop_rx)
         .unwrap()
         .with_steps(steps.clone())
@@ -94,6 +97,7 @@ async fn rig(settings: &[(&str, &str)], steps: ScriptedSteps) -> Rig {
     });
     Rig {
         store,
+        counted,
         steps,
         starts,
         stop,
@@ -263,15 +267,60 @@ async fn the_store_going_away_and_coming_back() {
     r.store.set_available(false);
     tokio::time::sleep(Duration::from_secs(600)).await;
     assert!(!r.task.is_finished(), "the daemon ended while the store was away");
+    // Back: passes retry with backoff capped at 30 s.
     r.store.set_available(true);
     r.enable_global().await;
     r.desire("v2").await;
-    // Passes retry with backoff capped at 30 s; the watches come back too.
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(r.local(), "v2");
     assert!(r.running("v2").await);
     let configured = r.at(Step::Configured);
     assert_eq!(configured.len(), 1);
     assert!((605..=636).contains(&configured[0]), "{configured:?}");
+    // And the watches work again: with an hour's resync only they can wake it.
+    r.desire("v3").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(r.at(Step::Configured), [configured[0], 636]);
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repair_waits_for_the_driver_to_release_the_lock() {
+    let steps = ScriptedSteps::new()
+        .taking(Duration::from_secs(10), Duration::from_secs(5))
+        .validate_outcomes([Outcome::Failure("validation exited 1".into())]);
+    let r = rig(&[("health_interval", "30s")], steps).await;
+    // The check runs from 30 to 35 s and fails; a driver takes the lock meanwhile.
+    tokio::time::sleep(Duration::from_secs(32)).await;
+    r.put(Schema::default().lock("rollout"), r#"{"pid":1}"#).await;
+    tokio::time::sleep(Duration::from_secs(68)).await;
+    assert_eq!(r.at(Step::Validated), [30]);
+    assert!(r.at(Step::Configured).is_empty(), "repaired under the lock");
+    // Released at 100 s: the repair comes with the next check's tick (125 s:
+    // the lock is not watched; the timer restarts at 35, 65, 95).
+    r.store.delete(&Schema::default().lock("rollout")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(r.at(Step::Configured), [125]);
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_health_check_that_cannot_start_waits_for_the_next_tick() {
+    let r = rig(&[("health_interval", "30s")], ScriptedSteps::new()).await;
+    // The run directories cannot be made (a file where the directory should be).
+    let runs = r.dir.path().join("state").join("runs");
+    std::fs::create_dir_all(runs.parent().unwrap()).unwrap();
+    std::fs::write(&runs, "not a directory").unwrap();
+    // Time moves by hand, a second at a time, so that an agent that loops without
+    // waiting fails this test instead of keeping paused time from moving.
+    let before = r.counted.requests();
+    for second in 0..300 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        tokio::task::yield_now().await;
+        let used = r.counted.requests() - before;
+        // About one pass per check (a few requests each), not a loop.
+        assert!(used < 100, "{used} store requests in {second} s");
+    }
+    assert!(r.at(Step::Validated).is_empty());
     r.stop().await;
 }

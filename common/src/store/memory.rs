@@ -281,6 +281,17 @@ impl Store for MemoryStore {
                 message: why,
             });
         }
+        let size = txn.compares.len() + txn.ops.len();
+        if size > self.max_txn_ops() {
+            return Err(StoreError::Rejected {
+                url: self.url.to_string(),
+                op: "txn",
+                message: format!(
+                    "{size} operations in one transaction (at most {})",
+                    self.max_txn_ops()
+                ),
+            });
+        }
         let mut s = self.lock("txn")?;
         if !txn.compares.iter().all(|c| MemoryStore::holds(&s, c)) {
             return Ok(TxnOutcome::Lost(s.revision));
@@ -326,7 +337,7 @@ impl Store for MemoryStore {
         // Subscribe before reading the history, so that nothing falls in between.
         let rx = self.events.subscribe();
         let s = self.lock("watch")?;
-        let first: Vec<WatchEvent> = if from > 0 && from <= s.compacted {
+        let first: Vec<WatchEvent> = if from > 0 && from < s.compacted {
             vec![WatchEvent::Reset {
                 kvs: MemoryStore::listing(&s, prefix),
                 revision: s.revision,
@@ -339,7 +350,8 @@ impl Store for MemoryStore {
                 .cloned()
                 .collect()
         };
-        let next = s.revision + 1;
+        // Nothing before `from`, even from a revision still to come.
+        let next = from.max(s.revision + 1);
         drop(s);
         let store = self.clone();
         let prefix = prefix.clone();
@@ -348,14 +360,19 @@ impl Store for MemoryStore {
             (pending, rx, next, store, prefix),
             |(mut pending, mut rx, mut next, store, prefix)| async move {
                 loop {
+                    if !pending.is_empty() {
+                        // While the store is away its watches deliver nothing; what
+                        // happened is delivered once it is back, as a reconnected
+                        // watch would.
+                        while !store.available.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
                     if let Some(ev) = pending.pop_front() {
                         return Some((Ok(ev), (pending, rx, next, store, prefix)));
                     }
                     match rx.recv().await {
                         Ok(batch) => {
-                            if !store.available.load(Ordering::SeqCst) {
-                                continue;
-                            }
                             for ev in batch.iter() {
                                 if ev.revision() >= next && event_in(ev, &prefix) {
                                     pending.push_back(ev.clone());
@@ -383,10 +400,17 @@ impl Store for MemoryStore {
 
     async fn compact(&self, revision: Revision) -> Result<()> {
         let mut s = self.lock("compact")?;
+        if revision > s.revision {
+            return Err(StoreError::Rejected {
+                url: self.url.to_string(),
+                op: "compact",
+                message: format!("revision {revision} is in the future (current {})", s.revision),
+            });
+        }
         if revision > s.compacted {
-            s.compacted = revision.min(s.revision);
-            let keep = s.compacted;
-            s.history.retain(|e| e.revision() > keep);
+            // History before `revision` goes; events at it stay.
+            s.compacted = revision;
+            s.history.retain(|e| e.revision() >= revision);
         }
         Ok(())
     }
