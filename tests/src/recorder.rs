@@ -1,10 +1,10 @@
 //! Watches a whole namespace during a rollout and checks, at every revision, that no
-//! rolling limit and no role order was ever violated.
+//! rolling limit and no role order was ever violated, on its own reading of the raw
+//! keys (never the production classification it is meant to check).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures_util::StreamExt as _;
-use jio_common::fleet::{self, HostState, Snapshot};
 use jio_common::keys::{Key, Schema};
 use jio_common::rules::Rules;
 use jio_common::store::{DynStore, KeyValue, WatchEvent};
@@ -90,6 +90,49 @@ impl Recorder {
     }
 }
 
+/// The fleet as the raw keys say, read without the project's own classification
+/// (`fleet::classify`), so that a bug there cannot hide on both sides: a host is in
+/// flight while its agent says it runs something (a run marker `/runs/<host>`, or an
+/// `/agents/<host>` record whose state is `upgrading` or `checking`), and done once
+/// `/running/versions/<current>/<host>` exists. Roles come from `/hosts/<host>`.
+struct RawFleet {
+    /// host → (role, in flight, done)
+    hosts: BTreeMap<String, (String, bool, bool)>,
+}
+
+impl RawFleet {
+    fn read(schema: &Schema, state: &BTreeMap<Key, KeyValue>) -> RawFleet {
+        let p = schema.prefix();
+        let at = |k: &str| {
+            state
+                .get(&Key::new(format!("{p}{k}")).ok()?)
+                .map(|kv| kv.value.clone())
+        };
+        let current = at("/current_version").unwrap_or_default();
+        let field = |v: &str, name: &str| {
+            serde_json::from_str::<serde_json::Value>(v)
+                .ok()
+                .and_then(|j| j.get(name)?.as_str().map(str::to_string))
+        };
+        let mut hosts = BTreeMap::new();
+        for kv in state.values() {
+            let Some(rest) = kv.key.as_str().strip_prefix(&format!("{p}/hosts/")) else {
+                continue;
+            };
+            let Some(role) = field(&kv.value, "role") else {
+                continue;
+            };
+            let running = at(&format!("/runs/{rest}")).is_some()
+                || at(&format!("/agents/{rest}"))
+                    .and_then(|v| field(&v, "state"))
+                    .is_some_and(|s| s == "upgrading" || s == "checking");
+            let done = !current.is_empty() && at(&format!("/running/versions/{current}/{rest}")).is_some();
+            hosts.insert(rest.to_string(), (role, running, done));
+        }
+        RawFleet { hosts }
+    }
+}
+
 fn check(
     schema: &Schema,
     rules: &Rules,
@@ -99,9 +142,12 @@ fn check(
     seen: &mut BTreeSet<String>,
 ) {
     rec.revisions += 1;
-    let snap = Snapshot::from_kvs(schema, state.values());
-    let hosts = fleet::classify(&snap);
-    let roles = hosts.iter().map(|h| h.role.clone()).collect();
+    let fleet = RawFleet::read(schema, state);
+    let roles = fleet
+        .hosts
+        .values()
+        .filter_map(|(r, _, _)| jio_common::names::Role::new(r.clone()).ok())
+        .collect();
     let resolved = match rules.resolve(&roles) {
         Ok(r) => r,
         Err(e) => {
@@ -110,19 +156,23 @@ fn check(
             return;
         }
     };
-    let group =
-        |r: &jio_common::names::Role| resolved.group_of.get(r).cloned().unwrap_or_else(|| r.to_string());
+    let group = |r: &str| {
+        jio_common::names::Role::new(r.to_string())
+            .ok()
+            .and_then(|r| resolved.group_of.get(&r).cloned())
+            .unwrap_or_else(|| r.to_string())
+    };
     let mut in_flight: BTreeMap<String, usize> = BTreeMap::new();
     let mut not_done: BTreeSet<String> = BTreeSet::new();
-    for h in &hosts {
-        let g = group(&h.role);
-        if h.state.in_flight() {
+    for (host, (role, running, done)) in &fleet.hosts {
+        let g = group(role);
+        if *running {
             *in_flight.entry(g.clone()).or_default() += 1;
-            if seen.insert(h.host.to_string()) {
-                rec.started.push(h.host.to_string());
+            if seen.insert(host.clone()) {
+                rec.started.push(host.clone());
             }
         }
-        if h.state != HostState::Upgraded {
+        if !done {
             not_done.insert(g);
         }
     }
