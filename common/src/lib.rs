@@ -1,5 +1,7 @@
 //! Shared vocabulary of the jiocloud fleet tools: validated names, the key schema,
-//! stored values, and the store layer (etcd and the embedded store).
+//! stored values, the hostname → role rule, the rules and their planner, the fleet
+//! snapshot, the store layer (etcd, the embedded SQLite store, Consul, and an
+//! in-memory store for logic tests), the Swift client, the backoff and the clock.
 
 #![forbid(unsafe_code)]
 

@@ -1,6 +1,8 @@
-//! Test harness shared by the scenario tests: real servers (etcd now; Puppet and
-//! Swift later) started on free loopback ports in temporary directories, and always
-//! stopped, also when a test fails.
+//! Test harness shared by the scenario tests: real servers (etcd, a Swift
+//! all-in-one) and the Consul API test server, started on free loopback ports in
+//! temporary directories and always stopped, also when a test fails; sandboxes for
+//! real `puppet apply`; hosts with their agent configuration; the invariant
+//! recorder; the fault-injection fleet; and small helpers (`inspect`).
 
 pub mod bench;
 pub mod consul;
