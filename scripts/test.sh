@@ -48,6 +48,12 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo deny check licenses bans (deny.toml)"
+if ! cargo deny --version >/dev/null 2>&1; then
+  echo "==> installing cargo-deny from crates.io: cargo install --locked cargo-deny (a few minutes, once)"
+  cargo install --locked --quiet cargo-deny
+fi
+cargo deny --log-level error check licenses bans
 echo "==> cargo build (the scenario tests drive the real binaries)"
 cargo build --workspace --bins --locked
 echo "==> cargo test"

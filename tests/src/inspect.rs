@@ -56,6 +56,17 @@ pub fn sibling_binary(binary: &str, name: &str) -> PathBuf {
     p
 }
 
+/// The workspace's built binary `name`, beside the running test (a test runs from
+/// `target/<profile>/deps/`; the binaries are in `target/<profile>/`).
+pub fn built_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("a test runs from target/<profile>/deps");
+    sibling_binary(&profile_dir.join(name).display().to_string(), name)
+}
+
 /// Waits until `cond` holds, polling every 50 ms, or fails naming what it waited for.
 pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
 where

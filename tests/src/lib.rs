@@ -4,7 +4,6 @@
 //! real `puppet apply`; hosts with their agent configuration; the invariant
 //! recorder; the fault-injection fleet; and small helpers (`inspect`).
 
-pub mod bench;
 pub mod consul;
 pub mod etcd;
 pub mod faults;

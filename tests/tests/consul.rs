@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use jio_common::keys::{Key, Schema};
+use jio_common::keys::Key;
 use jio_common::store::{ConsulStore, DynStore, ErrorKind, Op, StoreUrl, Txn, WatchEvent};
 use jio_tests::consul::{ConsulOptions, ConsulServer, reset_index};
 
@@ -38,32 +38,6 @@ async fn transactions_over_64_operations_are_refused_and_plans_split() {
     assert!(
         s.list(&k("/big/")).await.unwrap().kvs.is_empty(),
         "nothing was written"
-    );
-
-    // jioctl's fenced apply splits a 150-write plan into transactions Consul takes.
-    let schema = Schema::default();
-    let ops: Vec<Op> = (0..150)
-        .map(|i| Op::put(k(&format!("/config_state/enable_puppet/host/h{i:03}")), "true"))
-        .collect();
-    let jioctl::writes::LockOutcome::Taken(lock) =
-        jioctl::writes::RolloutLock::try_take(&s, &schema).await.unwrap()
-    else {
-        panic!("the rollout lock is free")
-    };
-    assert_eq!(
-        jioctl::writes::apply_fenced(&s, &schema, ops, 0, &lock)
-            .await
-            .unwrap(),
-        jioctl::writes::Fenced::Applied
-    );
-    lock.release().await;
-    assert_eq!(
-        s.list(&schema.enable_level_prefix(false))
-            .await
-            .unwrap()
-            .kvs
-            .len(),
-        150
     );
 }
 

@@ -26,8 +26,8 @@ fn seeds() -> Vec<u64> {
 }
 
 fn bins() -> (PathBuf, PathBuf) {
-    let agent = jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jio-bench"), "jio-agent");
-    let jioctl = jio_tests::inspect::sibling_binary(env!("CARGO_BIN_EXE_jio-bench"), "jioctl");
+    let agent = jio_tests::inspect::built_binary("jio-agent");
+    let jioctl = jio_tests::inspect::built_binary("jioctl");
     (agent, jioctl)
 }
 

@@ -24,7 +24,7 @@ use jio_common::store::{CountingStore, DynStore, Op, SqliteStore, StoreUrl, Txn,
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
-use crate::etcd::Etcd;
+use jio_tests::Etcd;
 
 /// Which store to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -575,7 +575,7 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
 
 /// Figure 4: `jioctl status --json` for a generated fleet: read, classify, render.
 pub async fn status(bs: &BenchStore, hosts: usize) -> Status {
-    crate::fleetgen::generate(&bs.store, hosts)
+    jio_tests::fleetgen::generate(&bs.store, hosts)
         .await
         .expect("generate");
     let schema = Schema::default();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use jio_tests::bench::{self, Backend, Sizes};
+use jio_bench::{self as bench, Backend, Sizes};
 
 fn usage() -> ExitCode {
     eprintln!(

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use jio_tests::bench::{self, Backend, Sizes};
+use jio_bench::{self as bench, Backend, Sizes};
 
 async fn check(backend: Backend) {
     let sizes = Sizes::quick();

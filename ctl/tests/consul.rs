@@ -1,0 +1,35 @@
+//! jioctl's fenced apply on Consul (the Consul API test server: no Consul server can
+//! be installed here), whose transactions hold at most 64 operations.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jio_common::keys::{Key, Schema};
+use jio_common::store::{ConsulStore, DynStore, Op, StoreUrl};
+use jio_tests::consul::{ConsulOptions, ConsulServer};
+use jioctl::writes::{Fenced, LockOutcome, RolloutLock, apply_fenced};
+
+#[tokio::test]
+async fn a_plan_of_150_writes_is_split_into_transactions_consul_takes() {
+    let server = ConsulServer::start(ConsulOptions::default()).await;
+    let url = StoreUrl::parse(&server.url()).expect("consul URL");
+    let s: DynStore = Arc::new(ConsulStore::new(&url, Duration::from_secs(2)).expect("client"));
+    assert_eq!(s.max_txn_ops(), 64);
+    let schema = Schema::default();
+    let ops: Vec<Op> = (0..150)
+        .map(|i| {
+            let key = Key::new(format!("/config_state/enable_puppet/host/h{i:03}")).expect("key");
+            Op::put(key, "true")
+        })
+        .collect();
+    let LockOutcome::Taken(lock) = RolloutLock::try_take(&s, &schema).await.expect("lock") else {
+        panic!("the rollout lock is free")
+    };
+    assert_eq!(
+        apply_fenced(&s, &schema, ops, 0, &lock).await.expect("apply"),
+        Fenced::Applied
+    );
+    lock.release().await;
+    let written = s.list(&schema.enable_level_prefix(false)).await.expect("list");
+    assert_eq!(written.kvs.len(), 150);
+}
