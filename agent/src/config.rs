@@ -16,8 +16,9 @@ use serde::Deserialize;
 /// Where the configuration file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "/etc/jiocloud/agent.toml";
 
-/// The original tool's rule: letters followed by digits; the letters are the role.
-pub const DEFAULT_ROLE_PATTERN: &str = r"^([a-z]+)[0-9]+(-.*)?$";
+/// The original tool's rule: letters followed by digits; the letters are the role
+/// (the one rule, shared with `jioctl`).
+pub use jio_common::roles::DEFAULT_ROLE_PATTERN;
 
 /// How the configure and validate steps run.
 #[derive(Clone, Default)]
@@ -238,22 +239,12 @@ fn build(
     let pattern = pick("role_pattern", file.role_pattern)
         .map(|p| p.0)
         .unwrap_or_else(|| DEFAULT_ROLE_PATTERN.to_string());
-    let pattern = match regex::Regex::new(&pattern) {
-        Ok(r) if r.captures_len() >= 2 => Some(r),
-        Ok(_) => {
-            errors.push(format!(
-                "role_pattern {pattern:?}: needs a capture group that matches the role"
-            ));
-            None
-        }
-        Err(e) => {
-            errors.push(format!("role_pattern {pattern:?}: {e}"));
-            None
-        }
-    };
+    let pattern = jio_common::roles::RolePattern::new(&pattern)
+        .map_err(|e| errors.push(format!("role_pattern {e}")))
+        .ok();
     let role = match (pick("role", file.role), &hostname, &pattern) {
         (Some((r, _)), _, _) => Role::new(r).map_err(|e| errors.push(format!("role: {e}"))).ok(),
-        (None, Some(h), Some(p)) => match crate::identity::role_from_hostname(h, p) {
+        (None, Some(h), Some(p)) => match p.role_of(h) {
             Some(r) => Some(r),
             None => {
                 errors.push(format!(

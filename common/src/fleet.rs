@@ -12,18 +12,9 @@ use serde::Serialize;
 use crate::gate::{self, Gate, GateKeys, KeyState};
 use crate::keys::{EnableLevel, Key, Outcome, Parsed, Schema, Step};
 use crate::names::{HostName, Role, Version};
+use crate::roles::RolePattern;
 use crate::store::{DynStore, KeyValue, LeaseId, Revision, StoreError};
 use crate::values::{AgentRecord, HostRecord, parse_json, parse_version};
-
-/// The original tool's rule for a host that never registered: letters then digits.
-pub fn role_from_name(host: &HostName) -> Option<Role> {
-    let s = host.as_str();
-    let letters: String = s.chars().take_while(|c| c.is_ascii_lowercase()).collect();
-    let rest = &s[letters.len()..];
-    (!letters.is_empty() && rest.starts_with(|c: char| c.is_ascii_digit()))
-        .then(|| Role::new(letters).ok())
-        .flatten()
-}
 
 /// The rollout lock's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -70,6 +61,9 @@ pub struct Snapshot {
     pub problems: Vec<String>,
     /// Revision of the newest listing.
     pub revision: Revision,
+    /// The role of a host that has not registered: from its name, by this rule
+    /// (the default is the agent's; `jioctl` sets its configured one).
+    pub role_pattern: RolePattern,
 }
 
 impl Snapshot {
@@ -253,12 +247,12 @@ impl Snapshot {
         self.roles.keys().chain(self.running.keys()).cloned().collect()
     }
 
-    /// A host's role: registered, else from its name, else `unknown`.
+    /// A host's role: registered, else from its name by `role_pattern`, else `unknown`.
     pub fn role_of(&self, h: &HostName) -> Role {
         self.roles
             .get(h)
             .cloned()
-            .or_else(|| role_from_name(h))
+            .or_else(|| self.role_pattern.role_of(h))
             .unwrap_or_else(|| Role::new("unknown").unwrap_or_else(|_| unreachable!()))
     }
 

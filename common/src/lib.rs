@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod gate;
 pub mod keys;
 pub mod names;
+pub mod roles;
 pub mod rules;
 pub mod store;
 pub mod swift;
