@@ -1,0 +1,314 @@
+//! The rollout driver's decision, pure: from what the last step observed (a pass's
+//! outcome, the lock, the store) and the driver's state to what it does next (plan
+//! again, take the lock again, pause, wait for a change, or end with which code).
+//! No I/O and no clock here: the shell passes what time it is, as facts.
+
+use std::time::{Duration, Instant};
+
+use jio_common::fleet::LockRecord;
+use jio_common::keys::Step;
+use jio_common::names::HostName;
+use jio_common::rules::RulesError;
+
+use crate::exit;
+
+/// How long `--retry` keeps going while the store is unreachable.
+pub const STORE_PATIENCE: Duration = Duration::from_secs(300);
+/// Pause between passes while the store is unreachable.
+pub const UNREACHABLE_PAUSE: Duration = Duration::from_secs(1);
+/// While waiting, what blocks the rollout is said on every change and at least
+/// this often.
+pub const WAITING_REMINDER: Duration = Duration::from_secs(60);
+
+/// How one pass ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassOutcome {
+    /// The store changed under the plan: read it again and plan again.
+    Replan,
+    /// The view is fresh: plan again at once.
+    Again,
+    /// The rollout lock is no longer ours: take it again or stop.
+    LockLost,
+    /// An emergency stop newer than this run.
+    Halted(LockRecord),
+    /// More failures than allowed (the enable keys were reset).
+    Stopped { failures: Vec<(HostName, Step, String)> },
+    /// Nothing pending or upgrading (the enable keys were reset).
+    Finished { failed: usize },
+    /// Hosts are moving; `waiting` says on what, when nothing was admitted.
+    Continue { waiting: Option<String> },
+}
+
+/// What the driver's last step observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    Pass(PassOutcome),
+    /// The lock's lease ended before the pass (seen by its keeper).
+    LeaseEnded,
+    /// The lock was taken again.
+    Retaken,
+    /// Taking the lock again failed: someone else holds it.
+    LockHeld(Option<LockRecord>),
+    /// The store did not answer during the pass.
+    Unreachable,
+    /// The rules no longer fit the fleet (a role appeared that breaks them).
+    RulesInvalid(RulesError),
+}
+
+/// The driver's state, as facts at the moment of deciding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DriverState {
+    /// `--retry`: keep going until the rollout ends.
+    pub retry: bool,
+    /// `--timeout` has passed.
+    pub deadline_passed: bool,
+    /// How long the store has been unreachable, if it is.
+    pub unreachable_for: Option<Duration>,
+}
+
+/// What the rollout was doing when `--timeout` passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum During {
+    Waiting,
+    Unreachable,
+}
+
+/// How a rollout ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// One pass was applied (without `--retry`).
+    Applied,
+    /// Nothing pending or upgrading; `failed` hosts failed.
+    Finished {
+        failed: usize,
+    },
+    /// Stopped on failures.
+    Stopped {
+        failures: Vec<(HostName, Step, String)>,
+    },
+    /// Halted by an emergency stop.
+    Halted(LockRecord),
+    TimedOut(During),
+    /// Lost the rollout lock to another driver.
+    LockLost(Option<LockRecord>),
+    InvalidRules(RulesError),
+}
+
+impl Ending {
+    /// The documented exit code.
+    pub fn code(&self) -> u8 {
+        match self {
+            Ending::Applied | Ending::Finished { failed: 0 } => exit::OK,
+            Ending::Finished { .. } | Ending::Stopped { .. } => exit::FAILED,
+            Ending::Halted(_) => exit::HALTED,
+            Ending::TimedOut(_) => exit::TIMED_OUT,
+            Ending::LockLost(_) => exit::LOCKED,
+            Ending::InvalidRules(_) => exit::INVALID_RULES,
+        }
+    }
+
+    /// Whether the final status is shown.
+    pub fn shows_status(&self) -> bool {
+        matches!(self, Ending::Applied | Ending::Finished { .. })
+    }
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Plan again from the live view as it is.
+    Pass,
+    /// Plan again from a fresh read.
+    Reread,
+    /// Take the rollout lock again (before writing anything).
+    Retake,
+    /// Read afresh after this pause.
+    Pause(Duration),
+    /// Wait for a change that a plan depends on.
+    Wait,
+    /// Give up with the store's error.
+    GiveUp,
+    End(Ending),
+}
+
+/// The decision.
+pub fn next(observed: &Observed, s: &DriverState) -> Next {
+    match observed {
+        Observed::LeaseEnded => Next::Retake,
+        Observed::Retaken => Next::Reread,
+        Observed::LockHeld(by) => Next::End(Ending::LockLost(by.clone())),
+        Observed::RulesInvalid(e) => Next::End(Ending::InvalidRules(e.clone())),
+        Observed::Unreachable if !s.retry => Next::GiveUp,
+        Observed::Unreachable if s.unreachable_for.is_some_and(|d| d > STORE_PATIENCE) => Next::GiveUp,
+        Observed::Unreachable if s.deadline_passed => Next::End(Ending::TimedOut(During::Unreachable)),
+        Observed::Unreachable => Next::Pause(UNREACHABLE_PAUSE),
+        Observed::Pass(p) => match p {
+            PassOutcome::Replan => Next::Reread,
+            PassOutcome::Again => Next::Pass,
+            PassOutcome::LockLost => Next::Retake,
+            PassOutcome::Halted(by) => Next::End(Ending::Halted(by.clone())),
+            PassOutcome::Stopped { failures } => Next::End(Ending::Stopped {
+                failures: failures.clone(),
+            }),
+            PassOutcome::Finished { failed } => Next::End(Ending::Finished { failed: *failed }),
+            PassOutcome::Continue { .. } if !s.retry => Next::End(Ending::Applied),
+            PassOutcome::Continue { .. } if s.deadline_passed => Next::End(Ending::TimedOut(During::Waiting)),
+            PassOutcome::Continue { .. } => Next::Wait,
+        },
+    }
+}
+
+/// The waiting line: said when it changed and at least every `WAITING_REMINDER`.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    /// The last line noted (said or not).
+    pub last: Option<String>,
+    said_at: Option<Instant>,
+}
+
+impl Waiting {
+    /// Notes `line` at `now`: whether it is to be said.
+    pub fn note(&mut self, line: String, now: Instant) -> bool {
+        let due = self
+            .said_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= WAITING_REMINDER);
+        let say = self.last.as_ref() != Some(&line) || due;
+        if say {
+            self.said_at = Some(now);
+        }
+        self.last = Some(line);
+        say
+    }
+
+    /// How long until the line is to be repeated.
+    pub fn until_reminder(&self, now: Instant) -> Duration {
+        match self.said_at {
+            Some(t) => WAITING_REMINDER.saturating_sub(now.saturating_duration_since(t)),
+            None => WAITING_REMINDER,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn by() -> LockRecord {
+        LockRecord {
+            holder: "bob".into(),
+            host: "ops1".into(),
+            pid: 7,
+            since: 1,
+        }
+    }
+
+    #[test]
+    fn what_next() {
+        let once = DriverState::default();
+        let retry = DriverState { retry: true, ..once };
+        let late = DriverState {
+            deadline_passed: true,
+            ..retry
+        };
+        let cut_off = |secs| DriverState {
+            unreachable_for: Some(Duration::from_secs(secs)),
+            ..retry
+        };
+        let moving = Observed::Pass(PassOutcome::Continue {
+            waiting: Some("1 upgrading: cp1".into()),
+        });
+        let failure = vec![(HostName::new("cp2").unwrap(), Step::Configured, String::new())];
+        let rules = RulesError(vec!["bad".into()]);
+        let cases: Vec<(Observed, DriverState, Next)> = vec![
+            // One pass without --retry: applied, status shown, exit 0.
+            (moving.clone(), once, Next::End(Ending::Applied)),
+            (moving.clone(), retry, Next::Wait),
+            (moving.clone(), late, Next::End(Ending::TimedOut(During::Waiting))),
+            (Observed::Pass(PassOutcome::Replan), retry, Next::Reread),
+            (Observed::Pass(PassOutcome::Again), once, Next::Pass),
+            (
+                Observed::Pass(PassOutcome::Finished { failed: 0 }),
+                late,
+                Next::End(Ending::Finished { failed: 0 }),
+            ),
+            (
+                Observed::Pass(PassOutcome::Finished { failed: 2 }),
+                retry,
+                Next::End(Ending::Finished { failed: 2 }),
+            ),
+            (
+                Observed::Pass(PassOutcome::Stopped {
+                    failures: failure.clone(),
+                }),
+                retry,
+                Next::End(Ending::Stopped { failures: failure }),
+            ),
+            // Safety: a halt ends the run, whatever the deadline.
+            (
+                Observed::Pass(PassOutcome::Halted(by())),
+                late,
+                Next::End(Ending::Halted(by())),
+            ),
+            // Lock loss: take it again before writing anything; held by another: stop.
+            (Observed::Pass(PassOutcome::LockLost), retry, Next::Retake),
+            (Observed::LeaseEnded, once, Next::Retake),
+            (Observed::Retaken, retry, Next::Reread),
+            (
+                Observed::LockHeld(Some(by())),
+                retry,
+                Next::End(Ending::LockLost(Some(by()))),
+            ),
+            (
+                Observed::RulesInvalid(rules.clone()),
+                retry,
+                Next::End(Ending::InvalidRules(rules)),
+            ),
+            // The store: without --retry an error; with it, patience, then the deadline.
+            (Observed::Unreachable, once, Next::GiveUp),
+            (Observed::Unreachable, cut_off(10), Next::Pause(UNREACHABLE_PAUSE)),
+            (Observed::Unreachable, cut_off(301), Next::GiveUp),
+            (
+                Observed::Unreachable,
+                DriverState {
+                    deadline_passed: true,
+                    ..cut_off(10)
+                },
+                Next::End(Ending::TimedOut(During::Unreachable)),
+            ),
+        ];
+        for (observed, state, want) in cases {
+            assert_eq!(next(&observed, &state), want, "{observed:?} {state:?}");
+        }
+    }
+
+    #[test]
+    fn endings_have_the_documented_codes() {
+        let cases = [
+            (Ending::Applied, 0, true),
+            (Ending::Finished { failed: 0 }, 0, true),
+            (Ending::Finished { failed: 1 }, 1, true),
+            (Ending::Stopped { failures: vec![] }, 1, false),
+            (Ending::LockLost(None), 4, false),
+            (Ending::TimedOut(During::Waiting), 5, false),
+            (Ending::Halted(by()), 6, false),
+            (Ending::InvalidRules(RulesError(vec![])), 3, false),
+        ];
+        for (e, code, shows) in cases {
+            assert_eq!((e.code(), e.shows_status()), (code, shows), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn the_waiting_line_is_said_on_change_and_every_minute() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut w = Waiting::default();
+        assert!(w.note("a".into(), at(0)), "the first line");
+        assert!(!w.note("a".into(), at(10)), "unchanged, not due");
+        assert_eq!(w.until_reminder(at(10)), Duration::from_secs(50));
+        assert!(w.note("b".into(), at(20)), "changed");
+        assert!(!w.note("b".into(), at(79)));
+        assert!(w.note("b".into(), at(80)), "due a minute after it was said");
+        assert_eq!(w.last.as_deref(), Some("b"));
+    }
+}
