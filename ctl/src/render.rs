@@ -2,8 +2,9 @@
 //! enabled and what the rollout waits for. Pure text; printing is the caller's.
 
 use jio_common::fleet::{HostState, HostStatus};
-use jio_common::names::Role;
+use jio_common::names::{HostName, Role};
 use jio_common::rules::{GroupAction, Plan};
+use serde::Serialize;
 
 /// A group's action as users read it ("enable host cp1, cp2", "at limit (2 of 2 in
 /// flight)", ...).
@@ -26,15 +27,53 @@ pub fn action(a: &GroupAction) -> String {
     }
 }
 
-/// The plan as `--json` prints it: each group's action as its text.
-pub fn plan_json(plan: &Plan) -> serde_json::Value {
-    let mut v = serde_json::to_value(plan).unwrap_or_default();
-    if let Some(groups) = v.get_mut("groups").and_then(|g| g.as_array_mut()) {
-        for (g, p) in groups.iter_mut().zip(&plan.groups) {
-            g["action"] = action(&p.action).into();
-        }
+/// The plan as `--json` prints it: the planner's plan, field for field, with each
+/// group's action as its text.
+#[derive(Serialize)]
+pub struct PlanJson<'a> {
+    enable_roles: &'a [Role],
+    clear_host_keys: &'a [HostName],
+    enable_hosts: &'a [HostName],
+    groups: Vec<GroupJson<'a>>,
+    stopped_on_failures: bool,
+}
+
+#[derive(Serialize)]
+struct GroupJson<'a> {
+    group: &'a str,
+    limit: Option<u64>,
+    upgraded: usize,
+    in_flight: usize,
+    pending: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    blocked: usize,
+    action: String,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+pub fn plan_json(plan: &Plan) -> PlanJson<'_> {
+    PlanJson {
+        enable_roles: &plan.enable_roles,
+        clear_host_keys: &plan.clear_host_keys,
+        enable_hosts: &plan.enable_hosts,
+        groups: plan
+            .groups
+            .iter()
+            .map(|g| GroupJson {
+                group: &g.group,
+                limit: g.limit,
+                upgraded: g.upgraded,
+                in_flight: g.in_flight,
+                pending: g.pending,
+                blocked: g.blocked,
+                action: action(&g.action),
+            })
+            .collect(),
+        stopped_on_failures: plan.stopped_on_failures,
     }
-    v
 }
 
 /// One line per group.
@@ -130,7 +169,28 @@ pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jio_common::names::HostName;
+
+    #[test]
+    fn the_plan_json_keeps_its_shape_and_order() {
+        let cp1 = HostName::new("cp1").unwrap();
+        let plan = Plan {
+            enable_hosts: vec![cp1.clone()],
+            groups: vec![jio_common::rules::GroupPlan {
+                group: "compute".into(),
+                limit: Some(1),
+                upgraded: 0,
+                in_flight: 0,
+                pending: 2,
+                blocked: 0,
+                action: GroupAction::Admit { hosts: vec![cp1] },
+            }],
+            ..Plan::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&plan_json(&plan)).unwrap(),
+            r#"{"enable_roles":[],"clear_host_keys":[],"enable_hosts":["cp1"],"groups":[{"group":"compute","limit":1,"upgraded":0,"in_flight":0,"pending":2,"action":"enable host cp1"}],"stopped_on_failures":false}"#
+        );
+    }
 
     #[test]
     fn actions_read_as_before() {
