@@ -497,7 +497,11 @@ mod tests {
         snap.role_pattern = RolePattern::new(r"^[a-z]+-([a-z]+)-\d+$").unwrap();
         assert_eq!(role(&snap, "bom-compute-3"), "compute");
         assert_eq!(role(&snap, "compute12"), "unknown");
-        assert_eq!(role(&snap, "gw-9"), "gateway", "registered: from /hosts, whatever the pattern");
+        assert_eq!(
+            role(&snap, "gw-9"),
+            "gateway",
+            "registered: from /hosts, whatever the pattern"
+        );
     }
 
     #[test]
