@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 
-use jio_common::fleet::{self, HALT, HostState, HostStatus, LockRecord, Snapshot};
+use jio_common::fleet::{self, HALT, LockRecord, Snapshot};
 use jio_common::gate::KeyState;
 use jio_common::keys::Schema;
 use jio_common::names::Version;
@@ -32,7 +32,7 @@ use crate::progress::Progress;
 use crate::render;
 use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
 use live::{Applied, LiveView};
-use next::{DriverState, During, Ending, Next, Observed, PassOutcome, Waiting};
+use next::{After, Before, DriverState, During, Ending, Next, Observed, PassOutcome, Settled, Waiting};
 
 pub struct Args {
     pub version: Version,
@@ -203,11 +203,6 @@ impl From<StoreError> for PassError {
     }
 }
 
-/// Some enable key would still let a host start.
-fn armed(snap: &Snapshot) -> bool {
-    snap.global != KeyState::Set(false) || !snap.role_keys.is_empty() || !snap.host_keys.is_empty()
-}
-
 /// The driver's shell: everything `next::next` needs to know, and the I/O it asks for.
 struct Driver<'a> {
     store: &'a DynStore,
@@ -370,11 +365,11 @@ impl Driver<'_> {
     async fn pass_on(&mut self, view: &mut LiveView) -> Result<PassOutcome, PassError> {
         let snap = view.snapshot(self.schema, self.role_pattern);
         self.last_revision = snap.revision;
-        if let Some((by, rev)) = &snap.halt {
-            return Ok(self.on_halt(&snap, by, *rev).await?);
-        }
-        if snap.current.as_ref() != Some(&self.args.version) {
-            return Ok(self.start(view, &snap).await?);
+        match next::before_plan(&snap, self.started_at, &self.args.version) {
+            Before::Halted(by) => return Ok(PassOutcome::Halted(by)),
+            Before::ClearHalt(by) => return Ok(self.clear_halt(&snap, &by).await?),
+            Before::Start => return Ok(self.start(view, &snap).await?),
+            Before::Plan => {}
         }
         let hosts = fleet::classify(&snap);
         let roles = hosts.iter().map(|h| h.role.clone()).collect();
@@ -384,19 +379,40 @@ impl Driver<'_> {
             println!("pass at revision {}:", snap.revision);
             print!("{}", render::plan_table(&plan));
         }
-        if !plan.is_empty() {
-            let ops = writes::plan_ops(self.schema, &plan);
-            if let Some(end) = self.fenced(ops, &snap).await? {
-                return Ok(end);
+        match next::after_plan(&snap, &hosts, &plan) {
+            After::Apply => Ok(self.apply(&snap, &plan).await?),
+            After::Settle { disarm, end } => {
+                self.progress.update(&hosts);
+                if disarm && let Some(end) = self.disarm(&snap).await? {
+                    return Ok(end);
+                }
+                Ok(match end {
+                    Settled::Finished { failed } => PassOutcome::Finished { failed },
+                    Settled::Stopped => PassOutcome::Stopped {
+                        failures: snap
+                            .failures
+                            .iter()
+                            .map(|(h, (step, value))| (h.clone(), *step, value.clone()))
+                            .collect(),
+                    },
+                    Settled::Waiting => PassOutcome::Continue {
+                        waiting: Some(render::waiting_line(&hosts, &plan)),
+                    },
+                })
             }
-            if let Some(a) = render::admitted(&plan) {
-                self.progress.note(&a);
-            }
-            // The watch brings our own writes back into the view.
-            return Ok(PassOutcome::Continue { waiting: None });
         }
-        self.progress.update(&hosts);
-        Ok(self.settle(&snap, &hosts, &plan).await?)
+    }
+
+    async fn apply(&mut self, snap: &Snapshot, plan: &Plan) -> Result<PassOutcome, StoreError> {
+        let ops = writes::plan_ops(self.schema, plan);
+        if let Some(end) = self.fenced(ops, snap).await? {
+            return Ok(end);
+        }
+        if let Some(a) = render::admitted(plan) {
+            self.progress.note(&a);
+        }
+        // The watch brings our own writes back into the view.
+        Ok(PassOutcome::Continue { waiting: None })
     }
 
     /// Writes `ops` fenced on what `snap` read and on still holding the lock: `None`
@@ -414,18 +430,8 @@ impl Driver<'_> {
         )
     }
 
-    /// An emergency stop newer than this run halts it; an older one was seen by the
-    /// operator who started it: starting it is the decision to go on, so clear it,
-    /// fenced like any plan.
-    async fn on_halt(
-        &mut self,
-        snap: &Snapshot,
-        by: &LockRecord,
-        rev: Revision,
-    ) -> Result<PassOutcome, StoreError> {
-        if rev > self.started_at {
-            return Ok(PassOutcome::Halted(by.clone()));
-        }
+    /// Clears an emergency stop from before this run, fenced like any plan.
+    async fn clear_halt(&mut self, snap: &Snapshot, by: &LockRecord) -> Result<PassOutcome, StoreError> {
         let ops = vec![Op::Delete(self.schema.lock(HALT))];
         if let Some(end) = self.fenced(ops, snap).await? {
             return Ok(end);
@@ -457,46 +463,17 @@ impl Driver<'_> {
         Ok(PassOutcome::Again)
     }
 
-    /// Nothing to admit: finished, stopped on failures (both disarm), or waiting.
-    async fn settle(
-        &mut self,
-        snap: &Snapshot,
-        hosts: &[HostStatus],
-        plan: &Plan,
-    ) -> Result<PassOutcome, StoreError> {
-        let count = |s: HostState| hosts.iter().filter(|h| h.state == s).count();
-        let moving = count(HostState::Pending)
-            + count(HostState::Upgrading)
-            + count(HostState::Lost)
-            + count(HostState::Blocked);
-        if moving > 0 && !plan.stopped_on_failures {
-            return Ok(PassOutcome::Continue {
-                waiting: Some(render::waiting_line(hosts, plan)),
-            });
+    /// Leaves nothing armed (a later trigger-update must not release the fleet):
+    /// `None` when done, or the end of the pass.
+    async fn disarm(&mut self, snap: &Snapshot) -> Result<Option<PassOutcome>, StoreError> {
+        let ops = writes::global_disable_ops(self.schema);
+        if let Some(end) = self.fenced(ops, snap).await? {
+            return Ok(Some(end));
         }
-        // Leave nothing armed: a later trigger-update must not release the fleet.
-        if armed(snap) {
-            let ops = writes::global_disable_ops(self.schema);
-            if let Some(end) = self.fenced(ops, snap).await? {
-                return Ok(end);
-            }
-            if !self.args.quiet {
-                println!("enable keys reset (puppet disabled globally): nothing is left armed");
-            }
+        if !self.args.quiet {
+            println!("enable keys reset (puppet disabled globally): nothing is left armed");
         }
-        Ok(if moving == 0 {
-            PassOutcome::Finished {
-                failed: count(HostState::Failed),
-            }
-        } else {
-            PassOutcome::Stopped {
-                failures: snap
-                    .failures
-                    .iter()
-                    .map(|(h, (step, value))| (h.clone(), *step, value.clone()))
-                    .collect(),
-            }
-        })
+        Ok(None)
     }
 }
 

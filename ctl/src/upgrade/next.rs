@@ -1,14 +1,19 @@
-//! The rollout driver's decision, pure: from what the last step observed (a pass's
-//! outcome, the lock, the store) and the driver's state to what it does next (plan
-//! again, take the lock again, pause, wait for a change, or end with which code).
-//! No I/O and no clock here: the shell passes what time it is, as facts.
+//! The rollout driver's decisions, pure. Within a pass: from the snapshot to what
+//! the pass does (halt, clear an old stop, start, plan), and from the plan to
+//! whether it applies it or settles (disarm, finish, stop, wait). Between passes:
+//! from what the last step observed (a pass's outcome, the lock, the store) and
+//! the driver's state to what it does next (plan again, take the lock again,
+//! pause, wait for a change, or end with which code). No I/O and no clock here:
+//! the shell passes what time it is, as facts.
 
 use std::time::{Duration, Instant};
 
-use jio_common::fleet::LockRecord;
+use jio_common::fleet::{HostState, HostStatus, LockRecord, Snapshot};
+use jio_common::gate::KeyState;
 use jio_common::keys::Step;
-use jio_common::names::HostName;
-use jio_common::rules::RulesError;
+use jio_common::names::{HostName, Version};
+use jio_common::rules::{Plan, RulesError};
+use jio_common::store::Revision;
 
 use crate::exit;
 
@@ -19,6 +24,84 @@ pub const UNREACHABLE_PAUSE: Duration = Duration::from_secs(1);
 /// While waiting, what blocks the rollout is said on every change and at least
 /// this often.
 pub const WAITING_REMINDER: Duration = Duration::from_secs(60);
+
+/// What a pass does, from its snapshot, before planning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Before {
+    /// An emergency stop newer than this run: it halts the run.
+    Halted(LockRecord),
+    /// An emergency stop from before this run was seen by the operator who started
+    /// it: starting it is the decision to go on, so it is cleared (fenced).
+    ClearHalt(LockRecord),
+    /// The desired version is not this run's (first pass, or someone changed it):
+    /// start the rollout in one transaction.
+    Start,
+    Plan,
+}
+
+/// Decides what a pass does before planning.
+pub fn before_plan(snap: &Snapshot, started_at: Revision, version: &Version) -> Before {
+    match &snap.halt {
+        Some((by, rev)) if *rev > started_at => Before::Halted(by.clone()),
+        Some((by, _)) => Before::ClearHalt(by.clone()),
+        None if snap.current.as_ref() != Some(version) => Before::Start,
+        None => Before::Plan,
+    }
+}
+
+/// What a pass does with its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// Write the plan (fenced).
+    Apply,
+    /// Nothing to admit. `disarm`: reset the enable keys first (fenced), so that a
+    /// finished or stopped rollout leaves nothing armed.
+    Settle { disarm: bool, end: Settled },
+}
+
+/// How a pass that admitted nothing ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Nothing pending, upgrading, lost or blocked.
+    Finished { failed: usize },
+    /// More failures than allowed.
+    Stopped,
+    /// Hosts are moving: wait for them.
+    Waiting,
+}
+
+/// Some enable key would still let a host start.
+pub fn armed(snap: &Snapshot) -> bool {
+    snap.global != KeyState::Set(false) || !snap.role_keys.is_empty() || !snap.host_keys.is_empty()
+}
+
+/// Decides what a pass does with its plan.
+pub fn after_plan(snap: &Snapshot, hosts: &[HostStatus], plan: &Plan) -> After {
+    if !plan.is_empty() {
+        return After::Apply;
+    }
+    let count = |s: HostState| hosts.iter().filter(|h| h.state == s).count();
+    let moving = count(HostState::Pending)
+        + count(HostState::Upgrading)
+        + count(HostState::Lost)
+        + count(HostState::Blocked);
+    let end = if moving == 0 {
+        Settled::Finished {
+            failed: count(HostState::Failed),
+        }
+    } else if plan.stopped_on_failures {
+        Settled::Stopped
+    } else {
+        return After::Settle {
+            disarm: false,
+            end: Settled::Waiting,
+        };
+    };
+    After::Settle {
+        disarm: armed(snap),
+        end,
+    }
+}
 
 /// How one pass ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,6 +282,78 @@ mod tests {
             host: "ops1".into(),
             pid: 7,
             since: 1,
+        }
+    }
+
+    #[test]
+    fn what_a_pass_does_before_planning() {
+        let v2 = Version::new("v2").unwrap();
+        let snap = |current: &str, halt: Option<Revision>| Snapshot {
+            current: Some(Version::new(current).unwrap()),
+            halt: halt.map(|rev| (by(), rev)),
+            ..Snapshot::default()
+        };
+        let started_at = 10;
+        let cases = [
+            (snap("v2", Some(11)), Before::Halted(by())),
+            // A stop newer than the run halts it even before the rollout started.
+            (snap("v1", Some(11)), Before::Halted(by())),
+            (snap("v2", Some(10)), Before::ClearHalt(by())),
+            (snap("v1", None), Before::Start),
+            (snap("v2", None), Before::Plan),
+        ];
+        for (s, want) in cases {
+            assert_eq!(before_plan(&s, started_at, &v2), want, "{:?}", s.halt);
+        }
+    }
+
+    #[test]
+    fn what_a_pass_does_with_its_plan() {
+        let host = |name: &str, state| HostStatus {
+            host: HostName::new(name).unwrap(),
+            role: jio_common::names::Role::new("compute").unwrap(),
+            state,
+            reason: None,
+        };
+        let disarmed = Snapshot {
+            global: KeyState::Set(false),
+            ..Snapshot::default()
+        };
+        let armed_snap = Snapshot::default(); // no global key: hosts would start
+        let admit = Plan {
+            enable_hosts: vec![HostName::new("cp2").unwrap()],
+            ..Plan::default()
+        };
+        let nothing = Plan::default();
+        let stopped = Plan {
+            stopped_on_failures: true,
+            ..Plan::default()
+        };
+        let done = [host("cp1", HostState::Upgraded), host("cp2", HostState::Upgraded)];
+        let one_failed = [host("cp1", HostState::Failed), host("cp2", HostState::Upgraded)];
+        let moving = [host("cp1", HostState::Failed), host("cp2", HostState::Upgrading)];
+        let settle = |disarm, end| After::Settle { disarm, end };
+        let cases: Vec<(&Snapshot, &[HostStatus], &Plan, After)> = vec![
+            (&disarmed, &moving, &admit, After::Apply),
+            (&disarmed, &moving, &nothing, settle(false, Settled::Waiting)),
+            (&armed_snap, &moving, &nothing, settle(false, Settled::Waiting)),
+            (&armed_snap, &moving, &stopped, settle(true, Settled::Stopped)),
+            (&disarmed, &moving, &stopped, settle(false, Settled::Stopped)),
+            (
+                &armed_snap,
+                &done,
+                &nothing,
+                settle(true, Settled::Finished { failed: 0 }),
+            ),
+            (
+                &disarmed,
+                &one_failed,
+                &stopped,
+                settle(false, Settled::Finished { failed: 1 }),
+            ),
+        ];
+        for (i, (snap, hosts, plan, want)) in cases.into_iter().enumerate() {
+            assert_eq!(after_plan(snap, hosts, plan), want, "case {i}");
         }
     }
 
