@@ -483,6 +483,28 @@ mod tests {
     }
 
     #[test]
+    fn the_role_of_a_host_that_never_registered_follows_the_role_pattern() {
+        let kvs = vec![
+            kv("/hosts/gw-9", &rec("gateway")),
+            kv("/running/versions/v1/gw-9", "1"),
+            kv("/running/versions/v1/bom-compute-3", "1"),
+            kv("/running/versions/v1/compute12", "1"),
+        ];
+        let mut snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let role = |s: &Snapshot, h: &str| s.role_of(&HostName::new(h).unwrap()).to_string();
+        assert_eq!(role(&snap, "compute12"), "compute", "the default is the agent's");
+        assert_eq!(role(&snap, "bom-compute-3"), "unknown");
+        snap.role_pattern = RolePattern::new(r"^[a-z]+-([a-z]+)-\d+$").unwrap();
+        assert_eq!(role(&snap, "bom-compute-3"), "compute");
+        assert_eq!(role(&snap, "compute12"), "unknown");
+        assert_eq!(
+            role(&snap, "gw-9"),
+            "gateway",
+            "registered: from /hosts, whatever the pattern"
+        );
+    }
+
+    #[test]
     fn classification() {
         let kvs = vec![
             kv("/current_version", "v2"),

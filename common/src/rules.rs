@@ -427,7 +427,28 @@ pub struct GroupPlan {
     #[serde(skip_serializing_if = "is_zero")]
     pub blocked: usize,
     /// Hosts or roles admitted by this plan, or why none.
-    pub action: String,
+    pub action: GroupAction,
+}
+
+/// What the planner does with one group's pending hosts (rendered for people by
+/// `jioctl`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GroupAction {
+    /// No host of the group is pending.
+    Done,
+    /// More hosts failed than `max_failures`: nothing is admitted anywhere.
+    StoppedOnFailure { failed: u64, max_failures: u64 },
+    /// The groups it waits for (`role_order`) are not all upgraded.
+    Wait { on: Vec<String> },
+    /// Every pending host fits: these role keys are enabled.
+    EnableRoles { roles: Vec<Role> },
+    /// These hosts are admitted by their host keys (up to the limit).
+    Admit { hosts: Vec<HostName> },
+    /// The limit is 0.
+    Frozen,
+    /// The limit is reached: nothing more until a host finishes.
+    Full { in_flight: usize, limit: usize },
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -481,17 +502,16 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved) -> Plan {
         let limit = r.limits.get(g).copied().flatten();
         let waiting: Vec<&String> = r.deps.get(g).into_iter().flatten().filter(|d| !done(d)).collect();
         let action = if pending.is_empty() {
-            "nothing pending".to_string()
+            GroupAction::Done
         } else if stopped {
-            format!(
-                "stopped: {failed} failed host(s), more than max_failures {}",
-                r.max_failures
-            )
+            GroupAction::StoppedOnFailure {
+                failed,
+                max_failures: r.max_failures,
+            }
         } else if !waiting.is_empty() {
-            format!(
-                "waiting for {}",
-                waiting.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-            )
+            GroupAction::Wait {
+                on: waiting.into_iter().cloned().collect(),
+            }
         } else if !hs.iter().any(|h| h.state == HostState::Blocked)
             && limit.is_none_or(|l| l >= (pending.len() + in_flight) as u64)
         {
@@ -509,23 +529,19 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved) -> Plan {
                     plan.clear_host_keys.push(h.host.clone());
                 }
             }
-            format!(
-                "enable role {}",
-                roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", ")
-            )
+            GroupAction::EnableRoles {
+                roles: roles.into_iter().cloned().collect(),
+            }
         } else {
             let l = limit.unwrap_or(u64::MAX) as usize;
             if in_flight < l {
-                let admit: Vec<&HostName> = pending.iter().take(l - in_flight).copied().collect();
-                plan.enable_hosts.extend(admit.iter().map(|h| (*h).clone()));
-                format!(
-                    "enable host {}",
-                    admit.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", ")
-                )
+                let admit: Vec<HostName> = pending.iter().take(l - in_flight).map(|h| (*h).clone()).collect();
+                plan.enable_hosts.extend(admit.iter().cloned());
+                GroupAction::Admit { hosts: admit }
             } else if l == 0 {
-                "frozen (limit 0)".to_string()
+                GroupAction::Frozen
             } else {
-                format!("at limit ({in_flight} of {l} in flight)")
+                GroupAction::Full { in_flight, limit: l }
             }
         };
         plan.groups.push(GroupPlan {
@@ -596,6 +612,12 @@ mod tests {
         plan(&snap, &statuses, &resolved)
     }
 
+    fn wait(on: &[&str]) -> GroupAction {
+        GroupAction::Wait {
+            on: on.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
     fn names<T: AsRef<str>>(v: &[T]) -> Vec<&str> {
         v.iter().map(|x| x.as_ref()).collect()
     }
@@ -638,7 +660,13 @@ mod tests {
             &hosts,
         );
         assert!(p.is_empty());
-        assert!(p.groups[0].action.contains("at limit"), "{:?}", p.groups);
+        assert_eq!(
+            p.groups[0].action,
+            GroupAction::Full {
+                in_flight: 2,
+                limit: 2
+            }
+        );
     }
 
     #[test]
@@ -685,7 +713,13 @@ mod tests {
             .unwrap();
         let p = plan(&snap, &statuses, &r);
         assert!(p.is_empty(), "{p:?}");
-        assert!(p.groups[0].action.contains("at limit (2 of 2"), "{:?}", p.groups);
+        assert_eq!(
+            p.groups[0].action,
+            GroupAction::Full {
+                in_flight: 2,
+                limit: 2
+            }
+        );
     }
 
     #[test]
@@ -725,7 +759,7 @@ mod tests {
         assert!(
             p.groups
                 .iter()
-                .any(|g| g.group == "compute" && g.action.contains("frozen"))
+                .any(|g| g.group == "compute" && g.action == GroupAction::Frozen)
         );
         let p = run(r#"{"rolling_rules": {"global": 0}}"#, &hosts);
         assert!(p.is_empty());
@@ -744,7 +778,7 @@ mod tests {
         assert!(
             p.groups
                 .iter()
-                .any(|g| g.group == "compute" && g.action == "waiting for controller")
+                .any(|g| g.group == "compute" && g.action == wait(&["controller"]))
         );
         let hosts = [
             ("ctl1", "controller", "up"),
@@ -792,7 +826,7 @@ mod tests {
         assert!(
             p.groups
                 .iter()
-                .any(|g| g.group == "compute" && g.action == "waiting for ceph")
+                .any(|g| g.group == "compute" && g.action == wait(&["ceph"]))
         );
         // A limit given for a role of the group applies to the group.
         let rules = r#"{"group_mappings": {"ceph": "st.*"}, "rolling_rules": {"roles": {"stmon": 3}}}"#;
@@ -812,6 +846,61 @@ mod tests {
         let p = run(r#"{"max_failures": 1}"#, &hosts);
         assert!(!p.stopped_on_failures);
         assert_eq!(names(&p.enable_roles), vec!["compute", "db"]);
+    }
+
+    #[test]
+    fn each_group_says_what_was_done_with_it() {
+        let hosts = [
+            ("ctl1", "controller", "up"),
+            ("cp1", "compute", "wait"),
+            ("cp2", "compute", "wait"),
+            ("db1", "db", "wait"),
+        ];
+        let host = |h: &str| HostName::new(h).unwrap();
+        let role = |r: &str| Role::new(r).unwrap();
+        let cases: [(&str, &[(&str, GroupAction)]); 3] = [
+            (
+                r#"{"rolling_rules": {"roles": {"compute": 1}}}"#,
+                &[
+                    (
+                        "compute",
+                        GroupAction::Admit {
+                            hosts: vec![host("cp1")],
+                        },
+                    ),
+                    ("controller", GroupAction::Done),
+                    (
+                        "db",
+                        GroupAction::EnableRoles {
+                            roles: vec![role("db")],
+                        },
+                    ),
+                ],
+            ),
+            (
+                r#"{"role_order": {"compute": "db"}}"#,
+                &[("compute", wait(&["db"]))],
+            ),
+            (
+                r#"{"rolling_rules": {"global": 0}}"#,
+                &[("db", GroupAction::Frozen)],
+            ),
+        ];
+        for (rules, want) in cases {
+            let p = run(rules, &hosts);
+            for (group, action) in want {
+                let got = p.groups.iter().find(|g| g.group == *group).unwrap();
+                assert_eq!(&got.action, action, "{rules}: {group}");
+            }
+        }
+        let p = run("{}", &[("cp1", "compute", "fail"), ("cp2", "compute", "wait")]);
+        assert_eq!(
+            p.groups[0].action,
+            GroupAction::StoppedOnFailure {
+                failed: 1,
+                max_failures: 0
+            }
+        );
     }
 
     #[test]

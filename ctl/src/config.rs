@@ -1,9 +1,11 @@
-//! jioctl's settings: flag > environment > `~/.config/jiocloud/jioctl.toml` > default.
+//! jioctl's settings: flag > environment > `~/.config/jiocloud/jioctl.toml` > default,
+//! parsed once into a validated `Config`, every bad value reported together.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use jio_common::keys::Schema;
+use jio_common::roles::{DEFAULT_ROLE_PATTERN, RolePattern};
 use jio_common::store::{StoreUrl, default_store_url};
 use serde::Deserialize;
 
@@ -13,7 +15,16 @@ use serde::Deserialize;
 struct FileConfig {
     store: Option<String>,
     prefix: Option<String>,
+    role_pattern: Option<String>,
     swift: Option<jio_common::swift::SwiftSettings>,
+}
+
+/// The settings given as flags (`None`: not given).
+#[derive(Debug, Default, Clone)]
+pub struct Flags {
+    pub store: Option<String>,
+    pub prefix: Option<String>,
+    pub role_pattern: Option<String>,
 }
 
 /// The validated settings.
@@ -22,6 +33,8 @@ pub struct Config {
     pub store: StoreUrl,
     pub store_given: bool,
     pub schema: Schema,
+    /// The role of a host that has not registered, from its name (the agents' rule).
+    pub role_pattern: RolePattern,
     /// Credentials for fetching run logs (`jioctl logs`).
     pub swift: Option<jio_common::swift::SwiftSettings>,
 }
@@ -47,8 +60,7 @@ fn read(path: &Path, explicit: bool) -> anyhow::Result<FileConfig> {
 /// Merges the sources; every problem is reported together.
 pub fn load(
     path: Option<&Path>,
-    flag_store: Option<&str>,
-    flag_prefix: Option<&str>,
+    flags: &Flags,
     env: impl Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Config> {
     let file = match path {
@@ -58,28 +70,29 @@ pub fn load(
             None => FileConfig::default(),
         },
     };
+    let pick =
+        |flag: &Option<String>, var: &str, file: Option<String>| flag.clone().or_else(|| env(var)).or(file);
     let mut errors = Vec::new();
-    let store_raw = flag_store
-        .map(String::from)
-        .or_else(|| env("JIO_STORE"))
-        .or(file.store);
+    let store_raw = pick(&flags.store, "JIO_STORE", file.store);
     let store_given = store_raw.is_some();
     let store = match store_raw {
         Some(s) => StoreUrl::parse(&s).map_err(|e| errors.push(e.to_string())).ok(),
         None => Some(default_store_url()),
     };
-    let prefix = flag_prefix
-        .map(String::from)
-        .or_else(|| env("JIO_PREFIX"))
-        .or(file.prefix);
+    let prefix = pick(&flags.prefix, "JIO_PREFIX", file.prefix);
     let schema = Schema::new(prefix.as_deref().unwrap_or(""))
         .map_err(|e| errors.push(format!("prefix: {e}")))
         .ok();
-    match (store, schema) {
-        (Some(store), Some(schema)) if errors.is_empty() => Ok(Config {
+    let pattern = pick(&flags.role_pattern, "JIO_ROLE_PATTERN", file.role_pattern);
+    let role_pattern = RolePattern::new(pattern.as_deref().unwrap_or(DEFAULT_ROLE_PATTERN))
+        .map_err(|e| errors.push(format!("role_pattern {e}")))
+        .ok();
+    match (store, schema, role_pattern) {
+        (Some(store), Some(schema), Some(role_pattern)) if errors.is_empty() => Ok(Config {
             store,
             store_given,
             schema,
+            role_pattern,
             swift: file.swift,
         }),
         _ => bail!("{}", errors.join("; ")),
@@ -90,28 +103,67 @@ pub fn load(
 mod tests {
     use super::*;
 
+    fn flags(store: Option<&str>, prefix: Option<&str>, role_pattern: Option<&str>) -> Flags {
+        Flags {
+            store: store.map(String::from),
+            prefix: prefix.map(String::from),
+            role_pattern: role_pattern.map(String::from),
+        }
+    }
+
     #[test]
     fn precedence_and_unknown_keys() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("jioctl.toml");
         std::fs::write(&p, "store = \"etcd://file:1\"\nprefix = \"/f\"\n").unwrap();
         let env = |k: &str| (k == "JIO_STORE").then(|| "etcd://env:2".to_string());
-        let c = load(Some(&p), None, None, env).unwrap();
+        let c = load(Some(&p), &Flags::default(), env).unwrap();
         assert_eq!(c.store.to_string(), "etcd://env:2");
         assert_eq!(c.schema.prefix(), "/f");
-        let c = load(Some(&p), Some("etcd://flag:3"), Some("/x"), env).unwrap();
+        let c = load(Some(&p), &flags(Some("etcd://flag:3"), Some("/x"), None), env).unwrap();
         assert_eq!(c.store.to_string(), "etcd://flag:3");
         assert_eq!(c.schema.prefix(), "/x");
         std::fs::write(&p, "stroe = 1\n").unwrap();
         assert!(
-            load(Some(&p), None, None, |_| None)
+            load(Some(&p), &Flags::default(), |_| None)
                 .unwrap_err()
                 .to_string()
                 .contains("stroe")
         );
-        let err = load(None, Some("nope://x"), Some("bad"), |_| None)
+        let err = load(
+            None,
+            &flags(Some("nope://x"), Some("bad"), Some("^[a-z]+$")),
+            |_| None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("nope://x") && err.contains("prefix") && err.contains("role_pattern \"^[a-z]+$\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn role_pattern_flag_env_file_default() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("jioctl.toml");
+        let c = load(Some(&d.path().join("absent.toml")), &Flags::default(), |_| None);
+        assert!(c.is_err(), "an explicit file that does not exist is an error");
+        std::fs::write(&p, "").unwrap();
+        let c = load(Some(&p), &Flags::default(), |_| None).unwrap();
+        assert_eq!(c.role_pattern.as_str(), DEFAULT_ROLE_PATTERN);
+        std::fs::write(&p, "role_pattern = \"^file-([a-z]+)$\"\n").unwrap();
+        let c = load(Some(&p), &Flags::default(), |_| None).unwrap();
+        assert_eq!(c.role_pattern.as_str(), "^file-([a-z]+)$");
+        let env = |k: &str| (k == "JIO_ROLE_PATTERN").then(|| "^env-([a-z]+)$".to_string());
+        let c = load(Some(&p), &Flags::default(), env).unwrap();
+        assert_eq!(c.role_pattern.as_str(), "^env-([a-z]+)$");
+        let c = load(Some(&p), &flags(None, None, Some("^flag-([a-z]+)$")), env).unwrap();
+        assert_eq!(c.role_pattern.as_str(), "^flag-([a-z]+)$");
+        std::fs::write(&p, "role_pattern = \"^(\"\n").unwrap();
+        let err = load(Some(&p), &Flags::default(), |_| None)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("nope://x") && err.contains("prefix"), "{err}");
+        assert!(err.starts_with("role_pattern \"^(\": "), "{err}");
     }
 }

@@ -1,12 +1,20 @@
 //! jioctl: the operator CLI. Shows the fleet, sets the desired version and drives
 //! rollouts under the rules.
+//!
+//! Layering, one way: `cli` → `commands` → (`upgrade`, `release`, `status`,
+//! `render`, `writes`, `context`) → `exit` and `config`; no module imports one that
+//! imports it back.
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod commands;
 pub mod config;
+pub mod context;
+pub mod exit;
 pub mod progress;
-pub mod queries;
+pub mod release;
+pub mod render;
 pub mod status;
 pub mod upgrade;
 pub mod writes;

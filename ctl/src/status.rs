@@ -1,13 +1,10 @@
-//! `jioctl status`: the fleet by state and role, as a table or JSON, once or live.
+//! The fleet's status for people and programs: the table and the JSON (pure; the
+//! `status` command prints them).
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal as _;
 
-use futures_util::StreamExt as _;
 use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
-use jio_common::keys::Schema;
 use jio_common::names::Role;
-use jio_common::store::DynStore;
 use serde_json::{Value, json};
 
 /// The status JSON: the original's shape (`{state: {role: [hosts]}}`) plus the new
@@ -75,6 +72,14 @@ pub fn only_role(hosts: Vec<HostStatus>, role: Option<&Role>) -> Vec<HostStatus>
 
 /// The human table.
 pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
+    let mut s = header(snap, store);
+    table(&mut s, hosts);
+    explained(&mut s, snap, hosts);
+    s
+}
+
+/// The version, the store, the lock holder, an emergency stop and the problems.
+fn header(snap: &Snapshot, store: &str) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let cur = snap
@@ -100,6 +105,12 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
     for p in &snap.problems {
         let _ = writeln!(s, "warning: {p}");
     }
+    s
+}
+
+/// The counts per role (a BLOCKED column only when a host is blocked).
+fn table(s: &mut String, hosts: &[HostStatus]) {
+    use std::fmt::Write as _;
     let mut per_role: BTreeMap<&Role, BTreeMap<HostState, usize>> = BTreeMap::new();
     for h in hosts {
         *per_role.entry(&h.role).or_default().entry(h.state).or_default() += 1;
@@ -138,6 +149,12 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
     if hosts.is_empty() {
         let _ = writeln!(s, "(no hosts)");
     }
+}
+
+/// The upgrading and pending hosts by name, then every host with something to
+/// explain, one line each.
+fn explained(s: &mut String, snap: &Snapshot, hosts: &[HostStatus]) {
+    use std::fmt::Write as _;
     for state in [HostState::Upgrading, HostState::Pending] {
         let names: Vec<&str> = hosts
             .iter()
@@ -174,55 +191,5 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
             }
             _ => {}
         }
-    }
-    s
-}
-
-/// Prints the status once, or after every change with `watch`.
-pub async fn run(
-    store: &DynStore,
-    schema: &Schema,
-    role: Option<&Role>,
-    as_json: bool,
-    watch: bool,
-) -> anyhow::Result<()> {
-    let mut stream = None;
-    let tty = std::io::stdout().is_terminal();
-    loop {
-        let snap = Snapshot::read(store, schema).await?;
-        let hosts = only_role(fleet::classify(&snap), role);
-        if as_json {
-            println!(
-                "{}",
-                if watch {
-                    to_json(&snap, &hosts).to_string()
-                } else {
-                    serde_json::to_string_pretty(&to_json(&snap, &hosts))?
-                }
-            );
-        } else {
-            if watch && tty {
-                print!("\x1b[H\x1b[2J");
-            }
-            print!("{}", to_text(&snap, &hosts, store.url()));
-            if watch && !tty {
-                println!("--");
-            }
-        }
-        if !watch {
-            return Ok(());
-        }
-        if stream.is_none() {
-            stream = Some(store.watch(&schema.root(), snap.revision + 1).await?);
-        }
-        let Some(w) = stream.as_mut() else { continue };
-        match w.next().await {
-            Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(e.into()),
-            None => return Ok(()),
-        }
-        // Coalesce a burst of changes into one redraw.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
     }
 }

@@ -7,23 +7,32 @@
 //! timer), until nothing is pending or upgrading, failures stop the rollout, an
 //! emergency stop halts it, or `--timeout` passes. While it waits it says on what.
 //! The last pass resets the enable keys, so a finished rollout leaves nothing armed.
+//!
+//! What to do after each step is decided by the pure `next::next`; this module is
+//! the shell around it: the store, the watch, the lock, the clock and the output.
 
-use std::collections::BTreeMap;
+mod live;
+pub mod next;
+
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 
-use jio_common::fleet::{self, HALT, HostState, HostStatus, LockRecord, Snapshot};
+use jio_common::fleet::{self, HALT, LockRecord, Snapshot};
 use jio_common::gate::KeyState;
-use jio_common::keys::{Key, Outcome, Parsed, Schema};
-use jio_common::names::{Role, Version};
-use jio_common::rules::{self, Plan, Rules};
-use jio_common::store::{Compare, DynStore, ErrorKind, KeyValue, Op, Revision, StoreError, Txn, WatchEvent};
+use jio_common::keys::Schema;
+use jio_common::names::Version;
+use jio_common::roles::RolePattern;
+use jio_common::rules::{self, Plan, Resolved, Rules};
+use jio_common::store::{DynStore, ErrorKind, Op, Revision, StoreError, WatchEvent, WatchStream};
 
-use crate::cli::exit;
+use crate::exit::{self, Failure, Outcome};
 use crate::progress::Progress;
+use crate::render;
 use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
+use live::{Applied, LiveView};
+use next::{After, Before, DriverState, During, Ending, Next, Observed, PassOutcome, Settled, Waiting};
 
 pub struct Args {
     pub version: Version,
@@ -38,95 +47,13 @@ pub struct Args {
     pub timeout: Option<Duration>,
 }
 
-/// The keys a snapshot reads, kept up to date from the watch so that a pass costs
-/// no store request (a full read only at the start, after a reset, and when the
-/// desired version changes: failure entries are read per version).
-struct LiveView {
-    kvs: BTreeMap<Key, KeyValue>,
-    revision: Revision,
-    /// The oldest revision of the listings: the watch starts after it, so that no
-    /// change between two listings is missed (events already seen are skipped).
-    watch_from: Revision,
+/// Runs a rollout in-process (for programs that embed it), with the default role
+/// rule; the outcome is reported like the command's. Returns the exit code.
+pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Result<u8> {
+    Ok(exit::report(
+        rollout(store, schema, &RolePattern::default(), args).await,
+    ))
 }
-
-impl LiveView {
-    async fn read(store: &DynStore, schema: &Schema) -> Result<LiveView, StoreError> {
-        let (kvs, revisions) = Snapshot::read_kvs_at(store, schema, None).await?;
-        Ok(LiveView {
-            kvs: kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect(),
-            revision: revisions.iter().copied().max().unwrap_or(0),
-            watch_from: revisions.iter().copied().min().unwrap_or(0),
-        })
-    }
-
-    fn snapshot(&self, schema: &Schema) -> Snapshot {
-        let mut s = Snapshot::from_kvs(schema, self.kvs.values());
-        s.revision = self.revision;
-        s
-    }
-
-    /// Applies one event: whether it changed what a plan depends on, and whether a
-    /// full read is needed.
-    fn apply(&mut self, schema: &Schema, ev: WatchEvent) -> Applied {
-        self.revision = self.revision.max(ev.revision());
-        let relevant = |k: &Key| {
-            !matches!(
-                schema.parse(k),
-                None | Some(Parsed::ActiveRole(..))
-                    | Some(Parsed::Provisioned(..))
-                    | Some(Parsed::Status(_, Outcome::Success, ..))
-            )
-        };
-        match ev {
-            WatchEvent::Put(kv) => {
-                if !relevant(&kv.key) {
-                    return Applied::Nothing;
-                }
-                let old = self.kvs.get(&kv.key);
-                if old.is_some_and(|o| o.mod_revision >= kv.mod_revision) {
-                    return Applied::Nothing; // already in a listing
-                }
-                let changed = old.map(|o| (&o.value, o.not_text)) != Some((&kv.value, kv.not_text));
-                let version_changed = schema.parse(&kv.key) == Some(Parsed::CurrentVersion) && changed;
-                self.kvs.insert(kv.key.clone(), kv);
-                if version_changed {
-                    Applied::Reread
-                } else if changed {
-                    Applied::Changed
-                } else {
-                    Applied::Nothing
-                }
-            }
-            WatchEvent::Delete { key, revision } => {
-                if self.kvs.get(&key).is_some_and(|o| o.mod_revision > revision) {
-                    return Applied::Nothing; // written again after this delete
-                }
-                if schema.parse(&key) == Some(Parsed::CurrentVersion) {
-                    Applied::Reread
-                } else if self.kvs.remove(&key).is_some() {
-                    Applied::Changed
-                } else {
-                    Applied::Nothing
-                }
-            }
-            WatchEvent::Reset { .. } => Applied::Reread,
-        }
-    }
-}
-
-/// What one watch event did to the live view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Applied {
-    Nothing,
-    Changed,
-    Reread,
-}
-
-/// How long `--retry` keeps going while the store is unreachable.
-const STORE_PATIENCE: Duration = Duration::from_secs(300);
-/// While waiting, what blocks the rollout is printed on every change and at least
-/// this often.
-const WAITING_REMINDER: Duration = Duration::from_secs(60);
 
 /// A snapshot as it will be once the rollout to `v` has started (for `--noop`).
 fn as_if_started(mut snap: Snapshot, v: &Version) -> Snapshot {
@@ -139,182 +66,65 @@ fn as_if_started(mut snap: Snapshot, v: &Version) -> Snapshot {
     snap
 }
 
-fn print_plan(plan: &Plan) {
-    for g in &plan.groups {
-        let limit = g
-            .limit
-            .map(|l| l.to_string())
-            .unwrap_or_else(|| "unlimited".into());
-        let blocked = if g.blocked > 0 {
-            format!(" blocked {}", g.blocked)
-        } else {
-            String::new()
-        };
-        println!(
-            "  {:<16} limit {:<9} upgraded {:<4} in flight {:<4} pending {:<4}{blocked} -> {}",
-            g.group, limit, g.upgraded, g.in_flight, g.pending, g.action
-        );
-    }
-}
-
-fn admitted(plan: &Plan) -> Option<String> {
-    let mut parts = Vec::new();
-    if !plan.enable_roles.is_empty() {
-        parts.push(format!(
-            "role {}",
-            plan.enable_roles
-                .iter()
-                .map(Role::as_str)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    if !plan.enable_hosts.is_empty() {
-        parts.push(format!(
-            "host {}",
-            plan.enable_hosts
-                .iter()
-                .map(|h| h.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    (!parts.is_empty()).then(|| format!("enabled {}", parts.join("; ")))
-}
-
-/// At most this many hosts are named per kind in a waiting line.
-const NAMED: usize = 8;
-
-fn named(hosts: &[&HostStatus], with_reason: bool) -> String {
-    let mut parts: Vec<String> = hosts
-        .iter()
-        .take(NAMED)
-        .map(|h| match (&h.reason, with_reason) {
-            (Some(r), true) => format!("{} ({r})", h.host),
-            _ => h.host.to_string(),
-        })
-        .collect();
-    if hosts.len() > NAMED {
-        parts.push(format!("and {} more", hosts.len() - NAMED));
-    }
-    parts.join(", ")
-}
-
-/// What the rollout waits for, in one line: the hosts that are not done and why.
-pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
-    let of = |st: HostState| -> Vec<&HostStatus> { hosts.iter().filter(|h| h.state == st).collect() };
-    let mut parts = Vec::new();
-    let upgrading = of(HostState::Upgrading);
-    if !upgrading.is_empty() {
-        parts.push(format!(
-            "{} upgrading: {}",
-            upgrading.len(),
-            named(&upgrading, true)
-        ));
-    }
-    for (st, what) in [
-        (HostState::Lost, "lost"),
-        (HostState::Blocked, "blocked"),
-        (HostState::Failed, "failed"),
-    ] {
-        let hs = of(st);
-        if !hs.is_empty() {
-            parts.push(format!("{} {what}: {}", hs.len(), named(&hs, true)));
-        }
-    }
-    for g in &plan.groups {
-        if g.pending > 0 {
-            parts.push(format!("{} pending in {}: {}", g.pending, g.group, g.action));
-        }
-    }
-    if parts.is_empty() {
-        "nothing".into()
-    } else {
-        parts.join("; ")
-    }
-}
-
-/// How a run ended, before the final status is printed.
-enum End {
-    Code(u8),
-    /// Print the final status, then exit with the code.
-    Show(u8),
-}
-
-/// Runs the command; returns the exit code.
-pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Result<u8> {
+/// Checks the rules against the fleet (nothing is written before), then prints the
+/// plan (`--noop`) or drives the rollout under the lock.
+pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePattern, args: Args) -> Outcome {
     // The revision this command started at: an emergency stop written after it halts
     // this run; one written before it was seen by the operator who started it.
     let started_at = store.ping().await?;
-    // Check the rules against the fleet before anything is written.
-    let snap = Snapshot::read_for(store, schema, Some(&args.version)).await?;
+    let mut snap = Snapshot::read_for(store, schema, Some(&args.version)).await?;
+    snap.role_pattern = role_pattern.clone();
     for p in &snap.problems {
         eprintln!("jioctl: warning: {p}");
     }
     let roles = fleet::classify(&snap).into_iter().map(|h| h.role).collect();
-    let resolved = match args.rules.resolve(&roles) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("jioctl: {e}");
-            return Ok(exit::INVALID_RULES);
-        }
-    };
+    let resolved = args
+        .rules
+        .resolve(&roles)
+        .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
     for w in &resolved.warnings {
         eprintln!("jioctl: warning: {w}");
     }
     if args.noop {
-        let snap = as_if_started(snap, &args.version);
-        let hosts = fleet::classify(&snap);
-        let plan = rules::plan(&snap, &hosts, &resolved);
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&plan)?);
-        } else {
-            println!("plan for {} (noop: nothing written):", args.version);
-            print_plan(&plan);
-            if let Some(a) = admitted(&plan) {
-                println!("would have {a}");
-            }
-        }
-        return Ok(exit::OK);
+        return noop(snap, &resolved, &args);
     }
-
     let deadline = args.timeout.map(|t| Instant::now() + t);
     let lock = tokio::select! {
         l = take_lock(store, schema, &args, deadline) => l?,
-        sig = interrupted() => {
-            eprintln!("jioctl: {sig}: stopped while waiting for the rollout lock; nothing was written");
-            return Ok(signal_code(sig));
-        }
+        sig = interrupted() => return Err(Failure::new(
+            signal_code(sig),
+            format!("{sig}: stopped while waiting for the rollout lock; nothing was written"),
+        )),
     };
-    let Some(lock) = lock else {
-        return Ok(if args.retry { exit::TIMED_OUT } else { exit::LOCKED });
-    };
-    let mut lock = Some(lock);
-    let result = tokio::select! {
-        r = drive(store, schema, &args, &mut lock, started_at, deadline) => r,
+    let mut driver = Driver::new(store, schema, role_pattern, &args, lock, started_at, deadline);
+    let ending = tokio::select! {
+        r = driver.drive() => r,
         sig = interrupted() => {
-            if let Some(l) = lock.take() {
-                l.release().await;
-            }
-            eprintln!(
-                "jioctl: {sig}: the rollout to {} is no longer driven; the rollout lock is released. Hosts already enabled go on; `jioctl global-disable-puppet` stops them",
+            driver.release().await;
+            return Err(Failure::new(signal_code(sig), format!(
+                "{sig}: the rollout to {} is no longer driven; the rollout lock is released. Hosts already enabled go on; `jioctl global-disable-puppet` stops them",
                 args.version
-            );
-            return Ok(signal_code(sig));
+            )));
         }
     };
-    if let Some(l) = lock.take() {
-        l.release().await;
-    }
-    match result? {
-        End::Code(c) => Ok(c),
-        End::Show(c) => {
-            if !args.quiet {
-                finish(store, schema, &args).await?;
-            }
-            Ok(c)
+    driver.release().await;
+    driver.conclude(ending?).await
+}
+
+fn noop(snap: Snapshot, resolved: &Resolved, args: &Args) -> Outcome {
+    let snap = as_if_started(snap, &args.version);
+    let hosts = fleet::classify(&snap);
+    let plan = rules::plan(&snap, &hosts, resolved);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&render::plan_json(&plan))?);
+    } else {
+        println!("plan for {} (noop: nothing written):", args.version);
+        print!("{}", render::plan_table(&plan));
+        if let Some(a) = render::admitted(&plan) {
+            println!("would have {a}");
         }
     }
+    Ok(())
 }
 
 /// SIGINT or SIGTERM, whichever comes first.
@@ -338,284 +148,50 @@ fn signal_code(sig: &str) -> u8 {
     }
 }
 
-/// Takes the rollout lock, waiting for it with `--retry`. `None`: not taken (the
-/// reason was printed).
+/// Takes the rollout lock, waiting for it with `--retry`.
 async fn take_lock(
     store: &DynStore,
     schema: &Schema,
     args: &Args,
     deadline: Option<Instant>,
-) -> anyhow::Result<Option<RolloutLock>> {
+) -> Result<RolloutLock, Failure> {
     let key = schema.lock(fleet::ROLLOUT_LOCK);
     let mut last_said = None;
     loop {
-        match RolloutLock::try_take(store, schema).await? {
-            LockOutcome::Taken(l) => return Ok(Some(l)),
-            LockOutcome::Held(holder) => {
-                let who = writes::describe(&holder);
-                if !args.retry {
-                    eprintln!(
-                        "jioctl: a rollout is already being driven by {who}; try again later or use --retry to wait"
-                    );
-                    return Ok(None);
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    eprintln!("jioctl: --timeout passed while waiting for the rollout lock held by {who}");
-                    return Ok(None);
-                }
-                if last_said.as_ref() != Some(&who) {
-                    eprintln!("jioctl: waiting for the rollout lock held by {who}");
-                    last_said = Some(who);
-                }
-                let rev = store.ping().await?;
-                let mut w = store.watch(&key, rev + 1).await?;
-                if store.get(&key).await?.is_some() {
-                    let wait = deadline
-                        .map(|d| d.saturating_duration_since(Instant::now()))
-                        .unwrap_or(Duration::from_secs(30))
-                        .min(Duration::from_secs(30));
-                    let _ = tokio::time::timeout(wait, w.next()).await;
-                }
-            }
-        }
-    }
-}
-
-/// Runs passes until the rollout ends.
-async fn drive(
-    store: &DynStore,
-    schema: &Schema,
-    args: &Args,
-    lock: &mut Option<RolloutLock>,
-    started_at: Revision,
-    deadline: Option<Instant>,
-) -> anyhow::Result<End> {
-    let tty = std::io::stdout().is_terminal() && !args.json;
-    let mut progress = if args.quiet {
-        Progress::silent()
-    } else {
-        Progress::new(tty)
-    };
-    let mut view: Option<LiveView> = None;
-    let mut watch = None;
-    let mut unreachable_since: Option<Instant> = None;
-    let mut waiting = Waiting::default();
-    loop {
-        if lock.as_ref().is_some_and(RolloutLock::lease_ended) {
-            match retake(store, schema, lock).await? {
-                Some(code) => return Ok(End::Code(code)),
-                None => view = None,
-            }
-        }
-        let Some(held) = lock.as_ref() else {
-            return Ok(End::Code(exit::LOCKED));
+        let holder = match RolloutLock::try_take(store, schema).await? {
+            LockOutcome::Taken(l) => return Ok(l),
+            LockOutcome::Held(holder) => holder,
         };
-        let result = async {
-            let v = match view.take() {
-                Some(v) => v,
-                None => {
-                    // Something may have been missed: read everything again.
-                    watch = None;
-                    LiveView::read(store, schema).await?
-                }
-            };
-            Ok::<_, PassError>(v)
-        }
-        .await;
-        let pass = match result {
-            Ok(mut v) => {
-                let r = pass(store, schema, args, &mut progress, &mut v, held, started_at).await;
-                view = Some(v);
-                r
-            }
-            Err(e) => Err(e),
-        };
-        let (snap, outcome) = match pass {
-            Ok(x) => {
-                if unreachable_since.take().is_some() {
-                    eprintln!("jioctl: store reachable again");
-                }
-                x
-            }
-            Err(PassError::Store(e)) if args.retry && e.kind() == ErrorKind::Unavailable => {
-                let since = *unreachable_since.get_or_insert_with(|| {
-                    eprintln!("jioctl: {e}; retrying");
-                    Instant::now()
-                });
-                if since.elapsed() > STORE_PATIENCE {
-                    return Err(e.into());
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    eprintln!("jioctl: --timeout passed while the store was unreachable");
-                    return Ok(End::Code(exit::TIMED_OUT));
-                }
-                view = None;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-            Err(PassError::Store(e)) => return Err(e.into()),
-            Err(PassError::Rules(e)) => {
-                eprintln!("jioctl: {e}");
-                return Ok(End::Code(exit::INVALID_RULES));
-            }
-        };
-        match outcome {
-            PassOutcome::Replan => {
-                view = None;
-                continue;
-            }
-            PassOutcome::LockLost => {
-                match retake(store, schema, lock).await? {
-                    Some(code) => return Ok(End::Code(code)),
-                    None => view = None,
-                }
-                continue;
-            }
-            PassOutcome::Again => continue,
-            PassOutcome::Halted(by) => {
-                eprintln!(
-                    "jioctl: the rollout to {} was halted by an emergency stop: {} ran global-disable-puppet; every enable key was reset and this run enables nothing more (run `jioctl upgrade {}` again to resume)",
-                    args.version,
-                    writes::describe(&Some(by)),
-                    args.version
-                );
-                return Ok(End::Code(exit::HALTED));
-            }
-            PassOutcome::Stopped => {
-                report_failures(&snap, args);
-                return Ok(End::Code(exit::FAILED));
-            }
-            PassOutcome::Finished { failed } => {
-                return Ok(End::Show(if failed == 0 { exit::OK } else { exit::FAILED }));
-            }
-            PassOutcome::Continue { .. } if !args.retry => return Ok(End::Show(exit::OK)),
-            PassOutcome::Continue { waiting: line } => {
-                if let Some(line) = line {
-                    waiting.note(&mut progress, line);
-                }
-            }
+        let who = writes::describe(&holder);
+        if !args.retry {
+            return Err(Failure::new(
+                exit::LOCKED,
+                format!("a rollout is already being driven by {who}; try again later or use --retry to wait"),
+            ));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            eprintln!(
-                "jioctl: --timeout passed; the rollout to {} has not finished, waiting for {}",
-                args.version,
-                waiting.last.as_deref().unwrap_or("hosts still upgrading")
-            );
-            return Ok(End::Code(exit::TIMED_OUT));
+            return Err(Failure::new(
+                exit::TIMED_OUT,
+                format!("--timeout passed while waiting for the rollout lock held by {who}"),
+            ));
         }
-        if watch.is_none() {
-            let from = view.as_ref().map(|v| v.watch_from).unwrap_or(snap.revision);
-            watch = Some(store.watch(&schema.root(), from + 1).await?);
+        if last_said.as_ref() != Some(&who) {
+            eprintln!("jioctl: waiting for the rollout lock held by {who}");
+            last_said = Some(who);
         }
-        let Some(w) = watch.as_mut() else { continue };
-        // Woken by any change; a slow resync guards against a silent watch, and the
-        // waiting line is repeated while nothing moves.
-        let nap = |d: Duration| {
-            let mut d = d.min(waiting.until_reminder());
-            if let Some(dl) = deadline {
-                d = d.min(dl.saturating_duration_since(Instant::now()));
-            }
-            d.max(Duration::from_millis(10))
-        };
-        let first = match tokio::time::timeout(nap(Duration::from_secs(30)), w.next()).await {
-            Ok(Some(Ok(ev))) => Some(ev),
-            Ok(Some(Err(e))) => return Err(e.into()),
-            Ok(None) | Err(_) => {
-                view = None;
-                None
-            }
-        };
-        let mut events: Vec<WatchEvent> = first.into_iter().collect();
-        let mut quiet = false;
-        loop {
-            while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(w.next()) {
-                events.push(ev);
-            }
-            let Some(v) = view.as_mut() else { break };
-            let mut changed = false;
-            for ev in events.drain(..) {
-                match v.apply(schema, ev) {
-                    Applied::Nothing => {}
-                    Applied::Changed => changed = true,
-                    Applied::Reread => {
-                        view = None;
-                        break;
-                    }
-                }
-            }
-            if changed || view.is_none() {
-                break;
-            }
-            // Nothing a plan depends on changed: wait for more, without a pass.
-            match tokio::time::timeout(nap(Duration::from_secs(30)), w.next()).await {
-                Ok(Some(Ok(ev))) => events.push(ev),
-                Ok(Some(Err(e))) => return Err(e.into()),
-                Ok(None) | Err(_) => {
-                    quiet = true;
-                    break;
-                }
-            }
-        }
-        if quiet {
-            // The slow resync (or the reminder): plan from a fresh read.
-            view = None;
+        let rev = store.ping().await?;
+        let mut w = store.watch(&key, rev + 1).await?;
+        if store.get(&key).await?.is_some() {
+            let wait = deadline
+                .map(|d| d.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(30))
+                .min(Duration::from_secs(30));
+            let _ = tokio::time::timeout(wait, w.next()).await;
         }
     }
 }
 
-/// The lock's lease ended: take it again before writing anything, or stop.
-/// `Some(code)`: stop with it.
-async fn retake(
-    store: &DynStore,
-    schema: &Schema,
-    lock: &mut Option<RolloutLock>,
-) -> anyhow::Result<Option<u8>> {
-    if let Some(old) = lock.take() {
-        old.release().await;
-    }
-    match RolloutLock::try_take(store, schema).await? {
-        LockOutcome::Taken(l) => {
-            eprintln!(
-                "jioctl: the rollout lock's lease had ended (this process was paused or cut off from the store); took the lock again, planning afresh"
-            );
-            *lock = Some(l);
-            Ok(None)
-        }
-        LockOutcome::Held(holder) => {
-            eprintln!(
-                "jioctl: lost the rollout lock (its lease ended while this process was paused or cut off from the store); it is now held by {}; this run stops without writing anything more",
-                writes::describe(&holder)
-            );
-            Ok(Some(exit::LOCKED))
-        }
-    }
-}
-
-/// The waiting line, printed on change and at least every `WAITING_REMINDER`.
-#[derive(Default)]
-struct Waiting {
-    last: Option<String>,
-    said_at: Option<Instant>,
-}
-
-impl Waiting {
-    fn note(&mut self, progress: &mut Progress, line: String) {
-        let due = self.said_at.is_none_or(|t| t.elapsed() >= WAITING_REMINDER);
-        if self.last.as_ref() != Some(&line) || due {
-            progress.note(&format!("waiting for: {line}"));
-            self.said_at = Some(Instant::now());
-        }
-        self.last = Some(line);
-    }
-
-    fn until_reminder(&self) -> Duration {
-        match self.said_at {
-            Some(t) => WAITING_REMINDER.saturating_sub(t.elapsed()),
-            None => WAITING_REMINDER,
-        }
-    }
-}
-
+/// Why a pass did not finish.
 enum PassError {
     Store(StoreError),
     Rules(rules::RulesError),
@@ -627,219 +203,409 @@ impl From<StoreError> for PassError {
     }
 }
 
-enum PassOutcome {
-    /// The store changed under the plan: read it again and plan again.
-    Replan,
-    /// The view is fresh: plan again at once.
-    Again,
-    /// The rollout lock is no longer ours: take it again or stop.
-    LockLost,
-    /// An emergency stop newer than this run.
-    Halted(LockRecord),
-    /// More failures than allowed (the enable keys were reset).
-    Stopped,
-    /// Nothing pending or upgrading (the enable keys were reset).
-    Finished { failed: usize },
-    /// Hosts are moving; `waiting` says on what, when nothing was admitted.
-    Continue { waiting: Option<String> },
-}
-
-/// Writes `ops` fenced on what `snap` read and on still holding `lock`: `None` when
-/// applied, or the end of the pass (replan, or the lock lost).
-async fn fenced(
-    store: &DynStore,
-    schema: &Schema,
-    ops: Vec<Op>,
-    snap: &Snapshot,
-    lock: &RolloutLock,
-) -> Result<Option<(Snapshot, PassOutcome)>, StoreError> {
-    Ok(
-        match writes::apply_fenced(store, schema, ops, snap.epoch, lock).await? {
-            Fenced::Applied => None,
-            Fenced::Moved => Some((snap.clone(), PassOutcome::Replan)),
-            Fenced::LockLost => Some((snap.clone(), PassOutcome::LockLost)),
-        },
-    )
-}
-
-/// Some enable key would still let a host start.
-fn armed(snap: &Snapshot) -> bool {
-    snap.global != KeyState::Set(false) || !snap.role_keys.is_empty() || !snap.host_keys.is_empty()
-}
-
-async fn pass(
-    store: &DynStore,
-    schema: &Schema,
-    args: &Args,
-    progress: &mut Progress,
-    view: &mut LiveView,
-    lock: &RolloutLock,
+/// The driver's shell: everything `next::next` needs to know, and the I/O it asks for.
+struct Driver<'a> {
+    store: &'a DynStore,
+    schema: &'a Schema,
+    role_pattern: &'a RolePattern,
+    args: &'a Args,
+    lock: Option<RolloutLock>,
     started_at: Revision,
-) -> Result<(Snapshot, PassOutcome), PassError> {
-    let snap = view.snapshot(schema);
-    if let Some((by, rev)) = &snap.halt {
-        if *rev > started_at {
-            return Ok((snap.clone(), PassOutcome::Halted(by.clone())));
+    deadline: Option<Instant>,
+    progress: Progress,
+    view: Option<LiveView>,
+    watch: Option<WatchStream>,
+    /// The revision of the last pass's snapshot (where a watch starts without a view).
+    last_revision: Revision,
+    waiting: Waiting,
+    unreachable_since: Option<Instant>,
+    /// The error of the last pass the store did not answer.
+    store_error: Option<StoreError>,
+}
+
+impl<'a> Driver<'a> {
+    fn new(
+        store: &'a DynStore,
+        schema: &'a Schema,
+        role_pattern: &'a RolePattern,
+        args: &'a Args,
+        lock: RolloutLock,
+        started_at: Revision,
+        deadline: Option<Instant>,
+    ) -> Driver<'a> {
+        let tty = std::io::stdout().is_terminal() && !args.json;
+        Driver {
+            store,
+            schema,
+            role_pattern,
+            args,
+            lock: Some(lock),
+            started_at,
+            deadline,
+            progress: if args.quiet {
+                Progress::silent()
+            } else {
+                Progress::new(tty)
+            },
+            view: None,
+            watch: None,
+            last_revision: 0,
+            waiting: Waiting::default(),
+            unreachable_since: None,
+            store_error: None,
         }
-        // An emergency stop from before this command: starting it is the operator's
-        // decision to go on. Clear it, fenced like any plan.
-        let ops = vec![Op::Delete(schema.lock(HALT))];
-        if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
+    }
+
+    /// Runs steps until the rollout ends.
+    async fn drive(&mut self) -> Result<Ending, Failure> {
+        let mut observed = self.observe().await?;
+        loop {
+            match next::next(&observed, &self.state()) {
+                Next::Pass => {}
+                Next::Reread => self.view = None,
+                Next::Retake => {
+                    observed = self.retake().await?;
+                    continue;
+                }
+                Next::Pause(d) => {
+                    self.view = None;
+                    tokio::time::sleep(d).await;
+                }
+                Next::Wait => self.wait_for_change().await?,
+                Next::GiveUp => {
+                    return Err(match self.store_error.take() {
+                        Some(e) => e.into(),
+                        None => Failure::new(exit::SOFTWARE, "the store failed"),
+                    });
+                }
+                Next::End(ending) => return Ok(ending),
+            }
+            observed = self.observe().await?;
+        }
+    }
+
+    fn state(&self) -> DriverState {
+        let now = Instant::now();
+        DriverState {
+            retry: self.args.retry,
+            deadline_passed: self.deadline.is_some_and(|d| now >= d),
+            unreachable_for: self.unreachable_since.map(|t| now.saturating_duration_since(t)),
+        }
+    }
+
+    async fn release(&mut self) {
+        if let Some(l) = self.lock.take() {
+            l.release().await;
+        }
+    }
+
+    /// Checks the lock, then runs a pass; says what changed about the store.
+    async fn observe(&mut self) -> Result<Observed, Failure> {
+        if self.lock.as_ref().is_some_and(RolloutLock::lease_ended) {
+            return Ok(Observed::LeaseEnded);
+        }
+        match self.pass().await {
+            Ok(outcome) => {
+                if self.unreachable_since.take().is_some() {
+                    eprintln!("jioctl: store reachable again");
+                }
+                if let (true, PassOutcome::Continue { waiting: Some(line) }) = (self.args.retry, &outcome)
+                    && self.waiting.note(line.clone(), Instant::now())
+                {
+                    self.progress.note(&format!("waiting for: {line}"));
+                }
+                Ok(Observed::Pass(outcome))
+            }
+            Err(PassError::Store(e)) if e.kind() == ErrorKind::Unavailable => {
+                if self.args.retry && self.unreachable_since.is_none() {
+                    eprintln!("jioctl: {e}; retrying");
+                    self.unreachable_since = Some(Instant::now());
+                }
+                self.store_error = Some(e);
+                Ok(Observed::Unreachable)
+            }
+            Err(PassError::Store(e)) => Err(e.into()),
+            Err(PassError::Rules(e)) => Ok(Observed::RulesInvalid(e)),
+        }
+    }
+
+    /// The lock's lease ended or the fence found it gone: take it again before
+    /// writing anything.
+    async fn retake(&mut self) -> Result<Observed, Failure> {
+        self.release().await;
+        match RolloutLock::try_take(self.store, self.schema).await? {
+            LockOutcome::Taken(l) => {
+                eprintln!(
+                    "jioctl: the rollout lock's lease had ended (this process was paused or cut off from the store); took the lock again, planning afresh"
+                );
+                self.lock = Some(l);
+                Ok(Observed::Retaken)
+            }
+            LockOutcome::Held(holder) => Ok(Observed::LockHeld(holder)),
+        }
+    }
+}
+
+/// Passes: read (or keep) the view, plan, write at most one fenced change.
+impl Driver<'_> {
+    async fn pass(&mut self) -> Result<PassOutcome, PassError> {
+        let mut view = match self.view.take() {
+            Some(v) => v,
+            None => {
+                // Something may have been missed: read everything again.
+                self.watch = None;
+                LiveView::read(self.store, self.schema).await?
+            }
+        };
+        let outcome = self.pass_on(&mut view).await;
+        self.view = Some(view);
+        outcome
+    }
+
+    async fn pass_on(&mut self, view: &mut LiveView) -> Result<PassOutcome, PassError> {
+        let snap = view.snapshot(self.schema, self.role_pattern);
+        self.last_revision = snap.revision;
+        match next::before_plan(&snap, self.started_at, &self.args.version) {
+            Before::Halted(by) => return Ok(PassOutcome::Halted(by)),
+            Before::ClearHalt(by) => return Ok(self.clear_halt(&snap, &by).await?),
+            Before::Start => return Ok(self.start(view, &snap).await?),
+            Before::Plan => {}
+        }
+        let hosts = fleet::classify(&snap);
+        let roles = hosts.iter().map(|h| h.role.clone()).collect();
+        let resolved = self.args.rules.resolve(&roles).map_err(PassError::Rules)?;
+        let plan = rules::plan(&snap, &hosts, &resolved);
+        if self.args.verbose {
+            println!("pass at revision {}:", snap.revision);
+            print!("{}", render::plan_table(&plan));
+        }
+        match next::after_plan(&snap, &hosts, &plan) {
+            After::Apply => Ok(self.apply(&snap, &plan).await?),
+            After::Settle { disarm, end } => {
+                self.progress.update(&hosts);
+                if disarm && let Some(end) = self.disarm(&snap).await? {
+                    return Ok(end);
+                }
+                Ok(match end {
+                    Settled::Finished { failed } => PassOutcome::Finished { failed },
+                    Settled::Stopped => PassOutcome::Stopped {
+                        failures: snap
+                            .failures
+                            .iter()
+                            .map(|(h, (step, value))| (h.clone(), *step, value.clone()))
+                            .collect(),
+                    },
+                    Settled::Waiting => PassOutcome::Continue {
+                        waiting: Some(render::waiting_line(&hosts, &plan)),
+                    },
+                })
+            }
+        }
+    }
+
+    async fn apply(&mut self, snap: &Snapshot, plan: &Plan) -> Result<PassOutcome, StoreError> {
+        let ops = writes::plan_ops(self.schema, plan);
+        if let Some(end) = self.fenced(ops, snap).await? {
             return Ok(end);
         }
-        if !args.quiet {
+        if let Some(a) = render::admitted(plan) {
+            self.progress.note(&a);
+        }
+        // The watch brings our own writes back into the view.
+        Ok(PassOutcome::Continue { waiting: None })
+    }
+
+    /// Writes `ops` fenced on what `snap` read and on still holding the lock: `None`
+    /// when applied, or the end of the pass (replan, or the lock lost).
+    async fn fenced(&self, ops: Vec<Op>, snap: &Snapshot) -> Result<Option<PassOutcome>, StoreError> {
+        let Some(lock) = &self.lock else {
+            return Ok(Some(PassOutcome::LockLost));
+        };
+        Ok(
+            match writes::apply_fenced(self.store, self.schema, ops, snap.epoch, lock).await? {
+                Fenced::Applied => None,
+                Fenced::Moved => Some(PassOutcome::Replan),
+                Fenced::LockLost => Some(PassOutcome::LockLost),
+            },
+        )
+    }
+
+    /// Clears an emergency stop from before this run, fenced like any plan.
+    async fn clear_halt(&mut self, snap: &Snapshot, by: &LockRecord) -> Result<PassOutcome, StoreError> {
+        let ops = vec![Op::Delete(self.schema.lock(HALT))];
+        if let Some(end) = self.fenced(ops, snap).await? {
+            return Ok(end);
+        }
+        if !self.args.quiet {
             println!(
                 "cleared the emergency stop by {} (it came before this upgrade was started)",
                 writes::describe(&Some(by.clone()))
             );
         }
-        return Ok((snap, PassOutcome::Replan));
+        Ok(PassOutcome::Replan)
     }
-    if snap.current.as_ref() != Some(&args.version) {
-        // First pass (or someone changed it): start the rollout in one transaction.
-        let ops = writes::start_rollout_ops(schema, &args.version);
-        if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
+
+    /// First pass (or someone changed the version): start the rollout in one
+    /// transaction.
+    async fn start(&mut self, view: &mut LiveView, snap: &Snapshot) -> Result<PassOutcome, StoreError> {
+        let ops = writes::start_rollout_ops(self.schema, &self.args.version);
+        if let Some(end) = self.fenced(ops, snap).await? {
             return Ok(end);
         }
-        if !args.quiet {
+        if !self.args.quiet {
             println!(
                 "current_version set to {} (puppet disabled globally; hosts start under the rules)",
-                args.version
+                self.args.version
             );
         }
         // Failure entries are read per version: read everything again.
-        *view = LiveView::read(store, schema).await?;
-        return Ok((view.snapshot(schema), PassOutcome::Again));
+        *view = LiveView::read(self.store, self.schema).await?;
+        Ok(PassOutcome::Again)
     }
-    let hosts = fleet::classify(&snap);
-    let roles = hosts.iter().map(|h| h.role.clone()).collect();
-    let resolved = args.rules.resolve(&roles).map_err(PassError::Rules)?;
-    let plan = rules::plan(&snap, &hosts, &resolved);
-    if args.verbose {
-        println!("pass at revision {}:", snap.revision);
-        print_plan(&plan);
-    }
-    if !plan.is_empty() {
-        let ops = writes::plan_ops(schema, &plan);
-        if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
-            return Ok(end);
+
+    /// Leaves nothing armed (a later trigger-update must not release the fleet):
+    /// `None` when done, or the end of the pass.
+    async fn disarm(&mut self, snap: &Snapshot) -> Result<Option<PassOutcome>, StoreError> {
+        let ops = writes::global_disable_ops(self.schema);
+        if let Some(end) = self.fenced(ops, snap).await? {
+            return Ok(Some(end));
         }
-        if let Some(a) = admitted(&plan) {
-            progress.note(&a);
+        if !self.args.quiet {
+            println!("enable keys reset (puppet disabled globally): nothing is left armed");
         }
-        // The watch brings our own writes back into the view.
-        return Ok((snap, PassOutcome::Continue { waiting: None }));
+        Ok(None)
     }
-    progress.update(&hosts);
-    let count = |s: HostState| hosts.iter().filter(|h| h.state == s).count();
-    let failed = count(HostState::Failed);
-    let moving = count(HostState::Pending)
-        + count(HostState::Upgrading)
-        + count(HostState::Lost)
-        + count(HostState::Blocked);
-    let done = moving == 0;
-    if done || plan.stopped_on_failures {
-        // Leave nothing armed: a later trigger-update must not release the fleet.
-        if armed(&snap) {
-            let ops = writes::global_disable_ops(schema);
-            if let Some(end) = fenced(store, schema, ops, &snap, lock).await? {
-                return Ok(end);
+}
+
+/// Waiting: woken by any change; a slow resync guards against a silent watch, and
+/// the waiting line is repeated while nothing moves.
+impl Driver<'_> {
+    /// The slow resync.
+    const RESYNC: Duration = Duration::from_secs(30);
+
+    /// Waits until something a plan depends on changed (the view is up to date), or
+    /// until the resync, the reminder or the deadline is due (the view is dropped:
+    /// the next pass reads afresh).
+    async fn wait_for_change(&mut self) -> Result<(), Failure> {
+        if self.watch.is_none() {
+            let from = self.view.as_ref().map_or(self.last_revision, |v| v.watch_from);
+            self.watch = Some(self.store.watch(&self.schema.root(), from + 1).await?);
+        }
+        let mut events = Vec::new();
+        loop {
+            match self.next_event().await? {
+                Some(ev) => events.push(ev),
+                None => {
+                    self.view = None;
+                    return Ok(());
+                }
             }
-            if !args.quiet {
-                println!("enable keys reset (puppet disabled globally): nothing is left armed");
+            if let Some(w) = self.watch.as_mut() {
+                while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(w.next()) {
+                    events.push(ev);
+                }
+            }
+            let Some(v) = self.view.as_mut() else {
+                return Ok(());
+            };
+            match v.apply_all(self.schema, events.drain(..)) {
+                // Nothing a plan depends on changed: wait for more, without a pass.
+                Applied::Nothing => {}
+                Applied::Changed => return Ok(()),
+                Applied::Reread => {
+                    self.view = None;
+                    return Ok(());
+                }
             }
         }
-        return Ok((
-            snap,
-            if done {
-                PassOutcome::Finished { failed }
-            } else {
-                PassOutcome::Stopped
-            },
-        ));
     }
-    Ok((
-        snap,
-        PassOutcome::Continue {
-            waiting: Some(waiting_line(&hosts, &plan)),
-        },
-    ))
+
+    /// The next event, or `None` when the resync, the reminder or the deadline is
+    /// due first (or the watch ended: it is opened again).
+    async fn next_event(&mut self) -> Result<Option<WatchEvent>, Failure> {
+        let now = Instant::now();
+        let mut nap = Self::RESYNC.min(self.waiting.until_reminder(now));
+        if let Some(d) = self.deadline {
+            nap = nap.min(d.saturating_duration_since(now));
+        }
+        let Some(w) = self.watch.as_mut() else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(nap.max(Duration::from_millis(10)), w.next()).await {
+            Ok(Some(Ok(ev))) => Ok(Some(ev)),
+            Ok(Some(Err(e))) => Err(e.into()),
+            Ok(None) => {
+                self.watch = None;
+                Ok(None)
+            }
+            Err(_) => Ok(None),
+        }
+    }
 }
 
-fn report_failures(snap: &Snapshot, args: &Args) {
-    eprintln!(
-        "jioctl: rollout to {} stopped: {} host(s) failed (max_failures {}); hosts already running finish their run",
-        args.version,
-        snap.failures.len(),
-        args.rules.max_failures
-    );
-    for (h, (step, value)) in &snap.failures {
-        eprintln!(
-            "  {h}: {} failed: {}",
-            step.as_str(),
-            crate::status::describe_entry(value)
+/// The end: what to say, and the final status.
+impl Driver<'_> {
+    async fn conclude(&self, ending: Ending) -> Outcome {
+        let v = &self.args.version;
+        let code = ending.code();
+        let say = |msg: String| Err(Failure::new(code, msg));
+        match ending {
+            Ending::Applied | Ending::Finished { .. } => {
+                if !self.args.quiet {
+                    self.finish().await?;
+                }
+                if code == exit::OK {
+                    Ok(())
+                } else {
+                    Err(Failure::quiet(code))
+                }
+            }
+            Ending::Stopped { failures } => say(self.stopped(&failures)),
+            Ending::Halted(by) => say(format!(
+                "the rollout to {v} was halted by an emergency stop: {} ran global-disable-puppet; every enable key was reset and this run enables nothing more (run `jioctl upgrade {v}` again to resume)",
+                writes::describe(&Some(by)),
+            )),
+            Ending::TimedOut(During::Waiting) => say(format!(
+                "--timeout passed; the rollout to {v} has not finished, waiting for {}",
+                self.waiting.last.as_deref().unwrap_or("hosts still upgrading")
+            )),
+            Ending::TimedOut(During::Unreachable) => {
+                say("--timeout passed while the store was unreachable".into())
+            }
+            Ending::LockLost(holder) => say(format!(
+                "lost the rollout lock (its lease ended while this process was paused or cut off from the store); it is now held by {}; this run stops without writing anything more",
+                writes::describe(&holder)
+            )),
+            Ending::InvalidRules(e) => Err(Failure::with(code, e.into())),
+        }
+    }
+
+    fn stopped(&self, failures: &[(jio_common::names::HostName, jio_common::keys::Step, String)]) -> String {
+        let mut msg = format!(
+            "rollout to {} stopped: {} host(s) failed (max_failures {}); hosts already running finish their run",
+            self.args.version,
+            failures.len(),
+            self.args.rules.max_failures
         );
+        for (h, step, value) in failures {
+            msg.push_str(&format!(
+                "\n  {h}: {} failed: {}",
+                step.as_str(),
+                crate::status::describe_entry(value)
+            ));
+        }
+        msg
     }
-}
 
-async fn finish(store: &DynStore, schema: &Schema, args: &Args) -> anyhow::Result<()> {
-    let snap = Snapshot::read(store, schema).await?;
-    let hosts = fleet::classify(&snap);
-    if args.json {
-        println!("{}", crate::status::to_json(&snap, &hosts));
-    } else {
-        print!("{}", crate::status::to_text(&snap, &hosts, store.url()));
+    async fn finish(&self) -> Result<(), StoreError> {
+        let mut snap = Snapshot::read(self.store, self.schema).await?;
+        snap.role_pattern = self.role_pattern.clone();
+        let hosts = fleet::classify(&snap);
+        if self.args.json {
+            println!("{}", crate::status::to_json(&snap, &hosts));
+        } else {
+            print!("{}", crate::status::to_text(&snap, &hosts, self.store.url()));
+        }
+        Ok(())
     }
-    Ok(())
-}
-
-/// `global-disable-puppet`: the emergency stop, and what it stopped.
-pub async fn emergency_stop(store: &DynStore, schema: &Schema) -> anyhow::Result<u8> {
-    let lock = store.get(&schema.lock(fleet::ROLLOUT_LOCK)).await?;
-    writes::write(store, schema, writes::emergency_stop_ops(schema)).await?;
-    println!("puppet disabled globally; every enable_puppet key removed");
-    if let Some(kv) = lock {
-        let who: Option<LockRecord> = jio_common::values::parse_json(&kv).ok();
-        println!(
-            "a rollout driven by {} was running: it has been halted (it enables nothing more and exits); hosts already running finish their run",
-            writes::describe(&who)
-        );
-    }
-    Ok(exit::OK)
-}
-
-/// How many hosts a write of `after` would let start at once, outside any rules:
-/// hosts whose gate would open, that are not at the desired version and not
-/// already moving.
-pub fn released_by(before: &Snapshot, after: &Snapshot) -> Vec<jio_common::names::HostName> {
-    let was: BTreeMap<_, _> = fleet::classify(before)
-        .into_iter()
-        .map(|h| (h.host, h.state))
-        .collect();
-    fleet::classify(after)
-        .into_iter()
-        .filter(|h| {
-            matches!(h.state, HostState::Upgrading | HostState::Lost)
-                && h.reason.is_none()
-                && !matches!(was.get(&h.host), Some(HostState::Upgrading | HostState::Lost))
-        })
-        .map(|h| h.host)
-        .collect()
-}
-
-/// A fenced single write for `trigger-update` / `enable-puppet`: applied only if the
-/// epoch has not moved since `snap` (what the release count was computed on).
-pub async fn write_checked(
-    store: &DynStore,
-    schema: &Schema,
-    ops: Vec<Op>,
-    snap: &Snapshot,
-) -> Result<bool, StoreError> {
-    let mut txn = Txn::new().when(Compare::ModRevision(schema.lock(fleet::EPOCH), snap.epoch));
-    txn.ops = ops;
-    txn.ops.push(Op::put(
-        schema.lock(fleet::EPOCH),
-        serde_json::to_string(&writes::holder()).unwrap_or_default(),
-    ));
-    Ok(store.txn(txn).await?.committed())
 }

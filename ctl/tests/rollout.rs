@@ -16,7 +16,7 @@ use jio_common::fleet::Snapshot;
 use jio_common::keys::{Key, Schema};
 use jio_common::rules::Rules;
 use jio_common::store::{CountingStore, DynStore};
-use jio_tests::inspect::{host_entries as entries, open, text};
+use jio_tests::inspect::{host_entries as entries, open, text, wait_for};
 use jio_tests::{Etcd, Host, Puppet, Recorder};
 use tokio::process::{Child, Command};
 
@@ -102,6 +102,27 @@ async fn fleet(url: &str, names: &[&str], kind: Kind) -> Fleet {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // An agent writes its version file before it reports to the store: wait until
+    // the store, too, shows every host upgraded and none of them running anything,
+    // or a recorder started now would count the end of the first convergence (no
+    // limits apply to it) as hosts in flight.
+    let expected = names.len();
+    wait_for(
+        "the store to show the fleet settled at v1",
+        Duration::from_secs(60),
+        || {
+            let s = s.clone();
+            async move {
+                let snap = Snapshot::read(&s, &Schema::default()).await.unwrap();
+                let hosts = jio_common::fleet::classify(&snap);
+                hosts.len() == expected
+                    && hosts
+                        .iter()
+                        .all(|h| h.state == jio_common::fleet::HostState::Upgraded && h.reason.is_none())
+            }
+        },
+    )
+    .await;
     Fleet {
         hosts,
         daemons,
@@ -457,15 +478,18 @@ async fn status_watch_redraws_on_change() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert_eq!(next_json(&mut lines).await["current_version"], "v2");
-    // Nothing changes: no redraw within a second (it is not polling).
-    assert!(
-        tokio::time::timeout(Duration::from_secs(1), lines.next_line())
-            .await
-            .is_err()
-    );
-    let out = run(&url, &["trigger-update", "v9"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert_eq!(next_json(&mut lines).await["current_version"], "v9");
+    // Each change is drawn once, and the first line after a change is that change's:
+    // a redraw while nothing changed (polling) would come first and fail this. The
+    // runs of `jioctl trigger-update` in between give a timer time to fire.
+    for v in ["v9", "v10", "v11"] {
+        let out = run(&url, &["trigger-update", v]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let drawn = next_json(&mut lines).await;
+        assert_eq!(
+            drawn["current_version"], v,
+            "the redraw after setting {v} must be the change's, not a redraw of nothing: {drawn}"
+        );
+    }
     child.kill().await.unwrap();
 }
 

@@ -1,0 +1,84 @@
+//! `jioctl enable-puppet true|false (--global | --role R | --host H) [--force]`, or
+//! `--delete`: set or delete one enable key (`true --global` refused like
+//! `trigger-update` when it would release hosts at once).
+
+use anyhow::Context as _;
+use clap::Args;
+use jio_common::gate::KeyState;
+use jio_common::keys::EnableLevel;
+use jio_common::names::{HostName, Role};
+use jio_common::store::Op;
+use jio_common::values::format_bool;
+
+use crate::context::{Access, Context};
+use crate::exit::{Failure, Outcome};
+use crate::release::release_checked;
+use crate::writes;
+
+#[derive(Args, Debug)]
+pub struct EnablePuppet {
+    /// true or false (not with --delete)
+    #[arg(value_parser = true_or_false, action = clap::ArgAction::Set)]
+    value: Option<bool>,
+    #[arg(long, group = "level")]
+    global: bool,
+    #[arg(long, group = "level")]
+    role: Option<Role>,
+    #[arg(long, group = "level")]
+    host: Option<HostName>,
+    /// Remove the key instead
+    #[arg(long)]
+    delete: bool,
+    /// With `true --global`: write it even though it releases hosts at once
+    #[arg(long)]
+    force: bool,
+}
+
+fn true_or_false(s: &str) -> Result<bool, String> {
+    match s {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err("expected true or false".into()),
+    }
+}
+
+impl EnablePuppet {
+    fn level(&self) -> Result<EnableLevel, Failure> {
+        match (self.global, &self.role, &self.host) {
+            (true, None, None) => Ok(EnableLevel::Global),
+            (false, Some(r), None) => Ok(EnableLevel::Role(r.clone())),
+            (false, None, Some(h)) => Ok(EnableLevel::Host(h.clone())),
+            _ => Err(Failure::usage(
+                "give exactly one of --global, --role ROLE, --host HOST",
+            )),
+        }
+    }
+
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        let level = self.level()?;
+        let key = ctx.schema().enable(&level);
+        let op = match (self.delete, self.value) {
+            (true, None) => Op::Delete(key.clone()),
+            (true, Some(_)) => return Err(Failure::usage("--delete takes no value")),
+            (false, Some(b)) => Op::put(key.clone(), format_bool(b)),
+            (false, None) => return Err(Failure::usage("give true or false, or --delete")),
+        };
+        let store = ctx.open(Access::Write).await?;
+        if level == EnableLevel::Global && self.value == Some(true) {
+            let what = "enable-puppet true --global";
+            release_checked(ctx, &store, vec![op], self.force, what, |s| {
+                s.global = KeyState::Set(true);
+            })
+            .await?;
+        } else {
+            writes::write(&store, ctx.schema(), vec![op])
+                .await
+                .context("writing the enable key")?;
+        }
+        match self.value {
+            Some(b) if !self.delete => println!("{key} = {b}"),
+            _ => println!("{key} deleted"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! `jioctl get-failures [--hosts]`: the failed hosts of the current version; exit 1
+//! when there are any.
+
+use std::collections::BTreeMap;
+
+use clap::Args;
+use jio_common::fleet::Snapshot;
+use serde_json::json;
+
+use crate::context::{Access, Context};
+use crate::exit::{self, Failure, Outcome};
+use crate::status::describe_entry;
+
+#[derive(Args, Debug)]
+pub struct GetFailures {
+    /// One line per host, with the log link
+    #[arg(long)]
+    hosts: bool,
+}
+
+impl GetFailures {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        let store = ctx.open(Access::Read).await?;
+        let snap = ctx.snapshot_warned(&store).await?;
+        if ctx.json {
+            println!("{}", as_json(&snap));
+        } else if self.hosts {
+            for (h, (step, value)) in &snap.failures {
+                println!(
+                    "{h}\t{}\t{}\t{}",
+                    snap.role_of(h),
+                    step.as_str(),
+                    describe_entry(value)
+                );
+            }
+        } else {
+            let mut by_role: BTreeMap<String, usize> = BTreeMap::new();
+            for h in snap.failures.keys() {
+                *by_role.entry(snap.role_of(h).to_string()).or_default() += 1;
+            }
+            println!("{} failed host(s)", snap.failures.len());
+            for (r, n) in by_role {
+                println!("  {r}: {n}");
+            }
+        }
+        if snap.failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Failure::quiet(exit::FAILED))
+        }
+    }
+}
+
+fn as_json(snap: &Snapshot) -> serde_json::Value {
+    let v: BTreeMap<&str, serde_json::Value> = snap
+        .failures
+        .iter()
+        .map(|(h, (step, link))| {
+            (
+                h.as_str(),
+                json!({"role": snap.role_of(h), "step": step.as_str(), "link": link}),
+            )
+        })
+        .collect();
+    json!(v)
+}

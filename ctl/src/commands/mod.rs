@@ -1,0 +1,78 @@
+//! One module per subcommand: its arguments (typed, parsed and validated by clap
+//! before anything touches the store) and its `run`. Errors go back as a `Failure`;
+//! nothing here picks an exit code for an error it did not name.
+
+mod check_single_version;
+mod current_version;
+mod enable_puppet;
+mod get_failures;
+mod global_disable_puppet;
+mod hosts_at_version;
+mod logs;
+mod lookup;
+mod running_versions;
+mod status;
+mod trigger_update;
+mod upgrade;
+mod verify_hosts;
+
+use clap::Subcommand;
+
+use crate::context::Context;
+use crate::exit::Outcome;
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Hosts by state (upgraded, upgrading, failed, pending, lost) and role
+    Status(status::Status),
+    /// Set the desired version and start hosts under the rules
+    Upgrade(upgrade::Upgrade),
+    /// Delete every role and host enable_puppet key and set the global one to false
+    #[command(alias = "global_disable_puppet")]
+    GlobalDisablePuppet(global_disable_puppet::GlobalDisablePuppet),
+    /// Set /current_version (refused when it would release hosts outside any rules, unless --force)
+    #[command(alias = "trigger_update")]
+    TriggerUpdate(trigger_update::TriggerUpdate),
+    /// Print /current_version
+    #[command(alias = "current_version")]
+    CurrentVersion(current_version::CurrentVersion),
+    /// Set (or delete) an enable_puppet key
+    #[command(alias = "enable_puppet")]
+    EnablePuppet(enable_puppet::EnablePuppet),
+    /// Versions hosts run, with counts
+    #[command(alias = "running_versions")]
+    RunningVersions(running_versions::RunningVersions),
+    /// Hosts at a version
+    #[command(alias = "hosts_at_version")]
+    HostsAtVersion(hosts_at_version::HostsAtVersion),
+    /// Exit 0 only when every host (arguments, or stdin) is at VERSION
+    #[command(alias = "verify_hosts")]
+    VerifyHosts(verify_hosts::VerifyHosts),
+    /// Exit 0 when VERSION is the only version running
+    #[command(alias = "check_single_version")]
+    CheckSingleVersion(check_single_version::CheckSingleVersion),
+    /// Print the run log linked from a host's status entry (fetched from Swift)
+    Logs(logs::Logs),
+    /// Failed hosts of the current version
+    #[command(alias = "get_failures")]
+    GetFailures(get_failures::GetFailures),
+}
+
+impl Command {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        match self {
+            Command::Status(c) => c.run(ctx).await,
+            Command::Upgrade(c) => c.run(ctx).await,
+            Command::GlobalDisablePuppet(c) => c.run(ctx).await,
+            Command::TriggerUpdate(c) => c.run(ctx).await,
+            Command::CurrentVersion(c) => c.run(ctx).await,
+            Command::EnablePuppet(c) => c.run(ctx).await,
+            Command::RunningVersions(c) => c.run(ctx).await,
+            Command::HostsAtVersion(c) => c.run(ctx).await,
+            Command::VerifyHosts(c) => c.run(ctx).await,
+            Command::CheckSingleVersion(c) => c.run(ctx).await,
+            Command::Logs(c) => c.run(ctx).await,
+            Command::GetFailures(c) => c.run(ctx).await,
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The documented exit codes (also in the README), and the one place that turns how
+//! a command ended into one of them, printing the cause chain once. Commands return
+//! a `Failure`; they never print their own errors nor pick a code elsewhere.
+
+use std::fmt;
+
+use jio_common::store::{ErrorKind, StoreError};
+
+pub const OK: u8 = 0;
+/// The rollout stopped on failures, or a check was false.
+pub const FAILED: u8 = 1;
+/// The store is unreachable.
+pub const UNREACHABLE: u8 = 2;
+/// The rules are invalid (nothing was written).
+pub const INVALID_RULES: u8 = 3;
+/// Another jioctl drives a rollout (without --retry), or this one lost the lock.
+pub const LOCKED: u8 = 4;
+/// `upgrade --timeout` passed before the rollout finished.
+pub const TIMED_OUT: u8 = 5;
+/// An emergency stop (`global-disable-puppet`) halted the rollout.
+pub const HALTED: u8 = 6;
+/// Stopped by SIGINT (Ctrl-C) / SIGTERM: 128 + the signal number, as shells do.
+pub const SIGINT: u8 = 130;
+pub const SIGTERM: u8 = 143;
+/// Bad command line, configuration or input (nothing was written).
+pub const USAGE: u8 = 64;
+/// Anything else.
+pub const SOFTWARE: u8 = 70;
+
+/// How a command ended, when not with success: a documented exit code and what to
+/// say on stderr (`None`: the command's output already said it, e.g. a false check).
+pub struct Failure {
+    code: u8,
+    cause: Option<anyhow::Error>,
+}
+
+/// What a command returns.
+pub type Outcome = Result<(), Failure>;
+
+impl Failure {
+    /// Ends with `code`, saying `msg`.
+    pub fn new(code: u8, msg: impl fmt::Display + fmt::Debug + Send + Sync + 'static) -> Failure {
+        Failure {
+            code,
+            cause: Some(anyhow::Error::msg(msg)),
+        }
+    }
+
+    /// A bad command line, configuration or argument: exit 64, nothing written.
+    pub fn usage(msg: impl fmt::Display + fmt::Debug + Send + Sync + 'static) -> Failure {
+        Failure::new(USAGE, msg)
+    }
+
+    /// Ends with `code`; the output already said why.
+    pub fn quiet(code: u8) -> Failure {
+        Failure { code, cause: None }
+    }
+
+    /// Ends with `code`, saying `cause` and its chain.
+    pub fn with(code: u8, cause: anyhow::Error) -> Failure {
+        Failure {
+            code,
+            cause: Some(cause),
+        }
+    }
+
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+}
+
+/// Any other error: a store error by its kind (unreachable → 2, invalid input → 64),
+/// anything else 70.
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        let e: anyhow::Error = e.into();
+        let code = match e.downcast_ref::<StoreError>().map(StoreError::kind) {
+            Some(ErrorKind::Unavailable) => UNREACHABLE,
+            Some(ErrorKind::InvalidInput) => USAGE,
+            _ => SOFTWARE,
+        };
+        Failure::with(code, e)
+    }
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cause {
+            Some(c) => write!(f, "exit {}: {c:#}", self.code),
+            None => write!(f, "exit {}", self.code),
+        }
+    }
+}
+
+/// The one place an outcome becomes an exit code: says the cause (with its chain)
+/// once on stderr.
+pub fn report(outcome: Outcome) -> u8 {
+    match outcome {
+        Ok(()) => OK,
+        Err(f) => {
+            if let Some(c) = &f.cause {
+                eprintln!("jioctl: {c:#}");
+            }
+            f.code
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_documented_codes() {
+        let unavailable = StoreError::Unavailable {
+            url: "etcd://x:1".into(),
+            op: "get",
+            reason: "connection refused".into(),
+        };
+        let cases: Vec<(Outcome, u8)> = vec![
+            (Ok(()), OK),
+            (Err(Failure::quiet(FAILED)), FAILED),
+            (Err(Failure::usage("bad")), USAGE),
+            (Err(unavailable.into()), UNREACHABLE),
+            (Err(anyhow::anyhow!("odd").into()), SOFTWARE),
+            (Err(Failure::new(HALTED, "halted")), HALTED),
+        ];
+        for (outcome, code) in cases {
+            let what = format!("{outcome:?}");
+            assert_eq!(report(outcome), code, "{what}");
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! The rollout's words for people: each group's action, the plan table, what a pass
+//! enabled and what the rollout waits for. Pure text; printing is the caller's.
+
+use jio_common::fleet::{HostState, HostStatus};
+use jio_common::names::{HostName, Role};
+use jio_common::rules::{GroupAction, Plan};
+use serde::Serialize;
+
+/// A group's action as users read it ("enable host cp1, cp2", "at limit (2 of 2 in
+/// flight)", ...).
+pub fn action(a: &GroupAction) -> String {
+    let list = |xs: &mut dyn Iterator<Item = &str>| xs.collect::<Vec<_>>().join(", ");
+    match a {
+        GroupAction::Done => "nothing pending".into(),
+        GroupAction::StoppedOnFailure { failed, max_failures } => {
+            format!("stopped: {failed} failed host(s), more than max_failures {max_failures}")
+        }
+        GroupAction::Wait { on } => format!("waiting for {}", list(&mut on.iter().map(String::as_str))),
+        GroupAction::EnableRoles { roles } => {
+            format!("enable role {}", list(&mut roles.iter().map(Role::as_str)))
+        }
+        GroupAction::Admit { hosts } => {
+            format!("enable host {}", list(&mut hosts.iter().map(|h| h.as_str())))
+        }
+        GroupAction::Frozen => "frozen (limit 0)".into(),
+        GroupAction::Full { in_flight, limit } => format!("at limit ({in_flight} of {limit} in flight)"),
+    }
+}
+
+/// The plan as `--json` prints it: the planner's plan, field for field, with each
+/// group's action as its text.
+#[derive(Serialize)]
+pub struct PlanJson<'a> {
+    enable_roles: &'a [Role],
+    clear_host_keys: &'a [HostName],
+    enable_hosts: &'a [HostName],
+    groups: Vec<GroupJson<'a>>,
+    stopped_on_failures: bool,
+}
+
+#[derive(Serialize)]
+struct GroupJson<'a> {
+    group: &'a str,
+    limit: Option<u64>,
+    upgraded: usize,
+    in_flight: usize,
+    pending: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    blocked: usize,
+    action: String,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+pub fn plan_json(plan: &Plan) -> PlanJson<'_> {
+    PlanJson {
+        enable_roles: &plan.enable_roles,
+        clear_host_keys: &plan.clear_host_keys,
+        enable_hosts: &plan.enable_hosts,
+        groups: plan
+            .groups
+            .iter()
+            .map(|g| GroupJson {
+                group: &g.group,
+                limit: g.limit,
+                upgraded: g.upgraded,
+                in_flight: g.in_flight,
+                pending: g.pending,
+                blocked: g.blocked,
+                action: action(&g.action),
+            })
+            .collect(),
+        stopped_on_failures: plan.stopped_on_failures,
+    }
+}
+
+/// One line per group.
+pub fn plan_table(plan: &Plan) -> String {
+    let mut out = String::new();
+    for g in &plan.groups {
+        let limit = g
+            .limit
+            .map(|l| l.to_string())
+            .unwrap_or_else(|| "unlimited".into());
+        let blocked = if g.blocked > 0 {
+            format!(" blocked {}", g.blocked)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "  {:<16} limit {:<9} upgraded {:<4} in flight {:<4} pending {:<4}{blocked} -> {}\n",
+            g.group,
+            limit,
+            g.upgraded,
+            g.in_flight,
+            g.pending,
+            action(&g.action)
+        ));
+    }
+    out
+}
+
+/// What a plan enables ("enabled role a, b; host c"), when anything.
+pub fn admitted(plan: &Plan) -> Option<String> {
+    let mut parts = Vec::new();
+    if !plan.enable_roles.is_empty() {
+        let roles: Vec<&str> = plan.enable_roles.iter().map(Role::as_str).collect();
+        parts.push(format!("role {}", roles.join(", ")));
+    }
+    if !plan.enable_hosts.is_empty() {
+        let hosts: Vec<&str> = plan.enable_hosts.iter().map(|h| h.as_str()).collect();
+        parts.push(format!("host {}", hosts.join(", ")));
+    }
+    (!parts.is_empty()).then(|| format!("enabled {}", parts.join("; ")))
+}
+
+/// At most this many hosts are named per kind in a waiting line.
+const NAMED: usize = 8;
+
+fn named(hosts: &[&HostStatus]) -> String {
+    let mut parts: Vec<String> = hosts
+        .iter()
+        .take(NAMED)
+        .map(|h| match &h.reason {
+            Some(r) => format!("{} ({r})", h.host),
+            None => h.host.to_string(),
+        })
+        .collect();
+    if hosts.len() > NAMED {
+        parts.push(format!("and {} more", hosts.len() - NAMED));
+    }
+    parts.join(", ")
+}
+
+/// What the rollout waits for, in one line: the hosts that are not done and why.
+pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
+    let of = |st: HostState| -> Vec<&HostStatus> { hosts.iter().filter(|h| h.state == st).collect() };
+    let mut parts = Vec::new();
+    for (st, what) in [
+        (HostState::Upgrading, "upgrading"),
+        (HostState::Lost, "lost"),
+        (HostState::Blocked, "blocked"),
+        (HostState::Failed, "failed"),
+    ] {
+        let hs = of(st);
+        if !hs.is_empty() {
+            parts.push(format!("{} {what}: {}", hs.len(), named(&hs)));
+        }
+    }
+    for g in &plan.groups {
+        if g.pending > 0 {
+            parts.push(format!(
+                "{} pending in {}: {}",
+                g.pending,
+                g.group,
+                action(&g.action)
+            ));
+        }
+    }
+    if parts.is_empty() {
+        "nothing".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_json_keeps_its_shape_and_order() {
+        let cp1 = HostName::new("cp1").unwrap();
+        let plan = Plan {
+            enable_hosts: vec![cp1.clone()],
+            groups: vec![jio_common::rules::GroupPlan {
+                group: "compute".into(),
+                limit: Some(1),
+                upgraded: 0,
+                in_flight: 0,
+                pending: 2,
+                blocked: 0,
+                action: GroupAction::Admit { hosts: vec![cp1] },
+            }],
+            ..Plan::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&plan_json(&plan)).unwrap(),
+            r#"{"enable_roles":[],"clear_host_keys":[],"enable_hosts":["cp1"],"groups":[{"group":"compute","limit":1,"upgraded":0,"in_flight":0,"pending":2,"action":"enable host cp1"}],"stopped_on_failures":false}"#
+        );
+    }
+
+    #[test]
+    fn actions_read_as_before() {
+        let h = |s: &str| HostName::new(s).unwrap();
+        let r = |s: &str| Role::new(s).unwrap();
+        let cases = [
+            (GroupAction::Done, "nothing pending"),
+            (
+                GroupAction::StoppedOnFailure {
+                    failed: 2,
+                    max_failures: 1,
+                },
+                "stopped: 2 failed host(s), more than max_failures 1",
+            ),
+            (
+                GroupAction::Wait {
+                    on: vec!["controller".into(), "db".into()],
+                },
+                "waiting for controller, db",
+            ),
+            (
+                GroupAction::EnableRoles {
+                    roles: vec![r("stmon"), r("stmonleader")],
+                },
+                "enable role stmon, stmonleader",
+            ),
+            (
+                GroupAction::Admit {
+                    hosts: vec![h("cp1"), h("cp2")],
+                },
+                "enable host cp1, cp2",
+            ),
+            (GroupAction::Frozen, "frozen (limit 0)"),
+            (
+                GroupAction::Full {
+                    in_flight: 3,
+                    limit: 3,
+                },
+                "at limit (3 of 3 in flight)",
+            ),
+        ];
+        for (a, want) in cases {
+            assert_eq!(action(&a), want);
+        }
+    }
+}
