@@ -2,6 +2,7 @@
 //! real `run-parts`: outcomes, reports, and the faults the agent must survive.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::disallowed_methods)] // they time real processes on the wall clock
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -15,7 +15,9 @@ mod live;
 pub mod next;
 
 use std::io::IsTerminal as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::StreamExt as _;
 

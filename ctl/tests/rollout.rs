@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jio_common::fleet::Snapshot;
 use jio_common::keys::{Key, Schema};
@@ -94,14 +94,12 @@ async fn fleet(url: &str, names: &[&str], kind: Kind) -> Fleet {
         hosts.push(host);
         daemons.push(child);
     }
-    let start = Instant::now();
-    while !hosts.iter().all(|h| h.local_version().as_deref() == Some("v1")) {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "fleet did not converge to v1"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(
+        "the fleet to converge to v1",
+        Duration::from_secs(120),
+        || async { hosts.iter().all(|h| h.local_version().as_deref() == Some("v1")) },
+    )
+    .await;
     // An agent writes its version file before it reports to the store: wait until
     // the store, too, shows every host upgraded and none of them running anything,
     // or a recorder started now would count the end of the first convergence (no
@@ -282,14 +280,12 @@ async fn a_failed_host_stops_the_rollout_and_fixing_it_continues() {
     std::fs::remove_dir(&broken).unwrap();
     let out = run(&url, &["enable-puppet", "true", "--host", "compute2"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let start = Instant::now();
-    while f.hosts[1].local_version().as_deref() != Some("v2") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "compute2 did not retry"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(
+        "compute2 to retry and reach v2",
+        Duration::from_secs(30),
+        || async { f.hosts[1].local_version().as_deref() == Some("v2") },
+    )
+    .await;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_all_upgraded(&s, &f.hosts).await;
@@ -529,17 +525,11 @@ async fn rollout_on_consul_survives_sessions_expiring_midway() {
     .unwrap();
     // Once the first host is through, Consul invalidates every session (as when nodes
     // fail their checks): liveness records and the rollout lock vanish.
-    let start = Instant::now();
-    while s
-        .list(&Key::new("/running/versions/v2/").unwrap())
-        .await
-        .unwrap()
-        .kvs
-        .is_empty()
-    {
-        assert!(start.elapsed() < Duration::from_secs(60), "no host reached v2");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let v2 = Key::new("/running/versions/v2/").unwrap();
+    wait_for("a host to reach v2", Duration::from_secs(60), || async {
+        !s.list(&v2).await.unwrap().kvs.is_empty()
+    })
+    .await;
     let schema = Schema::default();
     let mut expired = 0;
     for prefix in [schema.agents(), schema.locks()] {
@@ -563,12 +553,10 @@ async fn rollout_on_consul_survives_sessions_expiring_midway() {
     assert!(record.violations.is_empty(), "{:#?}", record.violations);
     assert_all_upgraded(&s, &f.hosts).await;
     // Every agent made itself a new session and put its liveness record back.
-    let start = Instant::now();
-    while s.list(&schema.agents()).await.unwrap().kvs.len() < EIGHT.len() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "liveness records did not come back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(
+        "every liveness record to come back",
+        Duration::from_secs(30),
+        || async { s.list(&schema.agents()).await.unwrap().kvs.len() >= EIGHT.len() },
+    )
+    .await;
 }

@@ -8,6 +8,7 @@
 //! intervals from that file alone say how many hosts ran at once.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::disallowed_methods)] // they time real processes on the wall clock
 
 mod common;
 

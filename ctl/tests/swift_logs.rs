@@ -1,6 +1,7 @@
 //! Run logs in a real Swift, linked from `/status`, fetched by `jioctl logs`.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::disallowed_methods)] // they time real processes on the wall clock
 
 mod common;
 

@@ -6,7 +6,9 @@
 //! pause, wait for a change, or end with which code). No I/O and no clock here:
 //! the shell passes what time it is, as facts.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use jio_common::fleet::{HostState, HostStatus, LockRecord, Snapshot};
 use jio_common::gate::KeyState;
