@@ -9,34 +9,20 @@ use jio_common::clock::{DynClock, SystemClock};
 use jio_common::fleet::ROLLOUT_LOCK;
 use jio_common::keys::{Outcome as KeyOutcome, Step};
 use jio_common::names::Version;
-use jio_common::store::{Compare, DynStore, ErrorKind, Op, StoreError};
+use jio_common::store::{Compare, DynStore, Op};
 use jio_common::values::{AgentRecord, AgentState};
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::decide::{self, Decision, Health, Observation, Why};
+pub use crate::error::AgentError;
 use crate::ledger::{Ledger, LedgerSetup};
 use crate::liveness::Liveness;
 use crate::observe::{self, Memory, Subject};
 use crate::runner::{self, Outcome, ProcessGroup};
-use crate::state::{Journal, LastRun, RunResult, RunStart, StateError};
+use crate::state::{Journal, LastRun, RunResult, RunStart};
 use crate::steps::{CommandSteps, StepCtx, StepRunner};
 use crate::{report, rundir};
-
-/// Why the agent could not carry on.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    State(#[from] StateError),
-}
-
-impl AgentError {
-    pub fn store_unavailable(&self) -> bool {
-        matches!(self, AgentError::Store(e) if e.kind() == ErrorKind::Unavailable)
-    }
-}
 
 /// What a pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]

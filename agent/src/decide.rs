@@ -10,23 +10,10 @@ use jio_common::gate::{Gate, Level};
 use jio_common::names::Version;
 use jio_common::store::Revision;
 use jio_common::values::AgentState;
-use serde::{Deserialize, Serialize};
 
 use crate::runner::Outcome;
+pub use crate::state::Failure;
 use crate::state::RunResult;
-
-/// The last failed upgrade, as the journal remembers it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    pub version: Version,
-    /// Unix time of the failure.
-    pub at: u64,
-    /// Consecutive failures at this version.
-    pub attempts: u32,
-    /// Mod revisions of the host, role and global enable keys when it failed; any
-    /// write to one of them (even of the same value) counts as a new decision.
-    pub gate_revisions: [Revision; 3],
-}
 
 /// Everything one decision needs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use jio_common::names::{HostName, Version};
 use jio_common::store::DynStore;
 use jio_common::time::utc_stamp;
 
-use crate::agent::AgentError;
+use crate::error::AgentError;
 use crate::runner::Outcome;
 use crate::state::{self, Journal, PendingReport};
 use crate::uploads;

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod decide;
+pub mod error;
 pub mod identity;
 pub mod ledger;
 pub mod liveness;

@@ -9,8 +9,8 @@ use jio_common::names::{HostName, Role};
 use jio_common::store::{Compare, DynStore, Revision, StoreError};
 use jio_common::values::parse_version;
 
-use crate::agent::AgentError;
 use crate::decide::{Health, Observation};
+use crate::error::AgentError;
 use crate::state::{self, Journal};
 
 /// Who is observing: the host, its role and where things are.

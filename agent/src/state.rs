@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 
 use jio_common::keys::Step;
 use jio_common::names::Version;
+use jio_common::store::Revision;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
-
-use crate::decide::Failure;
 
 /// A state-file problem, naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +185,19 @@ mod step_serde {
             other => Err(serde::de::Error::custom(format!("unknown step {other:?}"))),
         }
     }
+}
+
+/// The last failed upgrade, as the journal remembers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub version: Version,
+    /// Unix time of the failure.
+    pub at: u64,
+    /// Consecutive failures at this version.
+    pub attempts: u32,
+    /// Mod revisions of the host, role and global enable keys when it failed; any
+    /// write to one of them (even of the same value) counts as a new decision.
+    pub gate_revisions: [Revision; 3],
 }
 
 /// The journal file's content.
