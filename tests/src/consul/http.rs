@@ -1,0 +1,374 @@
+//! The Consul test server's HTTP side: requests read off the wire, routed and
+//! mapped onto `state` (JSON in, JSON out, the `X-Consul-Index` header), blocking
+//! queries, ACL tokens, datacenters and the test controls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::Shared;
+use super::state::{Entry, InvalidSession, MAX_TXN_OPS, State, TxnOp};
+
+pub(super) struct Request {
+    method: String,
+    path: String,
+    query: HashMap<String, String>,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+fn decode_pct(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(
+                std::str::from_utf8(&b[i + 1..(i + 3).min(b.len())]).unwrap_or(""),
+                16,
+            )
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn read_request(r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> std::io::Result<Option<Request>> {
+    let mut line = String::new();
+    if r.read_line(&mut line).await? == 0 {
+        return Ok(None);
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let target = parts.next().unwrap_or("/").to_string();
+    let mut headers = HashMap::new();
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).await? == 0 {
+            return Ok(None);
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let mut body = Vec::new();
+    if let Some(n) = headers
+        .get("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        body.resize(n, 0);
+        r.read_exact(&mut body).await?;
+    } else if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+    {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size).await?;
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            let mut chunk = vec![0u8; n + 2];
+            r.read_exact(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    }
+    let (path, q) = target.split_once('?').unwrap_or((&target, ""));
+    let query = q
+        .split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode_pct(k), decode_pct(v))
+        })
+        .collect();
+    Ok(Some(Request {
+        method,
+        path: decode_pct(path),
+        query,
+        headers,
+        body,
+    }))
+}
+
+struct Response {
+    status: u16,
+    body: Vec<u8>,
+    index: Option<u64>,
+}
+
+fn resp(status: u16, body: impl Into<Vec<u8>>, index: Option<u64>) -> Response {
+    Response {
+        status,
+        body: body.into(),
+        index,
+    }
+}
+
+pub(super) async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) -> std::io::Result<()> {
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    while let Some(req) = read_request(&mut rd).await? {
+        let close = req
+            .headers
+            .get("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let r = handle(&shared, req).await;
+        let reason = match r.status {
+            200 => "OK",
+            400 => "Bad Request",
+            403 => "Forbidden",
+            404 => "Not Found",
+            409 => "Conflict",
+            413 => "Payload Too Large",
+            _ => "Error",
+        };
+        let mut head = format!(
+            "HTTP/1.1 {} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            r.status,
+            r.body.len()
+        );
+        if let Some(i) = r.index {
+            head.push_str(&format!("X-Consul-Index: {i}\r\nX-Consul-KnownLeader: true\r\n"));
+        }
+        head.push_str("\r\n");
+        wr.write_all(head.as_bytes()).await?;
+        wr.write_all(&r.body).await?;
+        wr.flush().await?;
+        if close {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn parse_wait(s: Option<&String>) -> Duration {
+    let d = s
+        .and_then(|w| jio_common::duration::parse(w).ok())
+        .unwrap_or(Duration::from_secs(300));
+    d.min(Duration::from_secs(600))
+}
+
+async fn handle(shared: &Shared, req: Request) -> Response {
+    if let Some(t) = &shared.opts.token {
+        let given = req.headers.get("x-consul-token").or(req.query.get("token"));
+        if given != Some(t) {
+            return resp(403, "Permission denied", None);
+        }
+    }
+    let dc = shared.opts.datacenter.clone().unwrap_or_else(|| "dc1".into());
+    if let Some(asked) = req.query.get("dc")
+        && *asked != dc
+    {
+        return resp(500, "No path to datacenter", None);
+    }
+    let path = req.path.clone();
+    if let Some(key) = path.strip_prefix("/v1/kv/") {
+        return kv(shared, &req, key).await;
+    }
+    if path == "/v1/txn" && req.method == "PUT" {
+        return txn(shared, &req);
+    }
+    if path == "/v1/status/leader" {
+        return resp(200, "\"127.0.0.1:8300\"", None);
+    }
+    if let Some(rest) = path.strip_prefix("/v1/session/") {
+        return session(shared, &req, rest);
+    }
+    if let Some(rest) = path.strip_prefix("/__test/") {
+        let mut st = shared.state();
+        if let Some(n) = rest.strip_prefix("index/").and_then(|n| n.parse::<u64>().ok()) {
+            st.reset_index(n);
+        } else if let Some(id) = rest.strip_prefix("expire/") {
+            st.expire(Instant::now(), Some(id));
+        }
+        drop(st);
+        shared.changed.notify_waiters();
+        return resp(200, "true", None);
+    }
+    resp(404, format!("no handler for {} {}", req.method, path), None)
+}
+
+fn entry_json(key: &str, e: &Entry) -> Value {
+    let mut v = json!({
+        "Key": key,
+        "CreateIndex": e.create,
+        "ModifyIndex": e.modify,
+        "LockIndex": e.lock_index,
+        "Flags": e.flags,
+        "Value": if e.value.is_empty() { Value::Null } else { json!(B64.encode(&e.value)) },
+    });
+    if let Some(s) = &e.session {
+        v["Session"] = json!(s);
+    }
+    v
+}
+
+async fn kv(shared: &Shared, req: &Request, key: &str) -> Response {
+    let recurse = req.query.contains_key("recurse");
+    let cas = req.query.get("cas").and_then(|c| c.parse::<u64>().ok());
+    let answer = |ok: bool, st: &State| resp(200, if ok { "true" } else { "false" }, Some(st.index));
+    match req.method.as_str() {
+        "GET" => read(shared, req, key, recurse).await,
+        "PUT" => {
+            let mut st = shared.state();
+            let acquire = req.query.get("acquire").map(String::as_str);
+            match st.put(key, req.body.clone(), cas, acquire) {
+                Err(InvalidSession(sid)) => resp(500, format!("invalid session \"{sid}\""), None),
+                Ok(false) => answer(false, &st),
+                Ok(true) => {
+                    let r = answer(true, &st);
+                    drop(st);
+                    shared.changed.notify_waiters();
+                    r
+                }
+            }
+        }
+        "DELETE" => {
+            let mut st = shared.state();
+            let ok = st.delete(key, recurse, cas);
+            let r = answer(ok, &st);
+            drop(st);
+            if ok {
+                shared.changed.notify_waiters();
+            }
+            r
+        }
+        _ => resp(405, "method not allowed", None),
+    }
+}
+
+/// A read, blocking while `?index=` is what the query would return and `wait` lasts.
+async fn read(shared: &Shared, req: &Request, key: &str, recurse: bool) -> Response {
+    let wait = parse_wait(req.query.get("wait"));
+    let min_index = req
+        .query
+        .get("index")
+        .and_then(|i| i.parse::<u64>().ok())
+        .unwrap_or(0);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let notified = shared.changed.notified();
+        {
+            let st = shared.state();
+            let idx = st.query_index(key, recurse);
+            if min_index == 0 || idx != min_index || tokio::time::Instant::now() >= deadline {
+                let entries: Vec<Value> = st
+                    .read(key, recurse)
+                    .iter()
+                    .map(|(k, e)| entry_json(k, e))
+                    .collect();
+                if entries.is_empty() {
+                    return resp(404, "", Some(idx));
+                }
+                let body = if req.query.contains_key("keys") {
+                    json!(entries.iter().map(|e| e["Key"].clone()).collect::<Vec<_>>())
+                } else {
+                    json!(entries)
+                };
+                return resp(200, body.to_string(), Some(idx));
+            }
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+fn txn(shared: &Shared, req: &Request) -> Response {
+    let ops: Vec<Value> = match serde_json::from_slice(&req.body) {
+        Ok(Value::Array(a)) => a,
+        _ => return resp(400, "Failed to parse body: expected a list of operations", None),
+    };
+    if ops.len() > MAX_TXN_OPS {
+        let why = format!(
+            "Transaction contains too many operations ({} > {MAX_TXN_OPS})",
+            ops.len()
+        );
+        return resp(413, why, None);
+    }
+    let ops: Vec<TxnOp> = ops
+        .iter()
+        .map(|op| {
+            let kv = &op["KV"];
+            TxnOp {
+                verb: kv["Verb"].as_str().unwrap_or("").to_string(),
+                key: kv["Key"].as_str().unwrap_or("").to_string(),
+                value: kv["Value"]
+                    .as_str()
+                    .map(|v| B64.decode(v).unwrap_or_default())
+                    .unwrap_or_default(),
+                index: kv["Index"].as_u64().unwrap_or(0),
+                session: kv["Session"].as_str().unwrap_or("").to_string(),
+            }
+        })
+        .collect();
+    let mut st = shared.state();
+    match st.txn(&ops) {
+        Err((i, what)) => {
+            let body = json!({"Results": null, "Errors": [{"OpIndex": i, "What": what}]});
+            resp(409, body.to_string(), None)
+        }
+        Ok(results) => {
+            let results: Vec<Value> = results
+                .iter()
+                .map(|(k, e)| json!({"KV": entry_json(k, e)}))
+                .collect();
+            let i = st.index;
+            drop(st);
+            shared.changed.notify_waiters();
+            resp(
+                200,
+                json!({"Results": results, "Errors": null}).to_string(),
+                Some(i),
+            )
+        }
+    }
+}
+
+fn session(shared: &Shared, req: &Request, rest: &str) -> Response {
+    let mut st = shared.state();
+    if rest == "create" && req.method == "PUT" {
+        let body: Value = serde_json::from_slice(&req.body).unwrap_or(json!({}));
+        let ttl = match body["TTL"].as_str().map(jio_common::duration::parse) {
+            Some(Ok(d)) if d >= Duration::from_secs(10) && d <= Duration::from_secs(86_400) => d,
+            Some(_) => return resp(500, "Invalid Session TTL: must be between 10s and 24h0m0s", None),
+            None => Duration::from_secs(86_400),
+        };
+        let delete = body["Behavior"].as_str() == Some("delete");
+        let id = st.create_session(ttl, delete, Instant::now());
+        return resp(200, json!({ "ID": id }).to_string(), Some(st.index));
+    }
+    if let Some(id) = rest.strip_prefix("renew/") {
+        return match st.renew(id, Instant::now()) {
+            Some(ttl) => {
+                let ttl = format!("{}s", ttl.as_secs());
+                resp(200, json!([{"ID": id, "TTL": ttl}]).to_string(), Some(st.index))
+            }
+            None => resp(404, format!("Session id '{id}' not found"), Some(st.index)),
+        };
+    }
+    if let Some(id) = rest.strip_prefix("destroy/") {
+        st.expire(Instant::now(), Some(id));
+        let i = st.index;
+        drop(st);
+        shared.changed.notify_waiters();
+        return resp(200, "true", Some(i));
+    }
+    resp(404, "unknown session endpoint", None)
+}

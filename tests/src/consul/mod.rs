@@ -1,0 +1,193 @@
+//! A Consul HTTP API test server: no Consul server can be installed on these
+//! machines, so the contract tests run against this faithful implementation of the
+//! documented API (https://developer.hashicorp.com/consul/api-docs): KV, txn,
+//! sessions, blocking queries, ACL tokens and datacenters.
+//!
+//! What it implements, as documented:
+//! - `GET /v1/kv/<key>[?recurse][&keys]` → JSON entries (`CreateIndex`,
+//!   `ModifyIndex`, `LockIndex`, `Key`, `Flags`, base64 `Value`, `Session`), 404 when
+//!   nothing matches; `X-Consul-Index` on every answer.
+//! - `PUT /v1/kv/<key>[?cas=N][&acquire=S][&release=S]` → `true`/`false`;
+//!   `cas=0` means "only if absent". `DELETE /v1/kv/<key>[?recurse][&cas=N]`.
+//! - `PUT /v1/txn`: up to 64 operations (`set`, `cas`, `get`, `delete`, `delete-tree`,
+//!   `delete-cas`, `check-index`, `check-not-exists`, `lock`), all or nothing: 200
+//!   with `Results`, 409 with `Errors` when an operation fails, 413 above 64.
+//! - Sessions: `PUT /v1/session/create` (`TTL` from 10s to 86400s, `Behavior`
+//!   `release` or `delete`), `/v1/session/renew/<id>` (404 when unknown),
+//!   `/v1/session/destroy/<id>`. A session not renewed is invalidated after up to
+//!   twice its TTL (here: exactly twice); its locks are released or its keys deleted.
+//! - Blocking queries: `?index=N&wait=D` answers when the index of what the query
+//!   reads exceeds N (the greatest ModifyIndex under the prefix, or a deletion there),
+//!   or when `wait` (default 5m, at most 10m) passes.
+//! - `X-Consul-Token` (or `?token=`): with an ACL token configured, anything else is
+//!   403 `Permission denied`. `?dc=` other than the server's datacenter: 500
+//!   `No path to datacenter`. `GET /v1/status/leader`.
+//!
+//! Differences, on purpose or out of scope: one node and no Raft (every read is
+//! consistent); the index is one counter for all writes; `wait` has no jitter; ACL is
+//! one token with full rights, not policies; no `flags` on txn ops.
+//! Test controls (not Consul API): `PUT /__test/index/<n>` moves the index backwards,
+//! as a restore from a snapshot does; `PUT /__test/expire/<session>` invalidates a
+//! session at once, as a failed node check does.
+
+mod http;
+mod state;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+use self::state::State;
+
+/// Settings of the test server.
+#[derive(Clone, Debug, Default)]
+pub struct ConsulOptions {
+    /// When set, every request must carry this ACL token.
+    pub token: Option<String>,
+    /// The datacenter name (default `dc1`).
+    pub datacenter: Option<String>,
+}
+
+/// What the connections share: the state, a wake-up for blocking queries, the options.
+struct Shared {
+    state: Mutex<State>,
+    changed: Notify,
+    opts: ConsulOptions,
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic under the lock leaves a consistent state (changes are applied whole).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running test server, stopped on drop.
+pub struct ConsulServer {
+    addr: std::net::SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<tokio::task::JoinHandle<()>>,
+    reaper: tokio::task::JoinHandle<()>,
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let s = shared.clone();
+            let h = tokio::spawn(async move {
+                let _ = http::serve_connection(stream, s).await;
+            });
+            connections.lock().expect("connections").push(h.abort_handle());
+        }
+    })
+}
+
+impl ConsulServer {
+    pub async fn start(opts: ConsulOptions) -> ConsulServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the Consul test server");
+        let addr = listener.local_addr().expect("address");
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::new()),
+            changed: Notify::new(),
+            opts,
+        });
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let accept = accept_loop(listener, shared.clone(), connections.clone());
+        let s = shared.clone();
+        let reaper = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let expired = s.state().expire(Instant::now(), None);
+                if expired {
+                    s.changed.notify_waiters();
+                }
+            }
+        });
+        ConsulServer {
+            addr,
+            shared,
+            accept: Some(accept),
+            reaper,
+            connections,
+        }
+    }
+
+    /// Stops answering: the listener closes and every open connection drops.
+    pub fn stop(&mut self) {
+        if let Some(a) = self.accept.take() {
+            a.abort();
+        }
+        for c in self.connections.lock().expect("connections").drain(..) {
+            c.abort();
+        }
+    }
+
+    /// Starts answering again on the same port, with the same data (a server restart).
+    pub async fn restart(&mut self) {
+        self.stop();
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        self.accept = Some(accept_loop(
+            listener,
+            self.shared.clone(),
+            self.connections.clone(),
+        ));
+    }
+
+    /// `consul://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("consul://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// The current index.
+    pub fn index(&self) -> u64 {
+        self.shared.state().index
+    }
+}
+
+impl Drop for ConsulServer {
+    fn drop(&mut self) {
+        self.stop();
+        self.reaper.abort();
+    }
+}
+
+/// Moves the server's index backwards (a snapshot restore), through its test control.
+pub async fn reset_index(server: &ConsulServer, to: u64) {
+    let mut s = TcpStream::connect(server.addr()).await.expect("connect");
+    let req = format!(
+        "PUT /__test/index/{to} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+}
+
+/// Invalidates a session at once, through the server's test control.
+pub async fn expire_session(server: &ConsulServer, id: &str) {
+    let mut s = TcpStream::connect(server.addr()).await.expect("connect");
+    let req = format!(
+        "PUT /__test/expire/{id} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+}
