@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The long fault-injection run: N seeds (default 20), each a fleet of real agents
 # with real Puppet and real jioctl drivers on a 3-member etcd under a random bounded
-# schedule of faults (see tests/src/faults.rs). Prints each seed's result and a
+# schedule of faults (see tests/src/faults/mod.rs). Prints each seed's result and a
 # summary line "N of M seeds passed"; exits non-zero when any seed failed.
 #   ./scripts/faults.sh [SEEDS [FIRST_SEED [FAULTS_PER_SEED]]]
 set -euo pipefail
