@@ -415,8 +415,9 @@ fn upgrade_args(version: &str, rules: &str) -> jioctl::upgrade::Args {
     jioctl::upgrade::Args {
         version: Version::new(version).expect("v"),
         rules: Rules::parse(rules).expect("rules"),
+        rules_json: serde_json::from_str(rules).expect("rules JSON"),
+        mode: jioctl::upgrade::Mode::Follow,
         noop: false,
-        retry: true,
         verbose: false,
         json: false,
         quiet: true,

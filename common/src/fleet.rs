@@ -13,6 +13,7 @@ use crate::gate::{self, Gate, GateKeys, KeyState};
 use crate::keys::{EnableLevel, Key, Outcome, Parsed, Schema, Step};
 use crate::names::{HostName, Role, Version};
 use crate::roles::RolePattern;
+use crate::rollout::{RolloutId, RolloutRecord};
 use crate::store::{DynStore, KeyValue, LeaseId, Revision, StoreError};
 use crate::values::{AgentRecord, HostRecord, parse_json, parse_version};
 
@@ -23,6 +24,26 @@ pub struct LockRecord {
     pub host: String,
     pub pid: u32,
     pub since: u64,
+}
+
+/// The active rollout as read: the id `/rollouts/current` names and its record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentRollout {
+    /// The id as written in `/rollouts/current`.
+    pub id: String,
+    /// `/rollouts/current`'s mod revision (operators' writes compare on it).
+    pub current_revision: Revision,
+    /// The record, or why it cannot be used (naming the key).
+    pub record: Result<RolloutRecord, String>,
+    /// The record's mod revision (0 when it is missing).
+    pub record_revision: Revision,
+}
+
+impl CurrentRollout {
+    /// The record, when it can be used.
+    pub fn ok(&self) -> Option<&RolloutRecord> {
+        self.record.as_ref().ok()
+    }
 }
 
 /// Everything `status` and the planner need, read at (about) one moment.
@@ -53,6 +74,10 @@ pub struct Snapshot {
     pub lock_key: Option<(Revision, Option<LeaseId>)>,
     /// The emergency stop written by `global-disable-puppet`, and its mod revision.
     pub halt: Option<(LockRecord, Revision)>,
+    /// The active rollout (`/rollouts/current` and the record it names).
+    pub rollout: Option<CurrentRollout>,
+    /// Driver services (`jioctl drive`) alive, by name.
+    pub drivers: BTreeMap<String, LockRecord>,
     /// Mod revision of the plan epoch key (0 when absent): every `jioctl` write of
     /// enable keys or the desired version bumps it, and a plan is applied only if it
     /// has not moved since the plan was computed.
@@ -71,6 +96,8 @@ impl Snapshot {
     pub fn from_kvs<'a>(schema: &Schema, kvs: impl IntoIterator<Item = &'a KeyValue>) -> Snapshot {
         let mut s = Snapshot::default();
         let mut failures: Vec<(Version, HostName, Step, String, Revision)> = Vec::new();
+        let mut current_rollout: Option<&KeyValue> = None;
+        let mut records: BTreeMap<String, &KeyValue> = BTreeMap::new();
         for kv in kvs {
             let record = |s: &mut Snapshot, kv: &KeyValue| match parse_json::<AgentRecord>(kv) {
                 Ok(r) => Some(r),
@@ -143,9 +170,26 @@ impl Snapshot {
                     s.halt = Some((rec, kv.mod_revision));
                 }
                 Some(Parsed::Lock(name)) if name == EPOCH => s.epoch = kv.mod_revision,
+                Some(Parsed::CurrentRollout) => current_rollout = Some(kv),
+                Some(Parsed::Rollout(id)) => {
+                    records.insert(id, kv);
+                }
+                Some(Parsed::Driver(name)) => match parse_json(kv) {
+                    Ok(r) => {
+                        s.drivers.insert(name, r);
+                    }
+                    Err(e) => s.problems.push(e.to_string()),
+                },
                 _ => {}
             }
             s.revision = s.revision.max(kv.mod_revision);
+        }
+        if let Some(cur) = current_rollout {
+            let current = current_rollout_of(schema, cur, &records);
+            if let Err(e) = &current.record {
+                s.problems.push(e.clone());
+            }
+            s.rollout = Some(current);
         }
         if let Some(cur) = &s.current {
             for (v, h, step, link, rev) in failures {
@@ -156,6 +200,13 @@ impl Snapshot {
             }
         }
         s
+    }
+
+    /// The key of the record `/rollouts/current` names, when it names a rollout id.
+    fn rollout_record_key(schema: &Schema, kvs: &[KeyValue]) -> Option<Key> {
+        let current = schema.current_rollout();
+        let kv = kvs.iter().find(|kv| kv.key == current)?;
+        Some(schema.rollout(&RolloutId::parse(kv.value.trim())?))
     }
 
     /// Reads a snapshot with a fixed number of listings.
@@ -213,10 +264,20 @@ impl Snapshot {
         schema: &Schema,
         version: Option<&Version>,
     ) -> Result<(Vec<KeyValue>, Vec<Revision>), StoreError> {
+        // The locks (and so the plan epoch) first: everything a plan depends on is
+        // read at or after the epoch it is fenced on, so a write that moved the epoch
+        // before any of those reads is seen by them, and one after fails the fence.
+        let locks = store.list(&schema.locks()).await?;
         // The desired version is listed (not read with a get) so that its read
         // revision is known: a change after it is in the watch a live view opens.
-        let first = [schema.current_version(), schema.enable_root(), schema.locks()];
-        let early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
+        let first = [
+            schema.current_version(),
+            schema.enable_root(),
+            schema.current_rollout(),
+            schema.drivers(),
+        ];
+        let mut early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
+        let record = Snapshot::rollout_record_key(schema, &early[2].kvs);
         let current_key = schema.current_version();
         let cur_version = version.cloned().or_else(|| {
             early[0]
@@ -236,6 +297,8 @@ impl Snapshot {
                 second.push(schema.status_version_prefix(step, Outcome::Failure, v));
             }
         }
+        second.extend(record);
+        early.insert(0, locks);
         let late = futures_util::future::try_join_all(second.iter().map(|p| store.list(p))).await?;
         let revisions: Vec<Revision> = early.iter().chain(late.iter()).map(|l| l.revision).collect();
         let kvs = early.into_iter().chain(late).flat_map(|l| l.kvs).collect();
@@ -273,6 +336,46 @@ pub const EPOCH: &str = "epoch";
 /// The emergency stop `global-disable-puppet` leaves: a driver that sees one newer
 /// than its own start halts.
 pub const HALT: &str = "halt";
+
+/// The active rollout from `/rollouts/current` and the records read with it.
+fn current_rollout_of(
+    schema: &Schema,
+    cur: &KeyValue,
+    records: &BTreeMap<String, &KeyValue>,
+) -> CurrentRollout {
+    let id = cur.value.trim().to_string();
+    let mut out = CurrentRollout {
+        id: id.clone(),
+        current_revision: cur.mod_revision,
+        record: Err(String::new()),
+        record_revision: 0,
+    };
+    let Some(rid) = crate::values::text(cur)
+        .ok()
+        .and_then(|t| RolloutId::parse(t.trim()))
+    else {
+        let e = crate::values::ValueError::new(
+            &cur.key,
+            &cur.value,
+            "not a rollout id (a UTC stamp such as 20261123T020000Z, a dash and a version)",
+        );
+        out.record = Err(e.to_string());
+        return out;
+    };
+    let key = schema.rollout(&rid);
+    out.record = match records.get(id.as_str()) {
+        None => Err(format!("key {}: missing (named by {})", key, cur.key)),
+        Some(kv) => {
+            out.record_revision = kv.mod_revision;
+            match parse_json::<RolloutRecord>(kv) {
+                Ok(r) if r.id == rid => Ok(r),
+                Ok(r) => Err(format!("key {key}: the record is of rollout {}, not {rid}", r.id)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    out
+}
 
 /// A host's place in the rollout to the current version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

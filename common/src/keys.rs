@@ -124,6 +124,12 @@ pub enum Parsed {
     /// A run that started and has not been seen to end (not bound to a lease).
     Run(HostName),
     Lock(String),
+    /// `/rollouts/current`: the id of the active rollout.
+    CurrentRollout,
+    /// `/rollouts/<id>`: a rollout's record (the id as written, checked by its reader).
+    Rollout(String),
+    /// `/drivers/<name>`: a driver service (`jioctl drive`) that is alive (leased).
+    Driver(String),
 }
 
 const CURRENT_VERSION: &str = "/current_version";
@@ -135,6 +141,8 @@ const HOSTS: &str = "/hosts/";
 const AGENTS: &str = "/agents/";
 const RUNS: &str = "/runs/";
 const LOCKS: &str = "/locks/";
+const ROLLOUTS: &str = "/rollouts/";
+const DRIVERS: &str = "/drivers/";
 
 /// The key schema under one namespace prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -315,6 +323,31 @@ impl Schema {
         self.key(&[RUNS, h.as_str()])
     }
 
+    /// Prefix of the rollout records (and of `/rollouts/current`).
+    pub fn rollouts(&self) -> Key {
+        self.key(&[ROLLOUTS])
+    }
+
+    /// A rollout's record (`rollout::RolloutRecord`, JSON).
+    pub fn rollout(&self, id: &crate::rollout::RolloutId) -> Key {
+        self.key(&[ROLLOUTS, id.as_str()])
+    }
+
+    /// Prefix of the driver services' leased records.
+    pub fn drivers(&self) -> Key {
+        self.key(&[DRIVERS])
+    }
+
+    /// A driver service's leased record (`fleet::LockRecord`, JSON).
+    pub fn driver(&self, name: &str) -> Key {
+        self.key(&[DRIVERS, name])
+    }
+
+    /// The id of the active rollout, when there is one.
+    pub fn current_rollout(&self) -> Key {
+        self.key(&[ROLLOUTS, "current"])
+    }
+
     /// Prefix of every lock.
     pub fn locks(&self) -> Key {
         self.key(&[LOCKS])
@@ -397,6 +430,15 @@ impl Schema {
         }
         if let Some(l) = rest.strip_prefix(LOCKS) {
             return (!l.is_empty() && !l.contains('/')).then(|| Parsed::Lock(l.to_string()));
+        }
+        if let Some(r) = rest.strip_prefix(ROLLOUTS) {
+            return match r {
+                "current" => Some(Parsed::CurrentRollout),
+                _ => (!r.is_empty() && !r.contains('/')).then(|| Parsed::Rollout(r.to_string())),
+            };
+        }
+        if let Some(d) = rest.strip_prefix(DRIVERS) {
+            return (!d.is_empty() && !d.contains('/')).then(|| Parsed::Driver(d.to_string()));
         }
         None
     }
@@ -552,6 +594,12 @@ mod tests {
                 (s.agent(&h("c1")), Parsed::Agent(h("c1"))),
                 (s.run(&h("c1")), Parsed::Run(h("c1"))),
                 (s.lock("rollout"), Parsed::Lock("rollout".into())),
+                (s.current_rollout(), Parsed::CurrentRollout),
+                (
+                    s.rollout(&crate::rollout::RolloutId::parse("20261123T020000Z-v2").unwrap()),
+                    Parsed::Rollout("20261123T020000Z-v2".into()),
+                ),
+                (s.driver("mgmt1-42"), Parsed::Driver("mgmt1-42".into())),
             ];
             for (key, want) in cases {
                 assert_eq!(s.parse(&key), Some(want), "{key}");

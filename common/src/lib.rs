@@ -14,6 +14,7 @@ pub mod gate;
 pub mod keys;
 pub mod names;
 pub mod roles;
+pub mod rollout;
 pub mod rules;
 pub mod store;
 pub mod swift;

@@ -7,6 +7,7 @@
 //! `max_failures`. Parsing reports every problem at once; nothing here does I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use regex::Regex;
 use serde_json::Value;
@@ -27,7 +28,7 @@ pub struct GroupRule {
 }
 
 /// Parsed rules.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Rules {
     /// `rolling_rules.global`: the limit of every group without its own.
     pub global_limit: Option<u64>,
@@ -38,6 +39,25 @@ pub struct Rules {
     pub groups: Vec<GroupRule>,
     /// Failed hosts tolerated before no new host is admitted (default 0).
     pub max_failures: u64,
+    /// `progress_deadline`: how long a rollout may go without any host finishing
+    /// while hosts are in flight or waiting, before it is marked stuck.
+    pub progress_deadline: Duration,
+}
+
+/// The default `progress_deadline`.
+pub const PROGRESS_DEADLINE: Duration = Duration::from_secs(3600);
+
+impl Default for Rules {
+    fn default() -> Rules {
+        Rules {
+            global_limit: None,
+            limits: BTreeMap::new(),
+            order: BTreeMap::new(),
+            groups: Vec::new(),
+            max_failures: 0,
+            progress_deadline: PROGRESS_DEADLINE,
+        }
+    }
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -46,6 +66,7 @@ const TOP_KEYS: &[&str] = &[
     "role_dependencies",
     "group_mappings",
     "max_failures",
+    "progress_deadline",
 ];
 
 fn count(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<u64> {
@@ -189,6 +210,16 @@ impl Rules {
         }
         if let Some(m) = top.get("max_failures") {
             rules.max_failures = count("max_failures", m, &mut errors).unwrap_or(0);
+        }
+        if let Some(d) = top.get("progress_deadline") {
+            match d.as_str().map(crate::duration::parse) {
+                Some(Ok(d)) if !d.is_zero() => rules.progress_deadline = d,
+                Some(Ok(_)) => errors.push("progress_deadline: must be longer than 0".into()),
+                Some(Err(e)) => errors.push(format!("progress_deadline: {e}")),
+                None => errors.push(format!(
+                    "progress_deadline: {d} must be a duration such as \"30m\" or \"2h\""
+                )),
+            }
         }
         if let Some(cycle) = find_cycle(&rules.order) {
             errors.push(format!("role_order has a cycle: {}", cycle.join(" -> ")));
@@ -473,6 +504,18 @@ impl Plan {
 }
 
 /// Decides which pending hosts may start. Pure.
+/// Nothing is in flight and nothing can be admitted, yet hosts remain: a rollout
+/// under this plan will not move until someone acts (a frozen role, a lost or
+/// blocked host, a role waiting for one of those).
+pub fn waits_forever(hosts: &[HostStatus], plan: &Plan) -> bool {
+    plan.is_empty()
+        && !plan.stopped_on_failures
+        && !hosts.iter().any(|h| h.state == HostState::Upgrading)
+        && hosts
+            .iter()
+            .any(|h| matches!(h.state, HostState::Pending | HostState::Lost | HostState::Blocked))
+}
+
 pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved) -> Plan {
     let failed = hosts.iter().filter(|h| h.state == HostState::Failed).count() as u64;
     let stopped = failed > r.max_failures;
@@ -949,6 +992,15 @@ mod tests {
             ),
             (r#"{"max_failures": -2}"#, "max_failures: -2 is not a count"),
             (
+                r#"{"progress_deadline": 60}"#,
+                "progress_deadline: 60 must be a duration",
+            ),
+            (
+                r#"{"progress_deadline": "0"}"#,
+                "progress_deadline: must be longer than 0",
+            ),
+            (r#"{"progress_deadline": "soon"}"#, "invalid duration \"soon\""),
+            (
                 r#"{"rolling_rules":{"global":1},"rolling_rules":{"global":5}}"#,
                 "key \"rolling_rules\" is given twice",
             ),
@@ -962,6 +1014,13 @@ mod tests {
             let err = Rules::parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }
+        assert_eq!(
+            Rules::parse(r#"{"progress_deadline": "90s"}"#)
+                .unwrap()
+                .progress_deadline,
+            Duration::from_secs(90)
+        );
+        assert_eq!(Rules::parse("{}").unwrap().progress_deadline, PROGRESS_DEADLINE);
         // Several problems at once.
         let err =
             Rules::parse(r#"{"x": 1, "max_failures": "a", "rolling_rules": {"global": -1}}"#).unwrap_err();

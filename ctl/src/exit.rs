@@ -17,8 +17,11 @@ pub const INVALID_RULES: u8 = 3;
 pub const LOCKED: u8 = 4;
 /// `upgrade --timeout` passed before the rollout finished.
 pub const TIMED_OUT: u8 = 5;
-/// An emergency stop (`global-disable-puppet`) halted the rollout.
+/// The rollout was stopped by an operator: an emergency stop
+/// (`global-disable-puppet`), `jioctl rollout abort`, or a newer rollout replaced it.
 pub const HALTED: u8 = 6;
+/// The rollout is stuck: no host finished within its `progress_deadline`.
+pub const STUCK: u8 = 7;
 /// Stopped by SIGINT (Ctrl-C) / SIGTERM: 128 + the signal number, as shells do.
 pub const SIGINT: u8 = 130;
 pub const SIGTERM: u8 = 143;

@@ -2,7 +2,7 @@
 //! rollouts under the rules.
 //!
 //! Layering, one way: `cli` → `commands` → (`upgrade`, `release`, `status`,
-//! `render`, `writes`, `context`) → `exit` and `config`; no module imports one that
+//! `render`, `rollouts`, `writes`, `context`) → `exit` and `config`; no module imports one that
 //! imports it back.
 
 #![forbid(unsafe_code)]
@@ -15,6 +15,7 @@ pub mod exit;
 pub mod progress;
 pub mod release;
 pub mod render;
+pub mod rollouts;
 pub mod status;
 pub mod upgrade;
 pub mod writes;

@@ -7,7 +7,7 @@ use std::io::Write as _;
 use jio_common::fleet::{HostState, HostStatus};
 
 /// Counts of one role.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counts {
     pub upgraded: usize,
     pub upgrading: usize,

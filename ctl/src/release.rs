@@ -53,7 +53,7 @@ pub async fn write_checked(
 pub async fn release_checked(
     ctx: &Context,
     store: &DynStore,
-    ops: Vec<Op>,
+    ops: impl Fn(&Snapshot) -> Vec<Op>,
     force: bool,
     what: &str,
     change: impl Fn(&mut Snapshot),
@@ -76,7 +76,7 @@ pub async fn release_checked(
                 if released.len() > 8 { ", ..." } else { "" }
             )));
         }
-        if write_checked(store, ctx.schema(), ops.clone(), &before).await? {
+        if write_checked(store, ctx.schema(), ops(&before), &before).await? {
             if !released.is_empty() {
                 eprintln!(
                     "jioctl: --force: {} host(s) released at once, outside any rolling rules",

@@ -1,8 +1,11 @@
 //! The rollout's words for people: each group's action, the plan table, what a pass
 //! enabled and what the rollout waits for. Pure text; printing is the caller's.
 
+use std::collections::BTreeMap;
+
 use jio_common::fleet::{HostState, HostStatus};
 use jio_common::names::{HostName, Role};
+use jio_common::rollout::{RolloutRecord, RolloutState};
 use jio_common::rules::{GroupAction, Plan};
 use serde::Serialize;
 
@@ -164,6 +167,65 @@ pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
     } else {
         parts.join("; ")
     }
+}
+
+/// `waiting_line`, and when nothing can move without an operator, it says so.
+pub fn waiting_line_forever(hosts: &[HostStatus], plan: &Plan) -> String {
+    let line = waiting_line(hosts, plan);
+    if jio_common::rules::waits_forever(hosts, plan) {
+        format!(
+            "{line} — nothing is in flight and nothing can be admitted: it waits until someone acts (free or fix these hosts, change the rules, or `jioctl rollout abort`)"
+        )
+    } else {
+        line
+    }
+}
+
+/// The hosts that hold a rollout and why (for its `stuck` record): every host not
+/// done, with its state and reason, or for a pending host its group's action.
+pub fn holding(
+    hosts: &[HostStatus],
+    plan: &Plan,
+    group_of: &BTreeMap<Role, String>,
+) -> BTreeMap<String, String> {
+    let action_of = |h: &HostStatus| {
+        let g = group_of
+            .get(&h.role)
+            .cloned()
+            .unwrap_or_else(|| h.role.to_string());
+        plan.groups
+            .iter()
+            .find(|p| p.group == g)
+            .map(|p| format!("pending in {g}: {}", action(&p.action)))
+            .unwrap_or_else(|| "pending".into())
+    };
+    hosts
+        .iter()
+        .filter(|h| !matches!(h.state, HostState::Upgraded | HostState::Failed))
+        .map(|h| {
+            let why = match (h.state, &h.reason) {
+                (HostState::Pending, _) => action_of(h),
+                (st, Some(r)) => format!("{}: {r}", st.as_str()),
+                (st, None) => st.as_str().to_string(),
+            };
+            (h.host.to_string(), why)
+        })
+        .collect()
+}
+
+/// A paused rollout, in one line.
+pub fn paused_line(r: &RolloutRecord, in_flight: usize) -> String {
+    let RolloutState::Paused { reason, by, until } = &r.state else {
+        return format!("rollout {} is {}", r.id, r.state.name());
+    };
+    format!(
+        "rollout {} is paused by {by}{}{}: nothing new is admitted, {in_flight} host(s) in flight finish; `jioctl rollout resume` continues it",
+        r.id,
+        reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
+        until
+            .map(|t| format!(", until {}", jio_common::time::utc_stamp(t)))
+            .unwrap_or_default()
+    )
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
 use jio_common::names::Role;
+use jio_common::rollout::RolloutState;
 use serde_json::{Value, json};
 
 /// The status JSON: the original's shape (`{state: {role: [hosts]}}`) plus the new
@@ -35,6 +36,8 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
         .collect();
     out.insert("reasons".into(), json!(reasons));
     out.insert("lock".into(), json!(snap.lock));
+    out.insert("rollout".into(), rollout_json(snap));
+    out.insert("drivers".into(), json!(snap.drivers));
     out.insert(
         "emergency_stop".into(),
         json!(snap.halt.as_ref().map(|(by, _)| by)),
@@ -43,6 +46,21 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
         out.insert("problems".into(), json!(snap.problems));
     }
     Value::Object(out)
+}
+
+/// The active rollout's record (with its rules digest), or why it cannot be used.
+pub fn rollout_json(snap: &Snapshot) -> Value {
+    match &snap.rollout {
+        None => Value::Null,
+        Some(c) => match &c.record {
+            Ok(r) => {
+                let mut v = json!(r);
+                v["rules_digest"] = json!(r.rules_digest());
+                v
+            }
+            Err(e) => json!({"id": c.id, "error": e}),
+        },
+    }
 }
 
 /// A status leaf's value is a link to the run's logs when it looks like one;
@@ -98,14 +116,76 @@ fn header(snap: &Snapshot, store: &str) -> String {
     if let Some((by, _)) = &snap.halt {
         let _ = writeln!(
             s,
-            "emergency stop: {} ran global-disable-puppet; `jioctl upgrade` resumes the rollout",
+            "emergency stop: {} ran global-disable-puppet; `jioctl upgrade` starts a new rollout",
             crate::writes::describe(&Some(by.clone()))
         );
+    }
+    for line in rollout_lines(snap) {
+        let _ = writeln!(s, "{line}");
     }
     for p in &snap.problems {
         let _ = writeln!(s, "warning: {p}");
     }
     s
+}
+
+/// The active rollout: its state, and what it waits for when it cannot move
+/// without an operator.
+pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
+    let Some(cur) = &snap.rollout else {
+        return vec![];
+    };
+    let Some(r) = cur.ok() else {
+        return vec![format!(
+            "rollout {}: its record cannot be used (see the warning)",
+            cur.id
+        )];
+    };
+    let mut out = vec![format!(
+        "rollout {} to {}: {}, started by {} at {} (rules {})",
+        r.id,
+        r.version,
+        r.state.name(),
+        r.started_by(),
+        jio_common::time::utc_stamp(r.started_at()),
+        r.rules_digest()
+    )];
+    let hosts = fleet::classify(snap);
+    match &r.state {
+        RolloutState::Paused { .. } => {
+            let in_flight = hosts
+                .iter()
+                .filter(|h| matches!(h.state, HostState::Upgrading | HostState::Lost))
+                .count();
+            out.push(crate::render::paused_line(r, in_flight));
+        }
+        RolloutState::Stuck { holding } => {
+            out.push(format!(
+                "stuck: no host finished within its progress_deadline; held by {}",
+                holding
+                    .iter()
+                    .map(|(h, why)| format!("{h} ({why})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        _ => {}
+    }
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
+    let plan = jio_common::rules::Rules::parse(&r.rules.to_string())
+        .and_then(|rules| rules.resolve(&roles))
+        .map(|resolved| jio_common::rules::plan(snap, &hosts, &resolved));
+    match plan {
+        Ok(p) if jio_common::rules::waits_forever(&hosts, &p) && r.state.name() != "paused" => {
+            out.push(format!(
+                "waiting forever: {}",
+                crate::render::waiting_line_forever(&hosts, &p)
+            ));
+        }
+        Ok(_) => {}
+        Err(e) => out.push(format!("its rules no longer fit the fleet: {e}")),
+    }
+    out
 }
 
 /// The counts per role (a BLOCKED column only when a host is blocked).

@@ -1,19 +1,24 @@
-//! `jioctl upgrade`: set the desired version and drive the rollout under the rules.
+//! `jioctl upgrade` and `jioctl drive`: rollouts recorded in the store, and the
+//! driver that moves them.
 //!
-//! Each pass reads a snapshot, plans with the pure planner, and applies the plan in
-//! transactions fenced on the plan epoch and on still holding the rollout lock; a
-//! pass that lost the race plans again, a driver that lost the lock takes it again
-//! or stops. With `--retry` passes repeat, woken by a watch on the namespace (not a
-//! timer), until nothing is pending or upgrading, failures stop the rollout, an
-//! emergency stop halts it, or `--timeout` passes. While it waits it says on what.
-//! The last pass resets the enable keys, so a finished rollout leaves nothing armed.
+//! `upgrade` starts a rollout (its record, `/rollouts/current` and the desired
+//! version in one transaction) or follows the active one with the same version and
+//! rules, then follows it: it shows progress and, while no driver service is there
+//! to do it, drives it itself under the rollout lock. `drive` is the service: it
+//! drives whatever rollout is current while it holds the lock, and stands by while
+//! another holds it.
 //!
-//! What to do after each step is decided by the pure `next::next`; this module is
-//! the shell around it: the store, the watch, the lock, the clock and the output.
+//! A driver's pass reads a snapshot, decides with the pure `next::step` and planner,
+//! and writes at most one change fenced on the plan epoch and on still holding the
+//! lock; a pass that lost the race plans again, a driver that lost the lock takes it
+//! again or stops. Passes are woken by a watch on the namespace (not a timer), by a
+//! pause's expiry and by the progress deadline. While it waits it says on what.
 
 mod live;
 pub mod next;
+pub mod waves;
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
@@ -21,26 +26,46 @@ use tokio::time::Instant;
 
 use futures_util::StreamExt as _;
 
-use jio_common::fleet::{self, HALT, LockRecord, Snapshot};
-use jio_common::gate::KeyState;
+use jio_common::clock::{DynClock, SystemClock};
+use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
 use jio_common::keys::Schema;
 use jio_common::names::Version;
 use jio_common::roles::RolePattern;
-use jio_common::rules::{self, Plan, Resolved, Rules};
+use jio_common::rollout::{RolloutId, RolloutRecord, RolloutState};
+use jio_common::rules::{self, Plan, Rules};
 use jio_common::store::{DynStore, ErrorKind, Op, Revision, StoreError, WatchEvent, WatchStream};
+use jio_common::time::utc_stamp;
 
 use crate::exit::{self, Failure, Outcome};
 use crate::progress::Progress;
 use crate::render;
+use crate::rollouts::{self, Started};
 use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
 use live::{Applied, LiveView};
-use next::{After, Before, DriverState, During, Ending, Next, Observed, PassOutcome, Settled, Waiting};
+use next::{
+    After, Deadline, DriverState, During, Ending, Next, Observed, PassOutcome, ProgressClock, Settled, Step,
+    Waiting, Who,
+};
+
+/// How `jioctl upgrade` goes on once the rollout is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Follow it to its end, driving it while no driver service does (the default;
+    /// `--retry` is the same).
+    Follow,
+    /// One pass, then return (`--once`).
+    Once,
+    /// Return as soon as it is recorded (`--detach`).
+    Detach,
+}
 
 pub struct Args {
     pub version: Version,
     pub rules: Rules,
+    /// The rules as given and validated (what the record keeps).
+    pub rules_json: serde_json::Value,
+    pub mode: Mode,
     pub noop: bool,
-    pub retry: bool,
     pub verbose: bool,
     pub json: bool,
     /// Print nothing but errors (for programs that drive upgrades in-process).
@@ -57,25 +82,15 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
     ))
 }
 
-/// A snapshot as it will be once the rollout to `v` has started (for `--noop`).
-fn as_if_started(mut snap: Snapshot, v: &Version) -> Snapshot {
-    if snap.current.as_ref() != Some(v) {
-        snap.current = Some(v.clone());
-        snap.global = KeyState::Set(false);
-        snap.role_keys.clear();
-        snap.host_keys.clear();
-    }
-    snap
-}
-
 /// Checks the rules against the fleet (nothing is written before), then prints the
-/// plan (`--noop`) or drives the rollout under the lock.
+/// planned waves (`--noop`), or records the rollout and follows it.
 pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePattern, args: Args) -> Outcome {
-    // The revision this command started at: an emergency stop written after it halts
-    // this run; one written before it was seen by the operator who started it.
-    let started_at = store.ping().await?;
-    let mut snap = Snapshot::read_for(store, schema, Some(&args.version)).await?;
-    snap.role_pattern = role_pattern.clone();
+    let read = || async {
+        let mut s = Snapshot::read_for(store, schema, Some(&args.version)).await?;
+        s.role_pattern = role_pattern.clone();
+        Ok::<Snapshot, StoreError>(s)
+    };
+    let snap = read().await?;
     for p in &snap.problems {
         eprintln!("jioctl: warning: {p}");
     }
@@ -90,47 +105,190 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
     if args.noop {
         return noop(snap, &resolved, &args);
     }
-    let deadline = args.timeout.map(|t| Instant::now() + t);
-    let lock = tokio::select! {
-        l = take_lock(store, schema, &args, deadline) => l?,
+    let clock: DynClock = std::sync::Arc::new(SystemClock);
+    let started = tokio::select! {
+        s = rollouts::start(store, schema, &args.version, &args.rules_json, || clock.unix_now(), read) => s,
         sig = interrupted() => return Err(Failure::new(
             signal_code(sig),
-            format!("{sig}: stopped while waiting for the rollout lock; nothing was written"),
+            format!("{sig}: stopped before the rollout was recorded; nothing was written"),
         )),
     };
-    let mut driver = Driver::new(store, schema, role_pattern, &args, lock, started_at, deadline);
+    let record = match started {
+        Ok(Started::Created(c)) => {
+            if !args.quiet {
+                say_created(&c, &snap);
+            }
+            c.record
+        }
+        Ok(Started::Follow(r)) => {
+            if !args.quiet {
+                println!(
+                    "following rollout {} to {} ({}), started by {} at {}",
+                    r.id,
+                    r.version,
+                    r.state.name(),
+                    r.started_by(),
+                    utc_stamp(r.started_at())
+                );
+            }
+            r
+        }
+        Err(rollouts::ChangeError::Store(e)) => return Err(e.into()),
+        Err(e) => return Err(Failure::new(exit::SOFTWARE, e.to_string())),
+    };
+    follow(store, schema, role_pattern, &record, args.mode, &args).await
+}
+
+/// Follows a recorded rollout as `mode` says (driving it while no driver service
+/// does), and ends with its outcome.
+pub async fn follow(
+    store: &DynStore,
+    schema: &Schema,
+    role_pattern: &RolePattern,
+    record: &RolloutRecord,
+    mode: Mode,
+    args: &Args,
+) -> Outcome {
+    let opts = DriverOpts {
+        target: Some(record.id.clone()),
+        daemon: false,
+        follow: mode == Mode::Follow,
+        verbose: args.verbose,
+        json: args.json,
+        quiet: args.quiet,
+        ttl: writes::LOCK_TTL,
+        timeout: args.timeout,
+        clock: std::sync::Arc::new(SystemClock),
+    };
+    let mut driver = Driver::new(store, schema, role_pattern, opts);
+    match mode {
+        Mode::Detach => return detached(store, schema, record, args).await,
+        Mode::Once => match RolloutLock::try_take(store, schema, writes::LOCK_TTL).await? {
+            LockOutcome::Taken(l) => driver.lock = Some(l),
+            LockOutcome::Held(holder) => {
+                if !args.quiet {
+                    println!(
+                        "rollout {} is driven by {}; this run writes nothing more",
+                        record.id,
+                        writes::describe(&holder)
+                    );
+                }
+                return Ok(());
+            }
+        },
+        Mode::Follow => {}
+    }
     let ending = tokio::select! {
         r = driver.drive() => r,
         sig = interrupted() => {
+            let msg = driver.interrupted_message(sig, record);
             driver.release().await;
-            return Err(Failure::new(signal_code(sig), format!(
-                "{sig}: the rollout to {} is no longer driven; the rollout lock is released. Hosts already enabled go on; `jioctl global-disable-puppet` stops them",
-                args.version
-            )));
+            return Err(Failure::new(signal_code(sig), msg));
         }
     };
     driver.release().await;
-    driver.conclude(ending?).await
+    driver.conclude(ending?, record).await
 }
 
-fn noop(snap: Snapshot, resolved: &Resolved, args: &Args) -> Outcome {
-    let snap = as_if_started(snap, &args.version);
+fn say_created(c: &rollouts::Created, before: &Snapshot) {
+    let r = &c.record;
+    if let Some(old) = &c.replaced {
+        match old.ok() {
+            Some(o) if o.state.active() => println!(
+                "rollout {} to {} ({}) is replaced by this one (recorded aborted)",
+                o.id,
+                o.version,
+                o.state.name()
+            ),
+            Some(_) => {}
+            None => println!(
+                "/rollouts/current named {:?}, which could not be used; it now names this rollout",
+                old.id
+            ),
+        }
+    }
+    if let Some(by) = &c.cleared_halt {
+        println!(
+            "cleared the emergency stop by {} (it came before this upgrade was started)",
+            writes::describe(&Some(by.clone()))
+        );
+    }
+    println!(
+        "rollout {} to {} started by {} (rules {}{})",
+        r.id,
+        r.version,
+        r.started_by(),
+        r.rules_digest(),
+        r.previous
+            .as_ref()
+            .map(|p| format!("; `jioctl rollout undo` goes back to {p}"))
+            .unwrap_or_default()
+    );
+    if before.current.as_ref() != Some(&r.version) {
+        println!(
+            "current_version set to {} (puppet disabled globally; hosts start under the rules)",
+            r.version
+        );
+    }
+    if c.pruned > 0 {
+        println!(
+            "history keeps the last {} rollouts: {} older record(s) deleted",
+            jio_common::rollout::KEEP_HISTORY,
+            c.pruned
+        );
+    }
+}
+
+/// `--detach`: says who drives the rollout, and returns.
+async fn detached(store: &DynStore, schema: &Schema, record: &RolloutRecord, args: &Args) -> Outcome {
+    let snap = Snapshot::read(store, schema).await?;
+    if args.quiet {
+        return Ok(());
+    }
+    match (&snap.lock_key, snap.drivers.is_empty()) {
+        (Some(_), _) => println!(
+            "detached: rollout {} is driven by {}; `jioctl rollout status` shows it",
+            record.id,
+            writes::describe(&snap.lock)
+        ),
+        (None, false) => println!(
+            "detached: the driver service(s) {} will drive rollout {}; `jioctl rollout status` shows it",
+            snap.drivers.keys().cloned().collect::<Vec<_>>().join(", "),
+            record.id
+        ),
+        (None, true) => println!(
+            "detached: rollout {} is recorded, but no driver is running: start `jioctl drive` (a service), or run `jioctl upgrade {}` to drive it from here",
+            record.id, record.version
+        ),
+    }
+    Ok(())
+}
+
+fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
+    let snap = waves::as_if_started(snap, &args.version);
     let hosts = fleet::classify(&snap);
-    let plan = rules::plan(&snap, &hosts, resolved);
+    let first = rules::plan(&snap, &hosts, resolved);
+    let waves = waves::simulate(&snap, resolved);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&render::plan_json(&plan))?);
+        let j = serde_json::json!({
+            "version": args.version,
+            "plan": render::plan_json(&first),
+            "waves": waves,
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         println!("plan for {} (noop: nothing written):", args.version);
-        print!("{}", render::plan_table(&plan));
-        if let Some(a) = render::admitted(&plan) {
+        print!("{}", render::plan_table(&first));
+        if let Some(a) = render::admitted(&first) {
             println!("would have {a}");
         }
+        print!("{}", waves::to_text(&waves));
     }
     Ok(())
 }
 
 /// SIGINT or SIGTERM, whichever comes first.
-async fn interrupted() -> &'static str {
+pub async fn interrupted() -> &'static str {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {
@@ -142,7 +300,7 @@ async fn interrupted() -> &'static str {
     }
 }
 
-fn signal_code(sig: &str) -> u8 {
+pub fn signal_code(sig: &str) -> u8 {
     if sig == "SIGTERM" {
         exit::SIGTERM
     } else {
@@ -150,45 +308,80 @@ fn signal_code(sig: &str) -> u8 {
     }
 }
 
-/// Takes the rollout lock, waiting for it with `--retry`.
-async fn take_lock(
+/// `jioctl drive`: the driver service. It registers itself (leased), then drives
+/// whatever rollout is current while it holds the rollout lock, and stands by while
+/// another process holds it. It ends only on SIGTERM or SIGINT (releasing the lock
+/// at once), or on an error the store will not get over (a denied request).
+pub async fn drive(
     store: &DynStore,
     schema: &Schema,
-    args: &Args,
-    deadline: Option<Instant>,
-) -> Result<RolloutLock, Failure> {
-    let key = schema.lock(fleet::ROLLOUT_LOCK);
-    let mut last_said = None;
+    role_pattern: &RolePattern,
+    ttl: Duration,
+    verbose: bool,
+) -> Outcome {
+    let me = writes::holder();
+    let name = format!("{}-{}", me.host, me.pid);
+    let registration = tokio::spawn(register(store.clone(), schema.driver(&name), ttl));
+    eprintln!(
+        "jioctl drive: driver service {name} started (lease {}); it drives the current rollout whenever it holds the rollout lock",
+        jio_common::duration::format(ttl)
+    );
+    let opts = DriverOpts {
+        target: None,
+        daemon: true,
+        follow: true,
+        verbose,
+        json: false,
+        quiet: false,
+        ttl,
+        timeout: None,
+        clock: std::sync::Arc::new(SystemClock),
+    };
+    let mut driver = Driver::new(store, schema, role_pattern, opts);
+    let out = tokio::select! {
+        r = driver.drive() => r.map(|_| ()),
+        sig = interrupted() => {
+            let held = driver.lock.is_some();
+            driver.release().await;
+            registration.abort();
+            let _ = store.delete(&schema.driver(&name)).await;
+            eprintln!(
+                "jioctl drive: {sig}: driver service {name} stopped{}",
+                if held { "; the rollout lock is released (a standby takes over at once)" } else { "" }
+            );
+            return Err(Failure::quiet(signal_code(sig)));
+        }
+    };
+    driver.release().await;
+    registration.abort();
+    out
+}
+
+/// Keeps `/drivers/<name>` alive on its own lease while the service runs; written
+/// again when the lease ended (the store was cut off for longer than it).
+async fn register(store: DynStore, key: jio_common::keys::Key, ttl: Duration) {
+    let record = serde_json::to_string(&writes::holder()).unwrap_or_default();
     loop {
-        let holder = match RolloutLock::try_take(store, schema).await? {
-            LockOutcome::Taken(l) => return Ok(l),
-            LockOutcome::Held(holder) => holder,
+        let lease = match store.grant_lease(ttl).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register the driver service; trying again");
+                tokio::time::sleep(ttl / 3).await;
+                continue;
+            }
         };
-        let who = writes::describe(&holder);
-        if !args.retry {
-            return Err(Failure::new(
-                exit::LOCKED,
-                format!("a rollout is already being driven by {who}; try again later or use --retry to wait"),
-            ));
+        if let Err(e) = store.put(&key, &record, Some(&lease.id)).await {
+            tracing::warn!(error = %e, "cannot register the driver service; trying again");
+            tokio::time::sleep(ttl / 3).await;
+            continue;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(Failure::new(
-                exit::TIMED_OUT,
-                format!("--timeout passed while waiting for the rollout lock held by {who}"),
-            ));
-        }
-        if last_said.as_ref() != Some(&who) {
-            eprintln!("jioctl: waiting for the rollout lock held by {who}");
-            last_said = Some(who);
-        }
-        let rev = store.ping().await?;
-        let mut w = store.watch(&key, rev + 1).await?;
-        if store.get(&key).await?.is_some() {
-            let wait = deadline
-                .map(|d| d.saturating_duration_since(Instant::now()))
-                .unwrap_or(Duration::from_secs(30))
-                .min(Duration::from_secs(30));
-            let _ = tokio::time::timeout(wait, w.next()).await;
+        loop {
+            tokio::time::sleep(ttl / 3).await;
+            match store.keep_alive(&lease.id).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => break,
+                Err(e) => tracing::warn!(error = %e, "cannot renew the driver service's lease"),
+            }
         }
     }
 }
@@ -205,14 +398,28 @@ impl From<StoreError> for PassError {
     }
 }
 
-/// The driver's shell: everything `next::next` needs to know, and the I/O it asks for.
+/// How a driver is set up.
+struct DriverOpts {
+    /// The rollout a following `jioctl` follows; `None`: a driver service.
+    target: Option<RolloutId>,
+    daemon: bool,
+    follow: bool,
+    verbose: bool,
+    json: bool,
+    quiet: bool,
+    /// The rollout lock's lease.
+    ttl: Duration,
+    timeout: Option<Duration>,
+    clock: DynClock,
+}
+
+/// The driver's shell: everything `next` needs to know, and the I/O it asks for.
 struct Driver<'a> {
     store: &'a DynStore,
     schema: &'a Schema,
     role_pattern: &'a RolePattern,
-    args: &'a Args,
+    o: DriverOpts,
     lock: Option<RolloutLock>,
-    started_at: Revision,
     deadline: Option<Instant>,
     progress: Progress,
     view: Option<LiveView>,
@@ -223,6 +430,16 @@ struct Driver<'a> {
     unreachable_since: Option<Instant>,
     /// The error of the last pass the store did not answer.
     store_error: Option<StoreError>,
+    /// The rules of the rollout being driven, parsed once.
+    rules: Option<(RolloutId, Result<Rules, rules::RulesError>)>,
+    /// When hosts last finished, for the progress deadline (per rollout).
+    clock: (Option<RolloutId>, ProgressClock),
+    /// Unix time a pass is due without any change (a pause's expiry, the deadline).
+    wake_at: Option<u64>,
+    /// Hosts in flight at the last pass.
+    in_flight: usize,
+    /// The rules' `max_failures` when the rollout stopped on failures.
+    max_failures: u64,
 }
 
 impl<'a> Driver<'a> {
@@ -230,35 +447,36 @@ impl<'a> Driver<'a> {
         store: &'a DynStore,
         schema: &'a Schema,
         role_pattern: &'a RolePattern,
-        args: &'a Args,
-        lock: RolloutLock,
-        started_at: Revision,
-        deadline: Option<Instant>,
+        o: DriverOpts,
     ) -> Driver<'a> {
-        let tty = std::io::stdout().is_terminal() && !args.json;
+        let tty = std::io::stdout().is_terminal() && !o.json && !o.daemon;
         Driver {
             store,
             schema,
             role_pattern,
-            args,
-            lock: Some(lock),
-            started_at,
-            deadline,
-            progress: if args.quiet {
+            lock: None,
+            deadline: o.timeout.map(|t| Instant::now() + t),
+            progress: if o.quiet {
                 Progress::silent()
             } else {
                 Progress::new(tty)
             },
+            o,
             view: None,
             watch: None,
             last_revision: 0,
             waiting: Waiting::default(),
             unreachable_since: None,
             store_error: None,
+            rules: None,
+            clock: (None, ProgressClock::default()),
+            wake_at: None,
+            in_flight: 0,
+            max_failures: 0,
         }
     }
 
-    /// Runs steps until the rollout ends.
+    /// Runs steps until the rollout ends (a driver service: until an error).
     async fn drive(&mut self) -> Result<Ending, Failure> {
         let mut observed = self.observe().await?;
         loop {
@@ -289,7 +507,8 @@ impl<'a> Driver<'a> {
     fn state(&self) -> DriverState {
         let now = Instant::now();
         DriverState {
-            retry: self.args.retry,
+            follow: self.o.follow,
+            daemon: self.o.daemon,
             deadline_passed: self.deadline.is_some_and(|d| now >= d),
             unreachable_for: self.unreachable_since.map(|t| now.saturating_duration_since(t)),
         }
@@ -301,6 +520,30 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// A line for the daemon's log or the follower's output.
+    fn note(&mut self, line: &str) {
+        if self.o.daemon {
+            eprintln!("jioctl drive: {line}");
+        } else if !self.o.quiet {
+            self.progress.note(line);
+        }
+    }
+
+    /// What Ctrl-C (or SIGTERM) says: what goes on without this process.
+    fn interrupted_message(&self, sig: &str, record: &RolloutRecord) -> String {
+        if self.lock.is_some() {
+            format!(
+                "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {} host(s) in flight finish their run; nothing more is admitted until a driver takes the rollout: run `jioctl upgrade {}` again (it follows and drives it), or start `jioctl drive`; `jioctl rollout pause` or `jioctl rollout abort` stops it",
+                record.id, record.version, self.in_flight, record.version
+            )
+        } else {
+            format!(
+                "{sig}: stopped following rollout {} to {}; it goes on, driven by its driver (`jioctl rollout status` shows it)",
+                record.id, record.version
+            )
+        }
+    }
+
     /// Checks the lock, then runs a pass; says what changed about the store.
     async fn observe(&mut self) -> Result<Observed, Failure> {
         if self.lock.as_ref().is_some_and(RolloutLock::lease_ended) {
@@ -309,25 +552,35 @@ impl<'a> Driver<'a> {
         match self.pass().await {
             Ok(outcome) => {
                 if self.unreachable_since.take().is_some() {
-                    eprintln!("jioctl: store reachable again");
+                    self.note("store reachable again");
                 }
-                if let (true, PassOutcome::Continue { waiting: Some(line) }) = (self.args.retry, &outcome)
+                if let (true, PassOutcome::Continue { waiting: Some(line) }) = (self.o.follow, &outcome)
                     && self.waiting.note(line.clone(), Instant::now())
                 {
-                    self.progress.note(&format!("waiting for: {line}"));
+                    self.note(&format!("waiting for: {line}"));
                 }
                 Ok(Observed::Pass(outcome))
             }
             Err(PassError::Store(e)) if e.kind() == ErrorKind::Unavailable => {
-                if self.args.retry && self.unreachable_since.is_none() {
-                    eprintln!("jioctl: {e}; retrying");
+                if self.o.follow && self.unreachable_since.is_none() {
+                    self.note(&format!("{e}; retrying"));
                     self.unreachable_since = Some(Instant::now());
                 }
                 self.store_error = Some(e);
                 Ok(Observed::Unreachable)
             }
             Err(PassError::Store(e)) => Err(e.into()),
-            Err(PassError::Rules(e)) => Ok(Observed::RulesInvalid(e)),
+            Err(PassError::Rules(e)) => {
+                if self.o.daemon {
+                    let line = format!(
+                        "the current rollout's rules no longer fit the fleet: {e}; `jioctl rollout abort` ends it"
+                    );
+                    if self.waiting.note(line.clone(), Instant::now()) {
+                        self.note(&line);
+                    }
+                }
+                Ok(Observed::RulesInvalid(e))
+            }
         }
     }
 
@@ -335,20 +588,28 @@ impl<'a> Driver<'a> {
     /// writing anything.
     async fn retake(&mut self) -> Result<Observed, Failure> {
         self.release().await;
-        match RolloutLock::try_take(self.store, self.schema).await? {
+        match RolloutLock::try_take(self.store, self.schema, self.o.ttl).await? {
             LockOutcome::Taken(l) => {
-                eprintln!(
-                    "jioctl: the rollout lock's lease had ended (this process was paused or cut off from the store); took the lock again, planning afresh"
+                self.note(
+                    "the rollout lock's lease had ended (this process was paused or cut off from the store); took the lock again, planning afresh",
                 );
                 self.lock = Some(l);
                 Ok(Observed::Retaken)
             }
-            LockOutcome::Held(holder) => Ok(Observed::LockHeld(holder)),
+            LockOutcome::Held(holder) => {
+                if self.o.daemon {
+                    self.note(&format!(
+                        "lost the rollout lock to {}; standing by",
+                        writes::describe(&holder)
+                    ));
+                }
+                Ok(Observed::LockHeld(holder))
+            }
         }
     }
 }
 
-/// Passes: read (or keep) the view, plan, write at most one fenced change.
+/// Passes: read (or keep) the view, decide, write at most one fenced change.
 impl Driver<'_> {
     async fn pass(&mut self) -> Result<PassOutcome, PassError> {
         let mut view = match self.view.take() {
@@ -359,48 +620,251 @@ impl Driver<'_> {
                 LiveView::read(self.store, self.schema).await?
             }
         };
-        let outcome = self.pass_on(&mut view).await;
+        let outcome = self.pass_on(&view).await;
+        if matches!(outcome, Ok(PassOutcome::Again)) {
+            view = LiveView::read(self.store, self.schema).await?;
+        }
         self.view = Some(view);
         outcome
     }
 
-    async fn pass_on(&mut self, view: &mut LiveView) -> Result<PassOutcome, PassError> {
+    async fn pass_on(&mut self, view: &LiveView) -> Result<PassOutcome, PassError> {
         let snap = view.snapshot(self.schema, self.role_pattern);
         self.last_revision = snap.revision;
-        match next::before_plan(&snap, self.started_at, &self.args.version) {
-            Before::Halted(by) => return Ok(PassOutcome::Halted(by)),
-            Before::ClearHalt(by) => return Ok(self.clear_halt(&snap, &by).await?),
-            Before::Start => return Ok(self.start(view, &snap).await?),
-            Before::Plan => {}
-        }
+        self.wake_at = None;
+        let now = self.o.clock.unix_now();
+        let who = Who {
+            holding: self.lock.is_some(),
+            may_take: snap.lock_key.is_none() && (self.o.daemon || snap.drivers.is_empty()),
+        };
         let hosts = fleet::classify(&snap);
+        self.in_flight = hosts
+            .iter()
+            .filter(|h| h.state.in_flight() && h.state != HostState::Failed)
+            .count();
+        match next::step(&snap, self.o.target.as_ref(), who, now) {
+            Step::Idle => {
+                if self.o.daemon && self.lock.is_some() {
+                    // Agents hold their health checks while a driver holds the lock.
+                    self.release().await;
+                    self.note("no rollout is active: released the rollout lock; standing by");
+                }
+                Ok(PassOutcome::Idle)
+            }
+            Step::Ended => {
+                let rec = match &self.o.target {
+                    Some(id) => rollouts::read_record(self.store, self.schema, id).await?,
+                    None => None,
+                };
+                Ok(PassOutcome::Ended(rec.map(Box::new)))
+            }
+            Step::Unusable(problem) => Ok(PassOutcome::Continue {
+                waiting: Some(format!(
+                    "the current rollout cannot be used: {problem} (`jioctl rollout abort` ends it)"
+                )),
+            }),
+            Step::TakeLock => Ok(self.take().await?),
+            Step::Watch(rec) => {
+                self.progress.update(&hosts);
+                let plan = self.plan_of(&snap, &hosts, &rec).ok();
+                Ok(PassOutcome::Continue {
+                    waiting: Some(format!(
+                        "rollout {} is driven by {}: {}",
+                        rec.id,
+                        writes::describe(&snap.lock),
+                        plan.map(|(p, ..)| waiting_line(&hosts, &p))
+                            .unwrap_or_else(|| "its rules do not fit the fleet".into())
+                    )),
+                })
+            }
+            Step::Paused(rec) => {
+                self.progress.update(&hosts);
+                if let RolloutState::Paused { until: Some(t), .. } = &rec.state {
+                    self.wake_at = Some(*t);
+                }
+                Ok(PassOutcome::Continue {
+                    waiting: Some(render::paused_line(&rec, self.in_flight)),
+                })
+            }
+            Step::Stuck(rec) => Ok(PassOutcome::Stuck(match rec.state {
+                RolloutState::Stuck { holding } => holding,
+                _ => BTreeMap::new(),
+            })),
+            Step::Expired(rec) => {
+                let Some(resumed) = rec.pause_expired(now) else {
+                    return Ok(PassOutcome::Replan);
+                };
+                if let Some(end) = self
+                    .fenced(rollouts::update_ops(self.schema, &resumed), &snap)
+                    .await?
+                {
+                    return Ok(end);
+                }
+                self.note(&format!("rollout {}: its pause expired; it goes on", rec.id));
+                Ok(PassOutcome::Replan)
+            }
+            Step::VersionMoved(rec) => {
+                let to = snap
+                    .current
+                    .as_ref()
+                    .map_or("nothing".to_string(), Version::to_string);
+                let reason = format!("the desired version was changed to {to} outside this rollout");
+                let Ok(ended) = rec.abort("jioctl", Some(reason.clone()), now) else {
+                    return Ok(PassOutcome::Replan);
+                };
+                if let Some(end) = self
+                    .fenced(rollouts::end_ops(self.schema, &ended, false), &snap)
+                    .await?
+                {
+                    return Ok(end);
+                }
+                self.note(&format!("rollout {} ended: {reason}", rec.id));
+                Ok(PassOutcome::Replan)
+            }
+            Step::Plan(rec) => self.plan_pass(&snap, &hosts, &rec, now).await,
+        }
+    }
+
+    /// Takes the lock when it is free: plan at once, or say who has it.
+    async fn take(&mut self) -> Result<PassOutcome, StoreError> {
+        match RolloutLock::try_take(self.store, self.schema, self.o.ttl).await? {
+            LockOutcome::Taken(l) => {
+                self.lock = Some(l);
+                let what = match &self.o.target {
+                    Some(id) => format!("driving rollout {id} (no driver service holds it)"),
+                    None => "took the rollout lock: driving the current rollout".into(),
+                };
+                self.note(&what);
+                Ok(PassOutcome::Again)
+            }
+            LockOutcome::Held(holder) => Ok(PassOutcome::Continue {
+                waiting: Some(format!("the rollout lock, held by {}", writes::describe(&holder))),
+            }),
+        }
+    }
+
+    /// The rollout's rules, parsed once per rollout, resolved for this fleet.
+    fn rules_of(&mut self, rec: &RolloutRecord) -> Result<Rules, rules::RulesError> {
+        if self.rules.as_ref().is_none_or(|(id, _)| id != &rec.id) {
+            let parsed = Rules::parse(&rec.rules.to_string());
+            self.rules = Some((rec.id.clone(), parsed));
+        }
+        match &self.rules {
+            Some((_, r)) => r.clone(),
+            None => Err(rules::RulesError(vec!["no rules".into()])),
+        }
+    }
+
+    fn plan_of(
+        &mut self,
+        snap: &Snapshot,
+        hosts: &[HostStatus],
+        rec: &RolloutRecord,
+    ) -> Result<(Plan, Rules, rules::Resolved), rules::RulesError> {
+        let rules = self.rules_of(rec)?;
         let roles = hosts.iter().map(|h| h.role.clone()).collect();
-        let resolved = self.args.rules.resolve(&roles).map_err(PassError::Rules)?;
-        let plan = rules::plan(&snap, &hosts, &resolved);
-        if self.args.verbose {
+        let resolved = rules.resolve(&roles)?;
+        Ok((rules::plan(snap, hosts, &resolved), rules, resolved))
+    }
+
+    async fn plan_pass(
+        &mut self,
+        snap: &Snapshot,
+        hosts: &[HostStatus],
+        rec: &RolloutRecord,
+        now: u64,
+    ) -> Result<PassOutcome, PassError> {
+        let (plan, rules, resolved) = self.plan_of(snap, hosts, rec).map_err(PassError::Rules)?;
+        if self.o.verbose {
             println!("pass at revision {}:", snap.revision);
             print!("{}", render::plan_table(&plan));
         }
-        match next::after_plan(&snap, &hosts, &plan) {
-            After::Apply => Ok(self.apply(&snap, &plan).await?),
-            After::Settle { disarm, end } => {
-                self.progress.update(&hosts);
-                if disarm && let Some(end) = self.disarm(&snap).await? {
+        if self.clock.0.as_ref() != Some(&rec.id) {
+            self.clock = (Some(rec.id.clone()), ProgressClock::default());
+        }
+        let finished = hosts
+            .iter()
+            .filter(|h| matches!(h.state, HostState::Upgraded | HostState::Failed))
+            .count();
+        let progressed = self.clock.1.note(finished, now);
+        let (disarm, end) = match next::after_plan(snap, hosts, &plan) {
+            After::Apply => return Ok(self.apply(snap, &plan).await?),
+            After::Settle { disarm, end } => (disarm, end),
+        };
+        self.progress.update(hosts);
+        let by = "jioctl";
+        match end {
+            Settled::Finished { .. } | Settled::Stopped => {
+                let failed = rollouts::failed_hosts(snap);
+                let Ok(ended) = rec.finish(failed.clone(), by, now) else {
+                    return Ok(PassOutcome::Replan);
+                };
+                if let Some(end) = self
+                    .fenced(rollouts::end_ops(self.schema, &ended, disarm), snap)
+                    .await?
+                {
                     return Ok(end);
                 }
+                if disarm && !self.o.quiet {
+                    self.note("enable keys reset (puppet disabled globally): nothing is left armed");
+                }
+                self.note(&format!(
+                    "rollout {} to {} {}",
+                    rec.id,
+                    rec.version,
+                    ended.state.name()
+                ));
                 Ok(match end {
-                    Settled::Finished { failed } => PassOutcome::Finished { failed },
-                    Settled::Stopped => PassOutcome::Stopped {
-                        failures: snap
-                            .failures
-                            .iter()
-                            .map(|(h, (step, value))| (h.clone(), *step, value.clone()))
-                            .collect(),
-                    },
-                    Settled::Waiting => PassOutcome::Continue {
-                        waiting: Some(render::waiting_line(&hosts, &plan)),
-                    },
+                    Settled::Stopped => {
+                        self.max_failures = rules.max_failures;
+                        PassOutcome::Stopped {
+                            failures: snap
+                                .failures
+                                .iter()
+                                .map(|(h, (step, value))| (h.clone(), *step, value.clone()))
+                                .collect(),
+                        }
+                    }
+                    _ => PassOutcome::Finished { failed: failed.len() },
                 })
+            }
+            Settled::Waiting => {
+                let line = waiting_line(hosts, &plan);
+                match next::deadline(rec, &self.clock.1, progressed, rules.progress_deadline, now) {
+                    Deadline::Stuck => {
+                        let holding = render::holding(hosts, &plan, &resolved.group_of);
+                        let Ok(stuck) = rec.stuck(holding, by, now) else {
+                            return Ok(PassOutcome::Replan);
+                        };
+                        if let Some(end) = self
+                            .fenced(rollouts::update_ops(self.schema, &stuck), snap)
+                            .await?
+                        {
+                            return Ok(end);
+                        }
+                        self.note(&format!(
+                            "rollout {} is stuck: no host finished within its progress_deadline ({}); waiting for: {line}",
+                            rec.id,
+                            jio_common::duration::format(rules.progress_deadline)
+                        ));
+                        Ok(PassOutcome::Replan)
+                    }
+                    Deadline::Unstuck => {
+                        if let Some(r) = rec.unstuck(by, now)
+                            && let Some(end) =
+                                self.fenced(rollouts::update_ops(self.schema, &r), snap).await?
+                        {
+                            return Ok(end);
+                        }
+                        self.note(&format!("rollout {} moves again: a host finished", rec.id));
+                        Ok(PassOutcome::Replan)
+                    }
+                    Deadline::Due(t) => {
+                        self.wake_at = Some(t);
+                        Ok(PassOutcome::Continue { waiting: Some(line) })
+                    }
+                    Deadline::None => Ok(PassOutcome::Continue { waiting: Some(line) }),
+                }
             }
         }
     }
@@ -411,7 +875,11 @@ impl Driver<'_> {
             return Ok(end);
         }
         if let Some(a) = render::admitted(plan) {
-            self.progress.note(&a);
+            if self.o.daemon {
+                eprintln!("jioctl drive: {a}");
+            } else {
+                self.progress.note(&a);
+            }
         }
         // The watch brings our own writes back into the view.
         Ok(PassOutcome::Continue { waiting: None })
@@ -431,52 +899,11 @@ impl Driver<'_> {
             },
         )
     }
+}
 
-    /// Clears an emergency stop from before this run, fenced like any plan.
-    async fn clear_halt(&mut self, snap: &Snapshot, by: &LockRecord) -> Result<PassOutcome, StoreError> {
-        let ops = vec![Op::Delete(self.schema.lock(HALT))];
-        if let Some(end) = self.fenced(ops, snap).await? {
-            return Ok(end);
-        }
-        if !self.args.quiet {
-            println!(
-                "cleared the emergency stop by {} (it came before this upgrade was started)",
-                writes::describe(&Some(by.clone()))
-            );
-        }
-        Ok(PassOutcome::Replan)
-    }
-
-    /// First pass (or someone changed the version): start the rollout in one
-    /// transaction.
-    async fn start(&mut self, view: &mut LiveView, snap: &Snapshot) -> Result<PassOutcome, StoreError> {
-        let ops = writes::start_rollout_ops(self.schema, &self.args.version);
-        if let Some(end) = self.fenced(ops, snap).await? {
-            return Ok(end);
-        }
-        if !self.args.quiet {
-            println!(
-                "current_version set to {} (puppet disabled globally; hosts start under the rules)",
-                self.args.version
-            );
-        }
-        // Failure entries are read per version: read everything again.
-        *view = LiveView::read(self.store, self.schema).await?;
-        Ok(PassOutcome::Again)
-    }
-
-    /// Leaves nothing armed (a later trigger-update must not release the fleet):
-    /// `None` when done, or the end of the pass.
-    async fn disarm(&mut self, snap: &Snapshot) -> Result<Option<PassOutcome>, StoreError> {
-        let ops = writes::global_disable_ops(self.schema);
-        if let Some(end) = self.fenced(ops, snap).await? {
-            return Ok(Some(end));
-        }
-        if !self.args.quiet {
-            println!("enable keys reset (puppet disabled globally): nothing is left armed");
-        }
-        Ok(None)
-    }
+/// What the rollout waits for; when nothing can move without an operator, it says so.
+fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
+    render::waiting_line_forever(hosts, plan)
 }
 
 /// Waiting: woken by any change; a slow resync guards against a silent watch, and
@@ -530,6 +957,11 @@ impl Driver<'_> {
         if let Some(d) = self.deadline {
             nap = nap.min(d.saturating_duration_since(now));
         }
+        if let Some(t) = self.wake_at {
+            // A second past it, so that the pass sees it due.
+            let secs = t.saturating_sub(self.o.clock.unix_now()) + 1;
+            nap = nap.min(Duration::from_secs(secs));
+        }
         let Some(w) = self.watch.as_mut() else {
             return Ok(None);
         };
@@ -547,26 +979,44 @@ impl Driver<'_> {
 
 /// The end: what to say, and the final status.
 impl Driver<'_> {
-    async fn conclude(&self, ending: Ending) -> Outcome {
-        let v = &self.args.version;
+    async fn conclude(&self, ending: Ending, record: &RolloutRecord) -> Outcome {
+        let v = &record.version;
+        let id = &record.id;
         let code = ending.code();
         let say = |msg: String| Err(Failure::new(code, msg));
+        if ending.shows_status() && !self.o.quiet {
+            self.finish().await?;
+        }
         match ending {
             Ending::Applied | Ending::Finished { .. } => {
-                if !self.args.quiet {
-                    self.finish().await?;
-                }
                 if code == exit::OK {
                     Ok(())
                 } else {
                     Err(Failure::quiet(code))
                 }
             }
-            Ending::Stopped { failures } => say(self.stopped(&failures)),
-            Ending::Halted(by) => say(format!(
-                "the rollout to {v} was halted by an emergency stop: {} ran global-disable-puppet; every enable key was reset and this run enables nothing more (run `jioctl upgrade {v}` again to resume)",
-                writes::describe(&Some(by)),
-            )),
+            Ending::Stopped { failures } => say(self.stopped(record, &failures)),
+            Ending::Ended(r) => match r.as_deref() {
+                Some(RolloutRecord {
+                    state: RolloutState::Done,
+                    ..
+                }) => Ok(()),
+                Some(r) => say(ended_message(r)),
+                None => say(format!(
+                    "rollout {id} to {v} is no longer the current rollout, and its record cannot be read"
+                )),
+            },
+            Ending::Stuck(holding) => {
+                let mut msg = format!(
+                    "rollout {id} to {v} is stuck: no host finished within its progress_deadline; {} host(s) hold it:",
+                    holding.len()
+                );
+                for (h, why) in &holding {
+                    msg.push_str(&format!("\n  {h}: {why}"));
+                }
+                msg.push_str("\n`jioctl rollout resume` gives it another progress_deadline; `jioctl rollout abort` ends it");
+                say(msg)
+            }
             Ending::TimedOut(During::Waiting) => say(format!(
                 "--timeout passed; the rollout to {v} has not finished, waiting for {}",
                 self.waiting.last.as_deref().unwrap_or("hosts still upgrading")
@@ -575,19 +1025,24 @@ impl Driver<'_> {
                 say("--timeout passed while the store was unreachable".into())
             }
             Ending::LockLost(holder) => say(format!(
-                "lost the rollout lock (its lease ended while this process was paused or cut off from the store); it is now held by {}; this run stops without writing anything more",
+                "lost the rollout lock (its lease ended while this process was paused or cut off from the store); it is now held by {}; this run stops without writing anything more (rollout {id} goes on under that driver)",
                 writes::describe(&holder)
             )),
             Ending::InvalidRules(e) => Err(Failure::with(code, e.into())),
         }
     }
 
-    fn stopped(&self, failures: &[(jio_common::names::HostName, jio_common::keys::Step, String)]) -> String {
+    fn stopped(
+        &self,
+        record: &RolloutRecord,
+        failures: &[(jio_common::names::HostName, jio_common::keys::Step, String)],
+    ) -> String {
         let mut msg = format!(
-            "rollout to {} stopped: {} host(s) failed (max_failures {}); hosts already running finish their run",
-            self.args.version,
+            "rollout {} to {} stopped: {} host(s) failed (max_failures {}); hosts already running finish their run",
+            record.id,
+            record.version,
             failures.len(),
-            self.args.rules.max_failures
+            self.max_failures
         );
         for (h, step, value) in failures {
             msg.push_str(&format!(
@@ -603,11 +1058,47 @@ impl Driver<'_> {
         let mut snap = Snapshot::read(self.store, self.schema).await?;
         snap.role_pattern = self.role_pattern.clone();
         let hosts = fleet::classify(&snap);
-        if self.args.json {
+        if self.o.json {
             println!("{}", crate::status::to_json(&snap, &hosts));
         } else {
             print!("{}", crate::status::to_text(&snap, &hosts, self.store.url()));
         }
         Ok(())
+    }
+}
+
+/// Why a rollout this process followed ended elsewhere.
+fn ended_message(r: &RolloutRecord) -> String {
+    let (id, v) = (&r.id, &r.version);
+    match &r.state {
+        RolloutState::Failed { hosts } => {
+            let mut msg = format!("rollout {id} to {v} failed: {} host(s) failed", hosts.len());
+            for (h, why) in hosts {
+                msg.push_str(&format!("\n  {h}: {why}"));
+            }
+            msg
+        }
+        RolloutState::Aborted {
+            emergency: true, by, ..
+        } => format!(
+            "the rollout to {v} was halted by an emergency stop: {by} ran global-disable-puppet; every enable key was reset and nothing more is enabled (run `jioctl upgrade {v}` again to start it again)"
+        ),
+        RolloutState::Aborted {
+            superseded_by: Some(next),
+            by,
+            ..
+        } => format!("rollout {id} to {v} was replaced by rollout {next}, started by {by}"),
+        RolloutState::Aborted { by, reason, .. } => format!(
+            "rollout {id} to {v} was aborted by {by}{}; the fleet is left as it is, every enable key reset{}",
+            reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
+            r.previous
+                .as_ref()
+                .map(|p| format!("; `jioctl rollout undo` goes back to {p}"))
+                .unwrap_or_default()
+        ),
+        other => format!(
+            "rollout {id} to {v} is no longer the current rollout (it is {} in its record)",
+            other.name()
+        ),
     }
 }

@@ -51,7 +51,8 @@ pub fn holder() -> LockRecord {
     }
 }
 
-fn epoch_put(schema: &Schema) -> Op {
+/// The plan epoch's bump, recording who wrote.
+pub fn epoch_put(schema: &Schema) -> Op {
     Op::put(
         schema.lock(EPOCH),
         serde_json::to_string(&holder()).unwrap_or_default(),
@@ -181,20 +182,25 @@ pub enum LockOutcome {
     Held(Option<LockRecord>),
 }
 
-const LOCK_TTL: Duration = Duration::from_secs(15);
+/// The rollout lock's lease, unless a driver service is given another.
+pub const LOCK_TTL: Duration = Duration::from_secs(15);
 
 impl RolloutLock {
     /// Tries once to take the lock. A lock whose holder is a process of this host
     /// that no longer exists (killed without a chance to release it) is taken over
     /// at once.
-    pub async fn try_take(store: &DynStore, schema: &Schema) -> Result<LockOutcome, StoreError> {
+    pub async fn try_take(
+        store: &DynStore,
+        schema: &Schema,
+        ttl: Duration,
+    ) -> Result<LockOutcome, StoreError> {
         let key = schema.lock(ROLLOUT_LOCK);
-        match RolloutLock::try_once(store, &key).await? {
+        match RolloutLock::try_once(store, &key, ttl).await? {
             LockOutcome::Held(_) => {}
             taken => return Ok(taken),
         }
         let Some(current) = store.get(&key).await? else {
-            return RolloutLock::try_once(store, &key).await;
+            return RolloutLock::try_once(store, &key, ttl).await;
         };
         let record: Option<LockRecord> = jio_common::values::parse_json(&current).ok();
         if let Some(r) = &record
@@ -212,13 +218,17 @@ impl RolloutLock {
                     let _ = store.revoke_lease(lease).await;
                 }
             }
-            return RolloutLock::try_once(store, &key).await;
+            return RolloutLock::try_once(store, &key, ttl).await;
         }
         Ok(LockOutcome::Held(record))
     }
 
-    async fn try_once(store: &DynStore, key: &jio_common::keys::Key) -> Result<LockOutcome, StoreError> {
-        let lease = store.grant_lease(LOCK_TTL).await?;
+    async fn try_once(
+        store: &DynStore,
+        key: &jio_common::keys::Key,
+        ttl: Duration,
+    ) -> Result<LockOutcome, StoreError> {
+        let lease = store.grant_lease(ttl).await?;
         let record = serde_json::to_string(&holder()).unwrap_or_default();
         let txn = Txn::new().when(Compare::Absent(key.clone())).then(Op::Put {
             key: key.clone(),
@@ -237,7 +247,7 @@ impl RolloutLock {
                 let (s, id, flag) = (store.clone(), lease.id.clone(), lost.clone());
                 let keeper = tokio::spawn(async move {
                     loop {
-                        tokio::time::sleep(LOCK_TTL / 3).await;
+                        tokio::time::sleep(ttl / 3).await;
                         match s.keep_alive(&id).await {
                             Ok(_) => {}
                             Err(e) if e.kind() == ErrorKind::NotFound => {

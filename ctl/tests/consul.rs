@@ -22,7 +22,10 @@ async fn a_plan_of_150_writes_is_split_into_transactions_consul_takes() {
             Op::put(key, "true")
         })
         .collect();
-    let LockOutcome::Taken(lock) = RolloutLock::try_take(&s, &schema).await.expect("lock") else {
+    let LockOutcome::Taken(lock) = RolloutLock::try_take(&s, &schema, jioctl::writes::LOCK_TTL)
+        .await
+        .expect("lock")
+    else {
         panic!("the rollout lock is free")
     };
     assert_eq!(

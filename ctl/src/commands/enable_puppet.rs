@@ -66,9 +66,16 @@ impl EnablePuppet {
         let store = ctx.open(Access::Write).await?;
         if level == EnableLevel::Global && self.value == Some(true) {
             let what = "enable-puppet true --global";
-            release_checked(ctx, &store, vec![op], self.force, what, |s| {
-                s.global = KeyState::Set(true);
-            })
+            release_checked(
+                ctx,
+                &store,
+                |_| vec![op.clone()],
+                self.force,
+                what,
+                |s| {
+                    s.global = KeyState::Set(true);
+                },
+            )
             .await?;
         } else {
             writes::write(&store, ctx.schema(), vec![op])

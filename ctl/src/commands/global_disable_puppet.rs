@@ -1,11 +1,14 @@
-//! `jioctl global-disable-puppet`: the emergency stop, and what it stopped.
+//! `jioctl global-disable-puppet`: the emergency stop, and what it stopped. In one
+//! transaction: every enable key reset, the halt record, and the active rollout
+//! ended (`aborted`, by the emergency stop).
 
 use clap::Args;
-use jio_common::fleet::{self, LockRecord};
+use jio_common::fleet::LockRecord;
+use jio_common::store::TxnOutcome;
 
 use crate::context::{Access, Context};
-use crate::exit::Outcome;
-use crate::writes;
+use crate::exit::{self, Failure, Outcome};
+use crate::{rollouts, writes};
 
 #[derive(Args, Debug)]
 pub struct GlobalDisablePuppet {}
@@ -14,16 +17,41 @@ impl GlobalDisablePuppet {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let store = ctx.open(Access::Write).await?;
         let schema = ctx.schema();
-        let lock = store.get(&schema.lock(fleet::ROLLOUT_LOCK)).await?;
-        writes::write(&store, schema, writes::emergency_stop_ops(schema)).await?;
-        println!("puppet disabled globally; every enable_puppet key removed");
-        if let Some(kv) = lock {
-            let who: Option<LockRecord> = jio_common::values::parse_json(&kv).ok();
-            println!(
-                "a rollout driven by {} was running: it has been halted (it enables nothing more and exits); hosts already running finish their run",
-                writes::describe(&who)
-            );
+        let by = rollouts::by();
+        for _ in 0..20 {
+            let snap = ctx.snapshot(&store).await?;
+            let (compares, end, ended) =
+                rollouts::emergency_ops(schema, &snap, &by, jio_common::time::unix_now());
+            let mut txn = jio_common::store::Txn::new();
+            txn.compares = compares;
+            txn.ops = writes::emergency_stop_ops(schema);
+            txn.ops.extend(end);
+            txn.ops.push(writes::epoch_put(schema));
+            if !matches!(store.txn(txn).await?, TxnOutcome::Committed(_)) {
+                continue; // the rollout changed under it: read again
+            }
+            println!("puppet disabled globally; every enable_puppet key removed");
+            let who: Option<LockRecord> = snap.lock.clone();
+            match (ended, &snap.lock) {
+                (Some(r), _) => println!(
+                    "rollout {} to {}{} was running: it has been halted (recorded aborted by the emergency stop; nothing more is enabled); hosts already running finish their run",
+                    r.id,
+                    r.version,
+                    who.as_ref()
+                        .map(|_| format!(", driven by {}", writes::describe(&who)))
+                        .unwrap_or_default()
+                ),
+                (None, Some(_)) => println!(
+                    "a rollout driven by {} was running: it has been halted; hosts already running finish their run",
+                    writes::describe(&who)
+                ),
+                (None, None) => {}
+            }
+            return Ok(());
         }
-        Ok(())
+        Err(Failure::new(
+            exit::SOFTWARE,
+            "the rollout records kept changing; the emergency stop was not written: run it again",
+        ))
     }
 }

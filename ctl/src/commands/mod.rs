@@ -4,12 +4,14 @@
 
 mod check_single_version;
 mod current_version;
+mod drive;
 mod enable_puppet;
 mod get_failures;
 mod global_disable_puppet;
 mod hosts_at_version;
 mod logs;
 mod lookup;
+mod rollout;
 mod running_versions;
 mod status;
 mod trigger_update;
@@ -25,8 +27,12 @@ use crate::exit::Outcome;
 pub enum Command {
     /// Hosts by state (upgraded, upgrading, failed, pending, lost) and role
     Status(status::Status),
-    /// Set the desired version and start hosts under the rules
+    /// Start a rollout to VERSION under the rules (recorded in the store) and follow it
     Upgrade(upgrade::Upgrade),
+    /// The active rollout and past ones: status, pause, resume, abort, history, undo
+    Rollout(rollout::Rollout),
+    /// The driver service: drive whatever rollout is current while holding the rollout lock
+    Drive(drive::Drive),
     /// Delete every role and host enable_puppet key and set the global one to false
     #[command(alias = "global_disable_puppet")]
     GlobalDisablePuppet(global_disable_puppet::GlobalDisablePuppet),
@@ -63,6 +69,8 @@ impl Command {
         match self {
             Command::Status(c) => c.run(ctx).await,
             Command::Upgrade(c) => c.run(ctx).await,
+            Command::Rollout(c) => c.run(ctx).await,
+            Command::Drive(c) => c.run(ctx).await,
             Command::GlobalDisablePuppet(c) => c.run(ctx).await,
             Command::TriggerUpdate(c) => c.run(ctx).await,
             Command::CurrentVersion(c) => c.run(ctx).await,

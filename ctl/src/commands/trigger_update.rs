@@ -21,13 +21,38 @@ impl TriggerUpdate {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let store = ctx.open(Access::Write).await?;
         let v = self.version;
-        let ops = vec![Op::put(ctx.schema().current_version(), v.to_string())];
+        let schema = ctx.schema();
+        let by = crate::rollouts::by();
+        let ended = std::cell::RefCell::new(None);
+        // An active rollout to another version ends with this write: its driver
+        // would otherwise find the version moved under it.
+        let ops = |s: &jio_common::fleet::Snapshot| {
+            let mut ops = vec![Op::put(schema.current_version(), v.to_string())];
+            let now = jio_common::time::unix_now();
+            let reason = Some(format!("trigger-update set the desired version to {v}"));
+            match s.rollout.as_ref().and_then(|c| c.ok()) {
+                Some(r) if r.version != v && r.state.active() => {
+                    if let Ok(e) = r.abort(&by, reason, now) {
+                        ops.extend(crate::rollouts::end_ops(schema, &e, false));
+                        *ended.borrow_mut() = Some(e);
+                    }
+                }
+                _ => *ended.borrow_mut() = None,
+            }
+            ops
+        };
         let what = format!("trigger-update {v}");
         release_checked(ctx, &store, ops, self.force, &what, |s| {
             s.current = Some(v.clone());
         })
         .await?;
         println!("current_version set to {v}");
+        if let Some(e) = ended.into_inner() {
+            println!(
+                "rollout {} to {} ended (recorded aborted): the desired version is no longer its",
+                e.id, e.version
+            );
+        }
         Ok(())
     }
 }

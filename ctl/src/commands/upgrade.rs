@@ -10,6 +10,7 @@ use jio_common::rules::Rules;
 
 use crate::context::{Access, Context};
 use crate::exit::{self, Failure, Outcome};
+use crate::upgrade::Mode;
 
 /// The default rules file.
 pub const DEFAULT_RULES: &str = "/etc/jio-upgrade.json";
@@ -23,28 +24,40 @@ pub struct Upgrade {
     /// A file holding the rules
     #[arg(long)]
     instructions_file: Option<PathBuf>,
-    /// Print the plan, write nothing
+    /// Print the planned waves, write nothing
     #[arg(long)]
     noop: bool,
-    /// Repeat passes until nothing is pending or upgrading
-    #[arg(long)]
+    /// Follow the rollout to its end (the default; kept for scripts)
+    #[arg(long, conflicts_with_all = ["once", "detach"])]
     retry: bool,
-    /// With --retry: give up (exit 5) when the rollout has not finished by then (e.g. 30m)
-    #[arg(long, value_parser = duration, requires = "retry")]
+    /// Record the rollout (or find it) and run one pass, without following it
+    #[arg(long, conflicts_with = "detach")]
+    once: bool,
+    /// Return as soon as the rollout is recorded (a driver service drives it)
+    #[arg(long)]
+    detach: bool,
+    /// Give up following (exit 5) when the rollout has not finished by then (e.g. 30m); the rollout itself goes on
+    #[arg(long, value_parser = duration, conflicts_with_all = ["once", "detach"])]
     timeout: Option<Duration>,
 }
 
 impl Upgrade {
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let rules = load_rules(self.instructions, self.instructions_file)?;
+        let (rules, rules_json) = load_rules(self.instructions, self.instructions_file)?;
         let store = ctx
             .open(if self.noop { Access::Read } else { Access::Write })
             .await?;
+        let mode = match (self.once, self.detach) {
+            (true, _) => Mode::Once,
+            (_, true) => Mode::Detach,
+            _ => Mode::Follow,
+        };
         let args = crate::upgrade::Args {
             version: self.version,
             rules,
+            rules_json,
+            mode,
             noop: self.noop,
-            retry: self.retry,
             verbose: ctx.verbose > 0,
             json: ctx.json,
             quiet: false,
@@ -54,7 +67,11 @@ impl Upgrade {
     }
 }
 
-fn load_rules(instructions: Option<String>, file: Option<PathBuf>) -> Result<Rules, Failure> {
+/// The rules, checked, and their JSON as given (what a rollout record keeps).
+pub fn load_rules(
+    instructions: Option<String>,
+    file: Option<PathBuf>,
+) -> Result<(Rules, serde_json::Value), Failure> {
     let text = match (instructions, file) {
         (Some(t), _) => t,
         (None, Some(p)) => {
@@ -66,10 +83,13 @@ fn load_rules(instructions: Option<String>, file: Option<PathBuf>) -> Result<Rul
             Err(e) => return Err(Failure::usage(format!("{DEFAULT_RULES}: {e}"))),
         },
     };
-    Rules::parse(&text).map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))
+    let rules = Rules::parse(&text).map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    // Parsed strictly above, so it is one JSON object.
+    let json = serde_json::from_str(&text).map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    Ok((rules, json))
 }
 
 /// A duration as `30s`, `10m`, `2h`.
-fn duration(s: &str) -> Result<Duration, String> {
+pub fn duration(s: &str) -> Result<Duration, String> {
     jio_common::duration::parse(s)
 }

@@ -73,7 +73,12 @@ impl LiveView {
                     return Applied::Nothing; // already in a listing
                 }
                 let changed = old.map(|o| (&o.value, o.not_text)) != Some((&kv.value, kv.not_text));
-                let version_changed = schema.parse(&kv.key) == Some(Parsed::CurrentVersion) && changed;
+                // Failure entries are read per version, and the record of a new current
+                // rollout with it: read everything again.
+                let version_changed = matches!(
+                    schema.parse(&kv.key),
+                    Some(Parsed::CurrentVersion | Parsed::CurrentRollout)
+                ) && changed;
                 self.kvs.insert(kv.key.clone(), kv);
                 if version_changed {
                     Applied::Reread
@@ -87,7 +92,10 @@ impl LiveView {
                 if self.kvs.get(&key).is_some_and(|o| o.mod_revision > revision) {
                     return Applied::Nothing; // written again after this delete
                 }
-                if schema.parse(&key) == Some(Parsed::CurrentVersion) {
+                if matches!(
+                    schema.parse(&key),
+                    Some(Parsed::CurrentVersion | Parsed::CurrentRollout)
+                ) {
                     Applied::Reread
                 } else if self.kvs.remove(&key).is_some() {
                     Applied::Changed

@@ -1,6 +1,8 @@
-//! The rollout driver's decisions, pure. Within a pass: from the snapshot to what
-//! the pass does (halt, clear an old stop, start, plan), and from the plan to
-//! whether it applies it or settles (disarm, finish, stop, wait). Between passes:
+//! The rollout driver's decisions, pure. Within a pass: from the snapshot and the
+//! current rollout's record to what the pass does (stand by, take the lock, watch,
+//! stay paused, resume an expired pause, end a rollout whose version was moved,
+//! plan), from the plan to whether it applies it or settles (end the rollout done or
+//! failed, resetting the keys; wait), and the progress deadline (stuck, unstuck). Between passes:
 //! from what the last step observed (a pass's outcome, the lock, the store) and
 //! the driver's state to what it does next (plan again, take the lock again,
 //! pause, wait for a change, or end with which code). No I/O and no clock here:
@@ -10,12 +12,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use std::collections::BTreeMap;
+
 use jio_common::fleet::{HostState, HostStatus, LockRecord, Snapshot};
 use jio_common::gate::KeyState;
-use jio_common::keys::Step;
-use jio_common::names::{HostName, Version};
+use jio_common::keys::Step as KeyStep;
+use jio_common::names::HostName;
+use jio_common::rollout::{RolloutId, RolloutRecord, RolloutState};
 use jio_common::rules::{Plan, RulesError};
-use jio_common::store::Revision;
 
 use crate::exit;
 
@@ -27,27 +31,139 @@ pub const UNREACHABLE_PAUSE: Duration = Duration::from_secs(1);
 /// this often.
 pub const WAITING_REMINDER: Duration = Duration::from_secs(60);
 
-/// What a pass does, from its snapshot, before planning.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Before {
-    /// An emergency stop newer than this run: it halts the run.
-    Halted(LockRecord),
-    /// An emergency stop from before this run was seen by the operator who started
-    /// it: starting it is the decision to go on, so it is cleared (fenced).
-    ClearHalt(LockRecord),
-    /// The desired version is not this run's (first pass, or someone changed it):
-    /// start the rollout in one transaction.
-    Start,
-    Plan,
+/// Who this driver is, as facts at the start of a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Who {
+    /// It holds the rollout lock.
+    pub holding: bool,
+    /// It may take the lock now: the lock is free and (for a following `jioctl`) no
+    /// driver service is there to take it.
+    pub may_take: bool,
 }
 
-/// Decides what a pass does before planning.
-pub fn before_plan(snap: &Snapshot, started_at: Revision, version: &Version) -> Before {
-    match &snap.halt {
-        Some((by, rev)) if *rev > started_at => Before::Halted(by.clone()),
-        Some((by, _)) => Before::ClearHalt(by.clone()),
-        None if snap.current.as_ref() != Some(version) => Before::Start,
-        None => Before::Plan,
+/// What a pass does, from its snapshot, before planning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// No rollout is active: nothing to drive (a driver service waits).
+    Idle,
+    /// The rollout this `jioctl` follows is no longer the current one: it ended, or
+    /// another replaced it.
+    Ended,
+    /// `/rollouts/current` or its record cannot be used: why, naming the key.
+    Unusable(String),
+    /// The lock is free: take it, then drive.
+    TakeLock,
+    /// Another process drives it: show its progress.
+    Watch(RolloutRecord),
+    /// Paused: nothing is admitted; hosts in flight finish.
+    Paused(RolloutRecord),
+    /// Stuck: a following `jioctl` stops and names what holds it.
+    Stuck(RolloutRecord),
+    /// A pause whose expiry passed: resume it (fenced).
+    Expired(RolloutRecord),
+    /// The desired version is no longer the rollout's (written outside rollouts):
+    /// end it (fenced), without touching the keys of whoever wrote it.
+    VersionMoved(RolloutRecord),
+    /// Plan under the rollout's rules.
+    Plan(RolloutRecord),
+}
+
+/// Decides what a pass does before planning. `target`: the rollout a following
+/// `jioctl` follows (`None`: a driver service, which drives whatever is current).
+pub fn step(snap: &Snapshot, target: Option<&RolloutId>, who: Who, now: u64) -> Step {
+    let Some(cur) = &snap.rollout else {
+        return if target.is_some() { Step::Ended } else { Step::Idle };
+    };
+    if target.is_some_and(|t| t.as_str() != cur.id) {
+        return Step::Ended;
+    }
+    let rec = match &cur.record {
+        Err(e) => return Step::Unusable(e.clone()),
+        Ok(r) => r.clone(),
+    };
+    if !rec.state.active() {
+        return if target.is_some() { Step::Ended } else { Step::Idle };
+    }
+    let paused = matches!(rec.state, RolloutState::Paused { .. });
+    if target.is_some() && matches!(rec.state, RolloutState::Stuck { .. }) {
+        return Step::Stuck(rec);
+    }
+    if !who.holding {
+        return if who.may_take {
+            Step::TakeLock
+        } else if paused {
+            Step::Paused(rec)
+        } else {
+            Step::Watch(rec)
+        };
+    }
+    if snap.current.as_ref() != Some(&rec.version) {
+        return Step::VersionMoved(rec);
+    }
+    if paused {
+        return if rec.pause_expired(now).is_some() {
+            Step::Expired(rec)
+        } else {
+            Step::Paused(rec)
+        };
+    }
+    Step::Plan(rec)
+}
+
+/// When hosts last finished, as this driver saw them: the progress deadline counts
+/// from it (or from the rollout's last change, whichever is later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProgressClock {
+    finished: Option<usize>,
+    /// Unix time of the last change in how many hosts finished (or of the first note).
+    pub since: u64,
+}
+
+impl ProgressClock {
+    /// Notes how many hosts have finished (upgraded or failed) at `now`: whether
+    /// that changed since the last note.
+    pub fn note(&mut self, finished: usize, now: u64) -> bool {
+        let changed = self.finished.is_some_and(|f| f != finished);
+        if self.finished != Some(finished) {
+            self.since = now;
+        }
+        self.finished = Some(finished);
+        changed
+    }
+}
+
+/// What the progress deadline asks of a waiting pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// No host finished for `progress_deadline`: mark the rollout stuck.
+    Stuck,
+    /// It was stuck and a host finished: running again.
+    Unstuck,
+    /// Look again at this Unix time.
+    Due(u64),
+    /// Not counted (paused, or ended).
+    None,
+}
+
+/// Decides the progress deadline of a waiting pass.
+pub fn deadline(
+    rec: &RolloutRecord,
+    clock: &ProgressClock,
+    progressed: bool,
+    limit: Duration,
+    now: u64,
+) -> Deadline {
+    match rec.state {
+        RolloutState::Stuck { .. } if progressed => Deadline::Unstuck,
+        RolloutState::Running => {
+            let due = clock.since.max(rec.changed_at()) + limit.as_secs();
+            if now >= due {
+                Deadline::Stuck
+            } else {
+                Deadline::Due(due)
+            }
+        }
+        _ => Deadline::None,
     }
 }
 
@@ -114,11 +230,17 @@ pub enum PassOutcome {
     Again,
     /// The rollout lock is no longer ours: take it again or stop.
     LockLost,
-    /// An emergency stop newer than this run.
-    Halted(LockRecord),
-    /// More failures than allowed (the enable keys were reset).
-    Stopped { failures: Vec<(HostName, Step, String)> },
-    /// Nothing pending or upgrading (the enable keys were reset).
+    /// No rollout is active.
+    Idle,
+    /// The followed rollout is no longer current: its record as it ended.
+    Ended(Option<Box<RolloutRecord>>),
+    /// The followed rollout is stuck: the hosts that hold it, and why.
+    Stuck(BTreeMap<String, String>),
+    /// More failures than allowed (the rollout was recorded failed, the enable keys reset).
+    Stopped {
+        failures: Vec<(HostName, KeyStep, String)>,
+    },
+    /// Nothing pending or upgrading (the rollout was recorded done or failed).
     Finished { failed: usize },
     /// Hosts are moving; `waiting` says on what, when nothing was admitted.
     Continue { waiting: Option<String> },
@@ -143,8 +265,10 @@ pub enum Observed {
 /// The driver's state, as facts at the moment of deciding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DriverState {
-    /// `--retry`: keep going until the rollout ends.
-    pub retry: bool,
+    /// Keep going until the rollout ends (not `--once`).
+    pub follow: bool,
+    /// A driver service (`jioctl drive`): it never ends on its own.
+    pub daemon: bool,
     /// `--timeout` has passed.
     pub deadline_passed: bool,
     /// How long the store has been unreachable, if it is.
@@ -161,7 +285,7 @@ pub enum During {
 /// How a rollout ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
-    /// One pass was applied (without `--retry`).
+    /// One pass was applied (`--once`).
     Applied,
     /// Nothing pending or upgrading; `failed` hosts failed.
     Finished {
@@ -169,10 +293,12 @@ pub enum Ending {
     },
     /// Stopped on failures.
     Stopped {
-        failures: Vec<(HostName, Step, String)>,
+        failures: Vec<(HostName, KeyStep, String)>,
     },
-    /// Halted by an emergency stop.
-    Halted(LockRecord),
+    /// The followed rollout ended elsewhere, or was replaced: its record.
+    Ended(Option<Box<RolloutRecord>>),
+    /// The followed rollout is stuck: the hosts that hold it, and why.
+    Stuck(BTreeMap<String, String>),
     TimedOut(During),
     /// Lost the rollout lock to another driver.
     LockLost(Option<LockRecord>),
@@ -185,7 +311,13 @@ impl Ending {
         match self {
             Ending::Applied | Ending::Finished { failed: 0 } => exit::OK,
             Ending::Finished { .. } | Ending::Stopped { .. } => exit::FAILED,
-            Ending::Halted(_) => exit::HALTED,
+            Ending::Ended(r) => match r.as_deref().map(|r| &r.state) {
+                Some(RolloutState::Done) => exit::OK,
+                Some(RolloutState::Failed { .. }) | None => exit::FAILED,
+                // Aborted, replaced, or taken out of /rollouts/current by hand.
+                Some(_) => exit::HALTED,
+            },
+            Ending::Stuck(_) => exit::STUCK,
             Ending::TimedOut(_) => exit::TIMED_OUT,
             Ending::LockLost(_) => exit::LOCKED,
             Ending::InvalidRules(_) => exit::INVALID_RULES,
@@ -194,7 +326,14 @@ impl Ending {
 
     /// Whether the final status is shown.
     pub fn shows_status(&self) -> bool {
-        matches!(self, Ending::Applied | Ending::Finished { .. })
+        match self {
+            Ending::Applied | Ending::Finished { .. } => true,
+            Ending::Ended(r) => matches!(
+                r.as_deref().map(|r| &r.state),
+                Some(RolloutState::Done | RolloutState::Failed { .. })
+            ),
+            _ => false,
+        }
     }
 }
 
@@ -221,9 +360,13 @@ pub fn next(observed: &Observed, s: &DriverState) -> Next {
     match observed {
         Observed::LeaseEnded => Next::Retake,
         Observed::Retaken => Next::Reread,
+        // A driver service goes back to standing by; a following jioctl stops.
+        Observed::LockHeld(_) if s.daemon => Next::Reread,
         Observed::LockHeld(by) => Next::End(Ending::LockLost(by.clone())),
+        Observed::RulesInvalid(_) if s.daemon => Next::Wait,
         Observed::RulesInvalid(e) => Next::End(Ending::InvalidRules(e.clone())),
-        Observed::Unreachable if !s.retry => Next::GiveUp,
+        Observed::Unreachable if s.daemon => Next::Pause(UNREACHABLE_PAUSE),
+        Observed::Unreachable if !s.follow => Next::GiveUp,
         Observed::Unreachable if s.unreachable_for.is_some_and(|d| d > STORE_PATIENCE) => Next::GiveUp,
         Observed::Unreachable if s.deadline_passed => Next::End(Ending::TimedOut(During::Unreachable)),
         Observed::Unreachable => Next::Pause(UNREACHABLE_PAUSE),
@@ -231,12 +374,18 @@ pub fn next(observed: &Observed, s: &DriverState) -> Next {
             PassOutcome::Replan => Next::Reread,
             PassOutcome::Again => Next::Pass,
             PassOutcome::LockLost => Next::Retake,
-            PassOutcome::Halted(by) => Next::End(Ending::Halted(by.clone())),
+            PassOutcome::Idle | PassOutcome::Stopped { .. } | PassOutcome::Finished { .. } if s.daemon => {
+                Next::Wait
+            }
+            PassOutcome::Idle => Next::End(Ending::Ended(None)),
+            PassOutcome::Ended(r) => Next::End(Ending::Ended(r.clone())),
+            PassOutcome::Stuck(h) => Next::End(Ending::Stuck(h.clone())),
             PassOutcome::Stopped { failures } => Next::End(Ending::Stopped {
                 failures: failures.clone(),
             }),
             PassOutcome::Finished { failed } => Next::End(Ending::Finished { failed: *failed }),
-            PassOutcome::Continue { .. } if !s.retry => Next::End(Ending::Applied),
+            PassOutcome::Continue { .. } if s.daemon => Next::Wait,
+            PassOutcome::Continue { .. } if !s.follow => Next::End(Ending::Applied),
             PassOutcome::Continue { .. } if s.deadline_passed => Next::End(Ending::TimedOut(During::Waiting)),
             PassOutcome::Continue { .. } => Next::Wait,
         },
@@ -277,8 +426,10 @@ impl Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jio_common::fleet::CurrentRollout;
+    use jio_common::names::Version;
 
-    fn by() -> LockRecord {
+    fn lock() -> LockRecord {
         LockRecord {
             holder: "bob".into(),
             host: "ops1".into(),
@@ -287,26 +438,167 @@ mod tests {
         }
     }
 
+    fn rec() -> RolloutRecord {
+        RolloutRecord::start(
+            Version::new("v2").unwrap(),
+            Some(Version::new("v1").unwrap()),
+            serde_json::json!({}),
+            "alice@laptop",
+            1_000,
+        )
+    }
+
+    fn snap(r: Option<RolloutRecord>, current: &str) -> Snapshot {
+        Snapshot {
+            current: Some(Version::new(current).unwrap()),
+            rollout: r.map(|r| CurrentRollout {
+                id: r.id.to_string(),
+                current_revision: 3,
+                record_revision: 3,
+                record: Ok(r),
+            }),
+            ..Snapshot::default()
+        }
+    }
+
     #[test]
     fn what_a_pass_does_before_planning() {
-        let v2 = Version::new("v2").unwrap();
-        let snap = |current: &str, halt: Option<Revision>| Snapshot {
-            current: Some(Version::new(current).unwrap()),
-            halt: halt.map(|rev| (by(), rev)),
+        let r = rec();
+        let id = r.id.clone();
+        let other = RolloutId::new(2_000, &Version::new("v3").unwrap());
+        let holding = Who {
+            holding: true,
+            may_take: false,
+        };
+        let free = Who {
+            holding: false,
+            may_take: true,
+        };
+        let held = Who::default();
+        let paused = r.pause("bob", None, Some(1_500), 1_100).unwrap();
+        let stuck = r.stuck(BTreeMap::new(), "jioctl", 1_200).unwrap();
+        let done = r.finish(BTreeMap::new(), "jioctl", 1_300).unwrap();
+        let unusable = Snapshot {
+            rollout: Some(CurrentRollout {
+                id: "garbage".into(),
+                current_revision: 3,
+                record_revision: 0,
+                record: Err("key /rollouts/current: bad".into()),
+            }),
             ..Snapshot::default()
         };
-        let started_at = 10;
-        let cases = [
-            (snap("v2", Some(11)), Before::Halted(by())),
-            // A stop newer than the run halts it even before the rollout started.
-            (snap("v1", Some(11)), Before::Halted(by())),
-            (snap("v2", Some(10)), Before::ClearHalt(by())),
-            (snap("v1", None), Before::Start),
-            (snap("v2", None), Before::Plan),
+        let cases: Vec<(Snapshot, Option<&RolloutId>, Who, u64, Step)> = vec![
+            // A driver service with nothing to do; a follower whose rollout is gone.
+            (snap(None, "v2"), None, holding, 1_000, Step::Idle),
+            (snap(None, "v2"), Some(&id), holding, 1_000, Step::Ended),
+            (
+                snap(Some(r.clone()), "v2"),
+                Some(&other),
+                holding,
+                1_000,
+                Step::Ended,
+            ),
+            (snap(Some(done.clone()), "v2"), None, holding, 1_400, Step::Idle),
+            (
+                unusable,
+                None,
+                holding,
+                1_000,
+                Step::Unusable("key /rollouts/current: bad".into()),
+            ),
+            (
+                snap(Some(r.clone()), "v2"),
+                Some(&id),
+                free,
+                1_000,
+                Step::TakeLock,
+            ),
+            (
+                snap(Some(r.clone()), "v2"),
+                Some(&id),
+                held,
+                1_000,
+                Step::Watch(r.clone()),
+            ),
+            (
+                snap(Some(paused.clone()), "v2"),
+                None,
+                held,
+                1_000,
+                Step::Paused(paused.clone()),
+            ),
+            (
+                snap(Some(r.clone()), "v2"),
+                None,
+                holding,
+                1_000,
+                Step::Plan(r.clone()),
+            ),
+            (
+                snap(Some(r.clone()), "v9"),
+                None,
+                holding,
+                1_000,
+                Step::VersionMoved(r.clone()),
+            ),
+            // A pause holds until its expiry, then the holder resumes it.
+            (
+                snap(Some(paused.clone()), "v2"),
+                None,
+                holding,
+                1_499,
+                Step::Paused(paused.clone()),
+            ),
+            (
+                snap(Some(paused.clone()), "v2"),
+                None,
+                holding,
+                1_500,
+                Step::Expired(paused.clone()),
+            ),
+            // A stuck rollout: a follower stops; a driver service keeps driving it.
+            (
+                snap(Some(stuck.clone()), "v2"),
+                Some(&id),
+                holding,
+                1_000,
+                Step::Stuck(stuck.clone()),
+            ),
+            (
+                snap(Some(stuck.clone()), "v2"),
+                None,
+                holding,
+                1_000,
+                Step::Plan(stuck.clone()),
+            ),
         ];
-        for (s, want) in cases {
-            assert_eq!(before_plan(&s, started_at, &v2), want, "{:?}", s.halt);
+        for (i, (s, target, who, now, want)) in cases.into_iter().enumerate() {
+            assert_eq!(step(&s, target, who, now), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn the_progress_deadline() {
+        let r = rec(); // started at 1_000
+        let limit = Duration::from_secs(600);
+        let mut clock = ProgressClock::default();
+        assert!(!clock.note(0, 1_100), "the first note is not progress");
+        assert_eq!(deadline(&r, &clock, false, limit, 1_200), Deadline::Due(1_700));
+        assert_eq!(deadline(&r, &clock, false, limit, 1_700), Deadline::Stuck);
+        assert!(!clock.note(0, 1_650));
+        assert!(clock.note(1, 1_690), "a host finished");
+        assert_eq!(deadline(&r, &clock, true, limit, 1_700), Deadline::Due(2_290));
+        let stuck = r.stuck(BTreeMap::new(), "jioctl", 1_700).unwrap();
+        assert_eq!(deadline(&stuck, &clock, false, limit, 5_000), Deadline::None);
+        assert_eq!(deadline(&stuck, &clock, true, limit, 5_000), Deadline::Unstuck);
+        // A resume counts from the resume.
+        let resumed = stuck.resume("bob", 4_000).unwrap();
+        assert_eq!(
+            deadline(&resumed, &clock, false, limit, 4_100),
+            Deadline::Due(4_600)
+        );
+        let paused = r.pause("bob", None, None, 1_100).unwrap();
+        assert_eq!(deadline(&paused, &clock, false, limit, 9_999), Deadline::None);
     }
 
     #[test]
@@ -321,7 +613,7 @@ mod tests {
             global: KeyState::Set(false),
             ..Snapshot::default()
         };
-        let armed_snap = Snapshot::default(); // no global key: hosts would start
+        let armed_snap = Snapshot::default();
         let admit = Plan {
             enable_hosts: vec![HostName::new("cp2").unwrap()],
             ..Plan::default()
@@ -332,105 +624,111 @@ mod tests {
             ..Plan::default()
         };
         let done = [host("cp1", HostState::Upgraded), host("cp2", HostState::Upgraded)];
-        let one_failed = [host("cp1", HostState::Failed), host("cp2", HostState::Upgraded)];
         let moving = [host("cp1", HostState::Failed), host("cp2", HostState::Upgrading)];
         let settle = |disarm, end| After::Settle { disarm, end };
-        let cases: Vec<(&Snapshot, &[HostStatus], &Plan, After)> = vec![
-            (&disarmed, &moving, &admit, After::Apply),
-            (&disarmed, &moving, &nothing, settle(false, Settled::Waiting)),
-            (&armed_snap, &moving, &nothing, settle(false, Settled::Waiting)),
-            (&armed_snap, &moving, &stopped, settle(true, Settled::Stopped)),
-            (&disarmed, &moving, &stopped, settle(false, Settled::Stopped)),
-            (
-                &armed_snap,
-                &done,
-                &nothing,
-                settle(true, Settled::Finished { failed: 0 }),
-            ),
-            (
-                &disarmed,
-                &one_failed,
-                &stopped,
-                settle(false, Settled::Finished { failed: 1 }),
-            ),
-        ];
-        for (i, (snap, hosts, plan, want)) in cases.into_iter().enumerate() {
-            assert_eq!(after_plan(snap, hosts, plan), want, "case {i}");
-        }
+        assert_eq!(after_plan(&disarmed, &moving, &admit), After::Apply);
+        assert_eq!(
+            after_plan(&armed_snap, &moving, &nothing),
+            settle(false, Settled::Waiting)
+        );
+        assert_eq!(
+            after_plan(&armed_snap, &moving, &stopped),
+            settle(true, Settled::Stopped)
+        );
+        assert_eq!(
+            after_plan(&armed_snap, &done, &nothing),
+            settle(true, Settled::Finished { failed: 0 })
+        );
     }
 
     #[test]
     fn what_next() {
         let once = DriverState::default();
-        let retry = DriverState { retry: true, ..once };
+        let follow = DriverState { follow: true, ..once };
+        let daemon = DriverState {
+            follow: true,
+            daemon: true,
+            ..once
+        };
         let late = DriverState {
             deadline_passed: true,
-            ..retry
-        };
-        let cut_off = |secs| DriverState {
-            unreachable_for: Some(Duration::from_secs(secs)),
-            ..retry
+            ..follow
         };
         let moving = Observed::Pass(PassOutcome::Continue {
             waiting: Some("1 upgrading: cp1".into()),
         });
-        let failure = vec![(HostName::new("cp2").unwrap(), Step::Configured, String::new())];
+        let done = rec().finish(BTreeMap::new(), "jioctl", 2).unwrap();
+        let held = Some(Box::new(done));
         let rules = RulesError(vec!["bad".into()]);
         let cases: Vec<(Observed, DriverState, Next)> = vec![
-            // One pass without --retry: applied, status shown, exit 0.
             (moving.clone(), once, Next::End(Ending::Applied)),
-            (moving.clone(), retry, Next::Wait),
+            (moving.clone(), follow, Next::Wait),
+            (moving.clone(), daemon, Next::Wait),
             (moving.clone(), late, Next::End(Ending::TimedOut(During::Waiting))),
-            (Observed::Pass(PassOutcome::Replan), retry, Next::Reread),
+            (Observed::Pass(PassOutcome::Replan), follow, Next::Reread),
             (Observed::Pass(PassOutcome::Again), once, Next::Pass),
             (
                 Observed::Pass(PassOutcome::Finished { failed: 0 }),
-                late,
+                follow,
                 Next::End(Ending::Finished { failed: 0 }),
             ),
+            // A driver service goes on to the next rollout.
             (
-                Observed::Pass(PassOutcome::Finished { failed: 2 }),
-                retry,
-                Next::End(Ending::Finished { failed: 2 }),
+                Observed::Pass(PassOutcome::Finished { failed: 0 }),
+                daemon,
+                Next::Wait,
+            ),
+            (Observed::Pass(PassOutcome::Idle), daemon, Next::Wait),
+            (
+                Observed::Pass(PassOutcome::Ended(held.clone())),
+                follow,
+                Next::End(Ending::Ended(held)),
             ),
             (
-                Observed::Pass(PassOutcome::Stopped {
-                    failures: failure.clone(),
-                }),
-                retry,
-                Next::End(Ending::Stopped { failures: failure }),
+                Observed::Pass(PassOutcome::Stuck(BTreeMap::new())),
+                follow,
+                Next::End(Ending::Stuck(BTreeMap::new())),
             ),
-            // Safety: a halt ends the run, whatever the deadline.
-            (
-                Observed::Pass(PassOutcome::Halted(by())),
-                late,
-                Next::End(Ending::Halted(by())),
-            ),
-            // Lock loss: take it again before writing anything; held by another: stop.
-            (Observed::Pass(PassOutcome::LockLost), retry, Next::Retake),
+            (Observed::Pass(PassOutcome::LockLost), follow, Next::Retake),
             (Observed::LeaseEnded, once, Next::Retake),
-            (Observed::Retaken, retry, Next::Reread),
+            (Observed::Retaken, follow, Next::Reread),
             (
-                Observed::LockHeld(Some(by())),
-                retry,
-                Next::End(Ending::LockLost(Some(by()))),
+                Observed::LockHeld(Some(lock())),
+                follow,
+                Next::End(Ending::LockLost(Some(lock()))),
             ),
+            (Observed::LockHeld(Some(lock())), daemon, Next::Reread),
             (
                 Observed::RulesInvalid(rules.clone()),
-                retry,
-                Next::End(Ending::InvalidRules(rules)),
+                follow,
+                Next::End(Ending::InvalidRules(rules.clone())),
             ),
-            // The store: without --retry an error; with it, patience, then the deadline.
+            (Observed::RulesInvalid(rules), daemon, Next::Wait),
+            // The store: one pass gives up; following, patience; a service never gives up.
             (Observed::Unreachable, once, Next::GiveUp),
-            (Observed::Unreachable, cut_off(10), Next::Pause(UNREACHABLE_PAUSE)),
-            (Observed::Unreachable, cut_off(301), Next::GiveUp),
             (
                 Observed::Unreachable,
                 DriverState {
-                    deadline_passed: true,
-                    ..cut_off(10)
+                    unreachable_for: Some(Duration::from_secs(10)),
+                    ..follow
                 },
-                Next::End(Ending::TimedOut(During::Unreachable)),
+                Next::Pause(UNREACHABLE_PAUSE),
+            ),
+            (
+                Observed::Unreachable,
+                DriverState {
+                    unreachable_for: Some(Duration::from_secs(301)),
+                    ..follow
+                },
+                Next::GiveUp,
+            ),
+            (
+                Observed::Unreachable,
+                DriverState {
+                    unreachable_for: Some(Duration::from_secs(9_999)),
+                    ..daemon
+                },
+                Next::Pause(UNREACHABLE_PAUSE),
             ),
         ];
         for (observed, state, want) in cases {
@@ -440,14 +738,28 @@ mod tests {
 
     #[test]
     fn endings_have_the_documented_codes() {
+        let r = rec();
+        let ended = |s: RolloutRecord| Ending::Ended(Some(Box::new(s)));
         let cases = [
             (Ending::Applied, 0, true),
             (Ending::Finished { failed: 0 }, 0, true),
             (Ending::Finished { failed: 1 }, 1, true),
             (Ending::Stopped { failures: vec![] }, 1, false),
+            (ended(r.finish(BTreeMap::new(), "d", 2).unwrap()), 0, true),
+            (
+                ended(
+                    r.finish(BTreeMap::from([("c".into(), "x".into())]), "d", 2)
+                        .unwrap(),
+                ),
+                1,
+                true,
+            ),
+            (ended(r.abort("bob", None, 2).unwrap()), 6, false),
+            (ended(r.emergency_stop("bob", 2).unwrap()), 6, false),
+            (Ending::Ended(None), 1, false),
+            (Ending::Stuck(BTreeMap::new()), 7, false),
             (Ending::LockLost(None), 4, false),
             (Ending::TimedOut(During::Waiting), 5, false),
-            (Ending::Halted(by()), 6, false),
             (Ending::InvalidRules(RulesError(vec![])), 3, false),
         ];
         for (e, code, shows) in cases {

@@ -1,0 +1,563 @@
+//! Rollout records in the store: creating one with the version change, the
+//! operators' changes (pause, resume, abort, undo), the driver's end of one, and
+//! history. What to do is decided by pure functions on a snapshot; each change is
+//! one transaction that compares on what was read (the current rollout key and the
+//! record), bumps the plan epoch (so a plan computed before it is never applied),
+//! and is tried again from a fresh read when something moved.
+
+use std::collections::BTreeMap;
+
+use jio_common::fleet::{CurrentRollout, HALT, LockRecord, Snapshot};
+use jio_common::keys::Schema;
+use jio_common::names::Version;
+use jio_common::rollout::{self, RolloutId, RolloutRecord, TransitionError};
+use jio_common::store::{Compare, DynStore, Op, StoreError, Txn, TxnOutcome};
+
+use crate::writes;
+
+/// How often a change is tried again when the store moved under it.
+const ATTEMPTS: usize = 20;
+
+/// Who makes a change: `user@host`.
+pub fn by() -> String {
+    let h = writes::holder();
+    format!("{}@{}", h.holder, h.host)
+}
+
+/// What `jioctl upgrade VERSION` does with the rollout that is current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// The same version with the same rules is active: follow it.
+    Follow(RolloutRecord),
+    /// Start a new rollout; an active one (or an unreadable current one) is replaced.
+    Create { replaces: Option<CurrentRollout> },
+}
+
+/// Decides whether `upgrade VERSION` with rules of `digest` follows the active
+/// rollout or starts a new one.
+pub fn begin(snap: &Snapshot, version: &Version, digest: &str) -> Begin {
+    match &snap.rollout {
+        Some(cur) => match cur.ok() {
+            Some(r) if r.state.active() && &r.version == version && r.rules_digest() == digest => {
+                Begin::Follow(r.clone())
+            }
+            _ => Begin::Create {
+                replaces: Some(cur.clone()),
+            },
+        },
+        None => Begin::Create { replaces: None },
+    }
+}
+
+/// The version a new rollout to `version` goes back from: the desired version, or
+/// (when the fleet is already told `version`) what the last rollout to it came from.
+pub fn previous_of(snap: &Snapshot, version: &Version, last: Option<&RolloutRecord>) -> Option<Version> {
+    match &snap.current {
+        Some(c) if c != version => Some(c.clone()),
+        _ => last
+            .filter(|r| &r.version == version)
+            .and_then(|r| r.previous.clone()),
+    }
+}
+
+/// The compares that make a change apply only to the rollout state it was decided on.
+fn compares_on(schema: &Schema, cur: Option<&CurrentRollout>) -> Vec<Compare> {
+    match cur {
+        None => vec![Compare::Absent(schema.current_rollout())],
+        Some(c) => {
+            let mut v = vec![Compare::ModRevision(schema.current_rollout(), c.current_revision)];
+            if let Some(id) = RolloutId::parse(&c.id) {
+                v.push(Compare::ModRevision(schema.rollout(&id), c.record_revision));
+            }
+            v
+        }
+    }
+}
+
+fn record_put(schema: &Schema, r: &RolloutRecord) -> Op {
+    Op::put(
+        schema.rollout(&r.id),
+        serde_json::to_string(r).unwrap_or_default(),
+    )
+}
+
+/// One transaction of `ops` on `compares`, with the epoch bump: `false` when
+/// something moved.
+async fn apply(
+    store: &DynStore,
+    schema: &Schema,
+    compares: Vec<Compare>,
+    ops: Vec<Op>,
+) -> Result<bool, StoreError> {
+    let mut txn = Txn::new();
+    txn.compares = compares;
+    txn.ops = ops;
+    txn.ops.push(writes::epoch_put(schema));
+    Ok(matches!(store.txn(txn).await?, TxnOutcome::Committed(_)))
+}
+
+/// A new rollout, as written.
+#[derive(Debug)]
+pub struct Created {
+    pub record: RolloutRecord,
+    /// The rollout it replaced, as it was.
+    pub replaced: Option<CurrentRollout>,
+    /// The emergency stop it cleared.
+    pub cleared_halt: Option<LockRecord>,
+    /// How many old records history no longer keeps were deleted.
+    pub pruned: usize,
+}
+
+/// What `create` found instead of creating.
+#[derive(Debug)]
+pub enum Started {
+    Created(Box<Created>),
+    Follow(RolloutRecord),
+}
+
+/// Starts a rollout to `version` under `rules` (validated JSON), or follows the
+/// active one when it has the same version and rules. The record, `/rollouts/current`,
+/// the desired version (with every enable key reset, when the version changes), the
+/// end of a replaced rollout and the clearing of an old emergency stop go in one
+/// transaction. `read` gives a fresh snapshot.
+pub async fn start<F, Fut>(
+    store: &DynStore,
+    schema: &Schema,
+    version: &Version,
+    rules: &serde_json::Value,
+    now: impl Fn() -> u64,
+    read: F,
+) -> Result<Started, ChangeError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Snapshot, StoreError>>,
+{
+    let digest = rollout::digest(rules);
+    let by = by();
+    for _ in 0..ATTEMPTS {
+        let snap = read().await?;
+        let replaces = match begin(&snap, version, &digest) {
+            Begin::Follow(r) => return Ok(Started::Follow(r)),
+            Begin::Create { replaces } => replaces,
+        };
+        let ids = record_ids(store, schema).await?;
+        let last = match ids.last() {
+            Some(id) => read_record(store, schema, id).await?,
+            None => None,
+        };
+        let t = now();
+        let record = RolloutRecord::start(
+            version.clone(),
+            previous_of(&snap, version, last.as_ref()),
+            rules.clone(),
+            &by,
+            t,
+        );
+        let mut ops = Vec::new();
+        if snap.current.as_ref() != Some(version) {
+            ops.extend(writes::start_rollout_ops(schema, version));
+        }
+        if let Some(old) = replaces.as_ref().and_then(CurrentRollout::ok)
+            && let Ok(ended) = old.supersede(&by, &record.id, t)
+        {
+            ops.push(record_put(schema, &ended));
+        }
+        let cleared_halt = snap.halt.as_ref().map(|(h, _)| h.clone());
+        if cleared_halt.is_some() {
+            ops.push(Op::Delete(schema.lock(HALT)));
+        }
+        ops.push(record_put(schema, &record));
+        ops.push(Op::put(schema.current_rollout(), record.id.to_string()));
+        let current = replaces.as_ref().and_then(|c| RolloutId::parse(&c.id));
+        let prune: Vec<RolloutId> = rollout::beyond_history(&ids, current.as_ref())
+            .into_iter()
+            .take(20)
+            .collect();
+        ops.extend(prune.iter().map(|id| Op::Delete(schema.rollout(id))));
+        let mut compares = compares_on(schema, replaces.as_ref());
+        compares.push(Compare::Absent(schema.rollout(&record.id)));
+        // The desired version and the halt as read: every jioctl write of them bumps it.
+        compares.push(Compare::ModRevision(
+            schema.lock(jio_common::fleet::EPOCH),
+            snap.epoch,
+        ));
+        if apply(store, schema, compares, ops).await? {
+            return Ok(Started::Created(Box::new(Created {
+                record,
+                replaced: replaces,
+                cleared_halt,
+                pruned: prune.len(),
+            })));
+        }
+    }
+    Err(ChangeError::Moving)
+}
+
+/// An operator's change of the current rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Pause {
+        reason: Option<String>,
+        until: Option<u64>,
+    },
+    Resume,
+    Abort {
+        reason: Option<String>,
+    },
+    Undo,
+}
+
+/// Why an operator's change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error("no rollout is active{}", last.as_ref().map(|l| format!(" (the last one, {l})")).unwrap_or_default())]
+    NoRollout { last: Option<String> },
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    #[error("{0}")]
+    Unusable(String),
+    #[error("the rollout records kept changing under this change ({ATTEMPTS} attempts); nothing was written")]
+    Moving,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What an operator's change wrote.
+#[derive(Debug)]
+pub struct Changed {
+    /// The current (or last) rollout after the change.
+    pub record: RolloutRecord,
+    /// For undo: the new rollout back.
+    pub started: Option<RolloutRecord>,
+    /// For undo of an active rollout: it was aborted first (in the same transaction).
+    pub aborted_first: bool,
+}
+
+/// The ops of a change decided on `cur` (the record as read) at `now`.
+fn change_ops(
+    schema: &Schema,
+    snap: &Snapshot,
+    rec: &RolloutRecord,
+    change: &Change,
+    by: &str,
+    now: u64,
+) -> Result<(Vec<Op>, Changed), TransitionError> {
+    let mut ops = Vec::new();
+    let changed = match change {
+        Change::Pause { reason, until } => {
+            let r = rec.pause(by, reason.clone(), *until, now)?;
+            // Hosts enabled but not started must not start while paused: the keys go
+            // (an agent's start is fenced on them); hosts in flight finish.
+            ops.extend(writes::global_disable_ops(schema));
+            ops.push(record_put(schema, &r));
+            Changed {
+                record: r,
+                started: None,
+                aborted_first: false,
+            }
+        }
+        Change::Resume => {
+            let r = rec.resume(by, now)?;
+            ops.push(record_put(schema, &r));
+            Changed {
+                record: r,
+                started: None,
+                aborted_first: false,
+            }
+        }
+        Change::Abort { reason } => {
+            let r = rec.abort(by, reason.clone(), now)?;
+            ops.extend(end_ops(schema, &r, true));
+            Changed {
+                record: r,
+                started: None,
+                aborted_first: false,
+            }
+        }
+        Change::Undo => {
+            let (ended, aborted_first) = if rec.state.active() {
+                (rec.abort(by, Some("undone".into()), now)?, true)
+            } else {
+                (rec.clone(), false)
+            };
+            let back = ended.undo(by, now)?;
+            if aborted_first {
+                ops.push(record_put(schema, &ended));
+            }
+            if snap.current.as_ref() != Some(&back.version) {
+                ops.extend(writes::start_rollout_ops(schema, &back.version));
+            } else {
+                ops.extend(writes::global_disable_ops(schema));
+            }
+            ops.push(record_put(schema, &back));
+            ops.push(Op::put(schema.current_rollout(), back.id.to_string()));
+            Changed {
+                record: ended,
+                started: Some(back),
+                aborted_first,
+            }
+        }
+    };
+    Ok((ops, changed))
+}
+
+/// Applies an operator's change to the current rollout (undo: to the last one when
+/// none is active).
+pub async fn change<F, Fut>(
+    store: &DynStore,
+    schema: &Schema,
+    change: &Change,
+    now: impl Fn() -> u64,
+    read: F,
+) -> Result<Changed, ChangeError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Snapshot, StoreError>>,
+{
+    let by = by();
+    for _ in 0..ATTEMPTS {
+        let snap = read().await?;
+        let (rec, compares) = match &snap.rollout {
+            Some(cur) => match (&cur.record, change) {
+                (Ok(r), _) => (r.clone(), compares_on(schema, Some(cur))),
+                (Err(e), Change::Abort { .. }) => {
+                    // An unreadable record can still be ended: the current key goes
+                    // with every enable key; the record is left as it is.
+                    let mut ops = vec![Op::Delete(schema.current_rollout())];
+                    ops.extend(writes::global_disable_ops(schema));
+                    if apply(store, schema, compares_on(schema, Some(cur)), ops).await? {
+                        return Err(ChangeError::Unusable(format!(
+                            "{e}; /rollouts/current no longer names it and every enable key was reset (the record is left as it is)"
+                        )));
+                    }
+                    continue;
+                }
+                (Err(e), _) => {
+                    return Err(ChangeError::Unusable(format!(
+                        "{e}; `jioctl rollout abort` ends it"
+                    )));
+                }
+            },
+            None => {
+                let last = last_record(store, schema).await?;
+                match (change, last) {
+                    (Change::Undo, Some(l)) => {
+                        let cmp = vec![
+                            Compare::Absent(schema.current_rollout()),
+                            Compare::ModRevision(schema.lock(jio_common::fleet::EPOCH), snap.epoch),
+                        ];
+                        (l, cmp)
+                    }
+                    (_, last) => {
+                        return Err(ChangeError::NoRollout {
+                            last: last.map(|l| format!("{}, {}", l.id, l.state.name())),
+                        });
+                    }
+                }
+            }
+        };
+        let (ops, changed) = change_ops(schema, &snap, &rec, change, &by, now())?;
+        if apply(store, schema, compares, ops).await? {
+            return Ok(changed);
+        }
+    }
+    Err(ChangeError::Moving)
+}
+
+/// The end of a rollout (done, failed, aborted): its record, `/rollouts/current`
+/// removed, and (`disarm`) every enable key reset, so nothing is left armed.
+pub fn end_ops(schema: &Schema, ended: &RolloutRecord, disarm: bool) -> Vec<Op> {
+    let mut ops = Vec::new();
+    if disarm {
+        ops.extend(writes::global_disable_ops(schema));
+    }
+    ops.push(record_put(schema, ended));
+    ops.push(Op::Delete(schema.current_rollout()));
+    ops
+}
+
+/// A record's write alone (pause expiry, stuck, unstuck).
+pub fn update_ops(schema: &Schema, r: &RolloutRecord) -> Vec<Op> {
+    vec![record_put(schema, r)]
+}
+
+/// The emergency stop's end of the current rollout, when one is active.
+pub fn emergency_ops(
+    schema: &Schema,
+    snap: &Snapshot,
+    by: &str,
+    now: u64,
+) -> (Vec<Compare>, Vec<Op>, Option<RolloutRecord>) {
+    let Some(cur) = &snap.rollout else {
+        return (vec![Compare::Absent(schema.current_rollout())], vec![], None);
+    };
+    let compares = compares_on(schema, Some(cur));
+    match cur.ok().map(|r| r.emergency_stop(by, now)) {
+        Some(Ok(ended)) => (compares, end_ops(schema, &ended, false), Some(ended)),
+        _ => (compares, vec![Op::Delete(schema.current_rollout())], None),
+    }
+}
+
+/// Every record id in the store, oldest first.
+pub async fn record_ids(store: &DynStore, schema: &Schema) -> Result<Vec<RolloutId>, StoreError> {
+    let prefix = schema.rollouts();
+    let listing = store.list(&prefix).await?;
+    let mut ids: Vec<RolloutId> = listing
+        .kvs
+        .iter()
+        .filter_map(|kv| kv.key.as_str().strip_prefix(prefix.as_str()))
+        .filter_map(RolloutId::parse)
+        .collect();
+    ids.sort();
+    Ok(ids)
+}
+
+/// One record (`None`: missing or unreadable).
+pub async fn read_record(
+    store: &DynStore,
+    schema: &Schema,
+    id: &RolloutId,
+) -> Result<Option<RolloutRecord>, StoreError> {
+    Ok(store
+        .get(&schema.rollout(id))
+        .await?
+        .and_then(|kv| jio_common::values::parse_json(&kv).ok()))
+}
+
+/// The newest record.
+pub async fn last_record(store: &DynStore, schema: &Schema) -> Result<Option<RolloutRecord>, StoreError> {
+    match record_ids(store, schema).await?.last() {
+        Some(id) => read_record(store, schema, id).await,
+        None => Ok(None),
+    }
+}
+
+/// Every record, newest first; records that cannot be read are reported by key.
+pub async fn history(
+    store: &DynStore,
+    schema: &Schema,
+) -> Result<(Vec<RolloutRecord>, Vec<String>), StoreError> {
+    let prefix = schema.rollouts();
+    let listing = store.list(&prefix).await?;
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for kv in &listing.kvs {
+        if kv.key == schema.current_rollout() {
+            continue;
+        }
+        match jio_common::values::parse_json::<RolloutRecord>(kv) {
+            Ok(r) => out.push(r),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    out.sort_by(|a, b| b.id.cmp(&a.id));
+    Ok((out, problems))
+}
+
+/// The failed hosts of a snapshot and why, for a record's `failed` state.
+pub fn failed_hosts(snap: &Snapshot) -> BTreeMap<String, String> {
+    snap.failures
+        .iter()
+        .map(|(h, (step, value))| {
+            (
+                h.to_string(),
+                format!(
+                    "{} failed: {}",
+                    step.as_str(),
+                    crate::status::describe_entry(value)
+                ),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jio_common::rollout::RolloutState;
+
+    fn v(s: &str) -> Version {
+        Version::new(s).unwrap()
+    }
+
+    fn with(rec: Option<RolloutRecord>, current: Option<&str>) -> Snapshot {
+        Snapshot {
+            current: current.map(v),
+            rollout: rec.map(|r| CurrentRollout {
+                id: r.id.to_string(),
+                current_revision: 5,
+                record_revision: 5,
+                record: Ok(r),
+            }),
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn upgrade_follows_the_same_rollout_and_replaces_any_other() {
+        let rules = serde_json::json!({"rolling_rules": {"global": 1}});
+        let d = rollout::digest(&rules);
+        let running = RolloutRecord::start(v("v2"), Some(v("v1")), rules.clone(), "a", 10);
+        let snap = with(Some(running.clone()), Some("v2"));
+        assert_eq!(begin(&snap, &v("v2"), &d), Begin::Follow(running.clone()));
+        // Other rules, another version, an ended one: a new rollout.
+        assert!(matches!(
+            begin(&snap, &v("v2"), "other"),
+            Begin::Create { replaces: Some(_) }
+        ));
+        assert!(matches!(
+            begin(&snap, &v("v3"), &d),
+            Begin::Create { replaces: Some(_) }
+        ));
+        let done = running.finish(BTreeMap::new(), "d", 20).unwrap();
+        assert!(matches!(
+            begin(&with(Some(done), Some("v2")), &v("v2"), &d),
+            Begin::Create { .. }
+        ));
+        assert_eq!(
+            begin(&with(None, None), &v("v2"), &d),
+            Begin::Create { replaces: None }
+        );
+    }
+
+    #[test]
+    fn the_previous_version() {
+        let last = RolloutRecord::start(v("v2"), Some(v("v1")), serde_json::json!({}), "a", 10);
+        // The fleet is told v1: a rollout to v2 goes back to v1.
+        assert_eq!(
+            previous_of(&with(None, Some("v1")), &v("v2"), None),
+            Some(v("v1"))
+        );
+        // Again to v2 (after a failure): back to what the last rollout to v2 came from.
+        assert_eq!(
+            previous_of(&with(None, Some("v2")), &v("v2"), Some(&last)),
+            Some(v("v1"))
+        );
+        assert_eq!(previous_of(&with(None, None), &v("v2"), None), None);
+    }
+
+    #[test]
+    fn pause_resets_the_keys_and_undo_of_an_active_rollout_aborts_it_first() {
+        let schema = Schema::default();
+        let rec = RolloutRecord::start(v("v2"), Some(v("v1")), serde_json::json!({}), "a", 10);
+        let snap = with(Some(rec.clone()), Some("v2"));
+        let pause = Change::Pause {
+            reason: Some("night".into()),
+            until: None,
+        };
+        let (ops, ch) = change_ops(&schema, &snap, &rec, &pause, "bob", 20).unwrap();
+        assert_eq!(ch.record.state.name(), "paused");
+        assert!(ops.iter().any(|o| matches!(o, Op::DeletePrefix(_))), "{ops:?}");
+        let (ops, ch) = change_ops(&schema, &snap, &rec, &Change::Undo, "bob", 30).unwrap();
+        assert!(ch.aborted_first);
+        assert!(matches!(ch.record.state, RolloutState::Aborted { .. }));
+        let back = ch.started.unwrap();
+        assert_eq!(back.version, v("v1"));
+        assert!(
+            ops.iter()
+                .any(|o| matches!(o, Op::Put { key, value, .. } if *key == schema.current_version() && value == "v1")),
+            "{ops:?}"
+        );
+        assert!(change_ops(&schema, &snap, &rec, &Change::Resume, "bob", 40).is_err());
+    }
+}
