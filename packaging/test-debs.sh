@@ -48,6 +48,7 @@ for f in /etc/jiocloud/agent.toml /lib/systemd/system/jio-agent.service /lib/sys
          /usr/share/man/man8/jio-agent.8.gz /usr/share/man/man1/jioctl.1.gz /usr/share/man/man1/jioctl-upgrade.1.gz \
          /usr/share/bash-completion/completions/jioctl /usr/share/zsh/vendor-completions/_jioctl \
          /usr/share/fish/vendor_completions.d/jioctl.fish /usr/share/doc/jioctl/examples/jio-upgrade.json \
+         /lib/systemd/system/jioctl-drive.service \
          /usr/share/doc/jio-agent/changelog.Debian.gz /usr/share/doc/jio-agent/copyright \
          /etc/systemd/system/multi-user.target.wants/jio-agent.service; do
   [ -e "$R$f" ] || [ -L "$R$f" ] || fail "$f is missing after install"
@@ -58,7 +59,10 @@ in_root dpkg-query -W -f='${Conffiles}\n' jio-agent | grep -q /etc/jiocloud/agen
 set +e; in_root jio-agent --hostname compute1 local-version >/dev/null 2>&1; rc=$?; set -e
 [ "$rc" = 1 ] || fail "the shipped agent.toml does not load (exit $rc)"
 echo "==> systemd-analyze verify"
+# The driver service is shipped disabled: nothing enables it but an operator.
+[ ! -e "$R/etc/systemd/system/multi-user.target.wants/jioctl-drive.service" ] || fail "jioctl-drive.service is enabled by the package"
 systemd-analyze verify --man=no --root="$R" /lib/systemd/system/jio-agent.service /lib/systemd/system/jio-agent-bootstrap.service \
+  /lib/systemd/system/jioctl-drive.service \
   || fail "systemd-analyze rejects the units"
 
 echo "==> upgrade (edited configuration kept)"

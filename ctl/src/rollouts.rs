@@ -145,14 +145,21 @@ where
             Some(id) => read_record(store, schema, id).await?,
             None => None,
         };
+        // Ids are a second's stamp and the version: two rollouts to one version in
+        // the same second get the next free second.
         let t = now();
-        let record = RolloutRecord::start(
+        let mut record = RolloutRecord::start(
             version.clone(),
             previous_of(&snap, version, last.as_ref()),
             rules.clone(),
             &by,
             t,
         );
+        let mut stamp = t;
+        while ids.contains(&record.id) {
+            stamp += 1;
+            record.id = RolloutId::new(stamp, version);
+        }
         let mut ops = Vec::new();
         if snap.current.as_ref() != Some(version) {
             ops.extend(writes::start_rollout_ops(schema, version));

@@ -181,8 +181,8 @@ pub async fn follow(
     let ending = tokio::select! {
         r = driver.drive() => r,
         sig = interrupted() => {
-            let msg = driver.interrupted_message(sig, record);
-            driver.release().await;
+            let driving = driver.release_all().await;
+            let msg = driver.interrupted_message(sig, record, driving);
             return Err(Failure::new(signal_code(sig), msg));
         }
     };
@@ -341,8 +341,7 @@ pub async fn drive(
     let out = tokio::select! {
         r = driver.drive() => r.map(|_| ()),
         sig = interrupted() => {
-            let held = driver.lock.is_some();
-            driver.release().await;
+            let held = driver.release_all().await;
             registration.abort();
             let _ = store.delete(&schema.driver(&name)).await;
             eprintln!(
@@ -520,6 +519,14 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// Releases the lock, including one this process wrote but was interrupted
+    /// before it learned so: whether it held it.
+    async fn release_all(&mut self) -> bool {
+        let held = self.lock.is_some();
+        self.release().await;
+        writes::release_own(self.store, self.schema).await || held
+    }
+
     /// A line for the daemon's log or the follower's output.
     fn note(&mut self, line: &str) {
         if self.o.daemon {
@@ -530,8 +537,8 @@ impl<'a> Driver<'a> {
     }
 
     /// What Ctrl-C (or SIGTERM) says: what goes on without this process.
-    fn interrupted_message(&self, sig: &str, record: &RolloutRecord) -> String {
-        if self.lock.is_some() {
+    fn interrupted_message(&self, sig: &str, record: &RolloutRecord, driving: bool) -> String {
+        if driving {
             format!(
                 "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {} host(s) in flight finish their run; nothing more is admitted until a driver takes the rollout: run `jioctl upgrade {}` again (it follows and drives it), or start `jioctl drive`; `jioctl rollout pause` or `jioctl rollout abort` stops it",
                 record.id, record.version, self.in_flight, record.version
@@ -633,9 +640,12 @@ impl Driver<'_> {
         self.last_revision = snap.revision;
         self.wake_at = None;
         let now = self.o.clock.unix_now();
+        // A lock left by a process of this host that no longer exists is taken over
+        // at once (`try_take` checks it again), not after its lease.
+        let free = snap.lock_key.is_none() || snap.lock.as_ref().is_some_and(writes::holder_is_dead);
         let who = Who {
             holding: self.lock.is_some(),
-            may_take: snap.lock_key.is_none() && (self.o.daemon || snap.drivers.is_empty()),
+            may_take: free && (self.o.daemon || snap.drivers.is_empty()),
         };
         let hosts = fleet::classify(&snap);
         self.in_flight = hosts

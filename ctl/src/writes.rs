@@ -302,7 +302,7 @@ impl RolloutLock {
 }
 
 /// The holder ran on this host and its process is gone.
-fn holder_is_dead(r: &LockRecord) -> bool {
+pub fn holder_is_dead(r: &LockRecord) -> bool {
     let me = holder();
     r.host == me.host
         && r.pid != me.pid
@@ -311,6 +311,22 @@ fn holder_is_dead(r: &LockRecord) -> bool {
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(r.pid as i32), None),
             Err(nix::errno::Errno::ESRCH)
         )
+}
+
+/// Releases the rollout lock if this very process holds it without knowing (it was
+/// interrupted between writing the lock and learning it had): `true` when it did.
+pub async fn release_own(store: &DynStore, schema: &Schema) -> bool {
+    let key = schema.lock(ROLLOUT_LOCK);
+    let Ok(Some(kv)) = store.get(&key).await else {
+        return false;
+    };
+    let me = holder();
+    let mine =
+        jio_common::values::parse_json::<LockRecord>(&kv).is_ok_and(|r| r.pid == me.pid && r.host == me.host);
+    match (mine, &kv.lease) {
+        (true, Some(lease)) => store.revoke_lease(lease).await.is_ok(),
+        _ => false,
+    }
 }
 
 /// "alice on laptop (pid 12, since 20261121T101500Z)".

@@ -12,212 +12,20 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use jio_common::keys::Schema;
-use jio_common::store::DynStore;
+use jio_tests::Etcd;
 use jio_tests::etcd::etcdctl_put;
 use jio_tests::inspect::{open, text, wait_for};
-use jio_tests::{Etcd, Host};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-use common::{agent_bin, jioctl, run};
-
-/// A driver in the background, its output collected.
-fn spawn(url: &str, args: &[&str]) -> Child {
-    jioctl(url, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-async fn finish(child: Child, within: Duration) -> Output {
-    tokio::time::timeout(within, child.wait_with_output())
-        .await
-        .expect("jioctl did not exit in time")
-        .unwrap()
-}
-
-fn signal(child: &Child, sig: nix::sys::signal::Signal) {
-    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
-    nix::sys::signal::kill(pid, sig).unwrap();
-}
-
-/// Wall-clock seconds, as `date +%s.%N` prints them.
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-/// One run of the configuration step, from the shared log.
-#[derive(Debug, Clone)]
-struct Run {
-    host: String,
-    version: String,
-    start: f64,
-    /// `None`: still running.
-    end: Option<f64>,
-}
-
-/// Agents on a real etcd whose "Puppet" logs its runs to one shared file.
-struct Fleet {
-    hosts: Vec<Host>,
-    daemons: Vec<Child>,
-    work: tempfile::TempDir,
-}
-
-impl Fleet {
-    /// `names` converged to v1, with runs that take `seconds`.
-    async fn start(url: &str, names: &[&str], seconds: f64) -> Fleet {
-        let s = open(url).await;
-        s.put(&Schema::default().current_version(), "v1", None)
-            .await
-            .unwrap();
-        let work = tempfile::tempdir().unwrap();
-        let script = work.path().join("puppet.sh");
-        std::fs::write(
-            &script,
-            "#!/bin/sh\n\
-             # The configuration step: logs its own start and end, then exits like\n\
-             # `puppet apply --detailed-exitcodes` with changes (2), or 4 when the\n\
-             # host's fail file exists.\n\
-             dir=$(dirname \"$0\")\n\
-             echo \"start $JIO_HOST $JIO_VERSION $(date +%s.%N)\" >> \"$dir/runs.log\"\n\
-             sleep \"$(cat \"$dir/seconds\")\"\n\
-             echo \"end $JIO_HOST $JIO_VERSION $(date +%s.%N)\" >> \"$dir/runs.log\"\n\
-             [ -e \"$dir/fail-$JIO_HOST\" ] && exit 4\n\
-             exit 2\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        std::fs::write(work.path().join("seconds"), "0.1").unwrap();
-        let mut f = Fleet {
-            hosts: Vec::new(),
-            daemons: Vec::new(),
-            work,
-        };
-        for name in names {
-            let host = Host::new(
-                name,
-                url,
-                &[script.display().to_string()],
-                "retry_interval = \"1h\"\nhealth_interval = \"0\"",
-            );
-            let child = Command::from(host.agent(&agent_bin(), &["run"]))
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(
-                    std::fs::File::create(f.work.path().join(format!("{name}.log"))).unwrap(),
-                ))
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap();
-            f.hosts.push(host);
-            f.daemons.push(child);
-        }
-        let hosts = &f.hosts;
-        wait_for("the fleet to converge to v1", Duration::from_secs(60), || async {
-            hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
-        })
-        .await;
-        f.set_seconds(seconds);
-        f
-    }
-
-    fn set_seconds(&self, s: f64) {
-        std::fs::write(self.work.path().join("seconds"), s.to_string()).unwrap();
-    }
-
-    fn fail(&self, host: &str, fail: bool) {
-        let p = self.work.path().join(format!("fail-{host}"));
-        if fail {
-            std::fs::write(p, "").unwrap();
-        } else {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-
-    /// Every run in the shared log, in start order.
-    fn runs(&self) -> Vec<Run> {
-        let text = std::fs::read_to_string(self.work.path().join("runs.log")).unwrap_or_default();
-        let mut runs: Vec<Run> = Vec::new();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let [kind, host, version, at] = f[..] else {
-                continue;
-            };
-            let at: f64 = at.parse().unwrap();
-            match kind {
-                "start" => runs.push(Run {
-                    host: host.into(),
-                    version: version.into(),
-                    start: at,
-                    end: None,
-                }),
-                _ => {
-                    if let Some(r) = runs.iter_mut().rev().find(|r| r.host == host && r.end.is_none()) {
-                        r.end = Some(at);
-                    }
-                }
-            }
-        }
-        runs
-    }
-
-    /// Runs of `version` started so far.
-    fn started(&self, version: &str) -> usize {
-        self.runs().iter().filter(|r| r.version == version).count()
-    }
-
-    fn all_at(&self, v: &str) -> bool {
-        self.hosts.iter().all(|h| h.local_version().as_deref() == Some(v))
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for d in &mut self.daemons {
-            let _ = d.start_kill();
-        }
-    }
-}
-
-/// The most runs that overlapped at one instant (runs starting after `from` and
-/// the ones still running then), from the log alone.
-fn max_overlap(runs: &[Run], from: f64) -> (usize, Vec<String>) {
-    let mut best = (0, Vec::new());
-    for r in runs.iter().filter(|r| r.start >= from) {
-        let t = r.start;
-        let at: Vec<String> = runs
-            .iter()
-            .filter(|o| o.start <= t && o.end.is_none_or(|e| e > t))
-            .map(|o| format!("{}@{}", o.host, o.version))
-            .collect();
-        if at.len() > best.0 {
-            best = (at.len(), at);
-        }
-    }
-    best
-}
+use common::fleet::{Fleet, Run, finish, keys_under, max_overlap, now, signal, spawn};
+use common::run;
 
 const SIX: [&str; 6] = [
     "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
 ];
-
-async fn keys_under(s: &DynStore, prefix: &str) -> BTreeMap<String, String> {
-    s.list(&jio_common::keys::Key::new(prefix).unwrap())
-        .await
-        .unwrap()
-        .kvs
-        .into_iter()
-        .map(|kv| (kv.key.to_string(), kv.value))
-        .collect()
-}
 
 const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
 
@@ -325,10 +133,12 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
         if held.is_some_and(|kv| kv.value.contains(&format!("\"pid\":{}", b.id().unwrap()))) {
             break;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(40),
-            "the second driver never took the lock"
-        );
+        if start.elapsed() > Duration::from_secs(40) {
+            signal(&a, nix::sys::signal::Signal::SIGKILL);
+            signal(&b, nix::sys::signal::Signal::SIGTERM);
+            let out = finish(b, Duration::from_secs(10)).await;
+            panic!("the second driver never took the lock:\n{}", text(&out));
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     signal(&a, nix::sys::signal::Signal::SIGCONT);
@@ -676,5 +486,4 @@ fn the_overlap_check_can_fail() {
     let runs = [r("a", 0.0, Some(2.0)), r("b", 1.0, Some(3.0)), r("c", 2.5, None)];
     assert_eq!(max_overlap(&runs, 0.0).0, 2);
     assert_eq!(max_overlap(&runs, 2.1).0, 2);
-    let _ = Path::new("");
 }

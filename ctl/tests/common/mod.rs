@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod fleet;
+
 use std::path::PathBuf;
 use std::process::Output;
 

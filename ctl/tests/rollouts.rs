@@ -1,0 +1,364 @@
+//! Rollouts recorded in the store (issue 13), each against a real etcd with real
+//! `jio-agent` daemons and real `jioctl` processes: a standby driver service taking
+//! over from a killed one, pause and resume, abort, undo and history, a detached
+//! rollout finished by the service, and a stuck rollout.
+//!
+//! Every test runs the independent invariant recorder (raw keys, not the project's
+//! classification) and checks the configuration step's own log: the stand-in Puppet
+//! appends a start and an end line per run to one shared file.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::disallowed_methods)] // they time real processes on the wall clock
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use jio_common::keys::{Key, Schema};
+use jio_common::rules::Rules;
+use jio_common::store::DynStore;
+use jio_tests::inspect::{open, text, wait_for};
+use jio_tests::{Etcd, Recorder};
+
+use common::fleet::{Fleet, finish, keys_under, max_overlap, now, signal, spawn};
+use common::run;
+
+const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+const COMPUTE_1: &str = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
+const SIX: [&str; 6] = [
+    "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
+];
+
+async fn recorder(s: &DynStore, rules: &str) -> Recorder {
+    Recorder::start(s.clone(), Schema::default(), Rules::parse(rules).unwrap()).await
+}
+
+/// The rollout lock's holder pid, if held.
+async fn lock_pid(s: &DynStore) -> Option<u32> {
+    let kv = s.get(&Schema::default().lock("rollout")).await.unwrap()?;
+    let v: serde_json::Value = serde_json::from_str(&kv.value).ok()?;
+    v["pid"].as_u64().map(|p| p as u32)
+}
+
+/// Waits until no rollout is current (the last one ended).
+async fn until_no_rollout(s: &DynStore, within: Duration) {
+    wait_for("the rollout to end", within, || async {
+        s.get(&Schema::default().current_rollout())
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+}
+
+/// Every recorded rollout, newest first (`jioctl rollout history --json`).
+async fn history(url: &str) -> Vec<serde_json::Value> {
+    let out = run(url, &["--json", "rollout", "history"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap()
+}
+
+/// No violation, and the limit was reached (so the check could have failed).
+async fn checked(rec: Recorder, f: &Fleet, from: f64, limit: usize) {
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, from);
+    assert!(
+        most <= limit,
+        "{most} computes ran at once against a limit of {limit}: {at:?}\n{runs:#?}"
+    );
+    assert_eq!(record.max_in_flight.get("compute"), Some(&limit), "{record:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_driver_takes_over_within_the_lease_and_the_rollout_completes() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &SIX, 2.0).await;
+    let rec = recorder(&s, COMPUTE_2).await;
+    let t0 = now();
+    let lease = Duration::from_secs(4);
+    let mut a = spawn(&url, &["drive", "--lease", "4s"]);
+    let mut b = spawn(&url, &["drive", "--lease", "4s"]);
+    wait_for(
+        "both driver services to register",
+        Duration::from_secs(20),
+        || async { keys_under(&s, "/drivers/").await.len() == 2 },
+    )
+    .await;
+    let out = run(&url, &["upgrade", "v2", "--instructions", COMPUTE_2, "--detach"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("detached"), "{}", text(&out));
+    wait_for("the first wave to run", Duration::from_secs(30), || async {
+        f.started("v2") >= 2
+    })
+    .await;
+    let holder = lock_pid(&s).await.expect("a service holds the lock");
+    let (active, standby) = if holder == a.id().unwrap() {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    let standby_pid = standby.id().unwrap();
+    signal(active, nix::sys::signal::Signal::SIGKILL);
+    let killed = Instant::now();
+    loop {
+        if lock_pid(&s).await == Some(standby_pid) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < lease + Duration::from_secs(1),
+            "the standby did not take over within the lease plus 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = killed.elapsed();
+    until_no_rollout(&s, Duration::from_secs(120)).await;
+    assert!(f.all_at("v2"), "{:#?}", f.runs());
+    checked(rec, &f, t0, 2).await;
+    let h = history(&url).await;
+    assert_eq!(h[0]["state"], "done", "{h:#?}");
+    assert!(
+        standby.try_wait().unwrap().is_none(),
+        "the service stays up after the rollout (took over in {took:?})"
+    );
+    signal(standby, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(b, Duration::from_secs(10)).await;
+    let _ = a.kill().await;
+    let _ = out;
+    assert!(
+        s.get(&Schema::default().lock("rollout")).await.unwrap().is_none(),
+        "no driver holds the lock once no rollout is active"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_admits_no_host_until_resumed() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &SIX, 3.0).await;
+    let rec = recorder(&s, COMPUTE_2).await;
+    let t0 = now();
+    let follower = spawn(&url, &["upgrade", "v2", "--instructions", COMPUTE_2]);
+    wait_for("the first wave to run", Duration::from_secs(30), || async {
+        f.started("v2") >= 2
+    })
+    .await;
+    let out = run(&url, &["rollout", "pause", "--reason", "night shift"]).await;
+    let paused_at = now();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("paused by") && text(&out).contains("night shift"),
+        "{}",
+        text(&out)
+    );
+    // The hosts in flight finish; nothing new starts while paused.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let late: Vec<_> = f
+        .runs()
+        .into_iter()
+        .filter(|r| r.start > paused_at + 0.5)
+        .collect();
+    assert!(late.is_empty(), "runs started while paused: {late:#?}");
+    let in_flight_done = f.runs().iter().all(|r| r.end.is_some());
+    assert!(in_flight_done, "the hosts in flight finished: {:#?}", f.runs());
+    let st = text(&run(&url, &["rollout", "status"]).await);
+    assert!(st.contains("paused") && st.contains("night shift"), "{st}");
+    let out = run(&url, &["rollout", "pause"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("cannot be paused"), "{}", text(&out));
+    let out = run(&url, &["rollout", "resume"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("resumed"), "{}", text(&out));
+    let out = finish(follower, Duration::from_secs(120)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("is paused by"),
+        "the follower said so: {}",
+        text(&out)
+    );
+    assert!(f.all_at("v2"));
+    checked(rec, &f, t0, 2).await;
+    let h = history(&url).await;
+    let states: Vec<&str> = h[0]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["running", "paused", "running", "done"], "{h:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_then_undo_and_history() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let names = ["compute1", "compute2", "compute3", "compute4"];
+    let f = Fleet::start(&url, &names, 1.5).await;
+    let rec = recorder(&s, COMPUTE_1).await;
+    let t0 = now();
+    let follower = spawn(&url, &["upgrade", "v2", "--instructions", COMPUTE_1]);
+    wait_for("two computes to start v2", Duration::from_secs(30), || async {
+        f.started("v2") >= 2
+    })
+    .await;
+    let out = run(&url, &["rollout", "abort", "--reason", "bad build"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("aborted") && text(&out).contains("goes back to v1"),
+        "{}",
+        text(&out)
+    );
+    let out = finish(follower, Duration::from_secs(20)).await;
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    assert!(text(&out).contains("was aborted by"), "{}", text(&out));
+    // Mixed and safe: nothing is armed, nothing more starts.
+    assert_eq!(
+        keys_under(&s, "/config_state/enable_puppet/").await,
+        [(
+            "/config_state/enable_puppet/global".to_string(),
+            "false".to_string()
+        )]
+        .into()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let at_v2 = f
+        .hosts
+        .iter()
+        .filter(|h| h.local_version().as_deref() == Some("v2"))
+        .count();
+    assert!(
+        (1..4).contains(&at_v2),
+        "the fleet is left mixed: {at_v2} of 4 at v2"
+    );
+    assert_eq!(f.started("v2"), at_v2, "nothing started after the abort");
+    let out = run(&url, &["rollout", "resume"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("no rollout is active"), "{}", text(&out));
+    // Undo: back to v1 with the same rules, followed to the end.
+    let out = run(&url, &["rollout", "undo"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("back to v1"), "{}", text(&out));
+    assert!(f.all_at("v1"), "{:#?}", f.runs());
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+    let (most, at) = max_overlap(&f.runs(), t0);
+    assert!(most <= 1, "{most} ran at once: {at:?}");
+    let h = history(&url).await;
+    assert_eq!(h.len(), 2, "{h:#?}");
+    assert_eq!(
+        (&h[0]["version"], &h[0]["previous"], &h[0]["state"]),
+        (&"v1".into(), &"v2".into(), &"done".into()),
+        "{h:#?}"
+    );
+    assert_eq!(
+        (&h[1]["version"], &h[1]["state"]),
+        (&"v2".into(), &"aborted".into())
+    );
+    assert_eq!(h[0]["rules_digest"], h[1]["rules_digest"], "the same rules");
+    let table = text(&run(&url, &["rollout", "history"]).await);
+    assert!(
+        table.contains("aborted") && table.contains("done") && table.contains("keeps the last 100"),
+        "{table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_rollout_is_finished_by_the_driver_service() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &SIX, 1.0).await;
+    let rec = recorder(&s, COMPUTE_2).await;
+    let t0 = now();
+    let service = spawn(&url, &["drive"]);
+    wait_for(
+        "the driver service to register",
+        Duration::from_secs(20),
+        || async { !keys_under(&s, "/drivers/").await.is_empty() },
+    )
+    .await;
+    let started = Instant::now();
+    let out = run(&url, &["upgrade", "v2", "--instructions", COMPUTE_2, "--detach"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "--detach returns at once"
+    );
+    assert!(text(&out).contains("detached"), "{}", text(&out));
+    // A laptop following the service's rollout: Ctrl-C stops following only.
+    wait_for("the service to drive", Duration::from_secs(20), || async {
+        lock_pid(&s).await == service.id()
+    })
+    .await;
+    let laptop = spawn(&url, &["upgrade", "v2", "--instructions", COMPUTE_2]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    signal(&laptop, nix::sys::signal::Signal::SIGINT);
+    let out = finish(laptop, Duration::from_secs(10)).await;
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(
+        text(&out).contains("following rollout") && text(&out).contains("it goes on, driven by its driver"),
+        "{}",
+        text(&out)
+    );
+    until_no_rollout(&s, Duration::from_secs(120)).await;
+    assert!(f.all_at("v2"), "{:#?}", f.runs());
+    checked(rec, &f, t0, 2).await;
+    assert_eq!(history(&url).await[0]["state"], "done");
+    signal(&service, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(service, Duration::from_secs(10)).await;
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out));
+    assert!(text(&out).contains("stopped"), "{}", text(&out));
+    assert!(keys_under(&s, "/drivers/").await.is_empty(), "it unregistered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_without_progress_becomes_stuck_and_names_its_hosts() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &["compute1", "compute2"], 0.3).await;
+    // A host registered whose agent never runs: it will be lost once enabled.
+    s.put(
+        &Key::new("/hosts/compute7").unwrap(),
+        r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    let rules = r#"{"rolling_rules":{"global":1},"progress_deadline":"3s"}"#;
+    let rec = recorder(&s, rules).await;
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("is stuck") && t.contains("compute7: lost"),
+        "the stuck rollout names its host: {t}"
+    );
+    assert!(
+        t.contains("it waits until someone acts"),
+        "waiting forever is said: {t}"
+    );
+    assert!(f.all_at("v2"));
+    let st = text(&run(&url, &["status"]).await);
+    assert!(st.contains("stuck") && st.contains("compute7"), "{st}");
+    assert!(st.contains("waiting forever"), "{st}");
+    // The record says so too, with the host and why.
+    let j = run(&url, &["--json", "rollout", "status"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert_eq!(v["rollout"]["state"], "stuck", "{v:#}");
+    assert!(
+        v["rollout"]["holding"]["compute7"]
+            .as_str()
+            .unwrap()
+            .contains("lost")
+    );
+    let out = run(&url, &["rollout", "abort"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+}
