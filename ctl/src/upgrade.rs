@@ -677,11 +677,19 @@ impl Driver<'_> {
             Step::Watch(rec) => {
                 self.progress.update(&hosts);
                 let plan = self.plan_of(&snap, &hosts, &rec).ok();
+                let driver = match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
+                    (None, services) if !services.is_empty() => {
+                        format!(
+                            "waits for the driver service(s) {} to take it",
+                            services.join(", ")
+                        )
+                    }
+                    _ => format!("is driven by {}", writes::describe(&snap.lock)),
+                };
                 Ok(PassOutcome::Continue {
                     waiting: Some(format!(
-                        "rollout {} is driven by {}: {}",
+                        "rollout {} {driver}: {}",
                         rec.id,
-                        writes::describe(&snap.lock),
                         plan.map(|(p, ..)| waiting_line(&hosts, &p))
                             .unwrap_or_else(|| "its rules do not fit the fleet".into())
                     )),
