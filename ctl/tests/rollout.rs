@@ -409,6 +409,12 @@ async fn bad_input_is_refused_and_writes_nothing() {
         (vec!["verify-hosts", "v1", "../etc"], 64, "invalid host name"),
         (vec!["status", "--role", ".."], 64, "must not be '.' or '..'"),
         (vec!["upgrade", "v3", "--noop"], 0, "plan for v3"),
+        // The whole planned sequence, not only the first pass.
+        (
+            vec!["upgrade", "v3", "--noop"],
+            0,
+            "wave(s), if every host admitted finishes and none fails:\n  wave 1:",
+        ),
     ];
     for (args, code, needle) in cases {
         let out = run(&url, &args).await;
@@ -448,6 +454,11 @@ async fn a_held_lock_is_named_and_once_writes_nothing_more() {
     )
     .await
     .unwrap();
+    let enable = jio_common::keys::Key::new("/config_state/enable_puppet/").unwrap();
+    let keys = |kvs: Vec<jio_common::store::KeyValue>| -> Vec<(String, String)> {
+        kvs.into_iter().map(|kv| (kv.key.to_string(), kv.value)).collect()
+    };
+    let before = keys(s.list(&enable).await.unwrap().kvs);
     // One pass: the rollout is recorded, and left to the driver that holds the lock.
     let out = run(&url, &["upgrade", "v2", "--once"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -457,14 +468,17 @@ async fn a_held_lock_is_named_and_once_writes_nothing_more() {
         "{}",
         text(&out)
     );
-    let enabled = s
-        .list(&jio_common::keys::Key::new("/config_state/enable_puppet/").unwrap())
-        .await
-        .unwrap()
-        .kvs;
+    assert_eq!(
+        keys(s.list(&enable).await.unwrap().kvs),
+        before,
+        "no enable key was written"
+    );
     assert!(
-        enabled.iter().all(|kv| kv.value == "false"),
-        "nothing was enabled: {enabled:?}"
+        s.get(&Schema::default().current_rollout())
+            .await
+            .unwrap()
+            .is_some(),
+        "the rollout is recorded"
     );
     let st = run(&url, &["status"]).await;
     assert!(
