@@ -76,6 +76,8 @@ pub struct Snapshot {
     pub halt: Option<(LockRecord, Revision)>,
     /// The active rollout (`/rollouts/current` and the record it names).
     pub rollout: Option<CurrentRollout>,
+    /// `/current_version` is set but cannot be read: why (then `current` is `None`).
+    pub current_invalid: Option<String>,
     /// Driver services (`jioctl drive`) alive, by name.
     pub drivers: BTreeMap<String, LockRecord>,
     /// Mod revision of the plan epoch key (0 when absent): every `jioctl` write of
@@ -116,7 +118,10 @@ impl Snapshot {
             match schema.parse(&kv.key) {
                 Some(Parsed::CurrentVersion) => match parse_version(kv) {
                     Ok(v) => s.current = v,
-                    Err(e) => s.problems.push(e.to_string()),
+                    Err(e) => {
+                        s.current_invalid = Some(e.to_string());
+                        s.problems.push(e.to_string());
+                    }
                 },
                 Some(Parsed::Host(h)) => match parse_json::<HostRecord>(kv) {
                     Ok(r) => {
@@ -154,7 +159,13 @@ impl Snapshot {
                     s.runs.insert(h, rec);
                 }
                 Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
-                    s.lock = parse_json(kv).ok();
+                    s.lock = parse_json(kv)
+                        .map_err(|e| {
+                            s.problems.push(format!(
+                                "{e} (no driver writes such a lock: the next driver takes it over)"
+                            ))
+                        })
+                        .ok();
                     s.lock_key = Some((kv.mod_revision, kv.lease.clone()));
                 }
                 Some(Parsed::Lock(name)) if name == HALT => {

@@ -243,7 +243,8 @@ impl Rules {
             [] => Ok(role.to_string()),
             [one] => Ok(one.to_string()),
             many => Err(format!(
-                "group_mappings: role {role:?} matches more than one group ({}); a role belongs to one group",
+                "group_mappings: role {:?} matches more than one group ({}); a role belongs to one group",
+                role.as_str(),
                 many.join(", ")
             )),
         }

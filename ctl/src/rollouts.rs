@@ -161,8 +161,17 @@ where
             record.id = RolloutId::new(stamp, version);
         }
         let mut ops = Vec::new();
+        let replaces_active = replaces
+            .as_ref()
+            .and_then(CurrentRollout::ok)
+            .is_some_and(|r| r.state.active());
         if snap.current.as_ref() != Some(version) {
             ops.extend(writes::start_rollout_ops(schema, version));
+        } else if replaces_active {
+            // The keys the replaced rollout armed were admitted under its rules, not
+            // these: the new one starts from nothing armed (hosts in flight finish
+            // and keep their slots).
+            ops.extend(writes::global_disable_ops(schema));
         }
         if let Some(old) = replaces.as_ref().and_then(CurrentRollout::ok)
             && let Ok(ended) = old.supersede(&by, &record.id, t)
@@ -223,6 +232,9 @@ pub enum ChangeError {
     Transition(#[from] TransitionError),
     #[error("{0}")]
     Unusable(String),
+    /// Not an error: an unreadable current rollout was ended (abort).
+    #[error("{0}")]
+    EndedUnreadable(String),
     #[error("the rollout records kept changing under this change ({ATTEMPTS} attempts); nothing was written")]
     Moving,
     #[error(transparent)]
@@ -296,6 +308,10 @@ fn change_ops(
             } else {
                 ops.extend(writes::global_disable_ops(schema));
             }
+            if snap.halt.is_some() {
+                // Starting a rollout is the decision to go on after an emergency stop.
+                ops.push(Op::Delete(schema.lock(HALT)));
+            }
             ops.push(record_put(schema, &back));
             ops.push(Op::put(schema.current_rollout(), back.id.to_string()));
             Changed {
@@ -333,7 +349,7 @@ where
                     let mut ops = vec![Op::Delete(schema.current_rollout())];
                     ops.extend(writes::global_disable_ops(schema));
                     if apply(store, schema, compares_on(schema, Some(cur)), ops).await? {
-                        return Err(ChangeError::Unusable(format!(
+                        return Err(ChangeError::EndedUnreadable(format!(
                             "{e}; /rollouts/current no longer names it and every enable key was reset (the record is left as it is)"
                         )));
                     }
@@ -482,6 +498,7 @@ pub fn failed_hosts(snap: &Snapshot) -> BTreeMap<String, String> {
 mod tests {
     use super::*;
     use jio_common::rollout::RolloutState;
+    use jio_common::store::DynStore;
 
     fn v(s: &str) -> Version {
         Version::new(s).unwrap()
@@ -566,5 +583,91 @@ mod tests {
             "{ops:?}"
         );
         assert!(change_ops(&schema, &snap, &rec, &Change::Resume, "bob", 40).is_err());
+    }
+
+    fn memory() -> DynStore {
+        std::sync::Arc::new(jio_common::store::MemoryStore::new())
+    }
+
+    async fn started(store: &DynStore, rules: serde_json::Value, now: u64) -> Started {
+        let schema = Schema::default();
+        start(
+            store,
+            &schema,
+            &v("v2"),
+            &rules,
+            || now,
+            || Snapshot::read(store, &schema),
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn replacing_an_active_rollout_of_the_same_version_disarms_its_keys() {
+        let store = memory();
+        let schema = Schema::default();
+        let host = schema.enable(&jio_common::keys::EnableLevel::Host(
+            jio_common::names::HostName::new("compute1").unwrap(),
+        ));
+        let Started::Created(a) =
+            started(&store, serde_json::json!({"rolling_rules": {"global": 4}}), 10).await
+        else {
+            panic!("a new rollout");
+        };
+        // Its driver admitted a host under its rules.
+        store.put(&host, "true", None).await.unwrap();
+        let same = started(&store, serde_json::json!({"rolling_rules": {"global": 4}}), 11).await;
+        assert!(
+            matches!(same, Started::Follow(_)),
+            "same version, same rules: followed"
+        );
+        assert!(
+            store.get(&host).await.unwrap().is_some(),
+            "following writes nothing"
+        );
+        let Started::Created(b) =
+            started(&store, serde_json::json!({"rolling_rules": {"global": 1}}), 12).await
+        else {
+            panic!("other rules: a new rollout");
+        };
+        assert_eq!(
+            b.replaced.as_ref().map(|c| c.id.clone()),
+            Some(a.record.id.to_string())
+        );
+        assert!(
+            store.get(&host).await.unwrap().is_none(),
+            "the keys armed under the replaced rules are reset"
+        );
+        let old = read_record(&store, &schema, &a.record.id).await.unwrap().unwrap();
+        assert!(
+            matches!(old.state, RolloutState::Aborted { superseded_by: Some(ref n), .. } if *n == b.record.id)
+        );
+        // Same version and second again: the next free second.
+        let Started::Created(c) = started(&store, serde_json::json!({}), 12).await else {
+            panic!("a new rollout");
+        };
+        assert_ne!(c.record.id, b.record.id);
+        assert_eq!(c.record.started_at(), 12, "the start is the real time");
+    }
+
+    #[test]
+    fn undo_clears_an_emergency_stop() {
+        let schema = Schema::default();
+        let rec = RolloutRecord::start(v("v2"), Some(v("v1")), serde_json::json!({}), "a", 10)
+            .emergency_stop("bob", 20)
+            .unwrap();
+        let mut snap = with(None, Some("v2"));
+        snap.halt = Some((
+            LockRecord {
+                holder: "bob".into(),
+                host: "ops".into(),
+                pid: 1,
+                since: 20,
+            },
+            7,
+        ));
+        let (ops, _) = change_ops(&schema, &snap, &rec, &Change::Undo, "bob", 30).unwrap();
+        assert!(ops.contains(&Op::Delete(schema.lock(HALT))), "{ops:?}");
     }
 }

@@ -454,7 +454,7 @@ impl<'a> Driver<'a> {
             schema,
             role_pattern,
             lock: None,
-            deadline: o.timeout.map(|t| Instant::now() + t),
+            deadline: o.timeout.and_then(|t| Instant::now().checked_add(t)),
             progress: if o.quiet {
                 Progress::silent()
             } else {
@@ -642,7 +642,12 @@ impl Driver<'_> {
         let now = self.o.clock.unix_now();
         // A lock left by a process of this host that no longer exists is taken over
         // at once (`try_take` checks it again), not after its lease.
-        let free = snap.lock_key.is_none() || snap.lock.as_ref().is_some_and(writes::holder_is_dead);
+        let free = match (&snap.lock_key, &snap.lock) {
+            (None, _) => true,
+            // Unreadable: no driver wrote it, it would never be released.
+            (Some(_), None) => true,
+            (Some(_), Some(holder)) => writes::holder_is_dead(holder),
+        };
         let who = Who {
             holding: self.lock.is_some(),
             may_take: free && (self.o.daemon || snap.drivers.is_empty()),
@@ -670,7 +675,7 @@ impl Driver<'_> {
             }
             Step::Unusable(problem) => Ok(PassOutcome::Continue {
                 waiting: Some(format!(
-                    "the current rollout cannot be used: {problem} (`jioctl rollout abort` ends it)"
+                    "{problem}: the rollout admits nothing until it is fixed (`jioctl rollout abort` ends it)"
                 )),
             }),
             Step::TakeLock => Ok(self.take().await?),
@@ -730,8 +735,9 @@ impl Driver<'_> {
                 let Ok(ended) = rec.abort("jioctl", Some(reason.clone()), now) else {
                     return Ok(PassOutcome::Replan);
                 };
+                // Its end resets the keys it armed (under its rules, for its version).
                 if let Some(end) = self
-                    .fenced(rollouts::end_ops(self.schema, &ended, false), &snap)
+                    .fenced(rollouts::end_ops(self.schema, &ended, true), &snap)
                     .await?
                 {
                     return Ok(end);
@@ -977,7 +983,7 @@ impl Driver<'_> {
         }
         if let Some(t) = self.wake_at {
             // A second past it, so that the pass sees it due.
-            let secs = t.saturating_sub(self.o.clock.unix_now()) + 1;
+            let secs = t.saturating_sub(self.o.clock.unix_now()).saturating_add(1);
             nap = nap.min(Duration::from_secs(secs));
         }
         let Some(w) = self.watch.as_mut() else {
@@ -1046,7 +1052,9 @@ impl Driver<'_> {
                 "lost the rollout lock (its lease ended while this process was paused or cut off from the store); it is now held by {}; this run stops without writing anything more (rollout {id} goes on under that driver)",
                 writes::describe(&holder)
             )),
-            Ending::InvalidRules(e) => Err(Failure::with(code, e.into())),
+            Ending::InvalidRules(e) => say(format!(
+                "rollout {id} to {v}: its rules no longer fit the fleet: {e}; it stays recorded but admits nothing (hosts in flight finish); `jioctl rollout abort` ends it and resets the enable keys"
+            )),
         }
     }
 

@@ -203,17 +203,22 @@ impl RolloutLock {
             return RolloutLock::try_once(store, &key, ttl).await;
         };
         let record: Option<LockRecord> = jio_common::values::parse_json(&current).ok();
-        if let Some(r) = &record
-            && holder_is_dead(r)
-        {
+        // A holder of this host whose process is gone, or a value no driver writes
+        // (it would never be released).
+        if record.as_ref().is_none_or(holder_is_dead) {
             let txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), current.mod_revision))
                 .then(Op::Delete(key.clone()));
             if store.txn(txn).await?.committed() {
-                eprintln!(
-                    "jioctl: took over the rollout lock from {}: that process no longer exists",
-                    describe(&record)
-                );
+                match &record {
+                    Some(_) => eprintln!(
+                        "jioctl: took over the rollout lock from {}: that process no longer exists",
+                        describe(&record)
+                    ),
+                    None => eprintln!(
+                        "jioctl: took over the rollout lock: its value could not be read (no driver writes such a lock)"
+                    ),
+                }
                 if let Some(lease) = &current.lease {
                     let _ = store.revoke_lease(lease).await;
                 }
@@ -340,5 +345,26 @@ pub fn describe(r: &Option<LockRecord>) -> String {
             jio_common::time::utc_stamp(r.since)
         ),
         None => "another jioctl".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lock_no_driver_wrote_is_taken_over() {
+        let store: DynStore = std::sync::Arc::new(jio_common::store::MemoryStore::new());
+        let schema = Schema::default();
+        let key = schema.lock(ROLLOUT_LOCK);
+        store.put(&key, "garbage", None).await.unwrap();
+        let LockOutcome::Taken(lock) = RolloutLock::try_take(&store, &schema, LOCK_TTL).await.unwrap() else {
+            panic!("an unreadable lock (no lease, no holder) would never be released");
+        };
+        assert!(lock.still_held().await.unwrap());
+        // A live holder (this very process, another lock) is not taken over.
+        let again = RolloutLock::try_take(&store, &schema, LOCK_TTL).await.unwrap();
+        assert!(matches!(again, LockOutcome::Held(Some(_))));
+        lock.release().await;
     }
 }

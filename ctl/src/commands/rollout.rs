@@ -63,7 +63,7 @@ impl Rollout {
             RolloutCommand::History { limit } => history(ctx, limit).await,
             RolloutCommand::Pause { reason, for_ } => {
                 let now = jio_common::time::unix_now();
-                let until = for_.map(|d| now + d.as_secs().max(1));
+                let until = for_.map(|d| now.saturating_add(d.as_secs().max(1)));
                 change(ctx, Change::Pause { reason, until }).await
             }
             RolloutCommand::Resume => change(ctx, Change::Resume).await,
@@ -76,7 +76,7 @@ impl Rollout {
 fn failure(e: ChangeError) -> Failure {
     match e {
         ChangeError::Store(e) => e.into(),
-        ChangeError::NoRollout { .. } | ChangeError::Transition(_) => {
+        ChangeError::NoRollout { .. } | ChangeError::Transition(_) | ChangeError::Unusable(_) => {
             Failure::new(exit::FAILED, e.to_string())
         }
         other => Failure::new(exit::SOFTWARE, other.to_string()),
@@ -85,11 +85,18 @@ fn failure(e: ChangeError) -> Failure {
 
 async fn change(ctx: &Context, c: Change) -> Outcome {
     let store = ctx.open(Access::Write).await?;
-    let changed = rollouts::change(&store, ctx.schema(), &c, jio_common::time::unix_now, || {
+    let changed = match rollouts::change(&store, ctx.schema(), &c, jio_common::time::unix_now, || {
         ctx.snapshot(&store)
     })
     .await
-    .map_err(failure)?;
+    {
+        Ok(c) => c,
+        Err(ChangeError::EndedUnreadable(what)) => {
+            println!("the current rollout was aborted: {what}");
+            return Ok(());
+        }
+        Err(e) => return Err(failure(e)),
+    };
     let r = &changed.record;
     let snap = ctx.snapshot(&store).await?;
     let in_flight = fleet::classify(&snap)

@@ -97,6 +97,10 @@ pub fn step(snap: &Snapshot, target: Option<&RolloutId>, who: Who, now: u64) -> 
             Step::Watch(rec)
         };
     }
+    if let Some(problem) = &snap.current_invalid {
+        // Not a change of version: a value to fix. Nothing is admitted meanwhile.
+        return Step::Unusable(problem.clone());
+    }
     if snap.current.as_ref() != Some(&rec.version) {
         return Step::VersionMoved(rec);
     }
@@ -156,7 +160,8 @@ pub fn deadline(
     match rec.state {
         RolloutState::Stuck { .. } if progressed => Deadline::Unstuck,
         RolloutState::Running => {
-            let due = clock.since.max(rec.changed_at()) + limit.as_secs();
+            // Times come from the store: never overflow on them.
+            let due = clock.since.max(rec.changed_at()).saturating_add(limit.as_secs());
             if now >= due {
                 Deadline::Stuck
             } else {
@@ -599,6 +604,18 @@ mod tests {
         );
         let paused = r.pause("bob", None, None, 1_100).unwrap();
         assert_eq!(deadline(&paused, &clock, false, limit, 9_999), Deadline::None);
+        // Times from the store never overflow the arithmetic.
+        let mut late = r.clone();
+        late.changes.push(jio_common::rollout::Change {
+            state: "running".into(),
+            by: "x".into(),
+            at: u64::MAX,
+            reason: None,
+        });
+        assert_eq!(
+            deadline(&late, &clock, false, limit, 5_000),
+            Deadline::Due(u64::MAX)
+        );
     }
 
     #[test]
