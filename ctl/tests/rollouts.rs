@@ -362,3 +362,60 @@ async fn a_rollout_without_progress_becomes_stuck_and_names_its_hosts() {
     let record = rec.stop().await;
     assert!(record.violations.is_empty(), "{:#?}", record.violations);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_values_never_end_the_driver_service_nor_blind_status() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &["compute1", "compute2"], 0.3).await;
+    let mut service = spawn(&url, &["drive", "--lease", "3s"]);
+    wait_for(
+        "the driver service to register",
+        Duration::from_secs(20),
+        || async { !keys_under(&s, "/drivers/").await.is_empty() },
+    )
+    .await;
+    let schema = Schema::default();
+    // A current id that is no id; then a record whose change time overflows any sum;
+    // then a lock value no driver writes (without a lease: it would never go).
+    s.put(&schema.current_rollout(), "garbage\u{1}", None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let st = run(&url, &["status"]).await;
+    assert_eq!(st.status.code(), Some(0), "{}", text(&st));
+    assert!(
+        text(&st).contains("/rollouts/current"),
+        "the key is named: {}",
+        text(&st)
+    );
+    let id = "20261123T020000Z-v2";
+    let record = serde_json::json!({
+        "id": id, "version": "v2", "previous": "v1", "rules": {"progress_deadline": "1h"},
+        "state": "running",
+        "changes": [{"state": "running", "by": "x", "at": u64::MAX}],
+    });
+    s.put(
+        &Key::new(format!("/rollouts/{id}")).unwrap(),
+        &record.to_string(),
+        None,
+    )
+    .await
+    .unwrap();
+    s.put(&schema.current_version(), "v2", None).await.unwrap();
+    s.put(&schema.current_rollout(), id, None).await.unwrap();
+    s.put(&schema.lock("rollout"), "not json", None).await.unwrap();
+    // The service reports the lock, takes it over and drives the rollout to its end.
+    until_no_rollout(&s, Duration::from_secs(60)).await;
+    assert!(f.all_at("v2"), "{:#?}", f.runs());
+    assert!(service.try_wait().unwrap().is_none(), "the service is still up");
+    signal(&service, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(service, Duration::from_secs(10)).await;
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out));
+    assert!(
+        text(&out).contains("/rollouts/current") && text(&out).contains("took over the rollout lock"),
+        "{}",
+        text(&out)
+    );
+}
