@@ -61,7 +61,12 @@ async fn history(url: &str) -> Vec<serde_json::Value> {
 /// No violation, and the limit was reached (so the check could have failed).
 async fn checked(rec: Recorder, f: &Fleet, from: f64, limit: usize) {
     let record = rec.stop().await;
-    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+    assert!(
+        record.violations.is_empty(),
+        "{:#?}\n{:#?}",
+        record.violations,
+        f.runs()
+    );
     let runs = f.runs();
     let (most, at) = max_overlap(&runs, from);
     assert!(

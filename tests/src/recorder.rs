@@ -163,11 +163,13 @@ fn check(
             .unwrap_or_else(|| r.to_string())
     };
     let mut in_flight: BTreeMap<String, usize> = BTreeMap::new();
+    let mut who: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut not_done: BTreeSet<String> = BTreeSet::new();
     for (host, (role, running, done)) in &fleet.hosts {
         let g = group(role);
         if *running {
             *in_flight.entry(g.clone()).or_default() += 1;
+            who.entry(g.clone()).or_default().push(host.clone());
             if seen.insert(host.clone()) {
                 rec.started.push(host.clone());
             }
@@ -182,8 +184,28 @@ fn check(
         if let Some(Some(limit)) = resolved.limits.get(g)
             && *n as u64 > *limit
         {
+            let p = schema.prefix();
+            let raw = |k: String| {
+                Key::new(format!("{p}{k}"))
+                    .ok()
+                    .and_then(|k| state.get(&k))
+                    .map(|kv| format!("{}@{}", kv.value, kv.mod_revision))
+            };
+            let hosts: Vec<String> = who
+                .get(g)
+                .into_iter()
+                .flatten()
+                .map(|h| {
+                    format!(
+                        "{h} (run marker {:?}, agent {:?})",
+                        raw(format!("/runs/{h}")),
+                        raw(format!("/agents/{h}"))
+                    )
+                })
+                .collect();
             rec.violations.push(format!(
-                "rev {rev}: group {g} has {n} hosts in flight, limit {limit}"
+                "rev {rev}: group {g} has {n} hosts in flight, limit {limit}: {}",
+                hosts.join("; ")
             ));
         }
         for dep in resolved.deps.get(g).into_iter().flatten() {

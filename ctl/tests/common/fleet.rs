@@ -115,6 +115,17 @@ impl Fleet {
             hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
         })
         .await;
+        // The local version is written before the run is reported: wait until every
+        // run has ended in the store too (no run marker, every agent idle), so that a
+        // recorder started next does not count the convergence against a limit.
+        let s = open(url).await;
+        wait_for("every v1 run to be reported", Duration::from_secs(60), || async {
+            let agents = keys_under(&s, "/agents/").await;
+            keys_under(&s, "/runs/").await.is_empty()
+                && agents.len() == names.len()
+                && agents.values().all(|v| v.contains("\"state\":\"idle\""))
+        })
+        .await;
         f.set_seconds(seconds);
         f
     }
