@@ -423,7 +423,11 @@ async fn daemon_reacts_to_watches_and_refuses_a_second_instance() {
             "/running/versions/v2/ctrl1"
         ])
     );
-    assert_eq!(agent_state(&s, "ctrl1").await.as_deref(), Some("idle"));
+    // The running entry is written before the record goes back to idle.
+    wait_for("the agent to be idle again", Duration::from_secs(10), || async {
+        agent_state(&s, "ctrl1").await.as_deref() == Some("idle")
+    })
+    .await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id().unwrap() as i32),
         nix::sys::signal::Signal::SIGTERM,
