@@ -1120,8 +1120,14 @@ async fn health_checks_and_repairs_wait_for_the_rollout_driver() {
 
     // A driver holds the rollout lock: no health check and no repair starts.
     put(&s, schema.lock(jio_common::fleet::ROLLOUT_LOCK), r#"{"pid":1}"#).await;
-    host.set_validation(false);
     let skipped = "health check skipped: a jioctl upgrade driver holds the rollout lock";
+    // Once one check was held, none is in flight (a check that started before the
+    // lock would have finished first): only then does validation start failing.
+    wait_for("a skipped health check", Duration::from_secs(15), || async {
+        read(&log).matches(skipped).count() >= 1
+    })
+    .await;
+    host.set_validation(false);
     wait_for("two skipped health checks", Duration::from_secs(15), || async {
         read(&log).matches(skipped).count() >= 2
     })
