@@ -39,6 +39,24 @@ pub fn counts(hosts: &[HostStatus]) -> BTreeMap<String, Counts> {
     out
 }
 
+/// One role's counts as a plain line ("compute: 3/6 upgraded, 2 upgrading, ...").
+pub fn plain_line(role: &str, c: &Counts) -> String {
+    format!(
+        "{role}: {}/{} upgraded, {} upgrading, {} failed, {} pending, {} lost{}",
+        c.upgraded,
+        c.total(),
+        c.upgrading,
+        c.failed,
+        c.pending,
+        c.lost,
+        if c.blocked > 0 {
+            format!(", {} blocked", c.blocked)
+        } else {
+            String::new()
+        }
+    )
+}
+
 /// Renders progress to stdout.
 pub struct Progress {
     silent: bool,
@@ -119,21 +137,7 @@ impl Progress {
         } else {
             for (role, c) in &now {
                 if self.last.get(role) != Some(c) {
-                    let _ = writeln!(
-                        out,
-                        "{role}: {}/{} upgraded, {} upgrading, {} failed, {} pending, {} lost{}",
-                        c.upgraded,
-                        c.total(),
-                        c.upgrading,
-                        c.failed,
-                        c.pending,
-                        c.lost,
-                        if c.blocked > 0 {
-                            format!(", {} blocked", c.blocked)
-                        } else {
-                            String::new()
-                        }
-                    );
+                    let _ = writeln!(out, "{}", plain_line(role, c));
                 }
             }
         }

@@ -251,20 +251,7 @@ async fn status(ctx: &Context) -> Outcome {
         say_driver(&snap, r);
     }
     for (role, c) in crate::progress::counts(&hosts) {
-        println!(
-            "{role}: {}/{} upgraded, {} upgrading, {} failed, {} pending, {} lost{}",
-            c.upgraded,
-            c.upgraded + c.upgrading + c.failed + c.pending + c.lost + c.blocked,
-            c.upgrading,
-            c.failed,
-            c.pending,
-            c.lost,
-            if c.blocked > 0 {
-                format!(", {} blocked", c.blocked)
-            } else {
-                String::new()
-            }
-        );
+        println!("{}", crate::progress::plain_line(&role, &c));
     }
     Ok(())
 }
