@@ -143,8 +143,14 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
     }
     signal(&a, nix::sys::signal::Signal::SIGCONT);
     let a = finish(a, Duration::from_secs(30)).await;
-    assert_eq!(a.status.code(), Some(4), "{}", text(&a));
-    assert!(text(&a).contains("lost the rollout lock"), "{}", text(&a));
+    // The second operator both took the lock and replaced the rollout (other rules):
+    // the first learns one or the other first, and stops without writing.
+    let t = text(&a);
+    assert!(
+        (a.status.code() == Some(4) && t.contains("lost the rollout lock"))
+            || (a.status.code() == Some(6) && t.contains("was replaced by rollout")),
+        "{t}"
+    );
     let b = finish(b, Duration::from_secs(90)).await;
     assert_eq!(b.status.code(), Some(0), "{}", text(&b));
     // Runs that started once the first driver was frozen: one at a time.
