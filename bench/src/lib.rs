@@ -515,7 +515,7 @@ pub fn ideal_makespan(rules: &str, hosts_per_role: usize, step: Duration) -> Dur
             .map(|d| finish(d, resolved, per, step, memo))
             .max()
             .unwrap_or(Duration::ZERO);
-        let waves = match resolved.limits.get(g).copied().flatten() {
+        let waves = match resolved.limit_of(g, per) {
             Some(l) if l > 0 => per.div_ceil(l as usize),
             _ => 1,
         };

@@ -10,12 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::gate::{self, Gate, GateKeys, KeyState};
-use crate::keys::{EnableLevel, Key, Outcome, Parsed, Schema, Step};
+use crate::keys::{EnableLevel, HoldTarget, Key, Outcome, Parsed, Schema, Step};
 use crate::names::{HostName, Role, Version};
 use crate::roles::RolePattern;
 use crate::rollout::{RolloutId, RolloutRecord};
 use crate::store::{DynStore, KeyValue, LeaseId, Revision, StoreError};
-use crate::values::{AgentRecord, HostRecord, parse_json, parse_version};
+use crate::values::{AgentRecord, HoldRecord, HostRecord, HostResult, parse_json, parse_version};
 
 /// The rollout lock's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -80,6 +80,11 @@ pub struct Snapshot {
     pub current_invalid: Option<String>,
     /// Driver services (`jioctl drive`) alive, by name.
     pub drivers: BTreeMap<String, LockRecord>,
+    /// Holds: what is kept out of every rollout. A hold whose record cannot be read
+    /// still holds (the safe reading); why is in `problems`.
+    pub holds: BTreeMap<HoldTarget, Option<HoldRecord>>,
+    /// Each host's last-run result (`/results/<host>`), when readable.
+    pub results: BTreeMap<HostName, HostResult>,
     /// Mod revision of the plan epoch key (0 when absent): every `jioctl` write of
     /// enable keys or the desired version bumps it, and a plan is applied only if it
     /// has not moved since the plan was computed.
@@ -185,6 +190,18 @@ impl Snapshot {
                 Some(Parsed::Rollout(id)) => {
                     records.insert(id, kv);
                 }
+                Some(Parsed::Hold(t)) => {
+                    let rec = parse_json(kv)
+                        .map_err(|e| s.problems.push(format!("{e} (it still holds until released)")))
+                        .ok();
+                    s.holds.insert(t, rec);
+                }
+                Some(Parsed::Result(h)) => match parse_json(kv) {
+                    Ok(r) => {
+                        s.results.insert(h, r);
+                    }
+                    Err(e) => s.problems.push(e.to_string()),
+                },
                 Some(Parsed::Driver(name)) => match parse_json(kv) {
                     Ok(r) => {
                         s.drivers.insert(name, r);
@@ -286,6 +303,7 @@ impl Snapshot {
             schema.enable_root(),
             schema.current_rollout(),
             schema.drivers(),
+            schema.holds(),
         ];
         let mut early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
         let record = Snapshot::rollout_record_key(schema, &early[2].kvs);
@@ -302,6 +320,7 @@ impl Snapshot {
             schema.running_versions(),
             schema.agents(),
             schema.runs(),
+            schema.results(),
         ];
         if let Some(v) = &cur_version {
             for step in Step::ALL {
@@ -328,6 +347,13 @@ impl Snapshot {
             .cloned()
             .or_else(|| self.role_pattern.role_of(h))
             .unwrap_or_else(|| Role::new("unknown").unwrap_or_else(|_| unreachable!()))
+    }
+
+    /// The hold that keeps the host out (its own before its role's), if any.
+    pub fn hold_of(&self, h: &HostName, role: &Role) -> Option<(HoldTarget, Option<&HoldRecord>)> {
+        [HoldTarget::Host(h.clone()), HoldTarget::Role(role.clone())]
+            .into_iter()
+            .find_map(|t| self.holds.get(&t).map(|r| (t, r.as_ref())))
     }
 
     /// The host's gate (host → role → global).

@@ -130,6 +130,26 @@ pub enum Parsed {
     Rollout(String),
     /// `/drivers/<name>`: a driver service (`jioctl drive`) that is alive (leased).
     Driver(String),
+    /// `/holds/host/<host>` or `/holds/role/<role>`: kept out of every rollout.
+    Hold(HoldTarget),
+    /// `/results/<host>`: how the host's last run ended.
+    Result(HostName),
+}
+
+/// What a hold keeps out: one host, or every host of a role.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HoldTarget {
+    Host(HostName),
+    Role(Role),
+}
+
+impl fmt::Display for HoldTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HoldTarget::Host(h) => write!(f, "host {h}"),
+            HoldTarget::Role(r) => write!(f, "role {r}"),
+        }
+    }
 }
 
 const CURRENT_VERSION: &str = "/current_version";
@@ -143,6 +163,8 @@ const RUNS: &str = "/runs/";
 const LOCKS: &str = "/locks/";
 const ROLLOUTS: &str = "/rollouts/";
 const DRIVERS: &str = "/drivers/";
+const HOLDS: &str = "/holds/";
+const RESULTS: &str = "/results/";
 
 /// The key schema under one namespace prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -358,6 +380,29 @@ impl Schema {
         self.key(&[LOCKS, name])
     }
 
+    /// Prefix of every hold.
+    pub fn holds(&self) -> Key {
+        self.key(&[HOLDS])
+    }
+
+    /// A hold (`values::HoldRecord`, JSON).
+    pub fn hold(&self, t: &HoldTarget) -> Key {
+        match t {
+            HoldTarget::Host(h) => self.key(&[HOLDS, "host/", h.as_str()]),
+            HoldTarget::Role(r) => self.key(&[HOLDS, "role/", r.as_str()]),
+        }
+    }
+
+    /// Prefix of the hosts' last-run results.
+    pub fn results(&self) -> Key {
+        self.key(&[RESULTS])
+    }
+
+    /// The host's last-run result (`values::HostResult`, JSON).
+    pub fn result(&self, h: &HostName) -> Key {
+        self.key(&[RESULTS, h.as_str()])
+    }
+
     /// Parses a key of this schema back into its parts; `None` for keys outside the
     /// schema or with invalid names (another tool's keys are ignored, not errors).
     pub fn parse(&self, key: &Key) -> Option<Parsed> {
@@ -439,6 +484,17 @@ impl Schema {
         }
         if let Some(d) = rest.strip_prefix(DRIVERS) {
             return (!d.is_empty() && !d.contains('/')).then(|| Parsed::Driver(d.to_string()));
+        }
+        if let Some(r) = rest.strip_prefix(HOLDS) {
+            let [level, name] = split_n::<2>(r)?;
+            return match level {
+                "host" => Some(Parsed::Hold(HoldTarget::Host(HostName::new(name).ok()?))),
+                "role" => Some(Parsed::Hold(HoldTarget::Role(Role::new(name).ok()?))),
+                _ => None,
+            };
+        }
+        if let Some(h) = rest.strip_prefix(RESULTS) {
+            return Some(Parsed::Result(HostName::new(h).ok()?));
         }
         None
     }
@@ -538,6 +594,9 @@ mod tests {
             (s.host(&h("c1")), "/hosts/c1"),
             (s.agent(&h("c1")), "/agents/c1"),
             (s.lock("rollout"), "/locks/rollout"),
+            (s.hold(&HoldTarget::Host(h("c1"))), "/holds/host/c1"),
+            (s.hold(&HoldTarget::Role(r("compute"))), "/holds/role/compute"),
+            (s.result(&h("c1")), "/results/c1"),
         ];
         for (key, want) in &table {
             assert_eq!(key.as_str(), *want);
@@ -582,6 +641,15 @@ mod tests {
                     s.provisioned(Outcome::Failure, &h("c1")),
                     Parsed::Provisioned(Outcome::Failure, h("c1")),
                 ),
+                (
+                    s.hold(&HoldTarget::Host(h("c1"))),
+                    Parsed::Hold(HoldTarget::Host(h("c1"))),
+                ),
+                (
+                    s.hold(&HoldTarget::Role(r("db"))),
+                    Parsed::Hold(HoldTarget::Role(r("db"))),
+                ),
+                (s.result(&h("c1")), Parsed::Result(h("c1"))),
                 (
                     s.status(Step::Validated, Outcome::Failure, &v("v3"), &h("c1")),
                     Parsed::Status(Step::Validated, Outcome::Failure, v("v3"), h("c1")),

@@ -124,6 +124,10 @@ pub struct RolloutRecord {
     #[serde(flatten)]
     pub state: RolloutState,
     pub changes: Vec<Change>,
+    /// The canary phase is over: by `jioctl rollout promote`, by the canaries
+    /// staying healthy for `canary_soak`, or from the start (an undo).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted: Option<Change>,
 }
 
 /// A change the rollout's state does not allow, naming both.
@@ -151,6 +155,7 @@ impl RolloutRecord {
             rules,
             state: RolloutState::Running,
             changes: vec![change("running", by, now, None)],
+            promoted: None,
         }
     }
 
@@ -303,13 +308,33 @@ impl RolloutRecord {
             }
             return Err(e);
         };
-        Ok(RolloutRecord::start(
-            previous,
-            Some(self.version.clone()),
-            self.rules.clone(),
-            by,
-            now,
-        ))
+        let mut back =
+            RolloutRecord::start(previous, Some(self.version.clone()), self.rules.clone(), by, now);
+        // Going back to a version the fleet ran: no canary phase.
+        back.promoted = Some(change("promoted", by, now, Some(format!("undo of {}", self.id))));
+        Ok(back)
+    }
+
+    /// Ends the canary phase (a running, paused or stuck rollout not yet promoted).
+    pub fn promote(
+        &self,
+        by: &str,
+        reason: Option<String>,
+        now: u64,
+    ) -> Result<RolloutRecord, TransitionError> {
+        if !self.state.active() {
+            return Err(self.refuse("promoted"));
+        }
+        if self.promoted.is_some() {
+            let mut e = self.refuse("promoted");
+            e.state = "already promoted";
+            return Err(e);
+        }
+        let mut r = self.clone();
+        let c = change("promoted", by, now, reason);
+        r.changes.push(c.clone());
+        r.promoted = Some(c);
+        Ok(r)
     }
 
     /// Who started it.

@@ -12,8 +12,11 @@ use std::time::Duration;
 use regex::Regex;
 use serde_json::Value;
 
-use crate::fleet::{HostState, HostStatus, Snapshot};
-use crate::names::{HostName, Role};
+use crate::names::Role;
+use crate::window::Window;
+
+// The planner lives in `plan`; its types are part of the rules' vocabulary.
+pub use crate::plan::{GroupAction, GroupPlan, Plan, plan, waits_forever};
 
 /// The rules were rejected: one line per problem, each naming the value and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,21 +30,76 @@ pub struct GroupRule {
     pub patterns: Vec<Regex>,
 }
 
+/// A limit as written: a count, or a percentage of the hosts it limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Limit {
+    Count(u64),
+    /// 1 to 100.
+    Percent(u8),
+}
+
+impl Limit {
+    /// The count for `n` hosts. A percentage rounds down; for a slot limit
+    /// (`at_least_one`) it is never below 1, so `"25%"` of 2 hosts is 1.
+    pub fn of(self, n: usize, at_least_one: bool) -> u64 {
+        match self {
+            Limit::Count(c) => c,
+            Limit::Percent(p) => {
+                let v = n as u64 * u64::from(p) / 100;
+                if at_least_one { v.max(1) } else { v }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Limit::Count(c) => write!(f, "{c}"),
+            Limit::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+/// `canary`: how many hosts go first, before the rest waits for a promotion.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Canary {
+    #[default]
+    None,
+    /// The same number in every group.
+    Each(Limit),
+    /// By group (or role) name; groups not named get no canary and wait.
+    Groups(BTreeMap<String, Limit>),
+}
+
 /// Parsed rules.
 #[derive(Debug, Clone)]
 pub struct Rules {
     /// `rolling_rules.global`: the limit of every group without its own.
-    pub global_limit: Option<u64>,
+    pub global_limit: Option<Limit>,
     /// `rolling_rules.roles`: limits by group or role name.
-    pub limits: BTreeMap<String, u64>,
+    pub limits: BTreeMap<String, Limit>,
+    /// `rolling_rules.fleet`: hosts in flight across every group.
+    pub fleet_limit: Option<Limit>,
     /// `role_order`: name → the names it waits for.
     pub order: BTreeMap<String, Vec<String>>,
     pub groups: Vec<GroupRule>,
-    /// Failed hosts tolerated before no new host is admitted (default 0).
-    pub max_failures: u64,
+    /// Failed hosts tolerated before no new host is admitted (default 0); a
+    /// percentage is of the hosts in the rollout, rounded down.
+    pub max_failures: Limit,
     /// `progress_deadline`: how long a rollout may go without any host finishing
     /// while hosts are in flight or waiting, before it is marked stuck.
     pub progress_deadline: Duration,
+    pub canary: Canary,
+    /// `canary_soak`: after the canaries are upgraded, how long they must stay
+    /// healthy before the rest is admitted without `jioctl rollout promote`.
+    pub canary_soak: Option<Duration>,
+    /// `min_healthy_time`: a host keeps its slot until it has stayed validated for
+    /// this long (and passed a health check since).
+    pub min_healthy_time: Option<Duration>,
+    /// `windows`: when hosts may start (none: at any time).
+    pub windows: Vec<Window>,
 }
 
 /// The default `progress_deadline`.
@@ -52,10 +110,15 @@ impl Default for Rules {
         Rules {
             global_limit: None,
             limits: BTreeMap::new(),
+            fleet_limit: None,
             order: BTreeMap::new(),
             groups: Vec::new(),
-            max_failures: 0,
+            max_failures: Limit::Count(0),
             progress_deadline: PROGRESS_DEADLINE,
+            canary: Canary::None,
+            canary_soak: None,
+            min_healthy_time: None,
+            windows: Vec::new(),
         }
     }
 }
@@ -67,15 +130,51 @@ const TOP_KEYS: &[&str] = &[
     "group_mappings",
     "max_failures",
     "progress_deadline",
+    "canary",
+    "canary_soak",
+    "min_healthy_time",
+    "windows",
 ];
 
-fn count(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<u64> {
+/// A count, or a percentage written as a string (`"25%"`, 1 to 100).
+fn limit(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<Limit> {
+    if let Some(p) = v.as_str().and_then(|s| s.strip_suffix('%')) {
+        return match p.parse::<u8>() {
+            Ok(n) if (1..=100).contains(&n) => Some(Limit::Percent(n)),
+            _ => {
+                errors.push(format!(
+                    "{path}: {v} is not a percentage from \"1%\" to \"100%\" (write 0 to freeze)"
+                ));
+                None
+            }
+        };
+    }
     match v.as_u64() {
-        Some(n) if n <= u32::MAX as u64 => Some(n),
+        Some(n) if n <= u32::MAX as u64 => Some(Limit::Count(n)),
         _ => {
             errors.push(format!(
-                "{path}: {v} is not a count (a whole number from 0 to {})",
+                "{path}: {v} is not a count (a whole number from 0 to {}) or a percentage such as \"25%\"",
                 u32::MAX
+            ));
+            None
+        }
+    }
+}
+
+fn duration(path: &str, d: &Value, errors: &mut Vec<String>) -> Option<Duration> {
+    match d.as_str().map(crate::duration::parse) {
+        Some(Ok(d)) if !d.is_zero() => Some(d),
+        Some(Ok(_)) => {
+            errors.push(format!("{path}: must be longer than 0"));
+            None
+        }
+        Some(Err(e)) => {
+            errors.push(format!("{path}: {e}"));
+            None
+        }
+        None => {
+            errors.push(format!(
+                "{path}: {d} must be a duration such as \"30m\" or \"2h\""
             ));
             None
         }
@@ -129,13 +228,14 @@ impl Rules {
                 Value::Object(o) => {
                     for (k, v) in o {
                         match k.as_str() {
-                            "global" => rules.global_limit = count("rolling_rules.global", v, &mut errors),
+                            "global" => rules.global_limit = limit("rolling_rules.global", v, &mut errors),
+                            "fleet" => rules.fleet_limit = limit("rolling_rules.fleet", v, &mut errors),
                             "roles" => match v {
                                 Value::Object(roles) => {
                                     for (r, n) in roles {
                                         let path = format!("rolling_rules.roles.{r}");
                                         if name(&path, r, &mut errors)
-                                            && let Some(n) = count(&path, n, &mut errors)
+                                            && let Some(n) = limit(&path, n, &mut errors)
                                         {
                                             rules.limits.insert(r.clone(), n);
                                         }
@@ -146,7 +246,7 @@ impl Rules {
                                 )),
                             },
                             other => errors.push(format!(
-                                "rolling_rules: unknown key {other:?} (allowed: global, roles)"
+                                "rolling_rules: unknown key {other:?} (allowed: global, fleet, roles)"
                             )),
                         }
                     }
@@ -209,16 +309,49 @@ impl Rules {
             }
         }
         if let Some(m) = top.get("max_failures") {
-            rules.max_failures = count("max_failures", m, &mut errors).unwrap_or(0);
+            rules.max_failures = limit("max_failures", m, &mut errors).unwrap_or(Limit::Count(0));
         }
-        if let Some(d) = top.get("progress_deadline") {
-            match d.as_str().map(crate::duration::parse) {
-                Some(Ok(d)) if !d.is_zero() => rules.progress_deadline = d,
-                Some(Ok(_)) => errors.push("progress_deadline: must be longer than 0".into()),
-                Some(Err(e)) => errors.push(format!("progress_deadline: {e}")),
-                None => errors.push(format!(
-                    "progress_deadline: {d} must be a duration such as \"30m\" or \"2h\""
-                )),
+        if let Some(d) = top.get("progress_deadline")
+            && let Some(d) = duration("progress_deadline", d, &mut errors)
+        {
+            rules.progress_deadline = d;
+        }
+        if let Some(d) = top.get("canary_soak") {
+            rules.canary_soak = duration("canary_soak", d, &mut errors);
+        }
+        if let Some(d) = top.get("min_healthy_time") {
+            rules.min_healthy_time = duration("min_healthy_time", d, &mut errors);
+        }
+        if let Some(c) = top.get("canary") {
+            rules.canary = match c {
+                Value::Object(o) => {
+                    let mut by = BTreeMap::new();
+                    for (g, n) in o {
+                        let path = format!("canary.{g}");
+                        if name(&path, g, &mut errors)
+                            && let Some(n) = limit(&path, n, &mut errors)
+                        {
+                            by.insert(g.clone(), n);
+                        }
+                    }
+                    Canary::Groups(by)
+                }
+                other => limit("canary", other, &mut errors).map_or(Canary::None, Canary::Each),
+            };
+        }
+        if rules.canary_soak.is_some() && rules.canary == Canary::None {
+            errors.push("canary_soak is given without canary: there is nothing to soak".into());
+        }
+        if let Some(w) = top.get("windows") {
+            match w {
+                Value::Array(a) if !a.is_empty() => {
+                    for (i, w) in a.iter().enumerate() {
+                        if let Some(w) = Window::parse(&format!("windows[{i}]"), w, &mut errors) {
+                            rules.windows.push(w);
+                        }
+                    }
+                }
+                other => errors.push(format!("windows: {other} must be a non-empty list of windows")),
             }
         }
         if let Some(cycle) = find_cycle(&rules.order) {
@@ -276,6 +409,41 @@ impl Rules {
                 warnings.push(format!("rolling_rules.roles names {n:?}, which has no hosts"));
             }
         }
+        let mut canary = BTreeMap::new();
+        match &self.canary {
+            Canary::None => {}
+            Canary::Each(n) => {
+                canary = groups.iter().map(|g| (g.clone(), *n)).collect();
+            }
+            Canary::Groups(by) => {
+                for (n, c) in by {
+                    match lookup(n) {
+                        Some(g) => {
+                            canary.insert(g, *c);
+                        }
+                        None => warnings.push(format!("canary names {n:?}, which has no hosts")),
+                    }
+                }
+            }
+        }
+        let mut windows: BTreeMap<String, Vec<Window>> = BTreeMap::new();
+        for (i, w) in self.windows.iter().enumerate() {
+            match &w.groups {
+                None => {
+                    for g in &groups {
+                        windows.entry(g.clone()).or_default().push(w.clone());
+                    }
+                }
+                Some(names) => {
+                    for n in names {
+                        match lookup(n) {
+                            Some(g) => windows.entry(g).or_default().push(w.clone()),
+                            None => warnings.push(format!("windows[{i}] names {n:?}, which has no hosts")),
+                        }
+                    }
+                }
+            }
+        }
         for g in &self.groups {
             if !groups.contains(&g.name) {
                 warnings.push(format!("group_mappings.{} matches no role of any host", g.name));
@@ -315,24 +483,48 @@ impl Rules {
         let limits = groups
             .iter()
             .map(|g| {
-                // A group's own number, else one given for a role in it, else global.
-                let own = self.limits.get(g).copied().or_else(|| {
-                    group_of
+                // A group's own number, else those given for roles in it (the
+                // smallest applies), else global.
+                let own: Vec<Limit> = match self.limits.get(g) {
+                    Some(l) => vec![*l],
+                    None => group_of
                         .iter()
                         .filter(|(_, rg)| *rg == g)
                         .filter_map(|(r, _)| self.limits.get(r.as_str()).copied())
-                        .min()
-                });
-                (g.clone(), own.or(self.global_limit))
+                        .collect(),
+                };
+                let all = if own.is_empty() {
+                    self.global_limit.into_iter().collect()
+                } else {
+                    own
+                };
+                (g.clone(), all)
             })
             .collect();
         Ok(Resolved {
             group_of,
             deps,
             limits,
+            fleet_limit: self.fleet_limit,
             max_failures: self.max_failures,
+            canary,
+            canary_soak: self.canary_soak,
+            min_healthy_time: self.min_healthy_time,
+            windows,
             warnings,
         })
+    }
+}
+
+impl Resolved {
+    /// The group's slot limit for a group of `size` hosts (`None`: unlimited).
+    pub fn limit_of(&self, group: &str, size: usize) -> Option<u64> {
+        self.limits.get(group)?.iter().map(|l| l.of(size, true)).min()
+    }
+
+    /// The fleet cap for a fleet of `size` hosts (`None`: no cap).
+    pub fn fleet_cap(&self, size: usize) -> Option<u64> {
+        self.fleet_limit.map(|l| l.of(size, true))
     }
 }
 
@@ -441,511 +633,24 @@ pub struct Resolved {
     pub group_of: BTreeMap<Role, String>,
     /// Group → groups it waits for.
     pub deps: BTreeMap<String, BTreeSet<String>>,
-    /// Group → limit (`None`: unlimited).
-    pub limits: BTreeMap<String, Option<u64>>,
-    pub max_failures: u64,
+    /// Group → its limits (the smallest applies; none: unlimited). Several when
+    /// roles of one group have their own.
+    pub limits: BTreeMap<String, Vec<Limit>>,
+    /// Hosts in flight across the fleet (`None`: no cap).
+    pub fleet_limit: Option<Limit>,
+    pub max_failures: Limit,
+    /// Group → how many canaries it has (empty: no canary phase).
+    pub canary: BTreeMap<String, Limit>,
+    pub canary_soak: Option<Duration>,
+    pub min_healthy_time: Option<Duration>,
+    /// Group → the windows it starts hosts in (absent: at any time).
+    pub windows: BTreeMap<String, Vec<Window>>,
     pub warnings: Vec<String>,
-}
-
-/// What the planner decided for one group.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct GroupPlan {
-    pub group: String,
-    pub limit: Option<u64>,
-    pub upgraded: usize,
-    pub in_flight: usize,
-    pub pending: usize,
-    /// Hosts whose enable key holds an invalid value (never admitted).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub blocked: usize,
-    /// Hosts or roles admitted by this plan, or why none.
-    pub action: GroupAction,
-}
-
-/// What the planner does with one group's pending hosts (rendered for people by
-/// `jioctl`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum GroupAction {
-    /// No host of the group is pending.
-    Done,
-    /// More hosts failed than `max_failures`: nothing is admitted anywhere.
-    StoppedOnFailure { failed: u64, max_failures: u64 },
-    /// The groups it waits for (`role_order`) are not all upgraded.
-    Wait { on: Vec<String> },
-    /// Every pending host fits: these role keys are enabled.
-    EnableRoles { roles: Vec<Role> },
-    /// These hosts are admitted by their host keys (up to the limit).
-    Admit { hosts: Vec<HostName> },
-    /// The limit is 0.
-    Frozen,
-    /// The limit is reached: nothing more until a host finishes.
-    Full { in_flight: usize, limit: usize },
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-/// The keys a pass writes.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Plan {
-    pub enable_roles: Vec<Role>,
-    pub clear_host_keys: Vec<HostName>,
-    pub enable_hosts: Vec<HostName>,
-    pub groups: Vec<GroupPlan>,
-    /// More hosts failed than `max_failures`: nothing was admitted.
-    pub stopped_on_failures: bool,
-}
-
-impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.enable_roles.is_empty() && self.clear_host_keys.is_empty() && self.enable_hosts.is_empty()
-    }
-}
-
-/// Decides which pending hosts may start. Pure.
-/// Nothing is in flight and nothing can be admitted, yet hosts remain: a rollout
-/// under this plan will not move until someone acts (a frozen role, a lost or
-/// blocked host, a role waiting for one of those).
-pub fn waits_forever(hosts: &[HostStatus], plan: &Plan) -> bool {
-    plan.is_empty()
-        && !plan.stopped_on_failures
-        && !hosts.iter().any(|h| h.state == HostState::Upgrading)
-        && hosts
-            .iter()
-            .any(|h| matches!(h.state, HostState::Pending | HostState::Lost | HostState::Blocked))
-}
-
-pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved) -> Plan {
-    let failed = hosts.iter().filter(|h| h.state == HostState::Failed).count() as u64;
-    let stopped = failed > r.max_failures;
-    let group_of = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
-    let mut by_group: BTreeMap<String, Vec<&HostStatus>> = BTreeMap::new();
-    for h in hosts {
-        by_group.entry(group_of(&h.role)).or_default().push(h);
-    }
-    let done = |g: &str| {
-        by_group
-            .get(g)
-            .is_none_or(|hs| hs.iter().all(|h| h.state == HostState::Upgraded))
-    };
-    let mut plan = Plan {
-        stopped_on_failures: stopped,
-        ..Plan::default()
-    };
-    for (g, hs) in &by_group {
-        let upgraded = hs.iter().filter(|h| h.state == HostState::Upgraded).count();
-        let in_flight = hs.iter().filter(|h| h.state.in_flight()).count();
-        let mut pending: Vec<&HostName> = hs
-            .iter()
-            .filter(|h| h.state == HostState::Pending)
-            .map(|h| &h.host)
-            .collect();
-        pending.sort();
-        let limit = r.limits.get(g).copied().flatten();
-        let waiting: Vec<&String> = r.deps.get(g).into_iter().flatten().filter(|d| !done(d)).collect();
-        let action = if pending.is_empty() {
-            GroupAction::Done
-        } else if stopped {
-            GroupAction::StoppedOnFailure {
-                failed,
-                max_failures: r.max_failures,
-            }
-        } else if !waiting.is_empty() {
-            GroupAction::Wait {
-                on: waiting.into_iter().cloned().collect(),
-            }
-        } else if !hs.iter().any(|h| h.state == HostState::Blocked)
-            && limit.is_none_or(|l| l >= (pending.len() + in_flight) as u64)
-        {
-            // (Not with a blocked host in the group: a role key would override the
-            // invalid key that blocks it, or clearing its host key would unblock it.)
-            // Everything fits: open the role keys, clear their host keys.
-            let roles: BTreeSet<&Role> = hs.iter().map(|h| &h.role).collect();
-            for role in &roles {
-                if snap.role_keys.get(*role) != Some(&crate::gate::KeyState::Set(true)) {
-                    plan.enable_roles.push((*role).clone());
-                }
-            }
-            for h in hs {
-                if snap.host_keys.contains_key(&h.host) {
-                    plan.clear_host_keys.push(h.host.clone());
-                }
-            }
-            GroupAction::EnableRoles {
-                roles: roles.into_iter().cloned().collect(),
-            }
-        } else {
-            let l = limit.unwrap_or(u64::MAX) as usize;
-            if in_flight < l {
-                let admit: Vec<HostName> = pending.iter().take(l - in_flight).map(|h| (*h).clone()).collect();
-                plan.enable_hosts.extend(admit.iter().cloned());
-                GroupAction::Admit { hosts: admit }
-            } else if l == 0 {
-                GroupAction::Frozen
-            } else {
-                GroupAction::Full { in_flight, limit: l }
-            }
-        };
-        plan.groups.push(GroupPlan {
-            group: g.clone(),
-            limit,
-            upgraded,
-            in_flight,
-            pending: pending.len(),
-            blocked: hs.iter().filter(|h| h.state == HostState::Blocked).count(),
-            action,
-        });
-    }
-    plan
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::classify;
-    use crate::keys::{Key, Schema};
-    use crate::store::KeyValue;
-
-    const IDLE: &str = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
-
-    fn kv(key: &str, value: &str) -> KeyValue {
-        KeyValue {
-            key: Key::new(key).unwrap(),
-            value: value.into(),
-            create_revision: 1,
-            mod_revision: 1,
-            version: 1,
-            lease: None,
-            not_text: false,
-        }
-    }
-
-    /// A fleet at current version v2 after global-disable: `hosts` are
-    /// `(name, role, state)` with state one of up, going, fail, wait.
-    fn fleet(hosts: &[(&str, &str, &str)]) -> Snapshot {
-        let mut kvs = vec![
-            kv("/current_version", "v2"),
-            kv("/config_state/enable_puppet/global", "false"),
-        ];
-        for (h, role, state) in hosts {
-            kvs.push(kv(
-                &format!("/hosts/{h}"),
-                &format!(r#"{{"role":"{role}","agent_version":"1","addresses":[],"first_seen":1}}"#),
-            ));
-            kvs.push(kv(&format!("/agents/{h}"), IDLE));
-            match *state {
-                "up" => kvs.push(kv(&format!("/running/versions/v2/{h}"), "1")),
-                "going" => kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true")),
-                "fail" => {
-                    kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true"));
-                    kvs.push(kv(&format!("/status/configured/failure/v2/{h}"), ""));
-                }
-                _ => {}
-            }
-        }
-        Snapshot::from_kvs(&Schema::default(), &kvs)
-    }
-
-    fn run(rules: &str, hosts: &[(&str, &str, &str)]) -> Plan {
-        let snap = fleet(hosts);
-        let statuses = classify(&snap);
-        let roles = statuses.iter().map(|h| h.role.clone()).collect();
-        let resolved = Rules::parse(rules).unwrap().resolve(&roles).unwrap();
-        plan(&snap, &statuses, &resolved)
-    }
-
-    fn wait(on: &[&str]) -> GroupAction {
-        GroupAction::Wait {
-            on: on.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
-    fn names<T: AsRef<str>>(v: &[T]) -> Vec<&str> {
-        v.iter().map(|x| x.as_ref()).collect()
-    }
-
-    #[test]
-    fn the_seed_example_rolling_rules() {
-        // global 1, compute 3: one controller, three computes at a time.
-        let hosts = [
-            ("ctl1", "controller", "wait"),
-            ("ctl2", "controller", "wait"),
-            ("cp1", "compute", "wait"),
-            ("cp2", "compute", "wait"),
-            ("cp3", "compute", "wait"),
-            ("cp4", "compute", "wait"),
-        ];
-        let p = run(
-            r#"{"rolling_rules": {"global": 1, "roles": {"compute": 3}}}"#,
-            &hosts,
-        );
-        assert_eq!(names(&p.enable_hosts), vec!["cp1", "cp2", "cp3", "ctl1"]);
-        assert!(p.enable_roles.is_empty());
-    }
-
-    #[test]
-    fn limits_count_hosts_in_flight_and_failed() {
-        let hosts = [
-            ("cp1", "compute", "going"),
-            ("cp2", "compute", "fail"),
-            ("cp3", "compute", "wait"),
-            ("cp4", "compute", "wait"),
-            ("cp5", "compute", "up"),
-        ];
-        let p = run(
-            r#"{"rolling_rules": {"roles": {"compute": 3}}, "max_failures": 1}"#,
-            &hosts,
-        );
-        assert_eq!(names(&p.enable_hosts), vec!["cp3"]);
-        let p = run(
-            r#"{"rolling_rules": {"roles": {"compute": 2}}, "max_failures": 1}"#,
-            &hosts,
-        );
-        assert!(p.is_empty());
-        assert_eq!(
-            p.groups[0].action,
-            GroupAction::Full {
-                in_flight: 2,
-                limit: 2
-            }
-        );
-    }
-
-    #[test]
-    fn everything_fits_enables_the_role_and_clears_host_keys() {
-        let hosts = [
-            ("cp1", "compute", "going"),
-            ("cp2", "compute", "wait"),
-            ("cp3", "compute", "wait"),
-        ];
-        let p = run(r#"{"rolling_rules": {"global": 3}}"#, &hosts);
-        assert_eq!(names(&p.enable_roles), vec!["compute"]);
-        assert_eq!(names(&p.clear_host_keys), vec!["cp1"]);
-        assert!(p.enable_hosts.is_empty());
-        // No rules: unlimited.
-        let p = run("{}", &hosts);
-        assert_eq!(names(&p.enable_roles), vec!["compute"]);
-    }
-
-    #[test]
-    fn hosts_still_running_an_older_version_hold_their_slots() {
-        // Re-targeted while cp1 and cp2 run their v1 puppet: limit 2, nothing fits.
-        let mut kvs = vec![
-            kv("/current_version", "v2"),
-            kv("/config_state/enable_puppet/global", "false"),
-        ];
-        for h in ["cp1", "cp2", "cp3", "cp4"] {
-            kvs.push(kv(
-                &format!("/hosts/{h}"),
-                r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
-            ));
-        }
-        for h in ["cp1", "cp2"] {
-            kvs.push(kv(
-                &format!("/agents/{h}"),
-                r#"{"state":"upgrading","version":"v1","since":1,"pid":1}"#,
-            ));
-        }
-        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
-        let statuses = classify(&snap);
-        let roles = statuses.iter().map(|h| h.role.clone()).collect();
-        let r = Rules::parse(r#"{"rolling_rules":{"roles":{"compute":2}}}"#)
-            .unwrap()
-            .resolve(&roles)
-            .unwrap();
-        let p = plan(&snap, &statuses, &r);
-        assert!(p.is_empty(), "{p:?}");
-        assert_eq!(
-            p.groups[0].action,
-            GroupAction::Full {
-                in_flight: 2,
-                limit: 2
-            }
-        );
-    }
-
-    #[test]
-    fn a_blocked_host_keeps_its_group_on_host_keys() {
-        // The role key is invalid: enabling the role would overwrite it.
-        let mut kvs = vec![
-            kv("/current_version", "v2"),
-            kv("/config_state/enable_puppet/global", "false"),
-            kv("/config_state/enable_puppet/role/compute", "yes"),
-            kv("/config_state/enable_puppet/host/cp2", "false"),
-        ];
-        for h in ["cp1", "cp2"] {
-            kvs.push(kv(
-                &format!("/hosts/{h}"),
-                r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
-            ));
-            kvs.push(kv(&format!("/agents/{h}"), IDLE));
-        }
-        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
-        let statuses = classify(&snap);
-        let roles = statuses.iter().map(|h| h.role.clone()).collect();
-        let r = Rules::parse("{}").unwrap().resolve(&roles).unwrap();
-        let p = plan(&snap, &statuses, &r);
-        assert!(p.enable_roles.is_empty() && p.clear_host_keys.is_empty(), "{p:?}");
-        assert_eq!(names(&p.enable_hosts), vec!["cp2"]);
-        assert_eq!(p.groups[0].blocked, 1);
-    }
-
-    #[test]
-    fn zero_freezes_a_role_or_everything() {
-        let hosts = [("ctl1", "controller", "wait"), ("cp1", "compute", "wait")];
-        let p = run(
-            r#"{"rolling_rules": {"global": 2, "roles": {"compute": 0}}}"#,
-            &hosts,
-        );
-        assert_eq!(names(&p.enable_roles), vec!["controller"]);
-        assert!(
-            p.groups
-                .iter()
-                .any(|g| g.group == "compute" && g.action == GroupAction::Frozen)
-        );
-        let p = run(r#"{"rolling_rules": {"global": 0}}"#, &hosts);
-        assert!(p.is_empty());
-    }
-
-    #[test]
-    fn role_order_waits_for_every_host_of_the_dependency() {
-        let hosts = [
-            ("ctl1", "controller", "up"),
-            ("ctl2", "controller", "going"),
-            ("db1", "db", "up"),
-            ("cp1", "compute", "wait"),
-        ];
-        let p = run(r#"{"role_order": {"compute": "controller"}}"#, &hosts);
-        assert!(p.enable_hosts.is_empty() && p.enable_roles.is_empty());
-        assert!(
-            p.groups
-                .iter()
-                .any(|g| g.group == "compute" && g.action == wait(&["controller"]))
-        );
-        let hosts = [
-            ("ctl1", "controller", "up"),
-            ("db1", "db", "wait"),
-            ("cp1", "compute", "wait"),
-        ];
-        // A list, under the other name: compute waits for db too.
-        let p = run(
-            r#"{"role_dependencies": {"compute": ["controller", "db"]}}"#,
-            &hosts,
-        );
-        assert_eq!(names(&p.enable_roles), vec!["db"]);
-        // A chain: compute waits for db, which waits for controller (done).
-        let hosts = [
-            ("ctl1", "controller", "up"),
-            ("db1", "db", "up"),
-            ("cp1", "compute", "wait"),
-        ];
-        let p = run(r#"{"role_order": {"compute": "db", "db": "controller"}}"#, &hosts);
-        assert_eq!(names(&p.enable_roles), vec!["compute"]);
-    }
-
-    #[test]
-    fn a_failed_dependency_blocks() {
-        let hosts = [("ctl1", "controller", "fail"), ("cp1", "compute", "wait")];
-        let p = run(
-            r#"{"role_order": {"compute": "controller"}, "max_failures": 5}"#,
-            &hosts,
-        );
-        assert!(p.is_empty());
-    }
-
-    #[test]
-    fn groups_share_one_limit_and_one_order() {
-        let hosts = [
-            ("stmonleader1", "stmonleader", "going"),
-            ("stmon1", "stmon", "wait"),
-            ("stmonwithosd1", "stmonwithosd", "wait"),
-            ("stmonwithosd2", "stmonwithosd", "wait"),
-            ("cp1", "compute", "wait"),
-        ];
-        let rules = r#"{"group_mappings": {"ceph": ["st.*"]}, "rolling_rules": {"roles": {"ceph": 2}}, "role_order": {"compute": "ceph"}}"#;
-        let p = run(rules, &hosts);
-        assert_eq!(names(&p.enable_hosts), vec!["stmon1"]);
-        assert!(
-            p.groups
-                .iter()
-                .any(|g| g.group == "compute" && g.action == wait(&["ceph"]))
-        );
-        // A limit given for a role of the group applies to the group.
-        let rules = r#"{"group_mappings": {"ceph": "st.*"}, "rolling_rules": {"roles": {"stmon": 3}}}"#;
-        let p = run(rules, &hosts);
-        assert_eq!(names(&p.enable_hosts), vec!["stmon1", "stmonwithosd1"]);
-    }
-
-    #[test]
-    fn failures_stop_admission() {
-        let hosts = [
-            ("cp1", "compute", "fail"),
-            ("cp2", "compute", "wait"),
-            ("db1", "db", "wait"),
-        ];
-        let p = run("{}", &hosts);
-        assert!(p.stopped_on_failures && p.is_empty());
-        let p = run(r#"{"max_failures": 1}"#, &hosts);
-        assert!(!p.stopped_on_failures);
-        assert_eq!(names(&p.enable_roles), vec!["compute", "db"]);
-    }
-
-    #[test]
-    fn each_group_says_what_was_done_with_it() {
-        let hosts = [
-            ("ctl1", "controller", "up"),
-            ("cp1", "compute", "wait"),
-            ("cp2", "compute", "wait"),
-            ("db1", "db", "wait"),
-        ];
-        let host = |h: &str| HostName::new(h).unwrap();
-        let role = |r: &str| Role::new(r).unwrap();
-        let cases: [(&str, &[(&str, GroupAction)]); 3] = [
-            (
-                r#"{"rolling_rules": {"roles": {"compute": 1}}}"#,
-                &[
-                    (
-                        "compute",
-                        GroupAction::Admit {
-                            hosts: vec![host("cp1")],
-                        },
-                    ),
-                    ("controller", GroupAction::Done),
-                    (
-                        "db",
-                        GroupAction::EnableRoles {
-                            roles: vec![role("db")],
-                        },
-                    ),
-                ],
-            ),
-            (
-                r#"{"role_order": {"compute": "db"}}"#,
-                &[("compute", wait(&["db"]))],
-            ),
-            (
-                r#"{"rolling_rules": {"global": 0}}"#,
-                &[("db", GroupAction::Frozen)],
-            ),
-        ];
-        for (rules, want) in cases {
-            let p = run(rules, &hosts);
-            for (group, action) in want {
-                let got = p.groups.iter().find(|g| g.group == *group).unwrap();
-                assert_eq!(&got.action, action, "{rules}: {group}");
-            }
-        }
-        let p = run("{}", &[("cp1", "compute", "fail"), ("cp2", "compute", "wait")]);
-        assert_eq!(
-            p.groups[0].action,
-            GroupAction::StoppedOnFailure {
-                failed: 1,
-                max_failures: 0
-            }
-        );
-    }
 
     #[test]
     fn bad_rules_are_rejected_with_every_problem_named() {

@@ -137,6 +137,61 @@ pub struct AgentRecord {
     pub pid: u32,
 }
 
+/// A hold under `/holds/host/<host>` or `/holds/role/<role>`: the host (or every
+/// host of the role) is kept out of every rollout until the hold is released.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldRecord {
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Unix time the hold was placed.
+    pub at: u64,
+}
+
+/// How the host's last run ended, under `/results/<host>` (written by the agent in
+/// the transaction that reports the run; the seed's `/status` leaves keep holding
+/// log links).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostResult {
+    /// The version the run moved to.
+    pub version: Version,
+    /// `true`: configured and validated.
+    pub ok: bool,
+    /// The step that failed (`configured` or `validated`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// The failed command's exit code (none when it timed out or could not start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// One line: what failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The run directory on the host (its logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_dir: Option<String>,
+    /// The run's log in Swift, when uploaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// Unix time the run ended.
+    pub at: u64,
+    /// Unix time of the last health check that passed at this version after the run
+    /// (the soak of `min_healthy_time` needs one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_at: Option<u64>,
+    /// Which attempt at this version it was (1 for the first).
+    #[serde(default = "one")]
+    pub attempt: u32,
+    /// When a failed run will be retried by the agent on its own (Unix time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
 /// Parses a JSON record, naming the key and, where serde can tell, the field.
 pub fn parse_json<T: for<'de> Deserialize<'de>>(kv: &KeyValue) -> Result<T, ValueError> {
     let t = text(kv)?;

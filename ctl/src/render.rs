@@ -27,6 +27,21 @@ pub fn action(a: &GroupAction) -> String {
         }
         GroupAction::Frozen => "frozen (limit 0)".into(),
         GroupAction::Full { in_flight, limit } => format!("at limit ({in_flight} of {limit} in flight)"),
+        GroupAction::Paused => "paused".into(),
+        GroupAction::OutsideWindow { opens_at } => match opens_at {
+            Some(t) => format!("outside its window (opens at {})", jio_common::plan::when(*t)),
+            None => "outside its window".into(),
+        },
+        GroupAction::Canary { canaries } => {
+            format!(
+                "canary phase ({canaries} canar{} out): waits for promotion",
+                if *canaries == 1 { "y" } else { "ies" }
+            )
+        }
+        GroupAction::FleetCap { in_flight, cap } => {
+            format!("fleet cap reached ({in_flight} of {cap} in flight)")
+        }
+        GroupAction::NoneAdmissible => "every pending host is held or lost".into(),
     }
 }
 
@@ -244,6 +259,7 @@ mod tests {
                 in_flight: 0,
                 pending: 2,
                 blocked: 0,
+                held: 0,
                 action: GroupAction::Admit { hosts: vec![cp1] },
             }],
             ..Plan::default()

@@ -174,7 +174,13 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
     let roles = hosts.iter().map(|h| h.role.clone()).collect();
     let plan = jio_common::rules::Rules::parse(&r.rules.to_string())
         .and_then(|rules| rules.resolve(&roles))
-        .map(|resolved| jio_common::rules::plan(snap, &hosts, &resolved));
+        .map(|resolved| {
+            let cx = jio_common::plan::Context {
+                now: jio_common::time::unix_now(),
+                rollout: Some(r),
+            };
+            jio_common::rules::plan(snap, &hosts, &resolved, &cx)
+        });
     match plan {
         Ok(p) if jio_common::rules::waits_forever(&hosts, &p) && r.state.name() != "paused" => {
             out.push(format!(

@@ -267,7 +267,11 @@ async fn detached(store: &DynStore, schema: &Schema, record: &RolloutRecord, arg
 fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
     let snap = waves::as_if_started(snap, &args.version);
     let hosts = fleet::classify(&snap);
-    let first = rules::plan(&snap, &hosts, resolved);
+    let cx = jio_common::plan::Context {
+        now: jio_common::time::unix_now(),
+        rollout: None,
+    };
+    let first = rules::plan(&snap, &hosts, resolved, &cx);
     let waves = waves::simulate(&snap, resolved);
     if args.json {
         let j = serde_json::json!({
@@ -788,7 +792,11 @@ impl Driver<'_> {
         let rules = self.rules_of(rec)?;
         let roles = hosts.iter().map(|h| h.role.clone()).collect();
         let resolved = rules.resolve(&roles)?;
-        Ok((rules::plan(snap, hosts, &resolved), rules, resolved))
+        let cx = jio_common::plan::Context {
+            now: self.o.clock.unix_now(),
+            rollout: Some(rec),
+        };
+        Ok((rules::plan(snap, hosts, &resolved, &cx), rules, resolved))
     }
 
     async fn plan_pass(
@@ -840,7 +848,7 @@ impl Driver<'_> {
                 ));
                 Ok(match end {
                     Settled::Stopped => {
-                        self.max_failures = rules.max_failures;
+                        self.max_failures = resolved.max_failures.of(hosts.len(), false);
                         PassOutcome::Stopped {
                             failures: snap
                                 .failures

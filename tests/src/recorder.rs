@@ -181,8 +181,9 @@ fn check(
     for (g, n) in &in_flight {
         let m = rec.max_in_flight.entry(g.clone()).or_default();
         *m = (*m).max(*n);
-        if let Some(Some(limit)) = resolved.limits.get(g)
-            && *n as u64 > *limit
+        let size = fleet.hosts.values().filter(|(r, ..)| group(r) == *g).count();
+        if let Some(limit) = resolved.limit_of(g, size)
+            && *n as u64 > limit
         {
             let p = schema.prefix();
             let raw = |k: String| {

@@ -1,0 +1,1083 @@
+//! The planner: a pure function from the fleet's status, the rules and the moment
+//! to the enable keys a pass writes, and a reason for every host that is not
+//! upgraded.
+//!
+//! Admission, for a pending host, in this order (the first that applies is its
+//! reason): held; lost (no live agent); stopped on failures; the rollout paused; its
+//! group waiting for the groups it follows; outside the group's maintenance window;
+//! the canary phase (the group's canaries are out); frozen (limit 0); the group's
+//! limit reached; the fleet cap reached. A host in flight keeps its slot until it is
+//! upgraded and, with `min_healthy_time`, has soaked. Nothing here does I/O or reads
+//! the clock: the caller passes `now`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::fleet::{HostState, HostStatus, Snapshot};
+use crate::keys::HoldTarget;
+use crate::names::{HostName, Role};
+use crate::rollout::{RolloutRecord, RolloutState};
+use crate::rules::Resolved;
+use crate::time::utc_stamp;
+use crate::window::{self, WindowState};
+
+/// What the planner needs besides the fleet and the rules.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Context<'a> {
+    /// Unix time of the pass.
+    pub now: u64,
+    /// The rollout being driven: its start, pause and canary phase. `None` plans as
+    /// the original tool did (no canary phase, no soak window of its own).
+    pub rollout: Option<&'a RolloutRecord>,
+}
+
+/// Why a host is where it is, for people (`text`) and programs (`code`, `at`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reason {
+    pub code: ReasonCode,
+    pub text: String,
+    /// The moment the reason names (when a window opens, a soak ends, a host was
+    /// last heard of, a retry is due), as Unix time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
+}
+
+/// The machine-readable kind of a `Reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonCode {
+    /// Admitted by this plan (a read-only view: the driver's next pass admits it).
+    Admitted,
+    /// In flight: its agent runs, or it is enabled and about to.
+    Upgrading,
+    Retrying,
+    Soaking,
+    Failed,
+    Lost,
+    Blocked,
+    Held,
+    StoppedOnFailures,
+    Paused,
+    WaitingFor,
+    OutsideWindow,
+    Canary,
+    Frozen,
+    LimitReached,
+    FleetCap,
+}
+
+impl ReasonCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonCode::Admitted => "admitted",
+            ReasonCode::Upgrading => "upgrading",
+            ReasonCode::Retrying => "retrying",
+            ReasonCode::Soaking => "soaking",
+            ReasonCode::Failed => "failed",
+            ReasonCode::Lost => "lost",
+            ReasonCode::Blocked => "blocked",
+            ReasonCode::Held => "held",
+            ReasonCode::StoppedOnFailures => "stopped_on_failures",
+            ReasonCode::Paused => "paused",
+            ReasonCode::WaitingFor => "waiting_for",
+            ReasonCode::OutsideWindow => "outside_window",
+            ReasonCode::Canary => "canary",
+            ReasonCode::Frozen => "frozen",
+            ReasonCode::LimitReached => "limit_reached",
+            ReasonCode::FleetCap => "fleet_cap",
+        }
+    }
+}
+
+fn reason(code: ReasonCode, text: String, at: Option<u64>) -> Reason {
+    Reason { code, text, at }
+}
+
+/// What the planner decided for one group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupPlan {
+    pub group: String,
+    pub limit: Option<u64>,
+    pub upgraded: usize,
+    /// Hosts holding a slot: in flight, failed, lost, or soaking.
+    pub in_flight: usize,
+    pub pending: usize,
+    /// Hosts whose enable key holds an invalid value (never admitted).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub blocked: usize,
+    /// Pending hosts kept out by a hold.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub held: usize,
+    /// Hosts or roles admitted by this plan, or why none.
+    pub action: GroupAction,
+}
+
+/// What the planner does with one group's pending hosts (rendered for people by
+/// `jioctl`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GroupAction {
+    /// No host of the group is pending (or every pending one is held).
+    Done,
+    /// More hosts failed than `max_failures`: nothing is admitted anywhere.
+    StoppedOnFailure { failed: u64, max_failures: u64 },
+    /// The rollout is paused.
+    Paused,
+    /// The groups it waits for (`role_order`) are not all upgraded.
+    Wait { on: Vec<String> },
+    /// Outside the group's maintenance windows; they open at `opens_at`.
+    OutsideWindow { opens_at: Option<u64> },
+    /// The canary phase: the group's canaries are out (or it has none); the rest
+    /// waits for a promotion.
+    Canary { canaries: usize },
+    /// Every pending host fits: these role keys are enabled.
+    EnableRoles { roles: Vec<Role> },
+    /// These hosts are admitted by their host keys (up to the limits).
+    Admit { hosts: Vec<HostName> },
+    /// The limit is 0.
+    Frozen,
+    /// The group's limit is reached: nothing more until a host finishes.
+    Full { in_flight: usize, limit: usize },
+    /// The fleet cap is reached.
+    FleetCap { in_flight: usize, cap: usize },
+    /// Every pending host is held or lost.
+    NoneAdmissible,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The canary phase as this plan saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CanaryPhase {
+    /// Hosts that went in this rollout's canary phase.
+    pub canaries: Vec<HostName>,
+    /// When the canaries will have soaked (`canary_soak` after the last finished);
+    /// `None` without `canary_soak` or while a canary is still moving.
+    pub soaked_at: Option<u64>,
+    /// The canaries soaked healthy: the driver promotes the rollout.
+    pub promote: bool,
+}
+
+/// The keys a pass writes, and why every other host stays where it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub enable_roles: Vec<Role>,
+    pub clear_host_keys: Vec<HostName>,
+    pub enable_hosts: Vec<HostName>,
+    pub groups: Vec<GroupPlan>,
+    /// More hosts failed than `max_failures`: nothing was admitted.
+    pub stopped_on_failures: bool,
+    /// Hosts in flight across the fleet (soaking ones included), and the fleet cap.
+    pub fleet_in_flight: usize,
+    pub fleet_cap: Option<u64>,
+    /// Upgraded hosts still soaking (`min_healthy_time`): they hold their slots.
+    pub soaking: Vec<HostName>,
+    /// Pending hosts kept out by a hold (a rollout ends without them).
+    pub held: Vec<HostName>,
+    /// In the canary phase (not yet promoted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryPhase>,
+    /// The earliest moment the plan may change without any write (a soak ends, a
+    /// window opens or closes): the driver plans again then.
+    pub wake_at: Option<u64>,
+    /// Every host that is not upgraded and settled, with why.
+    pub reasons: BTreeMap<HostName, Reason>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.enable_roles.is_empty() && self.clear_host_keys.is_empty() && self.enable_hosts.is_empty()
+    }
+
+    fn wake(&mut self, t: u64) {
+        self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
+    }
+}
+
+/// Nothing is in flight and nothing can be admitted, yet hosts remain: a rollout
+/// under this plan will not move until someone acts (a frozen role, a lost or
+/// blocked host, a role waiting for one of those). A wait for a window or a soak
+/// ends by itself, so it is not forever.
+pub fn waits_forever(hosts: &[HostStatus], plan: &Plan) -> bool {
+    let held: BTreeSet<&HostName> = plan.held.iter().collect();
+    plan.is_empty()
+        && !plan.stopped_on_failures
+        && plan.wake_at.is_none()
+        && plan.soaking.is_empty()
+        && !hosts.iter().any(|h| h.state == HostState::Upgrading)
+        && hosts.iter().any(|h| {
+            matches!(h.state, HostState::Pending | HostState::Lost | HostState::Blocked)
+                && !held.contains(&h.host)
+        })
+}
+
+/// Unix time as people read it in reasons.
+pub fn when(t: u64) -> String {
+    let s = utc_stamp(t);
+    // YYYYMMDDTHHMMSSZ → YYYY-MM-DD HH:MM UTC
+    format!(
+        "{}-{}-{} {}:{} UTC",
+        &s[0..4],
+        &s[4..6],
+        &s[6..8],
+        &s[9..11],
+        &s[11..13]
+    )
+}
+
+/// One host's facts the planner derives beyond its classification.
+struct Facts {
+    soaking_until: Option<u64>,
+    /// Upgraded (and validated) during this rollout.
+    finished_here: Option<u64>,
+}
+
+fn facts(snap: &Snapshot, h: &HostStatus, r: &Resolved, cx: &Context<'_>) -> Facts {
+    let mut f = Facts {
+        soaking_until: None,
+        finished_here: None,
+    };
+    if h.state != HostState::Upgraded {
+        return f;
+    }
+    let (Some(cur), Some(res)) = (&snap.current, snap.results.get(&h.host)) else {
+        return f;
+    };
+    if &res.version != cur || !res.ok {
+        return f;
+    }
+    let started = cx.rollout.map_or(0, RolloutRecord::started_at);
+    if res.at < started {
+        return f;
+    }
+    f.finished_here = Some(res.at);
+    if let Some(mht) = r.min_healthy_time {
+        let until = res.at.saturating_add(mht.as_secs());
+        let checked = res.checked_at.is_some_and(|c| c > res.at);
+        if cx.now < until || !checked {
+            f.soaking_until = Some(until);
+        }
+    }
+    f
+}
+
+/// Decides which pending hosts may start, and why each other host waits. Pure.
+pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_>) -> Plan {
+    let now = cx.now;
+    let total = hosts.len();
+    let failed = hosts.iter().filter(|h| h.state == HostState::Failed).count() as u64;
+    let max_failures = r.max_failures.of(total, false);
+    let stopped = failed > max_failures;
+    let paused = cx.rollout.and_then(|rec| match &rec.state {
+        RolloutState::Paused { reason, by, until } => Some((reason.clone(), by.clone(), *until)),
+        _ => None,
+    });
+    let canary_phase = !r.canary.is_empty() && cx.rollout.is_some_and(|rec| rec.promoted.is_none());
+    let group_of = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
+    let facts: BTreeMap<&HostName, Facts> = hosts.iter().map(|h| (&h.host, facts(snap, h, r, cx))).collect();
+    let soaking = |h: &HostStatus| facts.get(&h.host).is_some_and(|f| f.soaking_until.is_some());
+    let holds_slot = |h: &HostStatus| h.state.in_flight() || soaking(h);
+    let mut by_group: BTreeMap<String, Vec<&HostStatus>> = BTreeMap::new();
+    for h in hosts {
+        by_group.entry(group_of(&h.role)).or_default().push(h);
+    }
+    // Hosts of a group that are not yet upgraded and settled.
+    let left = |g: &str| {
+        by_group.get(g).map_or(0, |hs| {
+            hs.iter()
+                .filter(|h| h.state != HostState::Upgraded || soaking(h))
+                .count()
+        })
+    };
+    let mut plan = Plan {
+        stopped_on_failures: stopped,
+        fleet_cap: r.fleet_cap(total),
+        ..Plan::default()
+    };
+    let mut fleet_in_flight = hosts.iter().filter(|h| holds_slot(h)).count();
+    plan.fleet_in_flight = fleet_in_flight;
+    // Reasons of hosts that are not pending.
+    for h in hosts {
+        let f = &facts[&h.host];
+        let res = snap.results.get(&h.host);
+        let why = match h.state {
+            HostState::Upgraded => f.soaking_until.map(|until| {
+                plan.wake(until);
+                let text = if now < until {
+                    format!("soaking until {} (min_healthy_time)", when(until))
+                } else {
+                    "soaking: waiting for a health check to pass since it was upgraded".into()
+                };
+                reason(ReasonCode::Soaking, text, Some(until))
+            }),
+            HostState::Upgrading => Some(match &h.reason {
+                Some(why) if why.starts_with("retrying") => {
+                    let attempt = res.map_or(1, |r| r.attempt.saturating_add(1));
+                    reason(
+                        ReasonCode::Retrying,
+                        format!("retrying: attempt {attempt}, re-enabled after its failure"),
+                        res.and_then(|r| r.retry_at),
+                    )
+                }
+                Some(why) => reason(ReasonCode::Upgrading, format!("in flight: {why}"), None),
+                None => reason(
+                    ReasonCode::Upgrading,
+                    "in flight: enabled, its agent runs it".into(),
+                    None,
+                ),
+            }),
+            HostState::Failed => Some(failed_reason(snap, &h.host)),
+            HostState::Lost => Some(lost_reason(snap, &h.host, true)),
+            HostState::Blocked => Some(reason(
+                ReasonCode::Blocked,
+                format!("blocked: {}", h.reason.clone().unwrap_or_default()),
+                None,
+            )),
+            HostState::Pending => None,
+        };
+        if let Some(w) = why {
+            plan.reasons.insert(h.host.clone(), w);
+        }
+        if f.soaking_until.is_some() {
+            plan.soaking.push(h.host.clone());
+        }
+    }
+    let mut canaries: Vec<HostName> = Vec::new();
+    let mut canary_moving = false;
+    let mut last_canary = 0u64;
+    for (g, hs) in &by_group {
+        let size = hs.len();
+        let upgraded = hs
+            .iter()
+            .filter(|h| h.state == HostState::Upgraded && !soaking(h))
+            .count();
+        let holders: Vec<&HostName> = hs.iter().filter(|h| holds_slot(h)).map(|h| &h.host).collect();
+        let in_flight = holders.len();
+        let limit = r.limit_of(g, size);
+        let mut pending: Vec<&HostStatus> = hs
+            .iter()
+            .filter(|h| h.state == HostState::Pending)
+            .copied()
+            .collect();
+        pending.sort_by(|a, b| a.host.cmp(&b.host));
+        let blocked = hs.iter().filter(|h| h.state == HostState::Blocked).count();
+        // Held and lost pending hosts are never admitted.
+        let mut candidates: Vec<&HostName> = Vec::new();
+        let mut held = 0;
+        let mut lost = 0;
+        for h in &pending {
+            if let Some((t, rec)) = snap.hold_of(&h.host, &h.role) {
+                held += 1;
+                plan.held.push(h.host.clone());
+                plan.reasons.insert(h.host.clone(), held_reason(&t, rec));
+            } else if !snap.agents.contains_key(&h.host) {
+                lost += 1;
+                plan.reasons
+                    .insert(h.host.clone(), lost_reason(snap, &h.host, false));
+            } else {
+                candidates.push(&h.host);
+            }
+        }
+        // This rollout's canaries in the group: hosts it moved (or is moving).
+        let touched: Vec<&HostName> = hs
+            .iter()
+            .filter(|h| h.state.in_flight() || facts[&h.host].finished_here.is_some())
+            .map(|h| &h.host)
+            .collect();
+        if canary_phase {
+            for h in hs.iter().filter(|h| touched.contains(&&h.host)) {
+                canaries.push(h.host.clone());
+                match facts[&h.host].finished_here {
+                    Some(at) if !soaking(h) => last_canary = last_canary.max(at),
+                    _ => canary_moving = true,
+                }
+            }
+        }
+        let canary_room = canary_phase.then(|| {
+            let quota = r.canary.get(g).map_or(0, |c| c.of(size, true)) as usize;
+            quota.saturating_sub(touched.len())
+        });
+        let waiting: Vec<&String> = r
+            .deps
+            .get(g)
+            .into_iter()
+            .flatten()
+            .filter(|d| left(d) > 0)
+            .collect();
+        let windows: Vec<&window::Window> = r.windows.get(g).map(|w| w.iter().collect()).unwrap_or_default();
+        let win = window::state(&windows, now);
+        if !windows.is_empty() {
+            match win {
+                WindowState::Open { closes_at } => plan.wake(closes_at),
+                WindowState::Closed { opens_at: Some(t) } => plan.wake(t),
+                _ => {}
+            }
+        }
+        let group_room = limit.map_or(usize::MAX, |l| (l as usize).saturating_sub(in_flight));
+        let fleet_room = plan
+            .fleet_cap
+            .map_or(usize::MAX, |c| (c as usize).saturating_sub(fleet_in_flight));
+        // Why the group's candidates wait (None: some are admitted).
+        let blocked_by: Option<(GroupAction, Reason)> = if candidates.is_empty() {
+            None
+        } else if stopped {
+            Some((
+                GroupAction::StoppedOnFailure { failed, max_failures },
+                reason(
+                    ReasonCode::StoppedOnFailures,
+                    format!("stopped: {failed} failed host(s), more than max_failures {max_failures}"),
+                    None,
+                ),
+            ))
+        } else if let Some((why, by, until)) = &paused {
+            Some((
+                GroupAction::Paused,
+                reason(
+                    ReasonCode::Paused,
+                    format!(
+                        "paused by {by}{}{}",
+                        why.as_ref().map(|w| format!(": {w}")).unwrap_or_default(),
+                        until.map(|t| format!(" (until {})", when(t))).unwrap_or_default()
+                    ),
+                    *until,
+                ),
+            ))
+        } else if !waiting.is_empty() {
+            let text = waiting
+                .iter()
+                .map(|d| {
+                    let n = left(d);
+                    format!("{d} ({n} host{} left)", if n == 1 { "" } else { "s" })
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            Some((
+                GroupAction::Wait {
+                    on: waiting.iter().map(|d| d.to_string()).collect(),
+                },
+                reason(ReasonCode::WaitingFor, format!("waiting for {text}"), None),
+            ))
+        } else if let WindowState::Closed { opens_at } = win {
+            Some((
+                GroupAction::OutsideWindow { opens_at },
+                reason(
+                    ReasonCode::OutsideWindow,
+                    match opens_at {
+                        Some(t) => format!("outside the maintenance window (opens at {})", when(t)),
+                        None => "outside the maintenance window (none opens in the coming week)".into(),
+                    },
+                    opens_at,
+                ),
+            ))
+        } else if canary_room == Some(0) {
+            Some((
+                GroupAction::Canary {
+                    canaries: touched.len(),
+                },
+                reason(
+                    ReasonCode::Canary,
+                    "canary phase: waits for the canaries (`jioctl rollout promote`, or canary_soak)".into(),
+                    None,
+                ),
+            ))
+        } else if limit == Some(0) {
+            Some((
+                GroupAction::Frozen,
+                reason(ReasonCode::Frozen, format!("frozen: group {g} has limit 0"), None),
+            ))
+        } else if group_room == 0 {
+            let l = limit.unwrap_or(0) as usize;
+            Some((
+                GroupAction::Full { in_flight, limit: l },
+                reason(
+                    ReasonCode::LimitReached,
+                    format!(
+                        "limit reached: group {g} has {in_flight}/{l} in flight ({})",
+                        holders.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                    None,
+                ),
+            ))
+        } else if fleet_room == 0 {
+            let cap = plan.fleet_cap.unwrap_or(0) as usize;
+            Some((
+                GroupAction::FleetCap {
+                    in_flight: fleet_in_flight,
+                    cap,
+                },
+                reason(
+                    ReasonCode::FleetCap,
+                    format!("fleet cap reached: {fleet_in_flight}/{cap} hosts in flight"),
+                    None,
+                ),
+            ))
+        } else {
+            None
+        };
+        let action = if pending.is_empty() || (candidates.is_empty() && held == pending.len()) {
+            GroupAction::Done
+        } else if candidates.is_empty() {
+            GroupAction::NoneAdmissible
+        } else if let Some((action, why)) = blocked_by {
+            for h in &candidates {
+                plan.reasons.insert((*h).clone(), why.clone());
+            }
+            action
+        } else {
+            let room = group_room.min(fleet_room).min(canary_room.unwrap_or(usize::MAX));
+            // Every pending host fits, none is held, lost or blocked, no window or
+            // canary phase limits it: open the role keys, clear their host keys.
+            // (A role key would override the invalid key that blocks a host, start
+            // a held or lost one, or start hosts outside a window.)
+            let all_fit = held == 0
+                && lost == 0
+                && blocked == 0
+                && windows.is_empty()
+                && !canary_phase
+                && limit.is_none_or(|l| l >= (pending.len() + in_flight) as u64)
+                && fleet_room >= pending.len();
+            if all_fit {
+                let roles: BTreeSet<&Role> = hs.iter().map(|h| &h.role).collect();
+                for role in &roles {
+                    if snap.role_keys.get(*role) != Some(&crate::gate::KeyState::Set(true)) {
+                        plan.enable_roles.push((*role).clone());
+                    }
+                }
+                for h in hs {
+                    if snap.host_keys.contains_key(&h.host) {
+                        plan.clear_host_keys.push(h.host.clone());
+                    }
+                }
+                for h in &candidates {
+                    plan.reasons.insert(
+                        (*h).clone(),
+                        reason(ReasonCode::Admitted, "admitted: its role is enabled".into(), None),
+                    );
+                }
+                fleet_in_flight += candidates.len();
+                GroupAction::EnableRoles {
+                    roles: roles.into_iter().cloned().collect(),
+                }
+            } else {
+                let admit: Vec<HostName> = candidates.iter().take(room).map(|h| (*h).clone()).collect();
+                let why_rest = if room == canary_room.unwrap_or(usize::MAX) {
+                    reason(
+                        ReasonCode::Canary,
+                        "canary phase: the rest waits for the canaries".into(),
+                        None,
+                    )
+                } else if room == group_room {
+                    reason(
+                        ReasonCode::LimitReached,
+                        format!(
+                            "limit reached: group {g} admits {} more (limit {})",
+                            admit.len(),
+                            limit.unwrap_or(0)
+                        ),
+                        None,
+                    )
+                } else {
+                    reason(
+                        ReasonCode::FleetCap,
+                        format!(
+                            "fleet cap reached: {} of {} with this pass",
+                            fleet_in_flight + admit.len(),
+                            plan.fleet_cap.unwrap_or(0)
+                        ),
+                        None,
+                    )
+                };
+                for h in &candidates {
+                    let why = if admit.contains(h) {
+                        reason(ReasonCode::Admitted, "admitted: a slot is free".into(), None)
+                    } else {
+                        why_rest.clone()
+                    };
+                    plan.reasons.insert((*h).clone(), why);
+                }
+                if canary_phase {
+                    canaries.extend(admit.iter().cloned());
+                    canary_moving |= !admit.is_empty();
+                }
+                fleet_in_flight += admit.len();
+                plan.enable_hosts.extend(admit.iter().cloned());
+                GroupAction::Admit { hosts: admit }
+            }
+        };
+        plan.groups.push(GroupPlan {
+            group: g.clone(),
+            limit,
+            upgraded,
+            in_flight,
+            pending: pending.len(),
+            blocked,
+            held,
+            action,
+        });
+    }
+    if canary_phase {
+        let soaked_at = r
+            .canary_soak
+            .filter(|_| !canaries.is_empty() && !canary_moving && failed == 0)
+            .map(|soak| last_canary.saturating_add(soak.as_secs()));
+        if let Some(t) = soaked_at
+            && t > now
+        {
+            plan.wake(t);
+        }
+        // Only once nothing more can go out as a canary in this pass.
+        let promote = soaked_at.is_some_and(|t| t <= now) && plan.is_empty();
+        if let Some(t) = soaked_at {
+            for why in plan.reasons.values_mut() {
+                if why.code == ReasonCode::Canary {
+                    why.text = format!("canary phase: the canaries soak until {}", when(t));
+                    why.at = Some(t);
+                }
+            }
+        }
+        plan.canary = Some(CanaryPhase {
+            canaries,
+            soaked_at,
+            promote,
+        });
+    }
+    plan
+}
+
+fn held_reason(t: &HoldTarget, rec: Option<&crate::values::HoldRecord>) -> Reason {
+    let on = match t {
+        HoldTarget::Host(_) => String::new(),
+        HoldTarget::Role(r) => format!(" (its role {r})"),
+    };
+    match rec {
+        Some(h) => reason(
+            ReasonCode::Held,
+            format!(
+                "held{on} by {}{} since {}",
+                h.by,
+                h.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default(),
+                when(h.at)
+            ),
+            Some(h.at),
+        ),
+        None => reason(
+            ReasonCode::Held,
+            format!("held{on} (its hold record cannot be read; it still holds)"),
+            None,
+        ),
+    }
+}
+
+/// The last time anything was heard of the host: its last result, its last health
+/// check, the start of a run it never ended.
+fn last_heard(snap: &Snapshot, h: &HostName) -> Option<u64> {
+    let res = snap.results.get(h);
+    [
+        res.map(|r| r.at),
+        res.and_then(|r| r.checked_at),
+        snap.runs.get(h).and_then(|r| r.as_ref().map(|r| r.since)),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+}
+
+fn lost_reason(snap: &Snapshot, h: &HostName, in_flight: bool) -> Reason {
+    let since = last_heard(snap, h);
+    let heard = since
+        .map(|t| format!("; last heard of at {}", when(t)))
+        .unwrap_or_default();
+    let text = if in_flight {
+        format!("lost while in flight: no live agent (no /agents/{h} lease){heard}; it keeps its slot")
+    } else {
+        format!("lost: no live agent (no /agents/{h} lease){heard}; never admitted")
+    };
+    reason(ReasonCode::Lost, text, since)
+}
+
+fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
+    let (step, link) = snap
+        .failures
+        .get(h)
+        .map(|(s, l)| (s.as_str().to_string(), l.clone()))
+        .unwrap_or_default();
+    let res = snap
+        .results
+        .get(h)
+        .filter(|r| !r.ok && Some(&r.version) == snap.current.as_ref());
+    let mut text = format!("failed at {}", res.and_then(|r| r.step.clone()).unwrap_or(step));
+    if let Some(r) = res {
+        if let Some(c) = r.exit_code {
+            text.push_str(&format!(", exit {c}"));
+        }
+        if let Some(m) = &r.message {
+            text.push_str(&format!(": {m}"));
+        }
+    }
+    let log = res
+        .and_then(|r| r.log.clone())
+        .or_else(|| (!link.is_empty()).then_some(link));
+    match log {
+        Some(l) => text.push_str(&format!(" (log: {l})")),
+        None => {
+            if let Some(d) = res.and_then(|r| r.run_dir.clone()) {
+                text.push_str(&format!(" (logs on the host in {d})"));
+            }
+        }
+    }
+    reason(ReasonCode::Failed, text, res.map(|r| r.at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::classify;
+    use crate::keys::{Key, Schema};
+    use crate::rules::Rules;
+    use crate::store::KeyValue;
+
+    const IDLE: &str = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
+
+    fn kv(key: &str, value: &str) -> KeyValue {
+        KeyValue {
+            key: Key::new(key).unwrap(),
+            value: value.into(),
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: None,
+            not_text: false,
+        }
+    }
+
+    /// A fleet at current version v2 after global-disable: `hosts` are
+    /// `(name, role, state)` with state one of up, going, fail, wait.
+    fn fleet(hosts: &[(&str, &str, &str)]) -> Snapshot {
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+        ];
+        for (h, role, state) in hosts {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                &format!(r#"{{"role":"{role}","agent_version":"1","addresses":[],"first_seen":1}}"#),
+            ));
+            kvs.push(kv(&format!("/agents/{h}"), IDLE));
+            match *state {
+                "up" => kvs.push(kv(&format!("/running/versions/v2/{h}"), "1")),
+                "going" => kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true")),
+                "fail" => {
+                    kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true"));
+                    kvs.push(kv(&format!("/status/configured/failure/v2/{h}"), ""));
+                }
+                _ => {}
+            }
+        }
+        Snapshot::from_kvs(&Schema::default(), &kvs)
+    }
+
+    fn run(rules: &str, hosts: &[(&str, &str, &str)]) -> Plan {
+        let snap = fleet(hosts);
+        let statuses = classify(&snap);
+        let roles = statuses.iter().map(|h| h.role.clone()).collect();
+        let resolved = Rules::parse(rules).unwrap().resolve(&roles).unwrap();
+        plan(&snap, &statuses, &resolved, &Context::default())
+    }
+
+    fn wait(on: &[&str]) -> GroupAction {
+        GroupAction::Wait {
+            on: on.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn names<T: AsRef<str>>(v: &[T]) -> Vec<&str> {
+        v.iter().map(|x| x.as_ref()).collect()
+    }
+
+    #[test]
+    fn the_seed_example_rolling_rules() {
+        // global 1, compute 3: one controller, three computes at a time.
+        let hosts = [
+            ("ctl1", "controller", "wait"),
+            ("ctl2", "controller", "wait"),
+            ("cp1", "compute", "wait"),
+            ("cp2", "compute", "wait"),
+            ("cp3", "compute", "wait"),
+            ("cp4", "compute", "wait"),
+        ];
+        let p = run(
+            r#"{"rolling_rules": {"global": 1, "roles": {"compute": 3}}}"#,
+            &hosts,
+        );
+        assert_eq!(names(&p.enable_hosts), vec!["cp1", "cp2", "cp3", "ctl1"]);
+        assert!(p.enable_roles.is_empty());
+    }
+
+    #[test]
+    fn limits_count_hosts_in_flight_and_failed() {
+        let hosts = [
+            ("cp1", "compute", "going"),
+            ("cp2", "compute", "fail"),
+            ("cp3", "compute", "wait"),
+            ("cp4", "compute", "wait"),
+            ("cp5", "compute", "up"),
+        ];
+        let p = run(
+            r#"{"rolling_rules": {"roles": {"compute": 3}}, "max_failures": 1}"#,
+            &hosts,
+        );
+        assert_eq!(names(&p.enable_hosts), vec!["cp3"]);
+        let p = run(
+            r#"{"rolling_rules": {"roles": {"compute": 2}}, "max_failures": 1}"#,
+            &hosts,
+        );
+        assert!(p.is_empty());
+        assert_eq!(
+            p.groups[0].action,
+            GroupAction::Full {
+                in_flight: 2,
+                limit: 2
+            }
+        );
+    }
+
+    #[test]
+    fn everything_fits_enables_the_role_and_clears_host_keys() {
+        let hosts = [
+            ("cp1", "compute", "going"),
+            ("cp2", "compute", "wait"),
+            ("cp3", "compute", "wait"),
+        ];
+        let p = run(r#"{"rolling_rules": {"global": 3}}"#, &hosts);
+        assert_eq!(names(&p.enable_roles), vec!["compute"]);
+        assert_eq!(names(&p.clear_host_keys), vec!["cp1"]);
+        assert!(p.enable_hosts.is_empty());
+        // No rules: unlimited.
+        let p = run("{}", &hosts);
+        assert_eq!(names(&p.enable_roles), vec!["compute"]);
+    }
+
+    #[test]
+    fn hosts_still_running_an_older_version_hold_their_slots() {
+        // Re-targeted while cp1 and cp2 run their v1 puppet: limit 2, nothing fits.
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+        ];
+        for h in ["cp1", "cp2", "cp3", "cp4"] {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
+            ));
+        }
+        for h in ["cp1", "cp2"] {
+            kvs.push(kv(
+                &format!("/agents/{h}"),
+                r#"{"state":"upgrading","version":"v1","since":1,"pid":1}"#,
+            ));
+        }
+        for h in ["cp3", "cp4"] {
+            kvs.push(kv(&format!("/agents/{h}"), IDLE));
+        }
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let statuses = classify(&snap);
+        let roles = statuses.iter().map(|h| h.role.clone()).collect();
+        let r = Rules::parse(r#"{"rolling_rules":{"roles":{"compute":2}}}"#)
+            .unwrap()
+            .resolve(&roles)
+            .unwrap();
+        let p = plan(&snap, &statuses, &r, &Context::default());
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(
+            p.groups[0].action,
+            GroupAction::Full {
+                in_flight: 2,
+                limit: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_blocked_host_keeps_its_group_on_host_keys() {
+        // The role key is invalid: enabling the role would overwrite it.
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+            kv("/config_state/enable_puppet/role/compute", "yes"),
+            kv("/config_state/enable_puppet/host/cp2", "false"),
+        ];
+        for h in ["cp1", "cp2"] {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
+            ));
+            kvs.push(kv(&format!("/agents/{h}"), IDLE));
+        }
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let statuses = classify(&snap);
+        let roles = statuses.iter().map(|h| h.role.clone()).collect();
+        let r = Rules::parse("{}").unwrap().resolve(&roles).unwrap();
+        let p = plan(&snap, &statuses, &r, &Context::default());
+        assert!(p.enable_roles.is_empty() && p.clear_host_keys.is_empty(), "{p:?}");
+        assert_eq!(names(&p.enable_hosts), vec!["cp2"]);
+        assert_eq!(p.groups[0].blocked, 1);
+    }
+
+    #[test]
+    fn zero_freezes_a_role_or_everything() {
+        let hosts = [("ctl1", "controller", "wait"), ("cp1", "compute", "wait")];
+        let p = run(
+            r#"{"rolling_rules": {"global": 2, "roles": {"compute": 0}}}"#,
+            &hosts,
+        );
+        assert_eq!(names(&p.enable_roles), vec!["controller"]);
+        assert!(
+            p.groups
+                .iter()
+                .any(|g| g.group == "compute" && g.action == GroupAction::Frozen)
+        );
+        let p = run(r#"{"rolling_rules": {"global": 0}}"#, &hosts);
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn role_order_waits_for_every_host_of_the_dependency() {
+        let hosts = [
+            ("ctl1", "controller", "up"),
+            ("ctl2", "controller", "going"),
+            ("db1", "db", "up"),
+            ("cp1", "compute", "wait"),
+        ];
+        let p = run(r#"{"role_order": {"compute": "controller"}}"#, &hosts);
+        assert!(p.enable_hosts.is_empty() && p.enable_roles.is_empty());
+        assert!(
+            p.groups
+                .iter()
+                .any(|g| g.group == "compute" && g.action == wait(&["controller"]))
+        );
+        let hosts = [
+            ("ctl1", "controller", "up"),
+            ("db1", "db", "wait"),
+            ("cp1", "compute", "wait"),
+        ];
+        // A list, under the other name: compute waits for db too.
+        let p = run(
+            r#"{"role_dependencies": {"compute": ["controller", "db"]}}"#,
+            &hosts,
+        );
+        assert_eq!(names(&p.enable_roles), vec!["db"]);
+        // A chain: compute waits for db, which waits for controller (done).
+        let hosts = [
+            ("ctl1", "controller", "up"),
+            ("db1", "db", "up"),
+            ("cp1", "compute", "wait"),
+        ];
+        let p = run(r#"{"role_order": {"compute": "db", "db": "controller"}}"#, &hosts);
+        assert_eq!(names(&p.enable_roles), vec!["compute"]);
+    }
+
+    #[test]
+    fn a_failed_dependency_blocks() {
+        let hosts = [("ctl1", "controller", "fail"), ("cp1", "compute", "wait")];
+        let p = run(
+            r#"{"role_order": {"compute": "controller"}, "max_failures": 5}"#,
+            &hosts,
+        );
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn groups_share_one_limit_and_one_order() {
+        let hosts = [
+            ("stmonleader1", "stmonleader", "going"),
+            ("stmon1", "stmon", "wait"),
+            ("stmonwithosd1", "stmonwithosd", "wait"),
+            ("stmonwithosd2", "stmonwithosd", "wait"),
+            ("cp1", "compute", "wait"),
+        ];
+        let rules = r#"{"group_mappings": {"ceph": ["st.*"]}, "rolling_rules": {"roles": {"ceph": 2}}, "role_order": {"compute": "ceph"}}"#;
+        let p = run(rules, &hosts);
+        assert_eq!(names(&p.enable_hosts), vec!["stmon1"]);
+        assert!(
+            p.groups
+                .iter()
+                .any(|g| g.group == "compute" && g.action == wait(&["ceph"]))
+        );
+        // A limit given for a role of the group applies to the group.
+        let rules = r#"{"group_mappings": {"ceph": "st.*"}, "rolling_rules": {"roles": {"stmon": 3}}}"#;
+        let p = run(rules, &hosts);
+        assert_eq!(names(&p.enable_hosts), vec!["stmon1", "stmonwithosd1"]);
+    }
+
+    #[test]
+    fn failures_stop_admission() {
+        let hosts = [
+            ("cp1", "compute", "fail"),
+            ("cp2", "compute", "wait"),
+            ("db1", "db", "wait"),
+        ];
+        let p = run("{}", &hosts);
+        assert!(p.stopped_on_failures && p.is_empty());
+        let p = run(r#"{"max_failures": 1}"#, &hosts);
+        assert!(!p.stopped_on_failures);
+        assert_eq!(names(&p.enable_roles), vec!["compute", "db"]);
+    }
+
+    #[test]
+    fn each_group_says_what_was_done_with_it() {
+        let hosts = [
+            ("ctl1", "controller", "up"),
+            ("cp1", "compute", "wait"),
+            ("cp2", "compute", "wait"),
+            ("db1", "db", "wait"),
+        ];
+        let host = |h: &str| HostName::new(h).unwrap();
+        let role = |r: &str| Role::new(r).unwrap();
+        let cases: [(&str, &[(&str, GroupAction)]); 3] = [
+            (
+                r#"{"rolling_rules": {"roles": {"compute": 1}}}"#,
+                &[
+                    (
+                        "compute",
+                        GroupAction::Admit {
+                            hosts: vec![host("cp1")],
+                        },
+                    ),
+                    ("controller", GroupAction::Done),
+                    (
+                        "db",
+                        GroupAction::EnableRoles {
+                            roles: vec![role("db")],
+                        },
+                    ),
+                ],
+            ),
+            (
+                r#"{"role_order": {"compute": "db"}}"#,
+                &[("compute", wait(&["db"]))],
+            ),
+            (
+                r#"{"rolling_rules": {"global": 0}}"#,
+                &[("db", GroupAction::Frozen)],
+            ),
+        ];
+        for (rules, want) in cases {
+            let p = run(rules, &hosts);
+            for (group, action) in want {
+                let got = p.groups.iter().find(|g| g.group == *group).unwrap();
+                assert_eq!(&got.action, action, "{rules}: {group}");
+            }
+        }
+        let p = run("{}", &[("cp1", "compute", "fail"), ("cp2", "compute", "wait")]);
+        assert_eq!(
+            p.groups[0].action,
+            GroupAction::StoppedOnFailure {
+                failed: 1,
+                max_failures: 0
+            }
+        );
+    }
+}
