@@ -383,6 +383,21 @@ impl Rules {
         }
     }
 
+    /// The windows that apply to hosts of `role` (empty: they may start at any time):
+    /// those naming its group or the role, and those naming no group. What the agent
+    /// checks before it starts an upgrade.
+    pub fn windows_for(&self, role: &Role) -> Vec<&Window> {
+        let group = self.group_of(role).unwrap_or_else(|_| role.to_string());
+        self.windows
+            .iter()
+            .filter(|w| {
+                w.groups
+                    .as_ref()
+                    .is_none_or(|gs| gs.iter().any(|g| g == &group || g == role.as_str()))
+            })
+            .collect()
+    }
+
     /// Checks the rules against the fleet's roles: groups, order between groups.
     pub fn resolve(&self, roles: &BTreeSet<Role>) -> Result<Resolved, RulesError> {
         let mut errors = Vec::new();
