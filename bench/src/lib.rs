@@ -584,7 +584,7 @@ pub async fn status(bs: &BenchStore, hosts: usize) -> Status {
     let t0 = Instant::now();
     let snap = Snapshot::read(&bs.store, &schema).await.expect("snapshot");
     let classified = fleet::classify(&snap);
-    let json = jioctl::status::to_json(&snap, &classified).to_string();
+    let json = jioctl::status::to_json(&snap, &classified, jio_common::time::unix_now()).to_string();
     let wall = t0.elapsed();
     Status {
         hosts: snap.hosts().len(),

@@ -565,6 +565,9 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
                         (HostState::Upgraded, None)
                     } else if let Some(why) = gate.blocked {
                         (HostState::Blocked, Some(why))
+                    } else if let Some((t, _)) = s.hold_of(&h, &role) {
+                        // Its agent does not start while held, whatever the keys say.
+                        (HostState::Pending, Some(format!("held ({t})")))
                     } else if !gate.enabled {
                         (HostState::Pending, None)
                     } else if s.agents.contains_key(&h) {

@@ -192,6 +192,18 @@ impl Plan {
         self.enable_roles.is_empty() && self.clear_host_keys.is_empty() && self.enable_hosts.is_empty()
     }
 
+    /// The rollout waits on purpose (a closed window, the canary phase, a soak): the
+    /// progress deadline does not count meanwhile.
+    pub fn waits_by_design(&self) -> bool {
+        !self.soaking.is_empty()
+            || self.groups.iter().any(|g| {
+                matches!(
+                    g.action,
+                    GroupAction::OutsideWindow { .. } | GroupAction::Canary { .. }
+                )
+            })
+    }
+
     fn wake(&mut self, t: u64) {
         self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
     }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use jio_common::fleet::{HostState, HostStatus};
 use jio_common::names::{HostName, Role};
+use jio_common::plan::ReasonCode;
 use jio_common::rollout::{RolloutRecord, RolloutState};
 use jio_common::rules::{GroupAction, Plan};
 use serde::Serialize;
@@ -167,6 +168,26 @@ pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
             parts.push(format!("{} {what}: {}", hs.len(), named(&hs)));
         }
     }
+    if !plan.soaking.is_empty() {
+        parts.push(format!(
+            "{} soaking (min_healthy_time): {}",
+            plan.soaking.len(),
+            jio_common::values::host_list(&plan.soaking)
+        ));
+    }
+    for (code, what) in [
+        (ReasonCode::Held, "held"),
+        (ReasonCode::Lost, "lost (never admitted)"),
+    ] {
+        let hs: Vec<&HostStatus> = hosts
+            .iter()
+            .filter(|h| h.state == HostState::Pending)
+            .filter(|h| plan.reasons.get(&h.host).is_some_and(|r| r.code == code))
+            .collect();
+        if !hs.is_empty() {
+            parts.push(format!("{} {what}: {}", hs.len(), named(&hs)));
+        }
+    }
     for g in &plan.groups {
         if g.pending > 0 {
             parts.push(format!(
@@ -219,7 +240,12 @@ pub fn holding(
         .filter(|h| !matches!(h.state, HostState::Upgraded | HostState::Failed))
         .map(|h| {
             let why = match (h.state, &h.reason) {
-                (HostState::Pending, _) => action_of(h),
+                (HostState::Pending, _) => plan
+                    .reasons
+                    .get(&h.host)
+                    .filter(|r| r.code != ReasonCode::Admitted)
+                    .map(|r| format!("pending: {}", r.text))
+                    .unwrap_or_else(|| action_of(h)),
                 (st, Some(r)) => format!("{}: {r}", st.as_str()),
                 (st, None) => st.as_str().to_string(),
             };

@@ -112,7 +112,7 @@ pub struct Created {
 #[derive(Debug)]
 pub enum Started {
     Created(Box<Created>),
-    Follow(RolloutRecord),
+    Follow(Box<RolloutRecord>),
 }
 
 /// Starts a rollout to `version` under `rules` (validated JSON), or follows the
@@ -137,7 +137,7 @@ where
     for _ in 0..ATTEMPTS {
         let snap = read().await?;
         let replaces = match begin(&snap, version, &digest) {
-            Begin::Follow(r) => return Ok(Started::Follow(r)),
+            Begin::Follow(r) => return Ok(Started::Follow(Box::new(r))),
             Begin::Create { replaces } => replaces,
         };
         let ids = record_ids(store, schema).await?;
@@ -217,6 +217,10 @@ pub enum Change {
         until: Option<u64>,
     },
     Resume,
+    /// Ends the canary phase: the rest of the fleet is admitted.
+    Promote {
+        reason: Option<String>,
+    },
     Abort {
         reason: Option<String>,
     },
@@ -277,6 +281,15 @@ fn change_ops(
         }
         Change::Resume => {
             let r = rec.resume(by, now)?;
+            ops.push(record_put(schema, &r));
+            Changed {
+                record: r,
+                started: None,
+                aborted_first: false,
+            }
+        }
+        Change::Promote { reason } => {
+            let r = rec.promote(by, reason.clone(), now)?;
             ops.push(record_put(schema, &r));
             Changed {
                 record: r,

@@ -4,13 +4,16 @@
 use std::collections::BTreeMap;
 
 use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
-use jio_common::names::Role;
+use jio_common::names::{HostName, Role};
+use jio_common::plan::{self, Context as PlanContext, Plan, Reason, ReasonCode};
 use jio_common::rollout::RolloutState;
+use jio_common::rules::Rules;
 use serde_json::{Value, json};
 
 /// The status JSON: the original's shape (`{state: {role: [hosts]}}`) plus the new
 /// states, the lock holder and the log links of failed hosts.
-pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
+pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
+    let adm = admission(snap, now);
     let mut out = serde_json::Map::new();
     out.insert("current_version".into(), json!(snap.current));
     for (state, roles) in fleet::by_state_and_role(hosts) {
@@ -30,11 +33,14 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus]) -> Value {
         .map(|(h, (_, l))| (h.as_str(), l.as_str()))
         .collect();
     out.insert("failure_reasons".into(), json!(failure_reasons));
-    let reasons: BTreeMap<&str, &str> = hosts
+    let reasons: BTreeMap<&str, &Reason> = hosts
         .iter()
-        .filter_map(|h| h.reason.as_deref().map(|r| (h.host.as_str(), r)))
+        .filter_map(|h| adm.reasons.get(&h.host).map(|r| (h.host.as_str(), r)))
         .collect();
     out.insert("reasons".into(), json!(reasons));
+    if let Some(p) = &adm.problem {
+        out.insert("rules_problem".into(), json!(p));
+    }
     out.insert("lock".into(), json!(snap.lock));
     out.insert("rollout".into(), rollout_json(snap));
     out.insert("drivers".into(), json!(snap.drivers));
@@ -89,11 +95,82 @@ pub fn only_role(hosts: Vec<HostStatus>, role: Option<&Role>) -> Vec<HostStatus>
 }
 
 /// The human table.
-pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str) -> String {
+pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str, now: u64) -> String {
+    let adm = admission(snap, now);
     let mut s = header(snap, store);
+    if let Some(p) = &adm.problem {
+        s.push_str(&format!("warning: {p}\n"));
+    }
     table(&mut s, hosts);
-    explained(&mut s, snap, hosts);
+    explained(&mut s, hosts, &adm.reasons);
     s
+}
+
+/// Why every host stands where it does, from the planner under the active
+/// rollout's rules (or, with none active, under no rules: what holds hosts back
+/// besides the rules), at `now`.
+pub struct Admission {
+    pub reasons: BTreeMap<HostName, Reason>,
+    pub plan: Option<Plan>,
+    /// The rollout's rules cannot be used for this fleet: why.
+    pub problem: Option<String>,
+}
+
+pub fn admission(snap: &Snapshot, now: u64) -> Admission {
+    let hosts = fleet::classify(snap);
+    let active = snap
+        .rollout
+        .as_ref()
+        .and_then(|c| c.ok())
+        .filter(|r| r.state.active());
+    let rules = match active {
+        Some(r) => Rules::parse(&r.rules.to_string()),
+        None => Ok(Rules::default()),
+    };
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
+    let resolved = rules.and_then(|r| r.resolve(&roles));
+    let (plan, problem) = match resolved {
+        Ok(resolved) => {
+            let cx = PlanContext { now, rollout: active };
+            (Some(plan::plan(snap, &hosts, &resolved, &cx)), None)
+        }
+        Err(e) => (
+            None,
+            Some(format!("the rollout's rules do not fit the fleet: {e}")),
+        ),
+    };
+    let mut reasons = plan.as_ref().map(|p| p.reasons.clone()).unwrap_or_default();
+    if active.is_none() {
+        // Nothing drives pending hosts without a rollout: say so instead of
+        // "admitted".
+        for r in reasons.values_mut() {
+            if r.code == ReasonCode::Admitted {
+                r.code = ReasonCode::WaitingFor;
+                r.text = "pending: no rollout is active (`jioctl upgrade VERSION` starts one)".into();
+            }
+        }
+    }
+    // Hosts the planner left without a reason but that are not done (no plan).
+    for h in &hosts {
+        if !reasons.contains_key(&h.host)
+            && h.state != HostState::Upgraded
+            && let Some(why) = &h.reason
+        {
+            reasons.insert(
+                h.host.clone(),
+                Reason {
+                    code: ReasonCode::Upgrading,
+                    text: why.clone(),
+                    at: None,
+                },
+            );
+        }
+    }
+    Admission {
+        reasons,
+        plan,
+        problem,
+    }
 }
 
 /// The version, the store, the lock holder, an emergency stop and the problems.
@@ -237,45 +314,50 @@ fn table(s: &mut String, hosts: &[HostStatus]) {
     }
 }
 
-/// The upgrading and pending hosts by name, then every host with something to
-/// explain, one line each.
-fn explained(s: &mut String, snap: &Snapshot, hosts: &[HostStatus]) {
+/// One line per host with a reason (every host not upgraded, and soaking ones):
+/// HOST, ROLE, STATE and REASON.
+fn explained(s: &mut String, hosts: &[HostStatus], reasons: &BTreeMap<HostName, Reason>) {
     use std::fmt::Write as _;
-    for state in [HostState::Upgrading, HostState::Pending] {
-        let names: Vec<&str> = hosts
-            .iter()
-            .filter(|h| h.state == state)
-            .map(|h| h.host.as_str())
-            .collect();
-        if !names.is_empty() {
-            let _ = writeln!(s, "{}: {}", state.as_str(), names.join(" "));
-        }
+    let rows: Vec<(&HostStatus, &Reason)> = hosts
+        .iter()
+        .filter_map(|h| reasons.get(&h.host).map(|r| (h, r)))
+        .collect();
+    if rows.is_empty() {
+        return;
     }
-    // Hosts with something to explain, one line each.
-    for h in hosts {
-        match (h.state, &h.reason) {
-            (HostState::Failed, _) => {
-                let (step, value) = snap
-                    .failures
-                    .get(&h.host)
-                    .cloned()
-                    .unwrap_or((jio_common::keys::Step::Configured, String::new()));
-                let _ = writeln!(
-                    s,
-                    "failed: {} ({}) at {}: {}",
-                    h.host,
-                    h.role,
-                    step.as_str(),
-                    describe_entry(&value)
-                );
-            }
-            (state, Some(reason)) => {
-                let _ = writeln!(s, "{}: {} ({}): {reason}", state.as_str(), h.host, h.role);
-            }
-            (HostState::Lost, None) => {
-                let _ = writeln!(s, "lost: {} ({})", h.host, h.role);
-            }
-            _ => {}
-        }
+    let w = rows
+        .iter()
+        .map(|(h, _)| h.host.as_str().len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let rw = rows
+        .iter()
+        .map(|(h, _)| h.role.as_str().len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(s, "\n{:<w$}  {:<rw$}  {:<9}  REASON", "HOST", "ROLE", "STATE");
+    let mut rows = rows;
+    rows.sort_by_key(|(h, r)| (state_rank(h.state, r), h.host.clone()));
+    for (h, r) in rows {
+        let state = if r.code == ReasonCode::Soaking {
+            "soaking"
+        } else {
+            h.state.as_str()
+        };
+        let _ = writeln!(s, "{:<w$}  {:<rw$}  {:<9}  {}", h.host, h.role, state, r.text);
+    }
+}
+
+/// Failed and lost hosts first, then moving ones, then the waiting ones.
+fn state_rank(st: HostState, r: &Reason) -> u8 {
+    match st {
+        HostState::Failed => 0,
+        HostState::Lost => 1,
+        HostState::Blocked => 2,
+        HostState::Upgrading => 3,
+        HostState::Upgraded if r.code == ReasonCode::Soaking => 4,
+        _ => 5,
     }
 }

@@ -131,7 +131,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
                     utc_stamp(r.started_at())
                 );
             }
-            r
+            *r
         }
         Err(rollouts::ChangeError::Store(e)) => return Err(e.into()),
         Err(e) => return Err(Failure::new(exit::SOFTWARE, e.to_string())),
@@ -819,6 +819,33 @@ impl Driver<'_> {
             .filter(|h| matches!(h.state, HostState::Upgraded | HostState::Failed))
             .count();
         let progressed = self.clock.1.note(finished, now);
+        if plan.waits_by_design() {
+            // Not stuck: waiting for a window, the canaries or a soak.
+            self.clock.1.since = now;
+        }
+        // A soak ending or a window opening changes the plan without any write.
+        self.wake_at = plan.wake_at;
+        if plan.canary.as_ref().is_some_and(|c| c.promote) {
+            let soak = rules
+                .canary_soak
+                .map(jio_common::duration::format)
+                .unwrap_or_default();
+            let reason = format!("the canaries stayed healthy for canary_soak ({soak})");
+            let Ok(promoted) = rec.promote("jioctl", Some(reason.clone()), now) else {
+                return Ok(PassOutcome::Replan);
+            };
+            if let Some(end) = self
+                .fenced(rollouts::update_ops(self.schema, &promoted), snap)
+                .await?
+            {
+                return Ok(end);
+            }
+            self.note(&format!(
+                "rollout {} promoted: {reason}; the rest is admitted",
+                rec.id
+            ));
+            return Ok(PassOutcome::Replan);
+        }
         let (disarm, end) = match next::after_plan(snap, hosts, &plan) {
             After::Apply => return Ok(self.apply(snap, &plan).await?),
             After::Settle { disarm, end } => (disarm, end),
@@ -828,9 +855,17 @@ impl Driver<'_> {
         match end {
             Settled::Finished { .. } | Settled::Stopped => {
                 let failed = rollouts::failed_hosts(snap);
-                let Ok(ended) = rec.finish(failed.clone(), by, now) else {
+                let Ok(mut ended) = rec.finish(failed.clone(), by, now) else {
                     return Ok(PassOutcome::Replan);
                 };
+                if !plan.held.is_empty()
+                    && let Some(c) = ended.changes.last_mut()
+                {
+                    c.reason = Some(format!(
+                        "held back (still at their version): {}",
+                        jio_common::values::host_list(&plan.held)
+                    ));
+                }
                 if let Some(end) = self
                     .fenced(rollouts::end_ops(self.schema, &ended, disarm), snap)
                     .await?
@@ -892,7 +927,7 @@ impl Driver<'_> {
                         Ok(PassOutcome::Replan)
                     }
                     Deadline::Due(t) => {
-                        self.wake_at = Some(t);
+                        self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
                         Ok(PassOutcome::Continue { waiting: Some(line) })
                     }
                     Deadline::None => Ok(PassOutcome::Continue { waiting: Some(line) }),
@@ -1093,9 +1128,15 @@ impl Driver<'_> {
         snap.role_pattern = self.role_pattern.clone();
         let hosts = fleet::classify(&snap);
         if self.o.json {
-            println!("{}", crate::status::to_json(&snap, &hosts));
+            println!(
+                "{}",
+                crate::status::to_json(&snap, &hosts, self.o.clock.unix_now())
+            );
         } else {
-            print!("{}", crate::status::to_text(&snap, &hosts, self.store.url()));
+            print!(
+                "{}",
+                crate::status::to_text(&snap, &hosts, self.store.url(), self.o.clock.unix_now())
+            );
         }
         Ok(())
     }

@@ -6,8 +6,10 @@ mod check_single_version;
 mod current_version;
 mod drive;
 mod enable_puppet;
+mod explain;
 mod get_failures;
 mod global_disable_puppet;
+mod hold;
 mod hosts_at_version;
 mod logs;
 mod lookup;
@@ -33,6 +35,12 @@ pub enum Command {
     Rollout(rollout::Rollout),
     /// The driver service: drive whatever rollout is current while holding the rollout lock
     Drive(drive::Drive),
+    /// Why a host is where it is: gate, hold, rollout, the rule that blocks, last run, agent
+    Explain(explain::Explain),
+    /// Keep hosts (or a role) out of every rollout until released
+    Hold(hold::Hold),
+    /// Release held hosts (or a role)
+    Release(hold::Release),
     /// Delete every role and host enable_puppet key and set the global one to false
     #[command(alias = "global_disable_puppet")]
     GlobalDisablePuppet(global_disable_puppet::GlobalDisablePuppet),
@@ -71,6 +79,9 @@ impl Command {
             Command::Upgrade(c) => c.run(ctx).await,
             Command::Rollout(c) => c.run(ctx).await,
             Command::Drive(c) => c.run(ctx).await,
+            Command::Explain(c) => c.run(ctx).await,
+            Command::Hold(c) => c.run(ctx).await,
+            Command::Release(c) => c.run(ctx).await,
             Command::GlobalDisablePuppet(c) => c.run(ctx).await,
             Command::TriggerUpdate(c) => c.run(ctx).await,
             Command::CurrentVersion(c) => c.run(ctx).await,

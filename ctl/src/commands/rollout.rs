@@ -1,4 +1,4 @@
-//! `jioctl rollout status | pause | resume | abort | history | undo`: the active
+//! `jioctl rollout status | pause | resume | promote | abort | history | undo`: the active
 //! rollout as the store records it, and the operators' changes to it (each one
 //! transaction; see `crate::rollouts`).
 
@@ -35,6 +35,12 @@ enum RolloutCommand {
     },
     /// Go on with the same rules (a paused or stuck rollout)
     Resume,
+    /// End the canary phase: admit the rest of the fleet under the rules
+    Promote {
+        /// Why (recorded and shown)
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// End the rollout where it stands: the fleet is left mixed, every enable key reset
     Abort {
         /// Why (recorded and shown)
@@ -67,6 +73,7 @@ impl Rollout {
                 change(ctx, Change::Pause { reason, until }).await
             }
             RolloutCommand::Resume => change(ctx, Change::Resume).await,
+            RolloutCommand::Promote { reason } => change(ctx, Change::Promote { reason }).await,
             RolloutCommand::Abort { reason } => change(ctx, Change::Abort { reason }).await,
             RolloutCommand::Undo { detach } => undo(ctx, detach).await,
         }
@@ -115,6 +122,13 @@ async fn change(ctx: &Context, c: Change) -> Outcome {
         Change::Resume => {
             println!(
                 "rollout {} to {} resumed: hosts are admitted again under the same rules",
+                r.id, r.version
+            );
+            say_driver(&snap, r);
+        }
+        Change::Promote { .. } => {
+            println!(
+                "rollout {} to {} promoted: the canary phase is over, the rest is admitted under its rules",
                 r.id, r.version
             );
             say_driver(&snap, r);

@@ -49,7 +49,7 @@ impl Status {
     fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str) -> Outcome {
         let hosts = only_role(fleet::classify(snap), self.role.as_ref());
         if ctx.json {
-            let v = to_json(snap, &hosts);
+            let v = to_json(snap, &hosts, jio_common::time::unix_now());
             if self.watch {
                 println!("{v}");
             } else {
@@ -61,7 +61,7 @@ impl Status {
         if self.watch && tty {
             print!("\x1b[H\x1b[2J");
         }
-        print!("{}", to_text(snap, &hosts, url));
+        print!("{}", to_text(snap, &hosts, url, jio_common::time::unix_now()));
         if self.watch && !tty {
             println!("--");
         }

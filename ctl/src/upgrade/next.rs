@@ -204,10 +204,13 @@ pub fn after_plan(snap: &Snapshot, hosts: &[HostStatus], plan: &Plan) -> After {
         return After::Apply;
     }
     let count = |s: HostState| hosts.iter().filter(|h| h.state == s).count();
-    let moving = count(HostState::Pending)
+    // Held hosts stay behind (the rollout ends without them); soaking ones still
+    // hold their slots.
+    let moving = count(HostState::Pending) - plan.held.len()
         + count(HostState::Upgrading)
         + count(HostState::Lost)
-        + count(HostState::Blocked);
+        + count(HostState::Blocked)
+        + plan.soaking.len();
     let end = if moving == 0 {
         Settled::Finished {
             failed: count(HostState::Failed),

@@ -226,8 +226,9 @@ mod tests {
         assert!(w.then_waits_for.unwrap().contains("frozen (limit 0)"));
         let snap = fleet(&[("compute1", "compute"), ("compute2", "compute")], &["compute2"]);
         let w = waves(r#"{"rolling_rules":{"global":1}}"#, &snap);
-        // compute1 first (name order), then compute2 is admitted but its agent is gone.
-        assert_eq!(names(&w), ["compute:compute1", "compute:compute2"]);
-        assert!(w.then_waits_for.unwrap().contains("1 lost: compute2"));
+        // compute1 goes; compute2's agent is gone: it is never admitted.
+        assert_eq!(names(&w), ["compute:compute1"]);
+        let then = w.then_waits_for.unwrap();
+        assert!(then.contains("1 lost (never admitted): compute2"), "{then}");
     }
 }

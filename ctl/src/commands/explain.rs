@@ -1,0 +1,274 @@
+//! `jioctl explain HOST`: the whole chain that decides whether the host moves: its
+//! state, the gate lookup (host → role → global) and the level that decided, a hold,
+//! the active rollout and its state, the rule that blocks it (the planner's reason
+//! under the rollout's rules, now), its last run with its outcome and log, and its
+//! agent's liveness. Read-only.
+
+use clap::Args;
+use jio_common::fleet::{self, Snapshot};
+use jio_common::gate::KeyState;
+use jio_common::keys::EnableLevel;
+use jio_common::names::HostName;
+use jio_common::plan::when;
+use serde_json::json;
+
+use crate::context::{Access, Context};
+use crate::exit::{self, Failure, Outcome};
+
+#[derive(Args, Debug)]
+pub struct Explain {
+    host: HostName,
+}
+
+fn key_text(k: Option<&KeyState>) -> String {
+    match k {
+        None | Some(KeyState::Unset) => "not set".into(),
+        Some(KeyState::Set(b)) => b.to_string(),
+        Some(KeyState::Invalid(e)) => format!("invalid ({e})"),
+    }
+}
+
+impl Explain {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        let store = ctx.open(Access::Read).await?;
+        let snap = ctx.snapshot(&store).await?;
+        let h = &self.host;
+        if !snap.hosts().contains(h) && !snap.agents.contains_key(h) {
+            return Err(Failure::new(
+                exit::FAILED,
+                format!(
+                    "host {h} is not known in this fleet (no /hosts/{h} record, no running version, no live agent)"
+                ),
+            ));
+        }
+        let now = jio_common::time::unix_now();
+        let lines = explain(&snap, h, now);
+        if ctx.json {
+            println!("{}", serde_json::to_string_pretty(&lines.json)?);
+        } else {
+            for l in lines.text {
+                println!("{l}");
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Explained {
+    text: Vec<String>,
+    json: serde_json::Value,
+}
+
+fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
+    let mut t = Vec::new();
+    let schema_role = snap.role_of(h);
+    let hosts = fleet::classify(snap);
+    let status = hosts.iter().find(|s| &s.host == h);
+    let adm = crate::status::admission(snap, now);
+    let reason = adm.reasons.get(h);
+    let state = status.map_or("unknown", |s| s.state.as_str());
+    t.push(format!("host {h} (role {schema_role})"));
+    t.push(format!(
+        "  state: {state}{}",
+        reason.map(|r| format!(" — {}", r.text)).unwrap_or_default()
+    ));
+    let versions: Vec<String> = snap
+        .running
+        .get(h)
+        .map(|v| v.iter().map(ToString::to_string).collect())
+        .unwrap_or_default();
+    t.push(format!(
+        "  desired version: {}; running: {}",
+        snap.current
+            .as_ref()
+            .map_or("(not set)".into(), ToString::to_string),
+        if versions.is_empty() {
+            "nothing recorded".into()
+        } else {
+            versions.join(", ")
+        }
+    ));
+    // The gate.
+    let gate = snap.gate(h, &schema_role);
+    t.push("  gate (the most specific key that is set decides):".into());
+    let levels = [
+        ("host", EnableLevel::Host(h.clone()), snap.host_keys.get(h)),
+        (
+            "role",
+            EnableLevel::Role(schema_role.clone()),
+            snap.role_keys.get(&schema_role),
+        ),
+        ("global", EnableLevel::Global, Some(&snap.global)),
+    ];
+    for (name, level, k) in &levels {
+        let decided = gate.level.as_str() == *name;
+        t.push(format!(
+            "    {name:<6} {:<48} {}{}",
+            match level {
+                EnableLevel::Host(h) => format!("/config_state/enable_puppet/host/{h}"),
+                EnableLevel::Role(r) => format!("/config_state/enable_puppet/role/{r}"),
+                EnableLevel::Global => "/config_state/enable_puppet/global".into(),
+            },
+            key_text(*k),
+            if decided { "  <- decides" } else { "" }
+        ));
+    }
+    t.push(format!(
+        "    => {}{}",
+        if gate.enabled { "enabled" } else { "not enabled" },
+        gate.blocked
+            .as_ref()
+            .map(|b| format!(" (blocked: {b})"))
+            .unwrap_or_default()
+    ));
+    // A hold.
+    let hold = snap.hold_of(h, &schema_role);
+    match &hold {
+        Some((target, Some(rec))) => t.push(format!(
+            "  hold: {target} held by {}{} since {}",
+            rec.by,
+            rec.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default(),
+            when(rec.at)
+        )),
+        Some((target, None)) => t.push(format!(
+            "  hold: {target} (its record cannot be read; it still holds)"
+        )),
+        None => t.push("  hold: none".into()),
+    }
+    // The rollout.
+    let rollout = snap.rollout.as_ref();
+    match rollout {
+        None => t.push("  rollout: none is active".into()),
+        Some(c) => match &c.record {
+            Ok(r) => t.push(format!(
+                "  rollout: {} to {}, {}{}",
+                r.id,
+                r.version,
+                r.state.name(),
+                match (&r.promoted, r.rules.get("canary")) {
+                    (_, None) => String::new(),
+                    (Some(p), _) => format!(" (promoted by {} at {})", p.by, when(p.at)),
+                    (None, Some(_)) => " (canary phase)".into(),
+                }
+            )),
+            Err(e) => t.push(format!("  rollout: {} cannot be used: {e}", c.id)),
+        },
+    }
+    // The rule that blocks it (or what moves it).
+    let group = adm.plan.as_ref().and_then(|p| {
+        p.groups
+            .iter()
+            .find(|g| g.group == adm_group(snap, h, rollout))
+            .cloned()
+    });
+    if let Some(g) = &group {
+        t.push(format!(
+            "  group {}: {} upgraded, {} in flight{}, {} pending; {}",
+            g.group,
+            g.upgraded,
+            g.in_flight,
+            g.limit.map(|l| format!(" (limit {l})")).unwrap_or_default(),
+            g.pending,
+            crate::render::action(&g.action)
+        ));
+    }
+    if let Some(p) = &adm.plan
+        && let Some(cap) = p.fleet_cap
+    {
+        t.push(format!("  fleet: {} in flight (cap {cap})", p.fleet_in_flight));
+    }
+    if let Some(p) = &adm.problem {
+        t.push(format!("  rules: {p}"));
+    }
+    // The last run.
+    match snap.results.get(h) {
+        Some(r) => {
+            t.push(format!(
+                "  last run: to {} {} at {} (attempt {}){}",
+                r.version,
+                if r.ok { "succeeded" } else { "failed" },
+                when(r.at),
+                r.attempt,
+                r.checked_at
+                    .map(|c| format!("; last health check passed at {}", when(c)))
+                    .unwrap_or_default()
+            ));
+            if !r.ok {
+                t.push(format!(
+                    "    step {}{}{}",
+                    r.step.as_deref().unwrap_or("?"),
+                    r.exit_code.map(|c| format!(", exit {c}")).unwrap_or_default(),
+                    r.message.as_ref().map(|m| format!(": {m}")).unwrap_or_default()
+                ));
+            }
+            if let Some(d) = &r.run_dir {
+                t.push(format!("    run directory on the host: {d}"));
+            }
+            if let Some(l) = &r.log {
+                t.push(format!("    log: {l}"));
+            }
+            if let Some(at) = r.retry_at {
+                t.push(format!("    the agent retries at {}", when(at)));
+            }
+        }
+        None => t.push("  last run: none recorded (/results/{h} is absent)".replace("{h}", h.as_str())),
+    }
+    if let Some((step, value)) = snap.failures.get(h) {
+        t.push(format!(
+            "  failure entry ({}): {}",
+            step.as_str(),
+            crate::status::describe_entry(value)
+        ));
+    }
+    // The agent.
+    match snap.agents.get(h) {
+        Some(Some(a)) => t.push(format!(
+            "  agent: alive (pid {}), {:?} {} since {}",
+            a.pid,
+            a.state,
+            a.version.as_ref().map_or("-".into(), ToString::to_string),
+            when(a.since)
+        )),
+        Some(None) => t.push(format!("  agent: alive, but /agents/{h} cannot be read")),
+        None => t.push(format!(
+            "  agent: not alive (no /agents/{h} lease): the host is lost"
+        )),
+    }
+    if let Some(run) = snap.runs.get(h) {
+        t.push(match run {
+            Some(r) => format!(
+                "  run marker: a run of {} started at {} and was not yet seen to end",
+                r.version.as_ref().map_or("-".into(), ToString::to_string),
+                when(r.since)
+            ),
+            None => format!("  run marker: /runs/{h} cannot be read"),
+        });
+    }
+    let json = json!({
+        "host": h,
+        "role": schema_role,
+        "state": state,
+        "reason": reason,
+        "running": versions,
+        "gate": gate,
+        "hold": hold.as_ref().map(|(t, r)| json!({"target": t.to_string(), "record": r})),
+        "rollout": crate::status::rollout_json(snap),
+        "group": group,
+        "last_run": snap.results.get(h),
+        "agent": snap.agents.get(h),
+    });
+    Explained { text: t, json }
+}
+
+/// The host's group under the active rollout's rules (its role without them).
+fn adm_group(snap: &Snapshot, h: &HostName, rollout: Option<&jio_common::fleet::CurrentRollout>) -> String {
+    let role = snap.role_of(h);
+    let rules = rollout
+        .and_then(|c| c.ok())
+        .and_then(|r| jio_common::rules::Rules::parse(&r.rules.to_string()).ok());
+    let roles = fleet::classify(snap).into_iter().map(|s| s.role).collect();
+    rules
+        .and_then(|r| r.resolve(&roles).ok())
+        .and_then(|r| r.group_of.get(&role).cloned())
+        .unwrap_or_else(|| role.to_string())
+}

@@ -1,0 +1,152 @@
+//! `jioctl hold HOST... | --role R [--reason R]` and `jioctl release HOST... | --role R`:
+//! keep hosts out of every rollout until released. A hold is a record under
+//! `/holds/host/<host>` or `/holds/role/<role>`, written with the plan epoch in one
+//! transaction, so a plan computed before it cannot land after it. The planner never
+//! admits a held host and the agent never starts an upgrade while held; a run
+//! already going finishes.
+
+use anyhow::Context as _;
+use clap::Args;
+use jio_common::fleet::{self, HostState};
+use jio_common::keys::HoldTarget;
+use jio_common::names::{HostName, Role};
+use jio_common::store::Op;
+use jio_common::values::HoldRecord;
+
+use crate::context::{Access, Context};
+use crate::exit::{Failure, Outcome};
+use crate::writes;
+
+#[derive(Args, Debug)]
+pub struct Hold {
+    /// Hosts to hold
+    #[arg(required_unless_present = "role", conflicts_with = "role")]
+    hosts: Vec<HostName>,
+    /// Hold every host of this role instead
+    #[arg(long)]
+    role: Option<Role>,
+    /// Why (recorded and shown in status and explain)
+    #[arg(long)]
+    reason: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct Release {
+    /// Hosts to release
+    #[arg(required_unless_present = "role", conflicts_with = "role")]
+    hosts: Vec<HostName>,
+    /// Release the hold on this role instead
+    #[arg(long)]
+    role: Option<Role>,
+}
+
+fn targets(hosts: &[HostName], role: &Option<Role>) -> Vec<HoldTarget> {
+    match role {
+        Some(r) => vec![HoldTarget::Role(r.clone())],
+        None => {
+            let mut t: Vec<HoldTarget> = hosts.iter().cloned().map(HoldTarget::Host).collect();
+            t.dedup();
+            t
+        }
+    }
+}
+
+fn name(t: &HoldTarget) -> String {
+    match t {
+        HoldTarget::Host(h) => h.to_string(),
+        HoldTarget::Role(r) => format!("--role {r}"),
+    }
+}
+
+impl Hold {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        let targets = targets(&self.hosts, &self.role);
+        let reason = self.reason.filter(|r| !r.trim().is_empty());
+        let rec = HoldRecord {
+            by: crate::rollouts::by(),
+            reason: reason.clone(),
+            at: jio_common::time::unix_now(),
+        };
+        let value = serde_json::to_string(&rec).map_err(anyhow::Error::from)?;
+        let store = ctx.open(Access::Write).await?;
+        let ops = targets
+            .iter()
+            .map(|t| Op::put(ctx.schema().hold(t), value.clone()))
+            .collect();
+        writes::write(&store, ctx.schema(), ops)
+            .await
+            .context("writing the hold")?;
+        // What the hold means for hosts already moving.
+        let snap = ctx.snapshot(&store).await?;
+        let hosts = fleet::classify(&snap);
+        let known = snap.hosts();
+        for t in &targets {
+            if let HoldTarget::Host(h) = t
+                && !known.contains(h)
+            {
+                eprintln!(
+                    "jioctl: warning: host {h} is not known in this fleet (no /hosts record, no running version): held anyway"
+                );
+            }
+            let what = match t {
+                HoldTarget::Host(h) => format!("host {h}"),
+                HoldTarget::Role(r) => format!(
+                    "role {r} ({} host(s))",
+                    hosts.iter().filter(|h| &h.role == r).count()
+                ),
+            };
+            println!(
+                "held {what}{}: kept out of every rollout until `jioctl release {}`",
+                reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
+                name(t)
+            );
+        }
+        let running: Vec<&str> = hosts
+            .iter()
+            .filter(|h| h.state == HostState::Upgrading && snap.hold_of(&h.host, &h.role).is_some())
+            .map(|h| h.host.as_str())
+            .collect();
+        if !running.is_empty() {
+            println!("already in flight, finishing their run: {}", running.join(", "));
+        }
+        Ok(())
+    }
+}
+
+impl Release {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        let targets = targets(&self.hosts, &self.role);
+        let store = ctx.open(Access::Write).await?;
+        let snap = ctx.snapshot(&store).await?;
+        let (held, not_held): (Vec<&HoldTarget>, Vec<&HoldTarget>) =
+            targets.iter().partition(|t| snap.holds.contains_key(t));
+        for t in &not_held {
+            let role_hint = match t {
+                HoldTarget::Host(h) => snap
+                    .hold_of(h, &snap.role_of(h))
+                    .filter(|(ht, _)| matches!(ht, HoldTarget::Role(_)))
+                    .map(|(ht, _)| format!(" (it is held through its {ht}: `jioctl release {}`)", name(&ht)))
+                    .unwrap_or_default(),
+                HoldTarget::Role(_) => String::new(),
+            };
+            println!("{t} was not held: nothing to release{role_hint}");
+        }
+        if held.is_empty() {
+            if targets.len() == not_held.len() && !not_held.is_empty() {
+                return Err(Failure::new(
+                    crate::exit::FAILED,
+                    "nothing was held: nothing was released",
+                ));
+            }
+            return Ok(());
+        }
+        let ops = held.iter().map(|t| Op::Delete(ctx.schema().hold(t))).collect();
+        writes::write(&store, ctx.schema(), ops)
+            .await
+            .context("deleting the hold")?;
+        for t in held {
+            println!("released {t}: the rollout admits it again under its rules");
+        }
+        Ok(())
+    }
+}
