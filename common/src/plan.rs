@@ -316,6 +316,9 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         let f = &facts[&h.host];
         let res = snap.results.get(&h.host);
         let why = match h.state {
+            HostState::Upgraded if f.soaking_until.is_none() => snap
+                .hold_of(&h.host, &h.role)
+                .map(|(t, rec)| held_reason(&t, rec)),
             HostState::Upgraded => f.soaking_until.map(|until| {
                 plan.wake(until);
                 let text = if now < until {

@@ -244,7 +244,7 @@ pub fn holding(
                     .reasons
                     .get(&h.host)
                     .filter(|r| r.code != ReasonCode::Admitted)
-                    .map(|r| format!("pending: {}", r.text))
+                    .map(|r| r.text.clone())
                     .unwrap_or_else(|| action_of(h)),
                 (st, Some(r)) => format!("{}: {r}", st.as_str()),
                 (st, None) => st.as_str().to_string(),

@@ -876,10 +876,18 @@ impl Driver<'_> {
                     self.note("enable keys reset (puppet disabled globally): nothing is left armed");
                 }
                 self.note(&format!(
-                    "rollout {} to {} {}",
+                    "rollout {} to {} {}{}",
                     rec.id,
                     rec.version,
-                    ended.state.name()
+                    ended.state.name(),
+                    if plan.held.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; held back (still at their version): {}",
+                            jio_common::values::host_list(&plan.held)
+                        )
+                    }
                 ));
                 Ok(match end {
                     Settled::Stopped => {

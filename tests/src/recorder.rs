@@ -21,6 +21,10 @@ pub struct Record {
     pub max_in_flight: BTreeMap<String, usize>,
     /// The order in which hosts were first seen in flight.
     pub started: Vec<String>,
+    /// The most hosts in flight across the fleet at once.
+    pub max_fleet_in_flight: usize,
+    /// Hosts in flight at the last revision checked (to see a run start).
+    running: BTreeSet<String>,
 }
 
 /// A running recorder; `stop` returns what it saw.
@@ -178,6 +182,58 @@ fn check(
             not_done.insert(g);
         }
     }
+    // The fleet cap, and runs that start while held or outside their window.
+    let total_in_flight: usize = in_flight.values().sum();
+    rec.max_fleet_in_flight = rec.max_fleet_in_flight.max(total_in_flight);
+    if let Some(cap) = resolved.fleet_cap(fleet.hosts.len())
+        && total_in_flight as u64 > cap
+    {
+        rec.violations.push(format!(
+            "rev {rev}: {total_in_flight} hosts in flight across the fleet, cap {cap}"
+        ));
+    }
+    let p = schema.prefix();
+    let has = |k: String| {
+        Key::new(format!("{p}{k}"))
+            .ok()
+            .is_some_and(|k| state.contains_key(&k))
+    };
+    let now = jio_common::time::unix_now();
+    let running_now: BTreeSet<String> = fleet
+        .hosts
+        .iter()
+        .filter(|(_, (_, running, _))| *running)
+        .map(|(h, _)| h.clone())
+        .collect();
+    let upgrading = |h: &str| {
+        [format!("/runs/{h}"), format!("/agents/{h}")]
+            .into_iter()
+            .any(|k| {
+                Key::new(format!("{p}{k}"))
+                    .ok()
+                    .and_then(|k| state.get(&k))
+                    .is_some_and(|kv| kv.value.contains("\"state\":\"upgrading\""))
+            })
+    };
+    // Health checks may run while held or outside a window; upgrades may not.
+    for h in running_now.difference(&rec.running).filter(|h| upgrading(h)) {
+        let role = &fleet.hosts[h].0;
+        if has(format!("/holds/host/{h}")) || has(format!("/holds/role/{role}")) {
+            rec.violations
+                .push(format!("rev {rev}: {h} started a run while held"));
+        }
+        if let Ok(r) = jio_common::names::Role::new(role.clone()) {
+            let windows = rules.windows_for(&r);
+            // Closed now and 2 s ago: a start observed late is not blamed on the close.
+            let closed = |t: u64| !jio_common::window::state(&windows, t).open();
+            if closed(now) && closed(now.saturating_sub(2)) {
+                rec.violations.push(format!(
+                    "rev {rev}: {h} started a run outside its maintenance window"
+                ));
+            }
+        }
+    }
+    rec.running = running_now;
     for (g, n) in &in_flight {
         let m = rec.max_in_flight.entry(g.clone()).or_default();
         *m = (*m).max(*n);
