@@ -1095,4 +1095,262 @@ mod tests {
             }
         );
     }
+
+    /// Plans `kvs` (on top of `fleet(hosts)`) under `rules` for a rollout that
+    /// started at 1000, at `now`.
+    fn run_at(
+        rules: &str,
+        hosts: &[(&str, &str, &str)],
+        extra: &[KeyValue],
+        now: u64,
+        promoted: bool,
+    ) -> Plan {
+        let mut kvs: Vec<KeyValue> = Vec::new();
+        kvs.push(kv("/current_version", "v2"));
+        kvs.push(kv("/config_state/enable_puppet/global", "false"));
+        for (h, role, state) in hosts {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                &format!(r#"{{"role":"{role}","agent_version":"1","addresses":[],"first_seen":1}}"#),
+            ));
+            kvs.push(kv(&format!("/agents/{h}"), IDLE));
+            match *state {
+                "up" => kvs.push(kv(&format!("/running/versions/v2/{h}"), "1")),
+                "going" => kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true")),
+                "fail" => {
+                    kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true"));
+                    kvs.push(kv(&format!("/status/configured/failure/v2/{h}"), ""));
+                }
+                _ => {}
+            }
+        }
+        kvs.extend(extra.iter().cloned());
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let statuses = classify(&snap);
+        let roles = statuses.iter().map(|h| h.role.clone()).collect();
+        let resolved = Rules::parse(rules).unwrap().resolve(&roles).unwrap();
+        let mut rec = RolloutRecord::start(
+            crate::names::Version::new("v2").unwrap(),
+            None,
+            serde_json::from_str(rules).unwrap(),
+            "t",
+            1000,
+        );
+        if promoted {
+            rec = rec.promote("t", None, 1001).unwrap();
+        }
+        plan(
+            &snap,
+            &statuses,
+            &resolved,
+            &Context {
+                now,
+                rollout: Some(&rec),
+            },
+        )
+    }
+
+    fn result(h: &str, at: u64, checked: Option<u64>) -> KeyValue {
+        let c = checked
+            .map(|c| format!(r#","checked_at":{c}"#))
+            .unwrap_or_default();
+        kv(
+            &format!("/results/{h}"),
+            &format!(r#"{{"version":"v2","ok":true,"at":{at}{c}}}"#),
+        )
+    }
+
+    fn code(p: &Plan, h: &str) -> Option<ReasonCode> {
+        p.reasons.get(&HostName::new(h).unwrap()).map(|r| r.code)
+    }
+
+    #[test]
+    fn percentages_round_down_and_slots_are_at_least_one() {
+        let four = [
+            ("cp1", "compute", "wait"),
+            ("cp2", "compute", "wait"),
+            ("cp3", "compute", "wait"),
+            ("cp4", "compute", "wait"),
+        ];
+        for (rules, admitted) in [
+            (r#"{"rolling_rules": {"roles": {"compute": "50%"}}}"#, 2),
+            (r#"{"rolling_rules": {"roles": {"compute": "10%"}}}"#, 1),
+            (r#"{"rolling_rules": {"global": "75%"}}"#, 3),
+            (r#"{"rolling_rules": {"fleet": "25%"}}"#, 1),
+        ] {
+            assert_eq!(run(rules, &four).enable_hosts.len(), admitted, "{rules}");
+        }
+        let failing = [
+            ("cp1", "compute", "fail"),
+            ("cp2", "compute", "fail"),
+            ("cp3", "compute", "wait"),
+            ("cp4", "compute", "wait"),
+        ];
+        assert!(!run(r#"{"max_failures": "50%"}"#, &failing).stopped_on_failures);
+        assert!(run(r#"{"max_failures": "25%"}"#, &failing).stopped_on_failures);
+        // 10% of 4 hosts is 0: any failure stops.
+        assert!(run(r#"{"max_failures": "10%"}"#, &failing[..3]).stopped_on_failures);
+    }
+
+    #[test]
+    fn the_fleet_cap_spans_groups() {
+        let hosts = [
+            ("cp1", "compute", "going"),
+            ("cp2", "compute", "wait"),
+            ("db1", "db", "wait"),
+            ("db2", "db", "wait"),
+            ("mon1", "mon", "wait"),
+        ];
+        let p = run(r#"{"rolling_rules": {"global": 2, "fleet": 3}}"#, &hosts);
+        // One in flight, two more: compute's last one fits (its role key opens, the
+        // slot counted), then db1 by its host key; the cap binds for the rest.
+        assert_eq!(names(&p.enable_roles), vec!["compute"]);
+        assert_eq!(names(&p.enable_hosts), vec!["db1"]);
+        assert_eq!(code(&p, "db2"), Some(ReasonCode::FleetCap));
+        assert_eq!(code(&p, "mon1"), Some(ReasonCode::FleetCap));
+        assert_eq!(p.fleet_cap, Some(3));
+    }
+
+    #[test]
+    fn a_soaking_host_keeps_its_slot_until_healthy_long_enough_and_checked() {
+        let hosts = [
+            ("cp1", "compute", "up"),
+            ("cp2", "compute", "wait"),
+            ("db1", "db", "wait"),
+        ];
+        let rules = r#"{"rolling_rules": {"roles": {"compute": 1}}, "min_healthy_time": "60s", "role_order": {"db": "compute"}}"#;
+        // Upgraded at 2000 and not checked since: soaking until 2060, then until a check.
+        for (now, checked, soaking) in [
+            (2030, None, true),
+            (2030, Some(2040), true),
+            (2070, None, true),
+            (2070, Some(2050), false),
+        ] {
+            let p = run_at(rules, &hosts, &[result("cp1", 2000, checked)], now, true);
+            assert_eq!(!p.soaking.is_empty(), soaking, "at {now}, checked {checked:?}");
+            if soaking {
+                assert_eq!(code(&p, "cp1"), Some(ReasonCode::Soaking));
+                assert_eq!(
+                    code(&p, "cp2"),
+                    Some(ReasonCode::LimitReached),
+                    "it holds the slot"
+                );
+                assert_eq!(
+                    code(&p, "db1"),
+                    Some(ReasonCode::WaitingFor),
+                    "compute is not done"
+                );
+                assert!(p.waits_by_design());
+                if now < 2060 {
+                    assert_eq!(p.wake_at, Some(2060));
+                }
+            } else {
+                assert_eq!(code(&p, "cp2"), Some(ReasonCode::Admitted));
+                assert!(!p.is_empty());
+            }
+        }
+        // Upgraded before this rollout started (at 1000): not soaking.
+        let p = run_at(rules, &hosts, &[result("cp1", 900, None)], 1010, true);
+        assert!(p.soaking.is_empty());
+    }
+
+    #[test]
+    fn canaries_go_first_then_soak_then_the_rest() {
+        let hosts = [
+            ("cp1", "compute", "wait"),
+            ("cp2", "compute", "wait"),
+            ("cp3", "compute", "wait"),
+            ("db1", "db", "wait"),
+        ];
+        let rules = r#"{"canary": {"compute": 1}, "canary_soak": "10m"}"#;
+        // First: one compute; db has no canary and waits.
+        let p = run_at(rules, &hosts, &[], 1100, false);
+        assert_eq!(names(&p.enable_hosts), vec!["cp1"]);
+        assert!(p.enable_roles.is_empty());
+        assert_eq!(code(&p, "cp2"), Some(ReasonCode::Canary));
+        assert_eq!(code(&p, "db1"), Some(ReasonCode::Canary));
+        // cp1 finished at 1200: the rest waits until 1800, then the driver promotes.
+        let up = [
+            ("cp1", "compute", "up"),
+            ("cp2", "compute", "wait"),
+            ("cp3", "compute", "wait"),
+            ("db1", "db", "wait"),
+        ];
+        let p = run_at(rules, &up, &[result("cp1", 1200, None)], 1300, false);
+        assert!(p.is_empty());
+        let c = p.canary.clone().unwrap();
+        assert_eq!((c.soaked_at, c.promote), (Some(1800), false));
+        assert_eq!(p.wake_at, Some(1800));
+        assert!(
+            p.reasons[&HostName::new("cp2").unwrap()]
+                .text
+                .contains("soak until")
+        );
+        let p = run_at(rules, &up, &[result("cp1", 1200, None)], 1800, false);
+        assert!(p.canary.unwrap().promote);
+        // A failed canary: no promotion.
+        let failed = [("cp1", "compute", "fail"), ("cp2", "compute", "wait")];
+        let p = run_at(
+            r#"{"canary": 1, "canary_soak": "1m", "max_failures": 1}"#,
+            &failed,
+            &[],
+            5000,
+            false,
+        );
+        assert!(!p.canary.unwrap().promote);
+        // Promoted: everything fits, the role key opens.
+        let p = run_at(rules, &up, &[result("cp1", 1200, None)], 1300, true);
+        assert!(p.canary.is_none());
+        assert_eq!(names(&p.enable_roles), vec!["compute", "db"]);
+    }
+
+    #[test]
+    fn held_and_lost_hosts_are_never_admitted_and_say_why() {
+        let hosts = [
+            ("cp1", "compute", "wait"),
+            ("cp2", "compute", "wait"),
+            ("cp3", "compute", "wait"),
+        ];
+        let extra = [
+            kv("/holds/host/cp1", r#"{"by":"alice@l","reason":"disk","at":1}"#),
+            kv("/holds/role/db", "garbage"),
+        ];
+        let mut kvs = extra.to_vec();
+        kvs.push(kv(
+            "/hosts/db1",
+            r#"{"role":"db","agent_version":"1","addresses":[],"first_seen":1}"#,
+        ));
+        kvs.push(kv("/agents/db1", IDLE));
+        let p = run_at("{}", &hosts, &kvs, 2000, true);
+        assert_eq!(
+            names(&p.enable_hosts),
+            vec!["cp2", "cp3"],
+            "host keys, not the role key"
+        );
+        let r = &p.reasons[&HostName::new("cp1").unwrap()];
+        assert_eq!(r.code, ReasonCode::Held);
+        assert!(r.text.contains("alice@l: disk"), "{}", r.text);
+        let r = &p.reasons[&HostName::new("db1").unwrap()];
+        assert!(r.text.contains("cannot be read; it still holds"), "{}", r.text);
+        assert_eq!(names(&p.held), vec!["cp1", "db1"]);
+        // A pending host without an agent: lost, never admitted.
+        let mut kvs: Vec<KeyValue> = Vec::new();
+        for h in ["cp1", "cp2"] {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
+            ));
+        }
+        kvs.push(kv("/agents/cp1", IDLE));
+        kvs.push(kv("/current_version", "v2"));
+        kvs.push(kv("/config_state/enable_puppet/global", "false"));
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let st = classify(&snap);
+        let roles = st.iter().map(|h| h.role.clone()).collect();
+        let r = Rules::parse("{}").unwrap().resolve(&roles).unwrap();
+        let p = plan(&snap, &st, &r, &Context::default());
+        assert_eq!(names(&p.enable_hosts), vec!["cp1"]);
+        assert_eq!(code(&p, "cp2"), Some(ReasonCode::Lost));
+        assert_eq!(code(&p, "cp1"), Some(ReasonCode::Admitted));
+    }
 }

@@ -42,7 +42,7 @@ pub fn action(a: &GroupAction) -> String {
         GroupAction::FleetCap { in_flight, cap } => {
             format!("fleet cap reached ({in_flight} of {cap} in flight)")
         }
-        GroupAction::NoneAdmissible => "every pending host is held or lost".into(),
+        GroupAction::NoneAdmissible => "every pending host is held or lost (never admitted)".into(),
     }
 }
 

@@ -343,9 +343,10 @@ async fn status_requests_do_not_grow_with_the_fleet() {
         counts[0], counts[1],
         "store requests for 100 and 10,000 hosts: {counts:?}"
     );
-    // The locks, then the version, enable keys, current rollout and driver services,
-    // then hosts, versions, agents, run markers, failures (2) and the rollout record.
-    assert!(counts[0] <= 12, "{counts:?}");
+    // The locks, then the version, enable keys, current rollout, driver services and
+    // holds, then hosts, versions, agents, run markers, results, failures (2) and the
+    // rollout record (none here).
+    assert!(counts[0] <= 14, "{counts:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,6 +358,14 @@ async fn bad_input_is_refused_and_writes_nothing() {
     s.put(
         &Key::new("/hosts/stmon99").unwrap(),
         r#"{"role":"stmon","agent_version":"1","addresses":[],"first_seen":1}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    // Its agent is alive (a host without one is never admitted, so no wave).
+    s.put(
+        &Key::new("/agents/stmon99").unwrap(),
+        r#"{"state":"idle","version":"v1","since":1,"pid":1}"#,
         None,
     )
     .await
