@@ -338,11 +338,16 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
                     )
                 }
                 Some(why) => reason(ReasonCode::Upgrading, format!("in flight: {why}"), None),
-                None => reason(
-                    ReasonCode::Upgrading,
-                    "in flight: enabled, its agent runs it".into(),
-                    None,
-                ),
+                None => {
+                    let text = match snap.agents.get(&h.host) {
+                        Some(Some(a)) if a.state.running() => format!(
+                            "in flight: its agent is running puppet for {}",
+                            a.version.as_ref().map_or("-", |v| v.as_str())
+                        ),
+                        _ => "in flight: enabled, its agent is about to start".into(),
+                    };
+                    reason(ReasonCode::Upgrading, text, None)
+                }
             }),
             HostState::Failed => Some(failed_reason(snap, &h.host)),
             HostState::Lost => Some(lost_reason(snap, &h.host, true)),

@@ -730,6 +730,41 @@ mod tests {
                 "key \"compute\" is given twice",
             ),
             (r#"{} {}"#, "malformed JSON"),
+            (
+                r#"{"rolling_rules": {"fleet": "0%"}}"#,
+                "rolling_rules.fleet: \"0%\" is not a percentage from \"1%\" to \"100%\"",
+            ),
+            (
+                r#"{"rolling_rules": {"roles": {"compute": "150%"}}}"#,
+                "rolling_rules.roles.compute: \"150%\" is not a percentage",
+            ),
+            (
+                r#"{"max_failures": "ten%"}"#,
+                "max_failures: \"ten%\" is not a percentage",
+            ),
+            (r#"{"canary": -1}"#, "canary: -1 is not a count"),
+            (
+                r#"{"canary": {"compute": true}}"#,
+                "canary.compute: true is not a count",
+            ),
+            (r#"{"canary_soak": "10m"}"#, "canary_soak is given without canary"),
+            (
+                r#"{"canary": 1, "canary_soak": 600}"#,
+                "canary_soak: 600 must be a duration",
+            ),
+            (
+                r#"{"min_healthy_time": "0"}"#,
+                "min_healthy_time: must be longer than 0",
+            ),
+            (r#"{"windows": []}"#, "windows: [] must be a non-empty list"),
+            (
+                r#"{"windows": [{"days": "weekdays", "start": "22:00", "end": "06:00"}]}"#,
+                "windows[0].days: \"weekdays\" is not a day",
+            ),
+            (
+                r#"{"windows": [{"days": "mon", "start": "22:00", "end": "06:00", "tz": "Mumbai"}]}"#,
+                "windows[0].tz: \"Mumbai\" is not a time zone",
+            ),
         ];
         for (text, want) in cases {
             let err = Rules::parse(text).unwrap_err().to_string();

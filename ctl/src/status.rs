@@ -7,7 +7,7 @@ use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
 use jio_common::names::{HostName, Role};
 use jio_common::plan::{self, Context as PlanContext, Plan, Reason, ReasonCode};
 use jio_common::rollout::RolloutState;
-use jio_common::rules::Rules;
+use jio_common::rules::{GroupAction, Rules};
 use serde_json::{Value, json};
 
 /// The status JSON: the original's shape (`{state: {role: [hosts]}}`) plus the new
@@ -101,9 +101,30 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str, now: u64) -> 
     if let Some(p) = &adm.problem {
         s.push_str(&format!("warning: {p}\n"));
     }
+    if let Some(line) = adm.plan.as_ref().and_then(window_line) {
+        s.push_str(&line);
+        s.push('\n');
+    }
     table(&mut s, hosts);
     explained(&mut s, hosts, &adm.reasons);
     s
+}
+
+/// The groups waiting for their maintenance window, and when it opens.
+fn window_line(p: &Plan) -> Option<String> {
+    let closed: Vec<String> = p
+        .groups
+        .iter()
+        .filter_map(|g| match g.action {
+            GroupAction::OutsideWindow { opens_at } => Some(format!(
+                "{} (opens at {})",
+                g.group,
+                opens_at.map_or("no time in the coming week".into(), plan::when)
+            )),
+            _ => None,
+        })
+        .collect();
+    (!closed.is_empty()).then(|| format!("maintenance window closed for: {}", closed.join(", ")))
 }
 
 /// Why every host stands where it does, from the planner under the active
@@ -346,7 +367,14 @@ fn explained(s: &mut String, hosts: &[HostStatus], reasons: &BTreeMap<HostName, 
         } else {
             h.state.as_str()
         };
-        let _ = writeln!(s, "{:<w$}  {:<rw$}  {:<9}  {}", h.host, h.role, state, r.text);
+        let _ = writeln!(
+            s,
+            "{:<w$}  {:<rw$}  {:<9}  {}",
+            h.host.as_str(),
+            h.role.as_str(),
+            state,
+            r.text
+        );
     }
 }
 

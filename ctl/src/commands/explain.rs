@@ -223,9 +223,12 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
     // The agent.
     match snap.agents.get(h) {
         Some(Some(a)) => t.push(format!(
-            "  agent: alive (pid {}), {:?} {} since {}",
+            "  agent: alive (pid {}), {} {} since {}",
             a.pid,
-            a.state,
+            serde_json::to_value(a.state)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
             a.version.as_ref().map_or("-".into(), ToString::to_string),
             when(a.since)
         )),
