@@ -610,8 +610,8 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
                         None,
                     )
                 };
-                for h in &candidates {
-                    let why = if admit.contains(h) {
+                for (i, h) in candidates.iter().enumerate() {
+                    let why = if i < admit.len() {
                         reason(ReasonCode::Admitted, "admitted: a slot is free".into(), None)
                     } else {
                         why_rest.clone()

@@ -406,3 +406,126 @@ async fn explain_names_each_reason() {
     let out = finish(follower, Duration::from_secs(20)).await;
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_rollout_waits_then_is_promoted_and_a_soak_promotes_by_itself() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &SIX, 1.0).await;
+    let rules = r#"{"rolling_rules":{"roles":{"compute":2}},"canary":1}"#;
+    let rec = recorder(&s, rules).await;
+    let t0 = now();
+    let follower = spawn(&url, &["upgrade", "v2", "--instructions", rules]);
+    // The canary goes and finishes; the rest waits for a promotion.
+    wait_for("the canary to finish", Duration::from_secs(30), || async {
+        f.runs().iter().any(|r| r.version == "v2" && r.end.is_some())
+            && s.get(&Key::new("/results/compute1").unwrap())
+                .await
+                .unwrap()
+                .is_some()
+    })
+    .await;
+    wait_for(
+        "the rest to wait for the canary",
+        Duration::from_secs(10),
+        || async { reason(&url, "compute2").await.0 == "canary" },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.started("v2"), 1, "only the canary ran: {:#?}", f.runs());
+    let e = explain(&url, "compute3").await;
+    assert!(e.contains("canary phase"), "{e}");
+    let out = run(&url, &["rollout", "promote", "--reason", "canary looks fine"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("promoted"), "{}", text(&out));
+    let out = finish(follower, Duration::from_secs(120)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(f.all_at("v2"));
+    let runs = f.runs();
+    let canary_end = runs.iter().find(|r| r.version == "v2").unwrap().end.unwrap();
+    assert!(
+        runs.iter()
+            .filter(|r| r.version == "v2")
+            .skip(1)
+            .all(|r| r.start > canary_end),
+        "the rest went after the canary: {runs:#?}"
+    );
+    let (most, at) = max_overlap(&runs, t0);
+    assert!(most <= 2, "{at:?}");
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+    // A soak: the rest goes by itself once the canary stayed healthy for 4 s.
+    let soak = r#"{"rolling_rules":{"roles":{"compute":2}},"canary":1,"canary_soak":"4s"}"#;
+    let out = run(&url, &["upgrade", "v3", "--instructions", soak]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("promoted"), "{}", text(&out));
+    let runs: Vec<_> = f.runs().into_iter().filter(|r| r.version == "v3").collect();
+    let canary_end = runs[0].end.unwrap();
+    // Results carry whole seconds: at least 3 s after the canary's own end.
+    assert!(
+        runs[1..].iter().all(|r| r.start >= canary_end + 3.0),
+        "the rest waited for the soak: {runs:#?}"
+    );
+    let h = run(&url, &["--json", "rollout", "history"]).await;
+    let h: Vec<serde_json::Value> = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(h[0]["promoted"]["by"], "jioctl", "{h:#?}");
+    assert!(
+        h[1]["promoted"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("canary looks fine")
+    );
+    // An undo skips the canary phase: everything goes back at the limit.
+    let out = run(&url, &["rollout", "undo"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(f.all_at("v2"), "{:#?}", f.runs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_healthy_time_keeps_the_slot_until_the_host_soaked() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.5).await;
+    let rules = r#"{"rolling_rules":{"roles":{"compute":1}},"min_healthy_time":"4s"}"#;
+    let rec = recorder(&s, rules).await;
+    let follower = spawn(&url, &["upgrade", "v2", "--instructions", rules]);
+    wait_for("a host to soak", Duration::from_secs(30), || async {
+        reason(&url, "compute1").await.0 == "soaking"
+    })
+    .await;
+    let st = text(&run(&url, &["status"]).await);
+    assert!(st.contains("soaking") && st.contains("min_healthy_time"), "{st}");
+    let out = finish(follower, Duration::from_secs(120)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(f.all_at("v2"));
+    // From the configuration step's own log: each host started at least the soak
+    // (less a second: results carry whole seconds) after the previous one ended.
+    let runs: Vec<_> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
+    assert_eq!(runs.len(), 3, "{runs:#?}");
+    for w in runs.windows(2) {
+        let gap = w[1].start - w[0].end.unwrap();
+        assert!(
+            gap >= 3.0,
+            "{} started {gap:.1} s after {} ended: {runs:#?}",
+            w[1].host,
+            w[0].host
+        );
+    }
+    // The soak's health check ran (the agent recorded it after the run).
+    let r: serde_json::Value = serde_json::from_str(
+        &s.get(&Key::new("/results/compute3").unwrap())
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+    )
+    .unwrap();
+    assert!(
+        r["checked_at"].as_u64().unwrap() > r["at"].as_u64().unwrap(),
+        "{r}"
+    );
+    let record = rec.stop().await;
+    assert!(record.violations.is_empty(), "{:#?}", record.violations);
+}
