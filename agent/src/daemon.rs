@@ -104,6 +104,16 @@ fn after_pass(
         PassResult::Idle(Decision::UpToDate | Decision::HealthHeld { .. }) | PassResult::Skipped { .. } => {
             Next::Wait(health.left().map_or(resync, |left| resync.min(left)))
         }
+        // The soak's check comes at its time (or with the idle check, if earlier).
+        PassResult::Idle(Decision::Soaking { check_at, .. }) => {
+            let soak = Duration::from_secs(check_at.saturating_sub(now_unix).max(1));
+            let wait = resync.min(soak);
+            Next::Wait(health.left().map_or(wait, |left| wait.min(left)))
+        }
+        // A closed window wakes the agent when it opens (never later than a resync).
+        PassResult::Idle(Decision::OutsideWindow {
+            opens_at: Some(at), ..
+        }) => Next::Wait(resync.min(Duration::from_secs(at.saturating_sub(now_unix).max(1)))),
         PassResult::Idle(_) => Next::Wait(resync),
     }
 }

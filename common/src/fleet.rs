@@ -40,6 +40,22 @@ pub struct CurrentRollout {
 }
 
 impl CurrentRollout {
+    /// The key of the record `cur` (`/rollouts/current` as read) names, when it names
+    /// a rollout id.
+    pub fn record_key(schema: &Schema, cur: &KeyValue) -> Option<Key> {
+        let id = crate::values::text(cur).ok()?.trim();
+        Some(schema.rollout(&RolloutId::parse(id)?))
+    }
+
+    /// The rollout `cur` names, read from `record` (the key `record_key` names, as
+    /// read; `None`: missing), judged as a snapshot judges it. For a reader that
+    /// fetches the two keys alone (the agent).
+    pub fn read(schema: &Schema, cur: &KeyValue, record: Option<&KeyValue>) -> CurrentRollout {
+        let id = cur.value.trim().to_string();
+        let records: BTreeMap<String, &KeyValue> = record.map(|kv| (id, kv)).into_iter().collect();
+        current_rollout_of(schema, cur, &records)
+    }
+
     /// The record, when it can be used.
     pub fn ok(&self) -> Option<&RolloutRecord> {
         self.record.as_ref().ok()
