@@ -134,17 +134,63 @@ pub fn first_meaningful_line(output: &str) -> Option<String> {
     Some(clip(pick, DETAIL_CHARS))
 }
 
-/// The detail of a failed step, from its output files in `run_dir` (stderr first).
+/// The first error of Puppet's JSON-lines log: a failed resource's (named by its
+/// `Type[title]`) before Puppet's own, before any other (Facter's, say).
+pub fn first_puppet_error(jsonl: &str) -> Option<String> {
+    let errors: Vec<(String, String)> = jsonl
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| matches!(v["level"].as_str(), Some("err" | "crit" | "alert" | "emerg")))
+        .filter_map(|v| {
+            let message = one_line(&strip_ansi(v["message"].as_str()?));
+            Some((v["source"].as_str().unwrap_or_default().to_string(), message))
+        })
+        .collect();
+    let resource = errors.iter().find_map(|(source, message)| {
+        let r = source
+            .strip_prefix("/Stage[")?
+            .split('/')
+            .rfind(|part| part.contains('[') && part.ends_with(']'))?;
+        Some(format!("{r}: {message}"))
+    });
+    let line = resource
+        .or_else(|| errors.iter().find(|(s, _)| s == "Puppet").map(|(_, m)| m.clone()))
+        .or_else(|| errors.first().map(|(_, m)| m.clone()))?;
+    Some(clip(&line, DETAIL_CHARS))
+}
+
+/// The detail of a failed step, from its output in `run_dir`: Puppet's log, then
+/// the commands' stderr and stdout (of Puppet, else of the last pre-command).
 pub fn detail_from(run_dir: &Path, step: Step) -> Option<String> {
-    let names: &[&str] = match step {
-        Step::Configured => &["puppet.stderr", "puppet.stdout"],
-        Step::Validated => &["validation.stderr", "validation.stdout"],
+    // Only the start of a file: a meaningful line is near the top.
+    let head = |name: &str| {
+        read_head(&run_dir.join(name), 256 * 1024).map(|b| String::from_utf8_lossy(&b).into_owned())
     };
-    names.iter().find_map(|n| {
-        // Only the start of a file: a meaningful line is near the top.
-        let bytes = read_head(&run_dir.join(n), 64 * 1024)?;
-        first_meaningful_line(&String::from_utf8_lossy(&bytes))
-    })
+    let mut names: Vec<String> = match step {
+        Step::Configured => {
+            if let Some(d) = head("puppet.jsonl").and_then(|t| first_puppet_error(&t)) {
+                return Some(d);
+            }
+            let mut pre: Vec<String> = std::fs::read_dir(run_dir)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                        .filter(|n| n.starts_with("pre-") && n.ends_with(".stderr"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            pre.sort();
+            let mut v = vec!["puppet.stderr".to_string(), "puppet.stdout".to_string()];
+            if let Some(last) = pre.last() {
+                v.push(last.clone());
+                v.push(last.replace(".stderr", ".stdout"));
+            }
+            v
+        }
+        Step::Validated => vec!["validation.stderr".into(), "validation.stdout".into()],
+    };
+    names
+        .drain(..)
+        .find_map(|n| head(&n).and_then(|t| first_meaningful_line(&t)))
 }
 
 fn read_head(path: &Path, max: u64) -> Option<Vec<u8>> {
@@ -337,6 +383,29 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(first_meaningful_line(text).as_deref(), want, "{text:?}");
         }
+    }
+
+    #[test]
+    fn the_first_puppet_error() {
+        let log = r#"{"level":"err","message":"Permission denied @ rb_sysopen - /proc/1/environ","source":"Facter"}
+{"level":"notice","message":"Compiled catalog","source":"Puppet"}
+{"level":"err","message":"'/bin/false' returned 1 instead of one of [0]","source":"Puppet"}
+{"level":"err","message":"change from 'notrun' to ['0'] failed: '/bin/false' returned 1 instead of one of [0]","source":"/Stage[main]/Main/Exec[broken]/returns"}
+not json
+"#;
+        assert_eq!(
+            first_puppet_error(log).as_deref(),
+            Some(
+                "Exec[broken]: change from 'notrun' to ['0'] failed: '/bin/false' returned 1 instead of one of [0]"
+            )
+        );
+        let compile = r#"{"level":"err","message":"Facter","source":"Facter"}
+{"level":"err","message":"Could not parse for environment production: Syntax error","source":"Puppet"}"#;
+        assert_eq!(
+            first_puppet_error(compile).as_deref(),
+            Some("Could not parse for environment production: Syntax error")
+        );
+        assert_eq!(first_puppet_error(r#"{"level":"notice","message":"ok"}"#), None);
     }
 
     #[test]
