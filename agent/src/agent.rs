@@ -683,8 +683,15 @@ impl Agent {
                 return Ok(Err(PassResult::Skipped { version }));
             }
         };
-        if !self.begin(state, version, fence).await? {
-            let why = self.why_fence_lost().await;
+        if !self.begin(state, version, fence.clone()).await? {
+            let lock_fenced = fence
+                .iter()
+                .any(|c| matches!(c, Compare::ModRevision(k, _) if *k == self.cfg.schema.lock(ROLLOUT_LOCK)));
+            let why = if lock_fenced {
+                self.why_fence_lost().await
+            } else {
+                "the desired version or an enable key changed since it was read"
+            };
             tracing::warn!(%version, "{skipped}: {why}");
             return Ok(Err(PassResult::Raced));
         }
