@@ -639,6 +639,29 @@ mod tests {
     }
 
     #[test]
+    fn a_current_rollout_read_alone_is_judged_as_a_snapshot_judges_it() {
+        let s = Schema::default();
+        let rec = RolloutRecord::start(Version::new("v2").unwrap(), None, serde_json::json!({}), "t", 1);
+        let cur = kv("/rollouts/current", rec.id.as_str());
+        let key = CurrentRollout::record_key(&s, &cur).unwrap();
+        assert_eq!(key, s.rollout(&rec.id));
+        let stored = kv(key.as_str(), &serde_json::to_string(&rec).unwrap());
+        assert_eq!(CurrentRollout::read(&s, &cur, Some(&stored)).ok(), Some(&rec));
+        let missing = CurrentRollout::read(&s, &cur, None).record.unwrap_err();
+        assert!(
+            missing.contains("missing (named by /rollouts/current)"),
+            "{missing}"
+        );
+        let garbage = kv("/rollouts/current", "garbage");
+        assert_eq!(CurrentRollout::record_key(&s, &garbage), None);
+        let bad = CurrentRollout::read(&s, &garbage, None).record.unwrap_err();
+        assert!(
+            bad.contains("/rollouts/current") && bad.contains("not a rollout id"),
+            "{bad}"
+        );
+    }
+
+    #[test]
     fn the_role_of_a_host_that_never_registered_follows_the_role_pattern() {
         let kvs = vec![
             kv("/hosts/gw-9", &rec("gateway")),
