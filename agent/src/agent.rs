@@ -22,7 +22,7 @@ use crate::observe::{self, Memory, Subject};
 use crate::runner::{self, Outcome, ProcessGroup};
 use crate::state::{Journal, LastRun, RunResult, RunStart};
 use crate::steps::{CommandSteps, StepCtx, StepRunner};
-use crate::{report, rundir};
+use crate::{report, results, rundir};
 
 /// What a pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +105,7 @@ impl Agent {
             host: cfg.hostname.clone(),
             clock: clock.clone(),
             logs: cfg.swift.is_some(),
+            retry_interval: cfg.retry_interval,
         })?;
         Ok(Agent {
             steps: Arc::new(CommandSteps::from_config(&cfg)),
@@ -229,7 +230,8 @@ impl Agent {
         }
         let result = match decision {
             Decision::Upgrade { version, why } => self.upgrade(version, why, obs).await?,
-            Decision::HealthCheck { version } => self.check_health(version, obs).await?,
+            Decision::HealthCheck { version } => self.check_health(version, obs, false).await?,
+            Decision::SoakCheck { version } => self.check_health(version, obs, true).await?,
             Decision::Repair { version } => self.repair(version, obs).await?,
             Decision::Report => {
                 self.ledger.flush().await?;
@@ -303,6 +305,16 @@ impl Agent {
     /// Runs one step through the step runner, recording each command it starts in
     /// the journal (so that a successor can stop it should this agent die).
     async fn step(&mut self, step: Step, version: &Version, run_dir: &std::path::Path) -> Outcome {
+        self.step_coded(step, version, run_dir).await.0
+    }
+
+    /// `step`, and the exit code of the last command it ran.
+    async fn step_coded(
+        &mut self,
+        step: Step,
+        version: &Version,
+        run_dir: &std::path::Path,
+    ) -> (Outcome, Option<i32>) {
         let steps = self.steps.clone();
         let ledger = &mut self.ledger;
         let mut on_spawn = |group: ProcessGroup| {
@@ -318,11 +330,13 @@ impl Agent {
             run_dir,
             shutdown: &mut self.shutdown,
             on_spawn: &mut on_spawn,
+            exit_code: None,
         };
-        match step {
+        let outcome = match step {
             Step::Configured => steps.configure(&mut ctx).await,
             Step::Validated => steps.validate(&mut ctx).await,
-        }
+        };
+        (outcome, ctx.exit_code)
     }
 
     /// One upgrade to `version`: configure, validate, report each step. Whatever goes
@@ -340,31 +354,63 @@ impl Agent {
             return Ok(PassResult::Raced);
         }
         let started = self.clock.unix_now();
-        let (run_dir, step, outcome) = match self.prepare_run(&version, started) {
+        let (run_dir, step, outcome, ended) = match self.prepare_run(&version, started) {
             Ok(run_dir) => {
                 tracing::info!(%version, reason = ?why, run_dir = %run_dir.display(), "upgrade starts");
-                let (step, outcome) = self.configure_and_validate(&version, &run_dir).await;
-                (run_dir, step, outcome)
+                let (step, outcome, ended) = self.configure_and_validate(&version, &run_dir).await;
+                (run_dir, step, outcome, ended)
             }
             Err((run_dir, reason)) => {
                 // Nothing ran: the configure step failed before its first command.
                 let failed = Outcome::Failure(reason);
+                let ended = self.clock.unix_now();
+                let result = self.run_result(&version, Step::Configured, &failed, None, &run_dir, ended);
                 self.ledger
-                    .report(&version, Step::Configured, &failed, &run_dir)
+                    .report(&version, Step::Configured, &failed, &run_dir, Some(result))
                     .await;
-                (run_dir, Step::Configured, failed)
+                (run_dir, Step::Configured, failed, ended)
             }
         };
-        let result = self.record(&version, started, step, &outcome, run_dir, obs);
+        let result = self.record(&version, started, ended, step, &outcome, run_dir, obs);
         Ok(PassResult::Ran { version, result })
+    }
+
+    /// The host's result of the run to `version` that ended at `ended` with
+    /// `outcome` at `step` (reported with that step).
+    fn run_result(
+        &self,
+        version: &Version,
+        step: Step,
+        outcome: &Outcome,
+        exit_code: Option<i32>,
+        run_dir: &std::path::Path,
+        ended: u64,
+    ) -> jio_common::values::HostResult {
+        let detail = match outcome {
+            Outcome::Failure(_) => results::detail_from(run_dir, step),
+            _ => None,
+        };
+        let end = results::RunEnd {
+            version,
+            step,
+            outcome,
+            exit_code,
+            detail,
+            run_dir,
+            at: ended,
+        };
+        let attempt = results::attempt(self.ledger.journal.failure.as_ref(), version);
+        results::of_run(&end, attempt, self.cfg.retry_interval)
     }
 
     /// Records how a run ended (pure transitions of the journal, then one save) and
     /// says so in the log and the liveness record.
+    #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
         version: &Version,
         started: u64,
+        ended: u64,
         step: Step,
         outcome: &Outcome,
         run_dir: std::path::PathBuf,
@@ -378,14 +424,14 @@ impl Agent {
                 Some("the agent was stopped during the run".into()),
             ),
         };
-        let now = self.clock.unix_now();
+        // The failure's time is the run result's, so that its `retry_at` is the retry.
         let j = &mut self.ledger.journal;
-        j.failure = decide::failure_after(j.failure.as_ref(), version, result, now, obs.gate_revisions);
+        j.failure = decide::failure_after(j.failure.as_ref(), version, result, ended, obs.gate_revisions);
         j.in_progress = None;
         j.last_run = Some(LastRun {
             version: version.clone(),
             started,
-            finished: now,
+            finished: ended,
             result,
             step: step.as_str().into(),
             reason: reason.clone(),
@@ -432,77 +478,150 @@ impl Agent {
         Ok(run_dir)
     }
 
-    /// The configure step, then (when it succeeded) the validation; each reported.
-    /// Returns the last step that ran and its outcome.
+    /// The configure step, then (when it succeeded) the validation; each reported,
+    /// the last one with the run's result. Returns the last step that ran, its
+    /// outcome and when the run ended.
     async fn configure_and_validate(
         &mut self,
         version: &Version,
         run_dir: &std::path::Path,
-    ) -> (Step, Outcome) {
-        let configured = self.step(Step::Configured, version, run_dir).await;
+    ) -> (Step, Outcome, u64) {
+        let (configured, code) = self.step_coded(Step::Configured, version, run_dir).await;
         if configured == Outcome::Interrupted {
-            return (Step::Configured, configured);
+            return (Step::Configured, configured, self.clock.unix_now());
         }
+        let ended = self.clock.unix_now();
+        let result = (!configured.ok())
+            .then(|| self.run_result(version, Step::Configured, &configured, code, run_dir, ended));
         self.ledger
-            .report(version, Step::Configured, &configured, run_dir)
+            .report(version, Step::Configured, &configured, run_dir, result)
             .await;
         if !configured.ok() {
-            return (Step::Configured, configured);
+            return (Step::Configured, configured, ended);
         }
         if self.stopping() {
-            return (Step::Configured, Outcome::Interrupted);
+            return (Step::Configured, Outcome::Interrupted, self.clock.unix_now());
         }
-        let mut validated = self.step(Step::Validated, version, run_dir).await;
-        if validated != Outcome::Interrupted
-            && let Some(reason) = self
+        let (mut validated, code) = self.step_coded(Step::Validated, version, run_dir).await;
+        let ended = self.clock.unix_now();
+        if validated != Outcome::Interrupted {
+            let result = self.run_result(version, Step::Validated, &validated, code, run_dir, ended);
+            if let Some(reason) = self
                 .ledger
-                .report(version, Step::Validated, &validated, run_dir)
+                .report(version, Step::Validated, &validated, run_dir, Some(result))
                 .await
-        {
-            validated = Outcome::Failure(reason);
+            {
+                validated = Outcome::Failure(reason);
+            }
         }
-        (Step::Validated, validated)
+        (Step::Validated, validated, ended)
     }
 
     /// The idle health check: validate the local version. A check is a run like any
     /// other: it holds the host's slot, and it starts fenced on what it decided on
     /// and on the rollout lock being free.
-    async fn check_health(&mut self, version: Version, obs: &Observation) -> Result<PassResult, AgentError> {
-        let skipped = "health check skipped";
+    ///
+    /// The soak's check (`soak`) starts whoever holds the rollout lock, and its
+    /// failure is the version's failed validation, reported with the run result and
+    /// never repaired. A check that passes records `checked_at` in the run result.
+    async fn check_health(
+        &mut self,
+        version: Version,
+        obs: &Observation,
+        soak: bool,
+    ) -> Result<PassResult, AgentError> {
+        let (skipped, fence) = if soak {
+            ("the soak's health check skipped", self.subject().soak_fence(obs))
+        } else {
+            ("health check skipped", self.subject().health_fence(obs))
+        };
         let run_dir = match self
-            .health_run(&version, AgentState::Checking, obs, skipped)
+            .health_run(&version, AgentState::Checking, fence, skipped)
             .await?
         {
             Ok(d) => d,
             Err(instead) => return Ok(instead),
         };
+        if soak {
+            tracing::info!(%version, run_dir = %run_dir.display(), "health check of the min_healthy_time soak starts");
+        }
         let checked = self.step(Step::Validated, &version, &run_dir).await;
         if checked == Outcome::Interrupted {
             return Ok(PassResult::Checked { version, ok: false });
         }
         self.health = self.health.after_check(&checked);
         let ok = checked.ok();
+        if ok {
+            self.mark_checked(&version).await?;
+            if soak {
+                tracing::info!(%version, "health check of the min_healthy_time soak passed");
+            }
+        }
         if ok && self.has_failure_entry(&version).await? {
             // Healthy again after a reported failure: say so.
             tracing::info!(%version, "health check passes again");
             self.ledger
-                .report(&version, Step::Validated, &checked, &run_dir)
+                .report(&version, Step::Validated, &checked, &run_dir, None)
                 .await;
         }
         if let Outcome::Failure(reason) = &checked {
-            tracing::warn!(%version, %reason, "health check failed");
+            if soak {
+                self.soak_failed(&version, reason, obs, &run_dir).await;
+            } else {
+                tracing::warn!(%version, %reason, "health check failed");
+            }
         }
         let state = if ok { AgentState::Idle } else { AgentState::Failed };
         self.set_record(state, Some(version.clone()));
         Ok(PassResult::Checked { version, ok })
     }
 
+    /// The soak's check failed: the version's validation failed, reported like an
+    /// upgrade's (with the run result failed at validation); no repair follows.
+    async fn soak_failed(
+        &mut self,
+        version: &Version,
+        reason: &str,
+        obs: &Observation,
+        run_dir: &std::path::Path,
+    ) {
+        tracing::warn!(
+            %version,
+            %reason,
+            "the health check failed during the min_healthy_time soak: reported as a failed validation of {version}; no repair"
+        );
+        self.health = Health::SoakFailed;
+        let detail = results::detail_from(run_dir, Step::Validated);
+        let result = obs
+            .result
+            .as_ref()
+            .map(|run| results::soak_failed(run, reason, detail.as_deref(), run_dir));
+        let failed = Outcome::Failure(format!(
+            "the health check failed during the min_healthy_time soak: {reason}"
+        ));
+        self.ledger
+            .report(version, Step::Validated, &failed, run_dir, result)
+            .await;
+    }
+
+    /// A health check of the local `version` passed now: the run result of that
+    /// version records it (`checked_at`), fenced on the result as read.
+    async fn mark_checked(&self, version: &Version) -> Result<(), AgentError> {
+        let now = self.clock.unix_now();
+        let key = self.cfg.schema.result(&self.cfg.hostname);
+        if results::update(&self.store, &key, |r| results::checked(r, version, now)).await? {
+            tracing::debug!(%version, checked_at = now, "health check recorded in the run result");
+        }
+        Ok(())
+    }
+
     /// The repair after a failed health check: Puppet once, then the check again;
     /// the outcome is reported for the local version.
     async fn repair(&mut self, version: Version, obs: &Observation) -> Result<PassResult, AgentError> {
         let skipped = "health check failed, but no repair now";
+        let fence = self.subject().health_fence(obs);
         let run_dir = match self
-            .health_run(&version, AgentState::Upgrading, obs, skipped)
+            .health_run(&version, AgentState::Upgrading, fence, skipped)
             .await?
         {
             Ok(d) => d,
@@ -520,7 +639,7 @@ impl Agent {
             Outcome::Interrupted => return Ok(PassResult::Repaired { version, ok: false }),
             Outcome::Failure(_) => {
                 self.ledger
-                    .report(&version, Step::Configured, &configured, &run_dir)
+                    .report(&version, Step::Configured, &configured, &run_dir, None)
                     .await;
                 configured
             }
@@ -531,7 +650,7 @@ impl Agent {
                 }
                 match self
                     .ledger
-                    .report(&version, Step::Validated, &validated, &run_dir)
+                    .report(&version, Step::Validated, &validated, &run_dir, None)
                     .await
                 {
                     Some(reason) => Outcome::Failure(reason),
@@ -553,7 +672,7 @@ impl Agent {
         &mut self,
         version: &Version,
         state: AgentState,
-        obs: &Observation,
+        fence: Vec<Compare>,
         skipped: &str,
     ) -> Result<Result<std::path::PathBuf, PassResult>, AgentError> {
         let run_dir = match rundir::create(&self.cfg.state_dir, version, self.clock.unix_now()) {
@@ -564,9 +683,15 @@ impl Agent {
                 return Ok(Err(PassResult::Skipped { version }));
             }
         };
-        let fence = self.subject().health_fence(obs);
-        if !self.begin(state, version, fence).await? {
-            let why = self.why_fence_lost().await;
+        if !self.begin(state, version, fence.clone()).await? {
+            let lock_fenced = fence
+                .iter()
+                .any(|c| matches!(c, Compare::ModRevision(k, _) if *k == self.cfg.schema.lock(ROLLOUT_LOCK)));
+            let why = if lock_fenced {
+                self.why_fence_lost().await
+            } else {
+                "the desired version or an enable key changed since it was read"
+            };
             tracing::warn!(%version, "{skipped}: {why}");
             return Ok(Err(PassResult::Raced));
         }
@@ -640,5 +765,39 @@ fn log_decision(d: &Decision, obs: &Observation) {
             %version,
             "health check skipped: a jioctl upgrade driver holds the rollout lock"
         ),
+        Decision::Held { version, hold } => match &hold.record {
+            Ok(h) => tracing::info!(
+                key = %hold.key,
+                "held by {}: {}; not starting the upgrade to {version}",
+                h.by,
+                h.reason.as_deref().unwrap_or("no reason given")
+            ),
+            Err(why) => tracing::warn!(
+                key = %hold.key,
+                "held by {} whose record cannot be read ({why}); it holds all the same: not starting the upgrade to {version}",
+                hold.key
+            ),
+        },
+        Decision::OutsideWindow { version, opens_at } => match opens_at {
+            Some(t) => tracing::info!(
+                "outside the maintenance window: the upgrade to {version} starts when it opens at {}",
+                jio_common::plan::when(*t)
+            ),
+            None => tracing::info!(
+                "outside the maintenance window: the upgrade to {version} waits; no window opens within a week"
+            ),
+        },
+        Decision::RolloutUnusable { version, reason } => tracing::warn!(
+            %reason,
+            "the active rollout's record cannot be used ({reason}): not starting the upgrade to {version} until it is fixed"
+        ),
+        Decision::Soaking { version, check_at } => tracing::info!(
+            %version,
+            "soaking (min_healthy_time): the health check runs at {}",
+            jio_common::plan::when(*check_at)
+        ),
+        Decision::SoakCheck { version } => {
+            tracing::debug!(%version, "the health check of the min_healthy_time soak is due")
+        }
     }
 }

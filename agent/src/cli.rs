@@ -373,6 +373,34 @@ fn decision_text(d: &Decision) -> String {
         Decision::HealthHeld { version } => format!(
             "idle: the health check of {version} waits (a jioctl upgrade driver holds the rollout lock)"
         ),
+        Decision::Held { version, hold } => match &hold.record {
+            Ok(h) => format!(
+                "held by {}: {}; not starting the upgrade to {version}",
+                h.by,
+                h.reason.as_deref().unwrap_or("no reason given")
+            ),
+            Err(why) => format!(
+                "held by {} (unreadable: {why}); not starting the upgrade to {version}",
+                hold.key
+            ),
+        },
+        Decision::OutsideWindow { version, opens_at } => match opens_at {
+            Some(t) => format!(
+                "outside the maintenance window: the upgrade to {version} starts when it opens at {}",
+                jio_common::plan::when(*t)
+            ),
+            None => format!(
+                "outside the maintenance window: the upgrade to {version} waits (no window opens within a week)"
+            ),
+        },
+        Decision::RolloutUnusable { version, reason } => {
+            format!("the upgrade to {version} waits: the active rollout's record cannot be used: {reason}")
+        }
+        Decision::Soaking { version, check_at } => format!(
+            "idle: {version} soaks (min_healthy_time); its health check runs at {}",
+            jio_common::plan::when(*check_at)
+        ),
+        Decision::SoakCheck { version } => format!("the soak's health check of {version} is due"),
     }
 }
 
@@ -525,6 +553,10 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
         ),
         Ok(PassResult::Idle(Decision::Blocked { reason })) => fail(
             format!("blocked by an invalid value in the store, nothing was run: {reason}"),
+            exit::FAILED,
+        ),
+        Ok(PassResult::Idle(Decision::RolloutUnusable { reason, .. })) => fail(
+            format!("the active rollout's record cannot be used, nothing was run: {reason}"),
             exit::FAILED,
         ),
         Ok(PassResult::Raced) => fail(

@@ -2,6 +2,16 @@
 //!
 //! No I/O and no clock here; the caller passes `now`. Everything the agent does in a
 //! pass is chosen by `decide`, and the tables in the tests below are the spec.
+//!
+//! Admission: an upgrade the gate allows still waits while a hold names the host or
+//! its role (whatever the hold's value), while the active rollout's record cannot be
+//! used, and outside the rollout's maintenance windows. A first converge ignores the
+//! windows and the rollout, as it ignores the gate (the host serves nothing yet), but
+//! not a hold. A run already going always finishes: these rules only gate starts.
+//!
+//! The soak: after a successful upgrade under a rollout with `min_healthy_time` M,
+//! the host holds its slot until a health check passes after the run, so one runs
+//! at M/2 after the run ended, even while a driver holds the rollout lock.
 
 use std::time::Duration;
 
@@ -9,7 +19,8 @@ use jio_common::backoff::Backoff;
 use jio_common::gate::{Gate, Level};
 use jio_common::names::Version;
 use jio_common::store::Revision;
-use jio_common::values::AgentState;
+use jio_common::values::{AgentState, HoldRecord, HostResult};
+use jio_common::window::WindowState;
 
 use crate::runner::Outcome;
 pub use crate::state::Failure;
@@ -38,6 +49,52 @@ pub struct Observation {
     pub health_due: bool,
     /// What the health checks found since the last upgrade.
     pub health: Health,
+    /// The hold that keeps this host out (its own before its role's), if any.
+    pub hold: Option<Hold>,
+    /// Mod revisions of the host's and the role's hold keys (0: absent): a run starts
+    /// only in a transaction that still finds them so.
+    pub hold_revisions: [Revision; 2],
+    /// What the active rollout's rules say for this host.
+    pub rollout: RolloutFacts,
+    /// Mod revision of `/rollouts/current` (0: no active rollout), fenced on too.
+    pub rollout_revision: Revision,
+    /// The host's last run result (`/results/<host>`), when there is a readable one.
+    pub result: Option<HostResult>,
+}
+
+/// A hold on the host or its role, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// The hold's key.
+    pub key: String,
+    /// The record, or why it cannot be read (it holds all the same).
+    pub record: Result<HoldRecord, String>,
+}
+
+/// The facts of the active rollout's rules this host needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutFacts {
+    /// The rollout's windows for this host's role, at `now` (`Always`: no rollout or
+    /// no window).
+    pub window: WindowState,
+    /// `min_healthy_time`: how long an upgraded host soaks.
+    pub min_healthy_time: Option<Duration>,
+    /// When the rollout started (results before it are not its runs).
+    pub started_at: u64,
+    /// `/rollouts/current` names a record that is missing or cannot be read: why,
+    /// naming the key. No upgrade starts meanwhile.
+    pub unusable: Option<String>,
+}
+
+impl Default for RolloutFacts {
+    fn default() -> RolloutFacts {
+        RolloutFacts {
+            window: WindowState::Always,
+            min_healthy_time: None,
+            started_at: 0,
+            unusable: None,
+        }
+    }
 }
 
 /// What the idle health checks found.
@@ -50,13 +107,18 @@ pub enum Health {
     CheckFailed,
     /// The repair did not make the check pass (or could not start).
     RepairFailed,
+    /// The health check of the `min_healthy_time` soak failed: reported as the
+    /// version's validation failure, and never repaired (the rollout must see it).
+    SoakFailed,
 }
 
 impl Health {
-    /// After a check with this outcome (`Interrupted` changes nothing).
+    /// After a check with this outcome (`Interrupted` changes nothing). A failed
+    /// soak stays failed until a check passes: it is never repaired.
     pub fn after_check(self, checked: &Outcome) -> Health {
         match checked {
             Outcome::Success { .. } => Health::Good,
+            Outcome::Failure(_) if self == Health::SoakFailed => Health::SoakFailed,
             Outcome::Failure(_) => Health::CheckFailed,
             Outcome::Interrupted => self,
         }
@@ -124,6 +186,33 @@ pub enum Decision {
     HealthHeld {
         version: Version,
     },
+    /// An upgrade would start, but a hold keeps the host (or its role) out.
+    Held {
+        version: Version,
+        hold: Hold,
+    },
+    /// An upgrade would start, but the rollout's maintenance windows are closed; it
+    /// starts when they open at `opens_at` (Unix time; `None`: not within a week).
+    OutsideWindow {
+        version: Version,
+        opens_at: Option<u64>,
+    },
+    /// An upgrade would start, but the active rollout's record cannot be used (the
+    /// reason names the key): its windows are unknown, so nothing starts.
+    RolloutUnusable {
+        version: Version,
+        reason: String,
+    },
+    /// Upgraded and soaking: the soak's health check runs at `check_at` (Unix time).
+    Soaking {
+        version: Version,
+        check_at: u64,
+    },
+    /// The soak's health check is due: validate the local version, even while a
+    /// driver holds the rollout lock (the host holds its own slot meanwhile).
+    SoakCheck {
+        version: Version,
+    },
 }
 
 /// The longest wait between retries, as a multiple of the retry interval.
@@ -166,6 +255,26 @@ pub fn decide(o: &Observation) -> Decision {
             level: o.gate.level,
         };
     };
+    if let Some(hold) = &o.hold {
+        return Decision::Held {
+            version: desired,
+            hold: hold.clone(),
+        };
+    }
+    if why != Why::FirstConverge {
+        if let Some(reason) = &o.rollout.unusable {
+            return Decision::RolloutUnusable {
+                version: desired,
+                reason: reason.clone(),
+            };
+        }
+        if let WindowState::Closed { opens_at } = o.rollout.window {
+            return Decision::OutsideWindow {
+                version: desired,
+                opens_at,
+            };
+        }
+    }
     if let Some(f) = &o.failure
         && f.version == desired
         && f.gate_revisions == o.gate_revisions
@@ -184,9 +293,18 @@ pub fn decide(o: &Observation) -> Decision {
     }
 }
 
-/// Up to date: a repair when the last check failed, a check when one is due.
+/// Up to date: a repair when the last check failed, the soak's check when it is
+/// pending, a check when one is due.
 fn health(o: &Observation, version: Version) -> Decision {
     let repair = o.health == Health::CheckFailed;
+    if !repair && let Some(check_at) = soak_check_at(o) {
+        // Any check while the soak is pending is the soak's check.
+        return if o.now >= check_at || o.health_due {
+            Decision::SoakCheck { version }
+        } else {
+            Decision::Soaking { version, check_at }
+        };
+    }
     if !repair && !o.health_due {
         return Decision::UpToDate;
     }
@@ -197,6 +315,20 @@ fn health(o: &Observation, version: Version) -> Decision {
     } else {
         Decision::HealthCheck { version }
     }
+}
+
+/// When the soak's health check is due (Unix time), while one is pending: the last
+/// result is this rollout's successful run to the local version, the rules set
+/// `min_healthy_time` M, and no check has passed since the run. It comes at M/2
+/// after the run ended (at least a second later, so that it counts as after).
+pub fn soak_check_at(o: &Observation) -> Option<u64> {
+    let m = o.rollout.min_healthy_time?;
+    let r = o.result.as_ref()?;
+    let pending = r.ok
+        && Some(&r.version) == o.local.as_ref()
+        && r.at >= o.rollout.started_at
+        && r.checked_at.is_none_or(|c| c <= r.at);
+    pending.then(|| r.at.saturating_add((m.as_secs() / 2).max(1)))
 }
 
 /// The state the liveness record shows while nothing runs.
@@ -274,6 +406,11 @@ mod tests {
             retry_interval: 10 * MIN,
             health_due: false,
             health: Health::Good,
+            hold: None,
+            hold_revisions: [0, 0],
+            rollout: RolloutFacts::default(),
+            rollout_revision: 0,
+            result: None,
         }
     }
 
@@ -558,6 +695,341 @@ mod tests {
         assert_eq!(
             failure_after(Some(&second), &v("v2"), RunResult::Success, 300, revs),
             None
+        );
+    }
+
+    fn hold(key: &str, by: &str) -> Hold {
+        Hold {
+            key: key.into(),
+            record: Ok(HoldRecord {
+                by: by.into(),
+                reason: Some("disk".into()),
+                at: 1,
+            }),
+        }
+    }
+
+    #[test]
+    fn admission_holds_windows_and_the_rollout() {
+        use Decision::*;
+        let host_hold = hold("/holds/host/compute1", "sre");
+        let unreadable = Hold {
+            key: "/holds/role/compute".into(),
+            record: Err("value \"x\" of key /holds/role/compute is invalid".into()),
+        };
+        let closed = WindowState::Closed {
+            opens_at: Some(12_000),
+        };
+        let open = WindowState::Open { closes_at: 11_000 };
+        let bad = Some("key /rollouts/r: missing (named by /rollouts/current)".to_string());
+        let up = |why| Upgrade {
+            version: v("v2"),
+            why,
+        };
+        let enabled = Why::Enabled(Level::Host);
+        // local, enabled, hold, window, rollout unusable => decision
+        let table = [
+            (Some("v1"), true, None, WindowState::Always, None, up(enabled)),
+            (Some("v1"), true, None, open, None, up(enabled)),
+            (
+                Some("v1"),
+                true,
+                Some(host_hold.clone()),
+                WindowState::Always,
+                None,
+                Held {
+                    version: v("v2"),
+                    hold: host_hold.clone(),
+                },
+            ),
+            // An unreadable hold holds all the same.
+            (
+                Some("v1"),
+                true,
+                Some(unreadable.clone()),
+                open,
+                None,
+                Held {
+                    version: v("v2"),
+                    hold: unreadable.clone(),
+                },
+            ),
+            // A hold comes before the window and the rollout.
+            (
+                Some("v1"),
+                true,
+                Some(host_hold.clone()),
+                closed,
+                bad.clone(),
+                Held {
+                    version: v("v2"),
+                    hold: host_hold.clone(),
+                },
+            ),
+            (
+                Some("v1"),
+                true,
+                None,
+                closed,
+                None,
+                OutsideWindow {
+                    version: v("v2"),
+                    opens_at: Some(12_000),
+                },
+            ),
+            (
+                Some("v1"),
+                true,
+                None,
+                WindowState::Closed { opens_at: None },
+                None,
+                OutsideWindow {
+                    version: v("v2"),
+                    opens_at: None,
+                },
+            ),
+            (
+                Some("v1"),
+                true,
+                None,
+                WindowState::Always,
+                bad.clone(),
+                RolloutUnusable {
+                    version: v("v2"),
+                    reason: bad.clone().unwrap(),
+                },
+            ),
+            // The gate decides first: a disabled host is just disabled.
+            (
+                Some("v1"),
+                false,
+                Some(host_hold.clone()),
+                closed,
+                None,
+                Disabled {
+                    version: v("v2"),
+                    level: Level::Host,
+                },
+            ),
+            // A first converge ignores the windows and the rollout, not a hold.
+            (None, false, None, closed, bad.clone(), up(Why::FirstConverge)),
+            (
+                None,
+                false,
+                Some(host_hold.clone()),
+                WindowState::Always,
+                None,
+                Held {
+                    version: v("v2"),
+                    hold: host_hold.clone(),
+                },
+            ),
+            // Up to date: nothing to admit, whatever holds.
+            (
+                Some("v2"),
+                true,
+                Some(host_hold.clone()),
+                closed,
+                bad.clone(),
+                UpToDate,
+            ),
+        ];
+        for (local, enabled, h, window, unusable, want) in table {
+            let mut o = obs(Some("v2"), local, enabled, Level::Host);
+            o.hold = h.clone();
+            o.rollout.window = window;
+            o.rollout.unusable = unusable.clone();
+            assert_eq!(
+                decide(&o),
+                want,
+                "{local:?} enabled={enabled} {h:?} {window:?} {unusable:?}"
+            );
+            assert_ne!(
+                idle_state(&decide(&o), &o),
+                AgentState::Failed,
+                "waiting is not failing"
+            );
+        }
+        // Held and outside the window, a failed attempt still shows failed.
+        let mut o = obs(Some("v2"), Some("v1"), true, Level::Host);
+        o.hold = Some(host_hold);
+        o.failure = Some(failure("v2", 10_000, 1));
+        assert_eq!(idle_state(&decide(&o), &o), AgentState::Failed);
+        // Once nothing holds and the window is open, the backoff still applies.
+        let mut o = obs(Some("v2"), Some("v1"), true, Level::Host);
+        o.rollout.window = open;
+        o.failure = Some(failure("v2", 10_000, 1));
+        assert!(matches!(decide(&o), Backoff { until: 10_600, .. }));
+    }
+
+    fn result(version: &str, ok: bool, at: u64, checked_at: Option<u64>) -> HostResult {
+        HostResult {
+            version: v(version),
+            ok,
+            step: None,
+            exit_code: None,
+            message: None,
+            run_dir: None,
+            log: None,
+            at,
+            checked_at,
+            attempt: 1,
+            retry_at: None,
+        }
+    }
+
+    #[test]
+    fn the_soak_check() {
+        use Decision::*;
+        let m = Some(Duration::from_secs(600));
+        let soaking = Soaking {
+            version: v("v2"),
+            check_at: 10_300,
+        };
+        let check = SoakCheck { version: v("v2") };
+        // min_healthy_time, result, now, lock, health due, health => decision
+        let table = [
+            // Just upgraded: the check comes at M/2.
+            (
+                m,
+                Some(result("v2", true, 10_000, None)),
+                10_000,
+                false,
+                false,
+                soaking.clone(),
+            ),
+            (
+                m,
+                Some(result("v2", true, 10_000, None)),
+                10_299,
+                true,
+                false,
+                soaking.clone(),
+            ),
+            (
+                m,
+                Some(result("v2", true, 10_000, None)),
+                10_300,
+                false,
+                false,
+                check.clone(),
+            ),
+            // The driver's lock does not hold it: the host holds its own slot.
+            (
+                m,
+                Some(result("v2", true, 10_000, None)),
+                10_300,
+                true,
+                false,
+                check.clone(),
+            ),
+            // Late (the agent was down): still due until a check passed.
+            (
+                m,
+                Some(result("v2", true, 10_000, None)),
+                99_000,
+                true,
+                false,
+                check.clone(),
+            ),
+            // An idle check due meanwhile is the soak's check.
+            (
+                m,
+                Some(result("v2", true, 10_000, None)),
+                10_001,
+                true,
+                true,
+                check.clone(),
+            ),
+            // A check in the run's own second does not count.
+            (
+                m,
+                Some(result("v2", true, 10_000, Some(10_000))),
+                10_300,
+                true,
+                false,
+                check.clone(),
+            ),
+            // Checked since the run: soaked, nothing pending.
+            (
+                m,
+                Some(result("v2", true, 10_000, Some(10_001))),
+                10_300,
+                true,
+                false,
+                UpToDate,
+            ),
+            (
+                m,
+                Some(result("v2", true, 10_000, Some(10_001))),
+                10_300,
+                true,
+                true,
+                HealthHeld { version: v("v2") },
+            ),
+            // No min_healthy_time, a failed run, another version, a run before the rollout.
+            (
+                None,
+                Some(result("v2", true, 10_000, None)),
+                10_300,
+                true,
+                false,
+                UpToDate,
+            ),
+            (
+                m,
+                Some(result("v2", false, 10_000, None)),
+                10_300,
+                true,
+                false,
+                UpToDate,
+            ),
+            (
+                m,
+                Some(result("v1", true, 10_000, None)),
+                10_300,
+                true,
+                false,
+                UpToDate,
+            ),
+            (
+                m,
+                Some(result("v2", true, 4_000, None)),
+                10_300,
+                true,
+                false,
+                UpToDate,
+            ),
+            (m, None, 10_300, true, false, UpToDate),
+        ];
+        for (mht, res, now, lock, due, want) in table {
+            let mut o = obs(Some("v2"), Some("v2"), true, Level::Host);
+            o.rollout.min_healthy_time = mht;
+            o.rollout.started_at = 5_000;
+            (o.result, o.now, o.rollout_lock, o.health_due) = (res.clone(), now, lock, due);
+            assert_eq!(
+                decide(&o),
+                want,
+                "{mht:?} {res:?} now={now} lock={lock} due={due}"
+            );
+        }
+        // M/2 is at least a second.
+        let mut o = obs(Some("v2"), Some("v2"), true, Level::Host);
+        o.rollout.min_healthy_time = Some(Duration::from_secs(1));
+        o.result = Some(result("v2", true, 10_000, None));
+        assert_eq!(soak_check_at(&o), Some(10_001));
+        // A failed soak is never repaired, and shows failed until a check passes.
+        let mut o = obs(Some("v2"), Some("v2"), true, Level::Host);
+        o.health = Health::SoakFailed;
+        assert_eq!(decide(&o), UpToDate);
+        assert_eq!(idle_state(&UpToDate, &o), AgentState::Failed);
+        o.health_due = true;
+        assert_eq!(decide(&o), HealthCheck { version: v("v2") });
+        let fail = Outcome::Failure("x".into());
+        assert_eq!(Health::SoakFailed.after_check(&fail), Health::SoakFailed);
+        assert_eq!(
+            Health::SoakFailed.after_check(&Outcome::Success { changes: false }),
+            Health::Good
         );
     }
 }

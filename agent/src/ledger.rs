@@ -35,6 +35,8 @@ pub struct Ledger {
     running_versions: Option<Vec<Version>>,
     /// The last save failed (logged once until it works again).
     failing: bool,
+    /// The agent's retry interval (a run result says when a failure is retried).
+    retry_interval: std::time::Duration,
 }
 
 /// Where a ledger keeps things and reports to.
@@ -46,6 +48,7 @@ pub struct LedgerSetup {
     pub host: HostName,
     pub clock: DynClock,
     pub logs: bool,
+    pub retry_interval: std::time::Duration,
 }
 
 impl Ledger {
@@ -62,6 +65,7 @@ impl Ledger {
             upload_wake: None,
             running_versions: None,
             failing: false,
+            retry_interval: s.retry_interval,
         })
     }
 
@@ -143,6 +147,11 @@ impl Ledger {
                 .status(r.step, outcome, &r.version, &self.host)
                 .to_string(),
             revision,
+            result: r.result.as_ref().map(|res| uploads::ResultLink {
+                key: self.schema.result(&self.host).to_string(),
+                version: res.version.to_string(),
+                at: res.at,
+            }),
         };
         match uploads::enqueue(&self.state_dir, log, &entry) {
             Ok(()) => {
@@ -175,6 +184,9 @@ impl Ledger {
         tracing::error!(version = %r.version, %reason, "the upgrade counts as failed");
         r.ok = false;
         r.link = reason.clone();
+        if let Some(res) = r.result.as_mut() {
+            crate::results::fail(res, Step::Validated, &reason, None, self.retry_interval);
+        }
         if let Some(log) = &r.log {
             let line = format!("== but the upgrade counts as failed: {reason}\n");
             let appended = std::fs::OpenOptions::new()
@@ -190,16 +202,19 @@ impl Ledger {
     }
 
     /// Journals a step's report (durably where the journal can be written), then
-    /// tries to write it to the store. Returns the reason a validated success turned
-    /// into a failure (the local version file could not be written).
+    /// tries to write it to the store, with the host's run `result` when given (the
+    /// run's last step). Returns the reason a validated success turned into a
+    /// failure (the local version file could not be written).
     pub async fn report(
         &mut self,
         version: &Version,
         step: Step,
         outcome: &Outcome,
         run_dir: &Path,
+        result: Option<jio_common::values::HostResult>,
     ) -> Option<String> {
-        let r = self.pending_report(version, step, outcome, run_dir).await;
+        let mut r = self.pending_report(version, step, outcome, run_dir).await;
+        r.result = result;
         self.journal.unreported.push(r);
         self.save();
         let failed = self.settle_local_version(self.journal.unreported.len() - 1);
@@ -237,6 +252,7 @@ impl Ledger {
             at,
             log: None,
             object: None,
+            result: None,
         };
         if self.logs {
             let header = format!(

@@ -15,6 +15,7 @@ pub mod liveness;
 pub mod notify;
 pub mod observe;
 pub mod report;
+pub mod results;
 pub mod rundir;
 pub mod runner;
 pub mod state;

@@ -12,6 +12,16 @@ use jio_common::values::{HostRecord, InterfaceAddress, parse_json};
 
 use crate::state::PendingReport;
 
+/// The ops of one report: its status entry in place of the other three and, when
+/// it carries one, the host's run result (`/results/<host>`).
+pub fn report_ops(schema: &Schema, host: &HostName, r: &PendingReport) -> Vec<Op> {
+    let mut ops = status_ops(schema, host, r);
+    if let Some(result) = &r.result {
+        ops.push(crate::results::put_op(&schema.result(host), result));
+    }
+    ops
+}
+
 /// The ops that put `r` in place of the host's other status entries for its version.
 pub fn status_ops(schema: &Schema, host: &HostName, r: &PendingReport) -> Vec<Op> {
     let outcome = if r.ok { Outcome::Success } else { Outcome::Failure };
@@ -73,7 +83,7 @@ pub async fn apply(
     r: &PendingReport,
     known: Option<&[Version]>,
 ) -> Result<jio_common::store::Revision, StoreError> {
-    let mut ops = status_ops(schema, host, r);
+    let mut ops = report_ops(schema, host, r);
     if r.step == Step::Validated && r.ok {
         let others = match known {
             Some(k) => k.to_vec(),
@@ -222,9 +232,10 @@ mod tests {
             at: 1,
             log: None,
             object: None,
+            result: None,
         };
         assert_eq!(
-            keys(&status_ops(&s, &h(), &r)),
+            keys(&report_ops(&s, &h(), &r)),
             vec![
                 "put /status/configured/failure/v2/compute1=http://swift/x",
                 "del /status/configured/success/v2/compute1",
@@ -232,6 +243,44 @@ mod tests {
                 "del /status/validated/failure/v2/compute1",
             ]
         );
+    }
+
+    #[test]
+    fn a_report_carries_the_run_result_and_keeps_the_log_link() {
+        let s = Schema::default();
+        let result = jio_common::values::HostResult {
+            version: v("v2"),
+            ok: false,
+            step: Some("validated".into()),
+            exit_code: Some(1),
+            message: Some("validation exited 1".into()),
+            run_dir: Some("/runs/1".into()),
+            log: None,
+            at: 7,
+            checked_at: None,
+            attempt: 1,
+            retry_at: Some(607),
+        };
+        let r = PendingReport {
+            version: v("v2"),
+            step: Step::Validated,
+            ok: false,
+            link: "http://swift/x".into(),
+            at: 7,
+            log: None,
+            object: None,
+            result: Some(result.clone()),
+        };
+        let ops = keys(&report_ops(&s, &h(), &r));
+        assert_eq!(ops[0], "put /status/validated/failure/v2/compute1=http://swift/x");
+        assert_eq!(
+            ops.last().unwrap(),
+            &format!(
+                "put /results/compute1={}",
+                serde_json::to_string(&result).unwrap()
+            )
+        );
+        assert_eq!(ops.len(), 5);
     }
 
     #[test]

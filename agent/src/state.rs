@@ -169,6 +169,10 @@ pub struct PendingReport {
     /// Its object name in Swift.
     #[serde(default)]
     pub object: Option<String>,
+    /// The host's run result, written in the same transaction (the report of the
+    /// run's last step, or of a failed soak).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<jio_common::values::HostResult>,
 }
 
 mod step_serde {
@@ -281,6 +285,7 @@ mod tests {
                 at: 5,
                 log: None,
                 object: None,
+                result: None,
             }],
             ..Journal::default()
         };

@@ -28,6 +28,9 @@ pub struct StepCtx<'a> {
     /// Called with each command's process group once it has started (the journal
     /// keeps it, so that a successor can stop what a killed agent left running).
     pub on_spawn: &'a mut (dyn FnMut(ProcessGroup) + Send),
+    /// The exit code of the last command the step ran (none when it was killed,
+    /// timed out or could not start): on a failure, the failing command's.
+    pub exit_code: Option<i32>,
 }
 
 /// Runs the two steps of a run.
@@ -96,6 +99,10 @@ impl CommandSteps {
         let on_spawn = &mut *ctx.on_spawn;
         let f = runner::run(&spec, ctx.shutdown, self.stop_grace, on_spawn).await;
         tracing::info!(step = what, exit = ?f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "finished");
+        ctx.exit_code = match f.exit {
+            runner::Exit::Code(c) => Some(c),
+            _ => None,
+        };
         f
     }
 

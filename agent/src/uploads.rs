@@ -32,6 +32,18 @@ pub struct Entry {
     pub key: String,
     /// The leaf's mod revision when it was written.
     pub revision: Revision,
+    /// The run result the log belongs to, linked too once uploaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ResultLink>,
+}
+
+/// Which run result a log belongs to: the result at `key` of the run of `version`
+/// that ended at `at` (a newer run's result is never given an older log).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultLink {
+    pub key: String,
+    pub version: String,
+    pub at: u64,
 }
 
 pub fn dir(state_dir: &Path) -> PathBuf {
@@ -181,6 +193,24 @@ impl Uploader {
             }
             Err(e) => return Attempt::Failed(e.to_string()),
         }
+        if let Some(link) = &entry.result
+            && let Ok(rkey) = Key::new(link.key.clone())
+        {
+            let linked = crate::results::update(&self.store, &rkey, |r| {
+                let same_run = r.version.as_str() == link.version && r.at == link.at;
+                if same_run && r.log.as_deref() != Some(url.as_str()) {
+                    r.log = Some(url.clone());
+                    return true;
+                }
+                false
+            })
+            .await;
+            match linked {
+                Ok(true) => tracing::info!(key = %rkey, %url, "run log linked from the run result"),
+                Ok(false) => {}
+                Err(e) => return Attempt::Failed(e.to_string()),
+            }
+        }
         remove(&meta, &log);
         Attempt::Done
     }
@@ -248,6 +278,7 @@ mod tests {
                 object: format!("o{i}"),
                 key: "/k".into(),
                 revision: 1,
+                result: None,
             };
             enqueue(d.path(), &log, &e).unwrap();
         }

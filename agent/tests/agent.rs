@@ -1373,3 +1373,334 @@ async fn the_liveness_record_is_fenced_kept_and_revoked() {
         "the lease was revoked"
     );
 }
+
+// ---- Admission an SRE can trust: run results, the soak, holds, windows ----
+
+/// The host's `/results/<host>` as JSON, if any.
+async fn result_of(s: &DynStore, host: &str) -> Option<serde_json::Value> {
+    let v = value(s, &format!("/results/{host}")).await?;
+    Some(serde_json::from_str(&v).unwrap())
+}
+
+/// Records a rollout to `version` (from `previous`) with `rules` as the active one.
+async fn start_rollout(s: &DynStore, version: &str, rules: serde_json::Value) {
+    let v = |x: &str| jio_common::names::Version::new(x).unwrap();
+    let now = jio_common::time::unix_now();
+    let rec = jio_common::rollout::RolloutRecord::start(v(version), Some(v("v1")), rules, "test", now);
+    let schema = Schema::default();
+    put(s, schema.rollout(&rec.id), &serde_json::to_string(&rec).unwrap()).await;
+    put(s, schema.current_rollout(), rec.id.as_str()).await;
+}
+
+/// `HH:MM` UTC, `minutes` from now.
+fn utc_hhmm(minutes: i64) -> String {
+    let now = jio_common::time::unix_now() as i64;
+    let t = (now + minutes * 60).rem_euclid(86_400);
+    format!("{:02}:{:02}", t / 3600, (t % 3600) / 60)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_writes_its_result_and_the_status_leaf_keeps_its_value() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    let schema = Schema::default();
+    put(&s, schema.current_version(), "v1").await;
+    let puppet = Puppet::new();
+    let m = puppet.manifest(
+        "six",
+        &format!(
+            "file {{ '{}/six': content => 'x' }}\nexec {{ 'broken': command => '/bin/false' }}\n",
+            puppet.scratch().display()
+        ),
+    );
+    let host = Host::new(
+        "compute31",
+        &etcd.url(),
+        &puppet.command(&m),
+        "retry_interval = \"10m\"",
+    );
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+
+    let r = result_of(&s, "compute31").await.expect("a run result");
+    assert_eq!(r["version"], "v1");
+    assert_eq!(r["ok"], false);
+    assert_eq!(r["step"], "configured");
+    assert_eq!(r["exit_code"], 6);
+    assert_eq!(r["attempt"], 1);
+    let message = r["message"].as_str().unwrap();
+    assert!(message.starts_with("puppet exited 6: "), "{message}");
+    assert!(
+        message.contains("Exec[broken]") && message.chars().count() <= 160,
+        "{message}"
+    );
+    assert!(!message.contains('\n'), "{message}");
+    let at = r["at"].as_u64().unwrap();
+    assert_eq!(r["retry_at"].as_u64(), Some(at + 600));
+    // The run directory is the run's, and holds Puppet's output.
+    let st = status_json(&agent(&host, &["status", "--json"]).await);
+    let run_dir = r["run_dir"].as_str().unwrap();
+    assert_eq!(st["last_run"]["run_dir"].as_str(), Some(run_dir));
+    assert!(read(&PathBuf::from(run_dir).join("puppet.jsonl")).contains("Exec[broken]"));
+    // The status leaf holds what it held before results existed (the reason: no Swift).
+    assert_eq!(
+        value(&s, "/status/configured/failure/v1/compute31")
+            .await
+            .as_deref(),
+        Some("puppet exited 6: changes were made and some resources failed")
+    );
+
+    // A retry of the same version is the second attempt.
+    put(
+        &s,
+        schema.enable(&EnableLevel::Host(HostName::new("compute31").unwrap())),
+        "true",
+    )
+    .await;
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let r = result_of(&s, "compute31").await.unwrap();
+    assert_eq!(r["attempt"], 2);
+    let at = r["at"].as_u64().unwrap();
+    assert_eq!(r["retry_at"].as_u64(), Some(at + 1200), "the backoff doubles");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_run_soaks_and_is_checked_while_the_driver_holds_the_lock() {
+    let Recorded {
+        etcd: _etcd,
+        url,
+        s,
+        work,
+        host,
+        puppet_runs,
+    } = recorded("db31", "resync_interval = \"1h\"\nhealth_interval = \"0\"").await;
+    let schema = Schema::default();
+    // Validation records what the liveness record said while it ran.
+    let checks = work.path().join("validation-seen");
+    record_script(
+        &host.validation_dir().join("05-record"),
+        &url,
+        &[("/agents/db31".to_string(), &checks)],
+        0,
+    );
+    start_rollout(&s, "v1", serde_json::json!({"min_healthy_time": "4s"})).await;
+    put(&s, schema.lock(jio_common::fleet::ROLLOUT_LOCK), r#"{"pid":1}"#).await;
+    let log = work.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    wait_for("the run result", Duration::from_secs(30), || async {
+        result_of(&s, "db31").await.is_some()
+    })
+    .await;
+    let r = result_of(&s, "db31").await.unwrap();
+    assert_eq!(
+        (r["version"].as_str(), r["ok"].as_bool()),
+        (Some("v1"), Some(true))
+    );
+    assert!(r.get("step").is_none() && r.get("retry_at").is_none(), "{r}");
+    let at = r["at"].as_u64().unwrap();
+    assert_eq!(lines(&puppet_runs), 1);
+
+    // Within min_healthy_time, lock held, the soak's health check runs.
+    wait_for("checked_at", Duration::from_secs(4), || async {
+        result_of(&s, "db31")
+            .await
+            .is_some_and(|r| r["checked_at"].as_u64().is_some_and(|c| c > at))
+    })
+    .await;
+    assert!(
+        value(&s, "/locks/rollout").await.is_some(),
+        "the lock was held all along"
+    );
+    // The check's own traces: the validation ran twice (the upgrade's, the soak's),
+    // the second time with the record saying "checking", in a run directory of its
+    // own whose output is the check's.
+    let seen = read(&checks);
+    assert_eq!(seen.lines().count(), 2, "{seen}");
+    assert!(
+        seen.lines().nth(1).unwrap().contains(r#""state":"checking""#),
+        "{seen}"
+    );
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(host.state_dir().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    runs.sort();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_ne!(runs[1].display().to_string(), r["run_dir"].as_str().unwrap());
+    assert!(read(&runs[1].join("validation.stdout")).contains("service answers"));
+    assert!(!runs[1].join("puppet.stdout").exists(), "no puppet in a check");
+    assert_eq!(lines(&puppet_runs), 1);
+    assert!(read(&log).contains("health check of the min_healthy_time soak passed"));
+    // The status leaf is as before.
+    assert_eq!(
+        entries(&s, "db31").await,
+        set(&["/status/validated/success/v1/db31", "/running/versions/v1/db31"])
+    );
+    assert!(alive(&mut daemon), "{}", read(&log));
+    daemon.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_host_does_not_start_until_the_hold_is_released() {
+    let Recorded {
+        etcd: _etcd,
+        url: _,
+        s,
+        work,
+        host,
+        puppet_runs,
+    } = recorded("compute32", "resync_interval = \"1h\"\nhealth_interval = \"0\"").await;
+    let schema = Schema::default();
+    let h = HostName::new("compute32").unwrap();
+    let role = jio_common::names::Role::new("compute").unwrap();
+    // Converged at v1 earlier; v2 is desired.
+    std::fs::write(host.version_file(), "v1\n").unwrap();
+    put(&s, schema.current_version(), "v2").await;
+    let host_hold = schema.hold(&jio_common::keys::HoldTarget::Host(h.clone()));
+    let role_hold = schema.hold(&jio_common::keys::HoldTarget::Role(role));
+    put(
+        &s,
+        host_hold.clone(),
+        r#"{"by":"asha","reason":"disk errors","at":1}"#,
+    )
+    .await;
+    put(&s, role_hold.clone(), "not a hold record").await;
+    let log = work.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    wait_for("the idle record", Duration::from_secs(15), || async {
+        agent_state(&s, "compute32").await.is_some()
+    })
+    .await;
+    // Then the host is enabled: the hold still keeps it out.
+    put(&s, schema.enable(&EnableLevel::Host(h.clone())), "true").await;
+    let held = "held by asha: disk errors; not starting the upgrade to v2";
+    wait_for("the hold's log line", Duration::from_secs(15), || async {
+        read(&log).contains(held)
+    })
+    .await;
+    assert_eq!(read(&log).matches(held).count(), 1, "logged once: {}", read(&log));
+    assert_eq!(lines(&puppet_runs), 0, "started while held");
+    assert_eq!(host.local_version().as_deref(), Some("v1"));
+    assert_eq!(agent_state(&s, "compute32").await.as_deref(), Some("idle"));
+
+    // The host's hold released: the role's, unreadable, still holds, named by key.
+    s.delete(&host_hold).await.unwrap();
+    wait_for(
+        "the unreadable hold's log line",
+        Duration::from_secs(15),
+        || async { read(&log).contains("held by /holds/role/compute whose record cannot be read") },
+    )
+    .await;
+    assert_eq!(lines(&puppet_runs), 0, "started while the role was held");
+
+    // Released: it starts at once (the resync is an hour away: the watch woke it).
+    let released = std::time::Instant::now();
+    s.delete(&role_hold).await.unwrap();
+    reported_at(&s, "compute32", "v2", Duration::from_secs(20)).await;
+    assert!(released.elapsed() < Duration::from_secs(15));
+    assert_eq!(lines(&puppet_runs), 1);
+    assert_eq!(host.local_version().as_deref(), Some("v2"));
+    assert!(alive(&mut daemon), "{}", read(&log));
+    daemon.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_loses_when_a_hold_is_placed_after_the_decision_read() {
+    use jio_agent::agent::PassResult;
+    let Recorded {
+        etcd: _etcd,
+        url: _,
+        s,
+        work: _work,
+        host,
+        puppet_runs,
+    } = recorded("compute33", "").await;
+    let schema = Schema::default();
+    let h = HostName::new("compute33").unwrap();
+    put(&s, schema.enable(&EnableLevel::Host(h.clone())), "true").await;
+    let (mut a, _stop) = embedded_agent(&host, &s);
+    let obs = a.observe(false).await.unwrap();
+    let hold = schema.hold(&jio_common::keys::HoldTarget::Host(h));
+    put(&s, hold.clone(), r#"{"by":"asha","at":1}"#).await;
+    assert_eq!(a.act(&obs).await.unwrap(), PassResult::Raced);
+    assert_eq!(lines(&puppet_runs), 0, "puppet ran past a hold");
+    // Decided again, it is held; released, it runs.
+    let obs = a.observe(false).await.unwrap();
+    assert!(matches!(
+        a.act(&obs).await.unwrap(),
+        PassResult::Idle(jio_agent::decide::Decision::Held { .. })
+    ));
+    s.delete(&hold).await.unwrap();
+    let obs = a.observe(false).await.unwrap();
+    assert!(matches!(a.act(&obs).await.unwrap(), PassResult::Ran { .. }));
+    assert_eq!(lines(&puppet_runs), 1);
+    a.take_liveness().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_windows_keep_a_role_out_while_closed() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let schema = Schema::default();
+    put(&s, schema.current_version(), "v2").await;
+    put(&s, schema.enable(&EnableLevel::Global), "true").await;
+    // Computes: a window that opens in two hours; databases: one open now.
+    let rules = serde_json::json!({"windows": [
+        {"days": "daily", "start": utc_hhmm(120), "end": utc_hhmm(180), "tz": "UTC", "groups": ["compute"]},
+        {"days": "daily", "start": utc_hhmm(-60), "end": utc_hhmm(60), "tz": "UTC", "groups": ["db"]},
+    ]});
+    // First /rollouts/current names a record that is not there: nothing starts.
+    let missing = "20260101T000000Z-v2";
+    put(&s, schema.current_rollout(), missing).await;
+    let work = tempfile::tempdir().unwrap();
+    let mut daemons = Vec::new();
+    let mut hosts = Vec::new();
+    for name in ["compute34", "db34"] {
+        let dir = work.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let host = Host::new(
+            name,
+            &url,
+            &recording_puppet(&dir, &url, name),
+            "resync_interval = \"1h\"\nhealth_interval = \"0\"",
+        );
+        std::fs::write(host.version_file(), "v1\n").unwrap();
+        let log = dir.join("agent.log");
+        daemons.push(spawn_logged(&host, &log));
+        hosts.push((host, dir));
+    }
+    let log = |i: usize| read(&hosts[i].1.join("agent.log"));
+    let runs = |i: usize| lines(&hosts[i].1.join("puppet-seen"));
+    for i in 0..2 {
+        wait_for(
+            "the unusable rollout's log line",
+            Duration::from_secs(15),
+            || async {
+                log(i).contains(&format!(
+                    "key /rollouts/{missing}: missing (named by /rollouts/current)"
+                ))
+            },
+        )
+        .await;
+        assert_eq!(runs(i), 0, "started without the rollout's rules: {}", log(i));
+    }
+
+    // The rollout is recorded (a new /rollouts/current wakes the agents).
+    start_rollout(&s, "v2", rules).await;
+    reported_at(&s, "db34", "v2", Duration::from_secs(30)).await;
+    let opens = "outside the maintenance window: the upgrade to v2 starts when it opens at";
+    wait_for("the window's log line", Duration::from_secs(15), || async {
+        log(0).contains(opens)
+    })
+    .await;
+    assert_eq!(log(0).matches(opens).count(), 1, "logged once: {}", log(0));
+    assert_eq!(runs(0), 0, "started outside its window: {}", log(0));
+    assert_eq!(hosts[0].0.local_version().as_deref(), Some("v1"));
+    assert_eq!(runs(1), 1);
+    for d in &mut daemons {
+        assert!(alive(d));
+        d.kill().await.unwrap();
+    }
+}

@@ -324,3 +324,120 @@ async fn a_health_check_that_cannot_start_waits_for_the_next_tick() {
     assert!(r.at(Step::Validated).is_empty());
     r.stop().await;
 }
+
+impl Rig {
+    /// Starts a rollout to `version` whose rules are `rules`, recorded at `START`.
+    async fn rollout(&self, version: &str, rules: serde_json::Value) {
+        let rec = jio_common::rollout::RolloutRecord::start(v(version), Some(v("v1")), rules, "test", START);
+        let s = Schema::default();
+        self.put(s.rollout(&rec.id), &serde_json::to_string(&rec).unwrap())
+            .await;
+        self.put(s.current_rollout(), rec.id.as_str()).await;
+    }
+
+    async fn result(&self) -> jio_common::values::HostResult {
+        let kv = self
+            .store
+            .get(&Schema::default().result(&host()))
+            .await
+            .unwrap()
+            .expect("a run result");
+        serde_json::from_str(&kv.value).unwrap()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_soak_check_runs_under_the_drivers_lock_and_its_failure_fails_the_version() {
+    let steps = ScriptedSteps::new()
+        .taking(Duration::from_secs(10), Duration::from_secs(5))
+        .validate_outcomes([
+            Outcome::Success { changes: false },
+            Outcome::Failure("validation exited 1".into()),
+        ]);
+    let r = rig(&[("health_interval", "1h")], steps).await;
+    r.rollout("v2", serde_json::json!({"min_healthy_time": "10m"}))
+        .await;
+    r.put(Schema::default().lock("rollout"), r#"{"pid":1}"#).await;
+    r.enable_global().await;
+    r.desire("v2").await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    // Configured 0-10, validated 10-15: the run ended at 15.
+    let run = r.result().await;
+    assert!(run.ok && run.checked_at.is_none(), "{run:?}");
+    assert_eq!((run.at, run.attempt), (START + 15, 1));
+    // The soak's check comes at M/2 after the run ended, lock or not, and fails.
+    tokio::time::sleep(Duration::from_secs(1000)).await;
+    assert_eq!(r.at(Step::Validated), [10, 315]);
+    assert_eq!(r.at(Step::Configured), [0], "a failed soak is never repaired");
+    let failed = r.result().await;
+    assert!(!failed.ok);
+    assert_eq!(
+        (failed.step.as_deref(), failed.at, failed.retry_at),
+        (Some("validated"), START + 15, None)
+    );
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("min_healthy_time soak"),
+        "{failed:?}"
+    );
+    let failure = Schema::default().status(
+        Step::Validated,
+        jio_common::keys::Outcome::Failure,
+        &v("v2"),
+        &host(),
+    );
+    assert!(r.store.get(&failure).await.unwrap().is_some());
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_passing_soak_check_records_checked_at() {
+    let r = rig(
+        &[],
+        ScriptedSteps::new().taking(Duration::from_secs(10), Duration::from_secs(5)),
+    )
+    .await;
+    r.rollout("v2", serde_json::json!({"min_healthy_time": "4s"}))
+        .await;
+    r.put(Schema::default().lock("rollout"), r#"{"pid":1}"#).await;
+    r.enable_global().await;
+    r.desire("v2").await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    // Ended at 15; checked at 17 (M/2) to 22.
+    assert_eq!(r.at(Step::Validated), [10, 17]);
+    let res = r.result().await;
+    assert!(res.ok);
+    assert_eq!((res.at, res.checked_at), (START + 15, Some(START + 22)));
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_window_wakes_the_agent_when_it_opens() {
+    // START is 08:00 UTC; the window opens at 08:10.
+    let r = rig(&[], ScriptedSteps::new()).await;
+    r.rollout(
+        "v2",
+        serde_json::json!({"windows": [{"days": "daily", "start": "08:10", "end": "09:00"}]}),
+    )
+    .await;
+    r.enable_global().await;
+    r.desire("v2").await;
+    // Time moves by hand so that an agent polling the store shows in its requests.
+    let before = r.counted.requests();
+    for _ in 0..599 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        tokio::task::yield_now().await;
+    }
+    assert!(r.at(Step::Configured).is_empty(), "started outside the window");
+    // The liveness lease's renewals are most of them (every TTL/3); a pass a
+    // second would be well above.
+    let used = r.counted.requests() - before;
+    assert!(used < 200, "{used} store requests while waiting for the window");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(r.at(Step::Configured), [600]);
+    assert_eq!(r.local(), "v2");
+    r.stop().await;
+}

@@ -40,6 +40,22 @@ pub struct CurrentRollout {
 }
 
 impl CurrentRollout {
+    /// The key of the record `cur` (`/rollouts/current` as read) names, when it names
+    /// a rollout id.
+    pub fn record_key(schema: &Schema, cur: &KeyValue) -> Option<Key> {
+        let id = crate::values::text(cur).ok()?.trim();
+        Some(schema.rollout(&RolloutId::parse(id)?))
+    }
+
+    /// The rollout `cur` names, read from `record` (the key `record_key` names, as
+    /// read; `None`: missing), judged as a snapshot judges it. For a reader that
+    /// fetches the two keys alone (the agent).
+    pub fn read(schema: &Schema, cur: &KeyValue, record: Option<&KeyValue>) -> CurrentRollout {
+        let id = cur.value.trim().to_string();
+        let records: BTreeMap<String, &KeyValue> = record.map(|kv| (id, kv)).into_iter().collect();
+        current_rollout_of(schema, cur, &records)
+    }
+
     /// The record, when it can be used.
     pub fn ok(&self) -> Option<&RolloutRecord> {
         self.record.as_ref().ok()
@@ -623,6 +639,29 @@ mod tests {
     }
     fn rec(role: &str) -> String {
         format!(r#"{{"role":"{role}","agent_version":"0.1.0","addresses":[],"first_seen":1}}"#)
+    }
+
+    #[test]
+    fn a_current_rollout_read_alone_is_judged_as_a_snapshot_judges_it() {
+        let s = Schema::default();
+        let rec = RolloutRecord::start(Version::new("v2").unwrap(), None, serde_json::json!({}), "t", 1);
+        let cur = kv("/rollouts/current", rec.id.as_str());
+        let key = CurrentRollout::record_key(&s, &cur).unwrap();
+        assert_eq!(key, s.rollout(&rec.id));
+        let stored = kv(key.as_str(), &serde_json::to_string(&rec).unwrap());
+        assert_eq!(CurrentRollout::read(&s, &cur, Some(&stored)).ok(), Some(&rec));
+        let missing = CurrentRollout::read(&s, &cur, None).record.unwrap_err();
+        assert!(
+            missing.contains("missing (named by /rollouts/current)"),
+            "{missing}"
+        );
+        let garbage = kv("/rollouts/current", "garbage");
+        assert_eq!(CurrentRollout::record_key(&s, &garbage), None);
+        let bad = CurrentRollout::read(&s, &garbage, None).record.unwrap_err();
+        assert!(
+            bad.contains("/rollouts/current") && bad.contains("not a rollout id"),
+            "{bad}"
+        );
     }
 
     #[test]
