@@ -297,6 +297,8 @@ async fn a_window_closing_mid_rollout_stops_admission_and_says_when_it_opens() {
     let (code, why) = reason(&url, pending.unwrap()).await;
     assert_eq!(code, "outside_window", "{why}");
     assert!(why.contains("opens at") && why.contains(&hhmm(t - 3600)), "{why}");
+    let e = explain(&url, pending.unwrap()).await;
+    assert!(e.contains("outside the maintenance window (opens at"), "{e}");
     let st = text(&run(&url, &["status"]).await);
     assert!(st.contains("outside the maintenance window (opens at"), "{st}");
     // Not stuck: waiting for a window is on purpose.
@@ -497,6 +499,8 @@ async fn min_healthy_time_keeps_the_slot_until_the_host_soaked() {
     .await;
     let st = text(&run(&url, &["status"]).await);
     assert!(st.contains("soaking") && st.contains("min_healthy_time"), "{st}");
+    let e = explain(&url, "compute1").await;
+    assert!(e.contains("soaking until"), "{e}");
     let out = finish(follower, Duration::from_secs(120)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(f.all_at("v2"));
@@ -528,4 +532,44 @@ async fn min_healthy_time_keeps_the_slot_until_the_host_soaked() {
     );
     let record = rec.stop().await;
     assert!(record.violations.is_empty(), "{:#?}", record.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_a_failed_then_retrying_host() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.3).await;
+    f.fail("compute1", true);
+    let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let (code, why) = reason(&url, "compute1").await;
+    assert_eq!(code, "failed", "{why}");
+    assert!(why.contains("failed at configured, exit 4"), "{why}");
+    let (code, why) = reason(&url, "compute2").await;
+    assert_eq!(code, "stopped_on_failures", "{why}");
+    assert!(
+        why.contains("1 failed host(s), more than max_failures 0"),
+        "{why}"
+    );
+    let e = explain(&url, "compute1").await;
+    for want in [
+        "state: failed",
+        "last run: to v2 failed",
+        "step configured, exit 4",
+        "run directory on the host:",
+    ] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    // Fixed and re-enabled: retrying until its run reports.
+    f.fail("compute1", false);
+    f.set_seconds(4.0);
+    let out = run(&url, &["enable-puppet", "true", "--host", "compute1"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    wait_for("compute1 to retry", Duration::from_secs(10), || async {
+        reason(&url, "compute1").await.0 == "retrying"
+    })
+    .await;
+    let e = explain(&url, "compute1").await;
+    assert!(e.contains("retrying: attempt 2"), "{e}");
 }
