@@ -776,6 +776,11 @@ mod tests {
     /// A fleet at current version v2 after global-disable: `hosts` are
     /// `(name, role, state)` with state one of up, going, fail, wait.
     fn fleet(hosts: &[(&str, &str, &str)]) -> Snapshot {
+        Snapshot::from_kvs(&Schema::default(), &fleet_kvs(hosts))
+    }
+
+    /// The key-values of `fleet`.
+    fn fleet_kvs(hosts: &[(&str, &str, &str)]) -> Vec<KeyValue> {
         let mut kvs = vec![
             kv("/current_version", "v2"),
             kv("/config_state/enable_puppet/global", "false"),
@@ -796,7 +801,7 @@ mod tests {
                 _ => {}
             }
         }
-        Snapshot::from_kvs(&Schema::default(), &kvs)
+        kvs
     }
 
     fn run(rules: &str, hosts: &[(&str, &str, &str)]) -> Plan {
@@ -1110,25 +1115,7 @@ mod tests {
         now: u64,
         promoted: bool,
     ) -> Plan {
-        let mut kvs: Vec<KeyValue> = Vec::new();
-        kvs.push(kv("/current_version", "v2"));
-        kvs.push(kv("/config_state/enable_puppet/global", "false"));
-        for (h, role, state) in hosts {
-            kvs.push(kv(
-                &format!("/hosts/{h}"),
-                &format!(r#"{{"role":"{role}","agent_version":"1","addresses":[],"first_seen":1}}"#),
-            ));
-            kvs.push(kv(&format!("/agents/{h}"), IDLE));
-            match *state {
-                "up" => kvs.push(kv(&format!("/running/versions/v2/{h}"), "1")),
-                "going" => kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true")),
-                "fail" => {
-                    kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true"));
-                    kvs.push(kv(&format!("/status/configured/failure/v2/{h}"), ""));
-                }
-                _ => {}
-            }
-        }
+        let mut kvs = fleet_kvs(hosts);
         kvs.extend(extra.iter().cloned());
         let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
         let statuses = classify(&snap);
