@@ -330,6 +330,11 @@ impl RolloutRecord {
             e.state = "already promoted";
             return Err(e);
         }
+        if self.rules.get("canary").is_none() {
+            let mut e = self.refuse("promoted");
+            e.state = "without a canary rule (nothing waits for a promotion)";
+            return Err(e);
+        }
         let mut r = self.clone();
         let c = change("promoted", by, now, reason);
         r.changes.push(c.clone());
@@ -452,6 +457,32 @@ mod tests {
         let names: Vec<&str> = aborted.changes.iter().map(|c| c.state.as_str()).collect();
         assert_eq!(names, ["running", "paused", "running", "stuck", "aborted"]);
         assert_eq!(aborted.duration_s(), 4_000);
+    }
+
+    #[test]
+    fn promotion_ends_the_canary_phase_once() {
+        let plain = started();
+        let e = plain.promote("bob", None, 5).unwrap_err().to_string();
+        assert!(e.contains("without a canary rule"), "{e}");
+        let mut canary = started();
+        canary.rules = serde_json::json!({"canary": 1});
+        let p = canary.promote("bob", Some("looks fine".into()), 5).unwrap();
+        assert_eq!(p.promoted.as_ref().map(|c| c.by.as_str()), Some("bob"));
+        assert_eq!(p.changes.last().unwrap().state, "promoted");
+        assert!(
+            p.promote("bob", None, 6)
+                .unwrap_err()
+                .to_string()
+                .contains("already promoted")
+        );
+        let done = p.finish(BTreeMap::new(), "driver", 7).unwrap();
+        assert!(
+            done.promote("bob", None, 8).is_err(),
+            "an ended rollout is not promoted"
+        );
+        // An undo starts promoted: no canary phase going back.
+        let back = done.undo("bob", 9).unwrap();
+        assert!(back.promoted.is_some());
     }
 
     #[test]
