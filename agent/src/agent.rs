@@ -59,6 +59,8 @@ pub struct Agent {
     run_marker: bool,
     /// Commands a killed agent left running, to stop before anything else.
     orphan: Option<ProcessGroup>,
+    /// The rollout current when the run going on started (its id, for its result).
+    run_rollout: Option<String>,
 }
 
 impl Agent {
@@ -119,6 +121,7 @@ impl Agent {
             health: Health::Good,
             run_marker: true,
             orphan: None,
+            run_rollout: None,
         })
     }
 
@@ -349,6 +352,8 @@ impl Agent {
         obs: &Observation,
     ) -> Result<PassResult, AgentError> {
         let fence = self.subject().start_fence(obs);
+        // The start is fenced on `/rollouts/current`: this is the run's rollout.
+        self.run_rollout = obs.rollout.id.clone();
         if !self.begin(AgentState::Upgrading, &version, fence).await? {
             tracing::info!(%version, "the desired version or an enable key changed before the run could start; deciding again");
             return Ok(PassResult::Raced);
@@ -398,6 +403,7 @@ impl Agent {
             detail,
             run_dir,
             at: ended,
+            rollout: self.run_rollout.clone(),
         };
         let attempt = results::attempt(self.ledger.journal.failure.as_ref(), version);
         results::of_run(&end, attempt, self.cfg.retry_interval)

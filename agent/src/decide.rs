@@ -79,8 +79,9 @@ pub struct RolloutFacts {
     pub window: WindowState,
     /// `min_healthy_time`: how long an upgraded host soaks.
     pub min_healthy_time: Option<Duration>,
-    /// When the rollout started (results before it are not its runs).
-    pub started_at: u64,
+    /// The active rollout's id: a result whose `rollout` is another id is not its
+    /// run (no clock of another machine is compared).
+    pub id: Option<String>,
     /// `/rollouts/current` names a record that is missing or cannot be read: why,
     /// naming the key. No upgrade starts meanwhile.
     pub unusable: Option<String>,
@@ -91,7 +92,7 @@ impl Default for RolloutFacts {
         RolloutFacts {
             window: WindowState::Always,
             min_healthy_time: None,
-            started_at: 0,
+            id: None,
             unusable: None,
         }
     }
@@ -319,16 +320,20 @@ fn health(o: &Observation, version: Version) -> Decision {
 
 /// When the soak's health check is due (Unix time), while one is pending: the last
 /// result is this rollout's successful run to the local version, the rules set
-/// `min_healthy_time` M, and no check has passed since the run. It comes at M/2
-/// after the run ended (at least a second later, so that it counts as after).
+/// `min_healthy_time` M, and no check has passed M or more after the run ended. It
+/// comes M after the run ended (at least a second): the host has stayed healthy that
+/// long by this agent's own clock, and `checked_at` at or past `at + M` is what
+/// releases its slot (the planner compares only these two times, both this clock's).
 pub fn soak_check_at(o: &Observation) -> Option<u64> {
     let m = o.rollout.min_healthy_time?;
     let r = o.result.as_ref()?;
+    let due = r.at.saturating_add(m.as_secs().max(1));
     let pending = r.ok
         && Some(&r.version) == o.local.as_ref()
-        && r.at >= o.rollout.started_at
-        && r.checked_at.is_none_or(|c| c <= r.at);
-    pending.then(|| r.at.saturating_add((m.as_secs() / 2).max(1)))
+        && o.rollout.id.is_some()
+        && r.rollout == o.rollout.id
+        && r.checked_at.is_none_or(|c| c < due);
+    pending.then_some(due)
 }
 
 /// The state the liveness record shows while nothing runs.
@@ -875,8 +880,11 @@ mod tests {
             checked_at,
             attempt: 1,
             retry_at: None,
+            rollout: Some(ROLLOUT.into()),
         }
     }
+
+    const ROLLOUT: &str = "20261123T020000Z-v2";
 
     #[test]
     fn the_soak_check() {
@@ -884,102 +892,44 @@ mod tests {
         let m = Some(Duration::from_secs(600));
         let soaking = Soaking {
             version: v("v2"),
-            check_at: 10_300,
+            check_at: 10_600,
         };
         let check = SoakCheck { version: v("v2") };
-        // min_healthy_time, result, now, lock, health due, health => decision
+        let r = |checked| Some(result("v2", true, 10_000, checked));
+        let mut other = result("v2", true, 10_000, None);
+        other.rollout = Some("20261122T020000Z-v2".into());
+        // min_healthy_time, result, now, lock, health due => decision
         let table = [
-            // Just upgraded: the check comes at M/2.
-            (
-                m,
-                Some(result("v2", true, 10_000, None)),
-                10_000,
-                false,
-                false,
-                soaking.clone(),
-            ),
-            (
-                m,
-                Some(result("v2", true, 10_000, None)),
-                10_299,
-                true,
-                false,
-                soaking.clone(),
-            ),
-            (
-                m,
-                Some(result("v2", true, 10_000, None)),
-                10_300,
-                false,
-                false,
-                check.clone(),
-            ),
+            // Just upgraded: the check comes once it has been healthy for M.
+            (m, r(None), 10_000, false, false, soaking.clone()),
+            (m, r(None), 10_599, true, false, soaking.clone()),
+            (m, r(None), 10_600, false, false, check.clone()),
             // The driver's lock does not hold it: the host holds its own slot.
-            (
-                m,
-                Some(result("v2", true, 10_000, None)),
-                10_300,
-                true,
-                false,
-                check.clone(),
-            ),
+            (m, r(None), 10_600, true, false, check.clone()),
             // Late (the agent was down): still due until a check passed.
+            (m, r(None), 99_000, true, false, check.clone()),
+            // An idle check due meanwhile runs as the soak's check.
+            (m, r(None), 10_001, true, true, check.clone()),
+            // Checks before the end of the soak do not end it.
+            (m, r(Some(10_000)), 10_600, true, false, check.clone()),
+            (m, r(Some(10_599)), 10_600, true, false, check.clone()),
+            (m, r(Some(10_599)), 10_300, true, false, soaking.clone()),
+            // Checked at the end of the soak or later: soaked, nothing pending.
+            (m, r(Some(10_600)), 10_700, true, false, UpToDate),
             (
                 m,
-                Some(result("v2", true, 10_000, None)),
-                99_000,
-                true,
-                false,
-                check.clone(),
-            ),
-            // An idle check due meanwhile is the soak's check.
-            (
-                m,
-                Some(result("v2", true, 10_000, None)),
-                10_001,
-                true,
-                true,
-                check.clone(),
-            ),
-            // A check in the run's own second does not count.
-            (
-                m,
-                Some(result("v2", true, 10_000, Some(10_000))),
-                10_300,
-                true,
-                false,
-                check.clone(),
-            ),
-            // Checked since the run: soaked, nothing pending.
-            (
-                m,
-                Some(result("v2", true, 10_000, Some(10_001))),
-                10_300,
-                true,
-                false,
-                UpToDate,
-            ),
-            (
-                m,
-                Some(result("v2", true, 10_000, Some(10_001))),
-                10_300,
+                r(Some(10_600)),
+                10_700,
                 true,
                 true,
                 HealthHeld { version: v("v2") },
             ),
-            // No min_healthy_time, a failed run, another version, a run before the rollout.
-            (
-                None,
-                Some(result("v2", true, 10_000, None)),
-                10_300,
-                true,
-                false,
-                UpToDate,
-            ),
+            // No min_healthy_time, a failed run, another version, another rollout's run.
+            (None, r(None), 10_600, true, false, UpToDate),
             (
                 m,
                 Some(result("v2", false, 10_000, None)),
-                10_300,
+                10_600,
                 true,
                 false,
                 UpToDate,
@@ -987,25 +937,18 @@ mod tests {
             (
                 m,
                 Some(result("v1", true, 10_000, None)),
-                10_300,
+                10_600,
                 true,
                 false,
                 UpToDate,
             ),
-            (
-                m,
-                Some(result("v2", true, 4_000, None)),
-                10_300,
-                true,
-                false,
-                UpToDate,
-            ),
-            (m, None, 10_300, true, false, UpToDate),
+            (m, Some(other), 10_600, true, false, UpToDate),
+            (m, None, 10_600, true, false, UpToDate),
         ];
         for (mht, res, now, lock, due, want) in table {
             let mut o = obs(Some("v2"), Some("v2"), true, Level::Host);
             o.rollout.min_healthy_time = mht;
-            o.rollout.started_at = 5_000;
+            o.rollout.id = Some(ROLLOUT.into());
             (o.result, o.now, o.rollout_lock, o.health_due) = (res.clone(), now, lock, due);
             assert_eq!(
                 decide(&o),
@@ -1013,9 +956,10 @@ mod tests {
                 "{mht:?} {res:?} now={now} lock={lock} due={due}"
             );
         }
-        // M/2 is at least a second.
+        // The check comes at least a second after the run.
         let mut o = obs(Some("v2"), Some("v2"), true, Level::Host);
-        o.rollout.min_healthy_time = Some(Duration::from_secs(1));
+        o.rollout.id = Some(ROLLOUT.into());
+        o.rollout.min_healthy_time = Some(Duration::from_secs(0));
         o.result = Some(result("v2", true, 10_000, None));
         assert_eq!(soak_check_at(&o), Some(10_001));
         // A failed soak is never repaired, and shows failed until a check passes.

@@ -212,7 +212,7 @@ async fn rollout_facts(
     Ok(RolloutFacts {
         window: window::state(&rules.windows_for(who.role), now),
         min_healthy_time: rules.min_healthy_time,
-        started_at: record.started_at(),
+        id: Some(record.id.to_string()),
         unusable: None,
     })
 }

@@ -260,6 +260,7 @@ mod tests {
             checked_at: None,
             attempt: 1,
             retry_at: Some(607),
+            rollout: None,
         };
         let r = PendingReport {
             version: v("v2"),

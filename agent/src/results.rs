@@ -35,6 +35,8 @@ pub struct RunEnd<'a> {
     pub run_dir: &'a Path,
     /// Unix time the run ended.
     pub at: u64,
+    /// The id of the rollout current when the run started.
+    pub rollout: Option<String>,
 }
 
 /// Which attempt at `version` a run is, after the journal's `previous` failure.
@@ -65,6 +67,7 @@ pub fn of_run(end: &RunEnd<'_>, attempt: u32, retry_interval: Duration) -> HostR
         checked_at: None,
         attempt,
         retry_at: None,
+        rollout: end.rollout.clone(),
     };
     if let Outcome::Failure(reason) = end.outcome {
         fail(&mut r, end.step, reason, end.detail.as_deref(), retry_interval);
@@ -303,8 +306,10 @@ mod tests {
             detail: None,
             run_dir: dir,
             at: 1000,
+            rollout: Some("20261123T020000Z-v2".into()),
         };
         let r = of_run(&end, 1, min);
+        assert_eq!(r.rollout.as_deref(), Some("20261123T020000Z-v2"));
         assert!(r.ok && r.step.is_none() && r.message.is_none() && r.retry_at.is_none());
         assert_eq!((r.at, r.attempt), (1000, 1));
         assert_eq!(r.run_dir.as_deref(), Some("/var/lib/jiocloud/runs/x-v2"));
@@ -422,6 +427,7 @@ not json
             checked_at: None,
             attempt: 2,
             retry_at: None,
+            rollout: None,
         };
         let f = soak_failed(&run, "validation exited 1", Some("down"), Path::new("/r/2"));
         assert!(!f.ok);

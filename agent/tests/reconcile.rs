@@ -365,9 +365,9 @@ async fn the_soak_check_runs_under_the_drivers_lock_and_its_failure_fails_the_ve
     let run = r.result().await;
     assert!(run.ok && run.checked_at.is_none(), "{run:?}");
     assert_eq!((run.at, run.attempt), (START + 15, 1));
-    // The soak's check comes at M/2 after the run ended, lock or not, and fails.
+    // The soak's check comes M after the run ended, lock or not, and fails.
     tokio::time::sleep(Duration::from_secs(1000)).await;
-    assert_eq!(r.at(Step::Validated), [10, 315]);
+    assert_eq!(r.at(Step::Validated), [10, 615]);
     assert_eq!(r.at(Step::Configured), [0], "a failed soak is never repaired");
     let failed = r.result().await;
     assert!(!failed.ok);
@@ -406,11 +406,11 @@ async fn a_passing_soak_check_records_checked_at() {
     r.enable_global().await;
     r.desire("v2").await;
     tokio::time::sleep(Duration::from_secs(60)).await;
-    // Ended at 15; checked at 17 (M/2) to 22.
-    assert_eq!(r.at(Step::Validated), [10, 17]);
+    // Ended at 15; checked at 19 (M after) to 24: at or past `at + M`, soaked.
+    assert_eq!(r.at(Step::Validated), [10, 19]);
     let res = r.result().await;
     assert!(res.ok);
-    assert_eq!((res.at, res.checked_at), (START + 15, Some(START + 22)));
+    assert_eq!((res.at, res.checked_at), (START + 15, Some(START + 24)));
     r.stop().await;
 }
 

@@ -101,6 +101,8 @@ pub struct Snapshot {
     pub holds: BTreeMap<HoldTarget, Option<HoldRecord>>,
     /// Each host's last-run result (`/results/<host>`), when readable.
     pub results: BTreeMap<HostName, HostResult>,
+    /// Hosts whose `/results/<host>` cannot be read (why is in `problems`).
+    pub results_invalid: BTreeSet<HostName>,
     /// Mod revision of the plan epoch key (0 when absent): every `jioctl` write of
     /// enable keys or the desired version bumps it, and a plan is applied only if it
     /// has not moved since the plan was computed.
@@ -216,7 +218,10 @@ impl Snapshot {
                     Ok(r) => {
                         s.results.insert(h, r);
                     }
-                    Err(e) => s.problems.push(e.to_string()),
+                    Err(e) => {
+                        s.problems.push(e.to_string());
+                        s.results_invalid.insert(h);
+                    }
                 },
                 Some(Parsed::Driver(name)) => match parse_json(kv) {
                     Ok(r) => {
@@ -336,7 +341,6 @@ impl Snapshot {
             schema.running_versions(),
             schema.agents(),
             schema.runs(),
-            schema.results(),
         ];
         if let Some(v) = &cur_version {
             for step in Step::ALL {
@@ -345,7 +349,11 @@ impl Snapshot {
         }
         second.extend(record);
         early.insert(0, locks);
-        let late = futures_util::future::try_join_all(second.iter().map(|p| store.list(p))).await?;
+        let mut late = futures_util::future::try_join_all(second.iter().map(|p| store.list(p))).await?;
+        // The results after the versions: an agent reports a run's running version
+        // and its result in one transaction, so a host seen at the new version here
+        // is seen with that run's result (its soak is not skipped on an old one).
+        late.push(store.list(&schema.results()).await?);
         let revisions: Vec<Revision> = early.iter().chain(late.iter()).map(|l| l.revision).collect();
         let kvs = early.into_iter().chain(late).flat_map(|l| l.kvs).collect();
         Ok((kvs, revisions))
@@ -582,8 +590,20 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
                     } else if let Some(why) = gate.blocked {
                         (HostState::Blocked, Some(why))
                     } else if let Some((t, _)) = s.hold_of(&h, &role) {
-                        // Its agent does not start while held, whatever the keys say.
-                        (HostState::Pending, Some(format!("held ({t})")))
+                        if gate.enabled {
+                            // Its agent does not start while held, but a release would
+                            // start it at once: it keeps its slot until its keys are
+                            // reset (the planner disables it).
+                            (
+                                HostState::Upgrading,
+                                Some(format!(
+                                    "held ({t}) but still enabled by its {} key: it keeps its slot until the key is reset",
+                                    gate.level.as_str()
+                                )),
+                            )
+                        } else {
+                            (HostState::Pending, Some(format!("held ({t})")))
+                        }
                     } else if !gate.enabled {
                         (HostState::Pending, None)
                     } else if s.agents.contains_key(&h) {

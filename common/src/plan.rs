@@ -65,6 +65,9 @@ pub enum ReasonCode {
     Frozen,
     LimitReached,
     FleetCap,
+    /// The active rollout (its record or its rules) cannot be used: nothing is
+    /// admitted until it is fixed or ended.
+    Unusable,
 }
 
 impl ReasonCode {
@@ -86,6 +89,7 @@ impl ReasonCode {
             ReasonCode::Frozen => "frozen",
             ReasonCode::LimitReached => "limit_reached",
             ReasonCode::FleetCap => "fleet_cap",
+            ReasonCode::Unusable => "unusable",
         }
     }
 }
@@ -154,11 +158,14 @@ fn is_zero(n: &usize) -> bool {
 pub struct CanaryPhase {
     /// Hosts that went in this rollout's canary phase.
     pub canaries: Vec<HostName>,
-    /// When the canaries will have soaked (`canary_soak` after the last finished);
-    /// `None` without `canary_soak` or while a canary is still moving.
+    /// When the canaries will have soaked (`canary_soak` after the driver saw them
+    /// all finished); `None` without `canary_soak`, or before that.
     pub soaked_at: Option<u64>,
     /// The canaries soaked healthy: the driver promotes the rollout.
     pub promote: bool,
+    /// Every canary just finished healthy: the driver records when (the soak
+    /// counts from it).
+    pub mark_done: bool,
 }
 
 /// The keys a pass writes, and why every other host stays where it is.
@@ -185,17 +192,35 @@ pub struct Plan {
     pub wake_at: Option<u64>,
     /// Every host that is not upgraded and settled, with why.
     pub reasons: BTreeMap<HostName, Reason>,
+    /// Held hosts still enabled (by a role or global key) and not running: their
+    /// host keys are set to false, so that a release does not start them outside
+    /// the plan.
+    pub disable_hosts: Vec<HostName>,
+    /// Hosts enabled but waiting for their window to open (their agents start them
+    /// then).
+    pub armed_outside_window: Vec<HostName>,
+    /// A host holding a slot has no live agent (lost in flight, or soaking): the
+    /// rollout cannot be said to wait on purpose.
+    #[serde(skip)]
+    pub lost_in_flight: bool,
 }
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.enable_roles.is_empty() && self.clear_host_keys.is_empty() && self.enable_hosts.is_empty()
+        self.enable_roles.is_empty()
+            && self.clear_host_keys.is_empty()
+            && self.enable_hosts.is_empty()
+            && self.disable_hosts.is_empty()
     }
 
     /// The rollout waits on purpose (a closed window, the canary phase, a soak): the
     /// progress deadline does not count meanwhile.
     pub fn waits_by_design(&self) -> bool {
+        if self.lost_in_flight {
+            return false;
+        }
         !self.soaking.is_empty()
+            || !self.armed_outside_window.is_empty()
             || self.groups.iter().any(|g| {
                 matches!(
                     g.action,
@@ -229,48 +254,85 @@ pub fn waits_forever(hosts: &[HostStatus], plan: &Plan) -> bool {
 /// Unix time as people read it in reasons.
 pub fn when(t: u64) -> String {
     let s = utc_stamp(t);
-    // YYYYMMDDTHHMMSSZ → YYYY-MM-DD HH:MM UTC
+    // YYYYMMDDTHHMMSSZ → YYYY-MM-DD HH:MM:SS UTC
     format!(
-        "{}-{}-{} {}:{} UTC",
+        "{}-{}-{} {}:{}:{} UTC",
         &s[0..4],
         &s[4..6],
         &s[6..8],
         &s[9..11],
-        &s[11..13]
+        &s[11..13],
+        &s[13..15]
     )
 }
 
 /// One host's facts the planner derives beyond its classification.
 struct Facts {
-    soaking_until: Option<u64>,
-    /// Upgraded (and validated) during this rollout.
+    /// Holds its slot soaking (`min_healthy_time`): why, and until when as its agent
+    /// counts (the run's end plus the soak, on the agent's clock).
+    soaking: Option<(String, Option<u64>)>,
+    /// Upgraded by a run of this rollout: when it ended (the agent's clock).
     finished_here: Option<u64>,
 }
 
+/// Whether an upgraded host soaks, from its own result only: times are compared on
+/// the agent's clock alone (its run's end and its last passing check), and which
+/// rollout made the run is the id the agent recorded, so a skewed clock between the
+/// agent and the driver changes nothing.
 fn facts(snap: &Snapshot, h: &HostStatus, r: &Resolved, cx: &Context<'_>) -> Facts {
     let mut f = Facts {
-        soaking_until: None,
+        soaking: None,
         finished_here: None,
+    };
+    let (Some(cur), Some(rec)) = (&snap.current, cx.rollout) else {
+        return f;
     };
     if h.state != HostState::Upgraded {
         return f;
     }
-    let (Some(cur), Some(res)) = (&snap.current, snap.results.get(&h.host)) else {
-        return f;
+    let key = format!("/results/{}", h.host);
+    let res = match snap.results.get(&h.host) {
+        Some(res) => res,
+        None if snap.results_invalid.contains(&h.host) => {
+            if r.min_healthy_time.is_some() {
+                // The safe reading: it may be this rollout's run.
+                f.soaking = Some((
+                    format!("its result {key} cannot be read: it soaks until it can"),
+                    None,
+                ));
+            }
+            return f;
+        }
+        // No result at all (an agent from before results): not this rollout's run.
+        None => return f,
     };
-    if &res.version != cur || !res.ok {
+    if &res.version != cur {
+        if r.min_healthy_time.is_some() {
+            f.soaking = Some((
+                format!(
+                    "at {cur}, but its result {key} is still for {}: waiting for its run's",
+                    res.version
+                ),
+                None,
+            ));
+        }
         return f;
     }
-    let started = cx.rollout.map_or(0, RolloutRecord::started_at);
-    if res.at < started {
+    if !res.ok || res.rollout.as_deref() != Some(rec.id.as_str()) {
         return f;
     }
     f.finished_here = Some(res.at);
     if let Some(mht) = r.min_healthy_time {
         let until = res.at.saturating_add(mht.as_secs());
-        let checked = res.checked_at.is_some_and(|c| c > res.at);
-        if cx.now < until || !checked {
-            f.soaking_until = Some(until);
+        if res.checked_at.is_none_or(|c| c < until) {
+            f.soaking = Some((
+                format!(
+                    "soaking: upgraded at {}, healthy for min_healthy_time until {} by its agent's clock, then checked",
+                    when(res.at),
+                    when(until)
+                ),
+                Some(until),
+            ));
         }
     }
     f
@@ -290,7 +352,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
     let canary_phase = !r.canary.is_empty() && cx.rollout.is_some_and(|rec| rec.promoted.is_none());
     let group_of = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
     let facts: BTreeMap<&HostName, Facts> = hosts.iter().map(|h| (&h.host, facts(snap, h, r, cx))).collect();
-    let soaking = |h: &HostStatus| facts.get(&h.host).is_some_and(|f| f.soaking_until.is_some());
+    let soaking = |h: &HostStatus| facts.get(&h.host).is_some_and(|f| f.soaking.is_some());
     let holds_slot = |h: &HostStatus| h.state.in_flight() || soaking(h);
     let mut by_group: BTreeMap<String, Vec<&HostStatus>> = BTreeMap::new();
     for h in hosts {
@@ -311,22 +373,27 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
     };
     let mut fleet_in_flight = hosts.iter().filter(|h| holds_slot(h)).count();
     plan.fleet_in_flight = fleet_in_flight;
+    let window_of = |g: &str| {
+        let windows: Vec<&window::Window> = r.windows.get(g).map(|w| w.iter().collect()).unwrap_or_default();
+        window::state(&windows, now)
+    };
     // Reasons of hosts that are not pending.
     for h in hosts {
         let f = &facts[&h.host];
         let res = snap.results.get(&h.host);
         let why = match h.state {
-            HostState::Upgraded if f.soaking_until.is_none() => snap
+            HostState::Upgraded if f.soaking.is_none() => snap
                 .hold_of(&h.host, &h.role)
                 .map(|(t, rec)| held_reason(&t, rec)),
-            HostState::Upgraded => f.soaking_until.map(|until| {
-                plan.wake(until);
-                let text = if now < until {
-                    format!("soaking until {} (min_healthy_time)", when(until))
+            HostState::Upgraded => f.soaking.as_ref().map(|(text, until)| {
+                if snap.agents.contains_key(&h.host) {
+                    reason(ReasonCode::Soaking, text.clone(), *until)
                 } else {
-                    "soaking: waiting for a health check to pass since it was upgraded".into()
-                };
-                reason(ReasonCode::Soaking, text, Some(until))
+                    plan.lost_in_flight = true;
+                    let mut r = lost_reason(snap, &h.host, true);
+                    r.text = format!("{}; its soak cannot end without it", r.text);
+                    r
+                }
             }),
             HostState::Upgrading => Some(match &h.reason {
                 Some(why) if why.starts_with("retrying") => {
@@ -337,20 +404,53 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
                         res.and_then(|r| r.retry_at),
                     )
                 }
+                Some(why) if why.starts_with("held (") => {
+                    plan.disable_hosts.push(h.host.clone());
+                    let (t, rec) = snap
+                        .hold_of(&h.host, &h.role)
+                        .unwrap_or((HoldTarget::Host(h.host.clone()), None));
+                    let mut r = held_reason(&t, rec);
+                    r.text = format!(
+                        "{}; still enabled, so this plan sets its host key to false",
+                        r.text
+                    );
+                    r
+                }
                 Some(why) => reason(ReasonCode::Upgrading, format!("in flight: {why}"), None),
-                None => {
-                    let text = match snap.agents.get(&h.host) {
-                        Some(Some(a)) if a.state.running() => format!(
+                None => match snap.agents.get(&h.host) {
+                    Some(Some(a)) if a.state.running() => reason(
+                        ReasonCode::Upgrading,
+                        format!(
                             "in flight: its agent is running puppet for {}",
                             a.version.as_ref().map_or("-", |v| v.as_str())
                         ),
-                        _ => "in flight: enabled, its agent is about to start".into(),
-                    };
-                    reason(ReasonCode::Upgrading, text, None)
-                }
+                        None,
+                    ),
+                    _ => match window_of(&group_of(&h.role)) {
+                        WindowState::Closed { opens_at } => {
+                            plan.armed_outside_window.push(h.host.clone());
+                            reason(
+                                ReasonCode::OutsideWindow,
+                                format!(
+                                    "enabled, but outside the maintenance window: its agent starts it when the window opens{}",
+                                    opens_at.map(|t| format!(" at {}", when(t))).unwrap_or_default()
+                                ),
+                                opens_at,
+                            )
+                        }
+                        _ => reason(
+                            ReasonCode::Upgrading,
+                            "in flight: enabled, its agent is about to start".into(),
+                            None,
+                        ),
+                    },
+                },
             }),
             HostState::Failed => Some(failed_reason(snap, &h.host)),
-            HostState::Lost => Some(lost_reason(snap, &h.host, true)),
+            HostState::Lost => {
+                plan.lost_in_flight = true;
+                Some(lost_reason(snap, &h.host, true))
+            }
             HostState::Blocked => Some(reason(
                 ReasonCode::Blocked,
                 format!("blocked: {}", h.reason.clone().unwrap_or_default()),
@@ -361,13 +461,12 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         if let Some(w) = why {
             plan.reasons.insert(h.host.clone(), w);
         }
-        if f.soaking_until.is_some() {
+        if f.soaking.is_some() {
             plan.soaking.push(h.host.clone());
         }
     }
     let mut canaries: Vec<HostName> = Vec::new();
     let mut canary_moving = false;
-    let mut last_canary = 0u64;
     for (g, hs) in &by_group {
         let size = hs.len();
         let upgraded = hs
@@ -410,9 +509,8 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         if canary_phase {
             for h in hs.iter().filter(|h| touched.contains(&&h.host)) {
                 canaries.push(h.host.clone());
-                match facts[&h.host].finished_here {
-                    Some(at) if !soaking(h) => last_canary = last_canary.max(at),
-                    _ => canary_moving = true,
+                if facts[&h.host].finished_here.is_none() || soaking(h) {
+                    canary_moving = true;
                 }
             }
         }
@@ -639,17 +737,22 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         });
     }
     if canary_phase {
+        // The canaries are done when every one finished healthy and nothing more goes
+        // out as a canary; the soak counts from when the driver first saw that (its
+        // own clock, recorded in the rollout), never from the agents' clocks.
+        let done = !canaries.is_empty() && !canary_moving && failed == 0 && plan.is_empty();
+        let done_at = cx.rollout.and_then(|rec| rec.canaries_done_at);
         let soaked_at = r
             .canary_soak
-            .filter(|_| !canaries.is_empty() && !canary_moving && failed == 0)
-            .map(|soak| last_canary.saturating_add(soak.as_secs()));
+            .filter(|_| done)
+            .and_then(|soak| done_at.map(|t| t.saturating_add(soak.as_secs())));
         if let Some(t) = soaked_at
             && t > now
         {
             plan.wake(t);
         }
-        // Only once nothing more can go out as a canary in this pass.
-        let promote = soaked_at.is_some_and(|t| t <= now) && plan.is_empty();
+        let promote = soaked_at.is_some_and(|t| t <= now);
+        let mark_done = done && r.canary_soak.is_some() && done_at.is_none();
         if let Some(t) = soaked_at {
             for why in plan.reasons.values_mut() {
                 if why.code == ReasonCode::Canary {
@@ -662,6 +765,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
             canaries,
             soaked_at,
             promote,
+            mark_done,
         });
     }
     plan
@@ -734,7 +838,15 @@ fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
             text.push_str(&format!(", exit {c}"));
         }
         if let Some(m) = &r.message {
-            text.push_str(&format!(": {m}"));
+            // Another tool may have written it: one short line.
+            let line = m.lines().next().unwrap_or_default();
+            let short: String = line.chars().take(200).collect();
+            let cut = if short.len() < line.len() || m.lines().nth(1).is_some() {
+                " …"
+            } else {
+                ""
+            };
+            text.push_str(&format!(": {short}{cut}"));
         }
     }
     let log = res
@@ -1121,16 +1233,7 @@ mod tests {
         let statuses = classify(&snap);
         let roles = statuses.iter().map(|h| h.role.clone()).collect();
         let resolved = Rules::parse(rules).unwrap().resolve(&roles).unwrap();
-        let mut rec = RolloutRecord::start(
-            crate::names::Version::new("v2").unwrap(),
-            None,
-            serde_json::from_str(rules).unwrap(),
-            "t",
-            1000,
-        );
-        if promoted {
-            rec = rec.promote("t", None, 1001).unwrap();
-        }
+        let rec = record(rules, promoted, None);
         plan(
             &snap,
             &statuses,
@@ -1142,13 +1245,36 @@ mod tests {
         )
     }
 
+    /// The rollout of `run_at`: started at 1000 (`ROLLOUT` is its id).
+    fn record(rules: &str, promoted: bool, canaries_done_at: Option<u64>) -> RolloutRecord {
+        let mut rec = RolloutRecord::start(
+            crate::names::Version::new("v2").unwrap(),
+            None,
+            serde_json::from_str(rules).unwrap(),
+            "t",
+            1000,
+        );
+        if promoted {
+            rec.promoted = Some(crate::rollout::Change {
+                state: "promoted".into(),
+                by: "t".into(),
+                at: 1001,
+                reason: None,
+            });
+        }
+        rec.canaries_done_at = canaries_done_at;
+        rec
+    }
+
+    const ROLLOUT: &str = "19700101T001640Z-v2";
+
     fn result(h: &str, at: u64, checked: Option<u64>) -> KeyValue {
         let c = checked
             .map(|c| format!(r#","checked_at":{c}"#))
             .unwrap_or_default();
         kv(
             &format!("/results/{h}"),
-            &format!(r#"{{"version":"v2","ok":true,"at":{at}{c}}}"#),
+            &format!(r#"{{"version":"v2","ok":true,"at":{at}{c},"rollout":"{ROLLOUT}"}}"#),
         )
     }
 
@@ -1211,12 +1337,14 @@ mod tests {
             ("db1", "db", "wait"),
         ];
         let rules = r#"{"rolling_rules": {"roles": {"compute": 1}}, "min_healthy_time": "60s", "role_order": {"db": "compute"}}"#;
-        // Upgraded at 2000 and not checked since: soaking until 2060, then until a check.
+        // Upgraded at 2000: soaking until its agent reports a check passed at 2060 or
+        // later (both times on the agent's clock; the driver's `now` plays no part).
         for (now, checked, soaking) in [
             (2030, None, true),
             (2030, Some(2040), true),
-            (2070, None, true),
-            (2070, Some(2050), false),
+            (9999, None, true),
+            (9999, Some(2059), true),
+            (1, Some(2060), false),
         ] {
             let p = run_at(rules, &hosts, &[result("cp1", 2000, checked)], now, true);
             assert_eq!(!p.soaking.is_empty(), soaking, "at {now}, checked {checked:?}");
@@ -1233,17 +1361,56 @@ mod tests {
                     "compute is not done"
                 );
                 assert!(p.waits_by_design());
-                if now < 2060 {
-                    assert_eq!(p.wake_at, Some(2060));
-                }
             } else {
                 assert_eq!(code(&p, "cp2"), Some(ReasonCode::Admitted));
                 assert!(!p.is_empty());
             }
         }
-        // Upgraded before this rollout started (at 1000): not soaking.
-        let p = run_at(rules, &hosts, &[result("cp1", 900, None)], 1010, true);
-        assert!(p.soaking.is_empty());
+        // A run of another rollout: not soaking.
+        let other = kv(
+            "/results/cp1",
+            r#"{"version":"v2","ok":true,"at":2000,"rollout":"19700101T000000Z-v2"}"#,
+        );
+        assert!(run_at(rules, &hosts, &[other], 2010, true).soaking.is_empty());
+        // The safe readings: an unreadable result, or one still for the old version.
+        for bad in [
+            kv("/results/cp1", "garbage"),
+            kv("/results/cp1", r#"{"version":"v1","ok":true,"at":5}"#),
+        ] {
+            let p = run_at(rules, &hosts, &[bad], 2010, true);
+            assert_eq!(code(&p, "cp1"), Some(ReasonCode::Soaking), "{p:?}");
+            assert_eq!(code(&p, "cp2"), Some(ReasonCode::LimitReached));
+        }
+        // Soaking without a live agent: lost, and not a wait by design.
+        let mut kvs = vec![result("cp1", 2000, None)];
+        let mut p = run_at(rules, &hosts, &kvs, 2010, true);
+        assert!(!p.lost_in_flight);
+        kvs.push(kv("/agents/cp1", "x"));
+        let _ = &mut p;
+        let hosts_dead = [("cp2", "compute", "wait")];
+        let mut dead = fleet_kvs(&hosts_dead);
+        dead.push(kv(
+            "/hosts/cp1",
+            r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#,
+        ));
+        dead.push(kv("/running/versions/v2/cp1", "1"));
+        dead.push(result("cp1", 2000, None));
+        let snap = Snapshot::from_kvs(&Schema::default(), &dead);
+        let st = classify(&snap);
+        let roles = st.iter().map(|h| h.role.clone()).collect();
+        let res = Rules::parse(rules).unwrap().resolve(&roles).unwrap();
+        let rec = record(rules, true, None);
+        let p = plan(
+            &snap,
+            &st,
+            &res,
+            &Context {
+                now: 2010,
+                rollout: Some(&rec),
+            },
+        );
+        assert_eq!(code(&p, "cp1"), Some(ReasonCode::Lost));
+        assert!(!p.waits_by_design(), "a lost soaking host is no wait by design");
     }
 
     #[test]
@@ -1261,7 +1428,8 @@ mod tests {
         assert!(p.enable_roles.is_empty());
         assert_eq!(code(&p, "cp2"), Some(ReasonCode::Canary));
         assert_eq!(code(&p, "db1"), Some(ReasonCode::Canary));
-        // cp1 finished at 1200: the rest waits until 1800, then the driver promotes.
+        // cp1 finished: the driver first records that the canaries are done (its
+        // clock), then the rest waits the soak from then, then it promotes.
         let up = [
             ("cp1", "compute", "up"),
             ("cp2", "compute", "wait"),
@@ -1271,15 +1439,35 @@ mod tests {
         let p = run_at(rules, &up, &[result("cp1", 1200, None)], 1300, false);
         assert!(p.is_empty());
         let c = p.canary.clone().unwrap();
-        assert_eq!((c.soaked_at, c.promote), (Some(1800), false));
-        assert_eq!(p.wake_at, Some(1800));
+        assert_eq!((c.mark_done, c.soaked_at, c.promote), (true, None, false));
+        let mut kvs = fleet_kvs(&up);
+        kvs.push(result("cp1", 1200, None));
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let st = classify(&snap);
+        let roles = st.iter().map(|h| h.role.clone()).collect();
+        let res = Rules::parse(rules).unwrap().resolve(&roles).unwrap();
+        let rec = record(rules, false, Some(1300));
+        let at = |now| {
+            plan(
+                &snap,
+                &st,
+                &res,
+                &Context {
+                    now,
+                    rollout: Some(&rec),
+                },
+            )
+        };
+        let p = at(1400);
+        let c = p.canary.clone().unwrap();
+        assert_eq!((c.mark_done, c.soaked_at, c.promote), (false, Some(1900), false));
+        assert_eq!(p.wake_at, Some(1900));
         assert!(
             p.reasons[&HostName::new("cp2").unwrap()]
                 .text
                 .contains("soak until")
         );
-        let p = run_at(rules, &up, &[result("cp1", 1200, None)], 1800, false);
-        assert!(p.canary.unwrap().promote);
+        assert!(at(1900).canary.unwrap().promote);
         // A failed canary: no promotion.
         let failed = [("cp1", "compute", "fail"), ("cp2", "compute", "wait")];
         let p = run_at(

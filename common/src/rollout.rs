@@ -128,6 +128,10 @@ pub struct RolloutRecord {
     /// staying healthy for `canary_soak`, or from the start (an undo).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted: Option<Change>,
+    /// When the driver first saw every canary finished and healthy (its clock):
+    /// `canary_soak` counts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries_done_at: Option<u64>,
 }
 
 /// A change the rollout's state does not allow, naming both.
@@ -156,6 +160,7 @@ impl RolloutRecord {
             state: RolloutState::Running,
             changes: vec![change("running", by, now, None)],
             promoted: None,
+            canaries_done_at: None,
         }
     }
 
@@ -313,6 +318,16 @@ impl RolloutRecord {
         // Going back to a version the fleet ran: no canary phase.
         back.promoted = Some(change("promoted", by, now, Some(format!("undo of {}", self.id))));
         Ok(back)
+    }
+
+    /// Records that every canary finished healthy at `now` (once; cleared by
+    /// nothing: a canary that fails afterwards stops the rollout anyway).
+    pub fn canaries_done(&self, now: u64) -> Option<RolloutRecord> {
+        (self.canaries_done_at.is_none() && self.state.active()).then(|| {
+            let mut r = self.clone();
+            r.canaries_done_at = Some(now);
+            r
+        })
     }
 
     /// Ends the canary phase (a running, paused or stuck rollout not yet promoted).

@@ -139,11 +139,12 @@ const TOP_KEYS: &[&str] = &[
 /// A count, or a percentage written as a string (`"25%"`, 1 to 100).
 fn limit(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<Limit> {
     if let Some(p) = v.as_str().and_then(|s| s.strip_suffix('%')) {
+        let digits = !p.is_empty() && p.chars().all(|c| c.is_ascii_digit());
         return match p.parse::<u8>() {
-            Ok(n) if (1..=100).contains(&n) => Some(Limit::Percent(n)),
+            Ok(n) if digits && (1..=100).contains(&n) => Some(Limit::Percent(n)),
             _ => {
                 errors.push(format!(
-                    "{path}: {v} is not a percentage from \"1%\" to \"100%\" (write 0 to freeze)"
+                    "{path}: {v} is not a percentage (a whole number from \"1%\" to \"100%\")"
                 ));
                 None
             }
@@ -158,6 +159,17 @@ fn limit(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<Limit> {
             ));
             None
         }
+    }
+}
+
+/// A canary count: a limit that is not 0 (no canary would never end by itself).
+fn canary_count(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<Limit> {
+    match limit(path, v, errors)? {
+        Limit::Count(0) => {
+            errors.push(format!("{path}: 0 canaries: give at least 1 (or no canary rule)"));
+            None
+        }
+        l => Some(l),
     }
 }
 
@@ -329,14 +341,17 @@ impl Rules {
                     for (g, n) in o {
                         let path = format!("canary.{g}");
                         if name(&path, g, &mut errors)
-                            && let Some(n) = limit(&path, n, &mut errors)
+                            && let Some(n) = canary_count(&path, n, &mut errors)
                         {
                             by.insert(g.clone(), n);
                         }
                     }
+                    if by.is_empty() && errors.is_empty() {
+                        errors.push("canary: {} names no group: give a count, or counts by group".into());
+                    }
                     Canary::Groups(by)
                 }
-                other => limit("canary", other, &mut errors).map_or(Canary::None, Canary::Each),
+                other => canary_count("canary", other, &mut errors).map_or(Canary::None, Canary::Each),
             };
         }
         if rules.canary_soak.is_some() && rules.canary == Canary::None {
@@ -388,12 +403,19 @@ impl Rules {
     /// checks before it starts an upgrade.
     pub fn windows_for(&self, role: &Role) -> Vec<&Window> {
         let group = self.group_of(role).unwrap_or_else(|_| role.to_string());
+        // A name is a group, or a role standing for its group (as `resolve` reads it).
+        let names_group = |n: &str| {
+            n == group
+                || Role::new(n)
+                    .ok()
+                    .is_some_and(|r| self.group_of(&r).is_ok_and(|g| g == group))
+        };
         self.windows
             .iter()
             .filter(|w| {
                 w.groups
                     .as_ref()
-                    .is_none_or(|gs| gs.iter().any(|g| g == &group || g == role.as_str()))
+                    .is_none_or(|gs| gs.iter().any(|g| names_group(g)))
             })
             .collect()
     }
@@ -436,7 +458,12 @@ impl Rules {
                         Some(g) => {
                             canary.insert(g, *c);
                         }
-                        None => warnings.push(format!("canary names {n:?}, which has no hosts")),
+                        // An error, not a warning: a misspelt group would end the
+                        // canary phase silently for the group meant.
+                        None => errors.push(format!(
+                            "canary.{n}: {n:?} is no group or role of this fleet (groups: {})",
+                            groups.iter().cloned().collect::<Vec<_>>().join(", ")
+                        )),
                     }
                 }
             }
@@ -732,7 +759,7 @@ mod tests {
             (r#"{} {}"#, "malformed JSON"),
             (
                 r#"{"rolling_rules": {"fleet": "0%"}}"#,
-                "rolling_rules.fleet: \"0%\" is not a percentage from \"1%\" to \"100%\"",
+                "rolling_rules.fleet: \"0%\" is not a percentage (a whole number from \"1%\" to \"100%\")",
             ),
             (
                 r#"{"rolling_rules": {"roles": {"compute": "150%"}}}"#,
@@ -743,6 +770,10 @@ mod tests {
                 "max_failures: \"ten%\" is not a percentage",
             ),
             (r#"{"canary": -1}"#, "canary: -1 is not a count"),
+            (r#"{"canary": 0}"#, "canary: 0 canaries"),
+            (r#"{"canary": {"compute": 0}}"#, "canary.compute: 0 canaries"),
+            (r#"{"canary": {}}"#, "names no group"),
+            (r#"{"max_failures": "+5%"}"#, "is not a percentage"),
             (
                 r#"{"canary": {"compute": true}}"#,
                 "canary.compute: true is not a count",

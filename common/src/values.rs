@@ -186,6 +186,10 @@ pub struct HostResult {
     /// When a failed run will be retried by the agent on its own (Unix time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<u64>,
+    /// The rollout that was current when the run started (its id), so that which
+    /// runs a rollout made is known without comparing two machines' clocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<String>,
 }
 
 fn one() -> u32 {

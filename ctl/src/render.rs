@@ -132,7 +132,13 @@ pub fn admitted(plan: &Plan) -> Option<String> {
         let hosts: Vec<&str> = plan.enable_hosts.iter().map(|h| h.as_str()).collect();
         parts.push(format!("host {}", hosts.join(", ")));
     }
-    (!parts.is_empty()).then(|| format!("enabled {}", parts.join("; ")))
+    let mut line = (!parts.is_empty()).then(|| format!("enabled {}", parts.join("; ")));
+    if !plan.disable_hosts.is_empty() {
+        let hosts: Vec<&str> = plan.disable_hosts.iter().map(|h| h.as_str()).collect();
+        let off = format!("disabled held host {} (its key was still on)", hosts.join(", "));
+        line = Some(line.map_or(off.clone(), |l| format!("{l}; {off}")));
+    }
+    line
 }
 
 /// At most this many hosts are named per kind in a waiting line.

@@ -139,57 +139,69 @@ pub struct Admission {
 
 pub fn admission(snap: &Snapshot, now: u64) -> Admission {
     let hosts = fleet::classify(snap);
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
     let active = snap
         .rollout
         .as_ref()
         .and_then(|c| c.ok())
         .filter(|r| r.state.active());
-    let rules = match active {
-        Some(r) => Rules::parse(&r.rules.to_string()),
-        None => Ok(Rules::default()),
+    // Why nothing is admitted whatever the plan says, when the rollout or its rules
+    // cannot be used; the reasons then come from the planner under no rules.
+    let mut unusable = snap
+        .rollout
+        .as_ref()
+        .and_then(|c| c.record.as_ref().err())
+        .map(|e| {
+            format!(
+                "the active rollout cannot be used ({e}): nothing is admitted until it is fixed or aborted"
+            )
+        });
+    let resolved = match active {
+        Some(r) => Rules::parse(&r.rules.to_string()).and_then(|rules| rules.resolve(&roles)),
+        None => Rules::default().resolve(&roles),
     };
-    let roles = hosts.iter().map(|h| h.role.clone()).collect();
-    let resolved = rules.and_then(|r| r.resolve(&roles));
-    let (plan, problem) = match resolved {
-        Ok(resolved) => {
-            let cx = PlanContext { now, rollout: active };
-            (Some(plan::plan(snap, &hosts, &resolved, &cx)), None)
+    let mut problem = None;
+    let resolved = match resolved {
+        Ok(r) => r,
+        Err(e) => {
+            let p = format!("the rollout's rules do not fit the fleet: {e}");
+            unusable = Some(format!("{p}; nothing is admitted"));
+            problem = Some(p);
+            match Rules::default().resolve(&roles) {
+                Ok(r) => r,
+                Err(_) => {
+                    return Admission {
+                        reasons: BTreeMap::new(),
+                        plan: None,
+                        problem,
+                    };
+                }
+            }
         }
-        Err(e) => (
-            None,
-            Some(format!("the rollout's rules do not fit the fleet: {e}")),
-        ),
     };
-    let mut reasons = plan.as_ref().map(|p| p.reasons.clone()).unwrap_or_default();
-    if active.is_none() {
-        // Nothing drives pending hosts without a rollout: say so instead of
-        // "admitted".
-        for r in reasons.values_mut() {
-            if r.code == ReasonCode::Admitted {
+    let cx = PlanContext {
+        now,
+        rollout: if problem.is_some() { None } else { active },
+    };
+    let plan = plan::plan(snap, &hosts, &resolved, &cx);
+    let mut reasons = plan.reasons.clone();
+    for r in reasons.values_mut().filter(|r| r.code == ReasonCode::Admitted) {
+        match (&unusable, active) {
+            (Some(why), _) => {
+                r.code = ReasonCode::Unusable;
+                r.text = why.clone();
+            }
+            // Nothing drives pending hosts without a rollout: say so.
+            (None, None) => {
                 r.code = ReasonCode::WaitingFor;
                 r.text = "pending: no rollout is active (`jioctl upgrade VERSION` starts one)".into();
             }
-        }
-    }
-    // Hosts the planner left without a reason but that are not done (no plan).
-    for h in &hosts {
-        if !reasons.contains_key(&h.host)
-            && h.state != HostState::Upgraded
-            && let Some(why) = &h.reason
-        {
-            reasons.insert(
-                h.host.clone(),
-                Reason {
-                    code: ReasonCode::Upgrading,
-                    text: why.clone(),
-                    at: None,
-                },
-            );
+            (None, Some(_)) => {}
         }
     }
     Admission {
         reasons,
-        plan,
+        plan: if problem.is_some() { None } else { Some(plan) },
         problem,
     }
 }

@@ -825,6 +825,26 @@ impl Driver<'_> {
         }
         // A soak ending or a window opening changes the plan without any write.
         self.wake_at = plan.wake_at;
+        if plan.canary.as_ref().is_some_and(|c| c.mark_done)
+            && let Some(done) = rec.canaries_done(now)
+        {
+            // The soak counts from now, on this driver's clock.
+            if let Some(end) = self
+                .fenced(rollouts::update_ops(self.schema, &done), snap)
+                .await?
+            {
+                return Ok(end);
+            }
+            self.note(&format!(
+                "rollout {}: every canary finished healthy; the rest waits for canary_soak ({})",
+                rec.id,
+                rules
+                    .canary_soak
+                    .map(jio_common::duration::format)
+                    .unwrap_or_default()
+            ));
+            return Ok(PassOutcome::Replan);
+        }
         if plan.canary.as_ref().is_some_and(|c| c.promote) {
             let soak = rules
                 .canary_soak

@@ -102,6 +102,13 @@ pub fn start_rollout_ops(schema: &Schema, v: &Version) -> Vec<Op> {
 /// The plan's writes, in a safe order.
 pub fn plan_ops(schema: &Schema, plan: &Plan) -> Vec<Op> {
     let mut ops = Vec::new();
+    // Disabling first: a prefix of the chunks only ever admits less.
+    for h in &plan.disable_hosts {
+        ops.push(Op::put(
+            schema.enable(&EnableLevel::Host(h.clone())),
+            format_bool(false),
+        ));
+    }
     for r in &plan.enable_roles {
         ops.push(Op::put(
             schema.enable(&EnableLevel::Role(r.clone())),

@@ -1,17 +1,19 @@
 //! `jioctl hold HOST... | --role R [--reason R]` and `jioctl release HOST... | --role R`:
 //! keep hosts out of every rollout until released. A hold is a record under
-//! `/holds/host/<host>` or `/holds/role/<role>`, written with the plan epoch in one
-//! transaction, so a plan computed before it cannot land after it. The planner never
+//! `/holds/host/<host>` or `/holds/role/<role>`, written with the plan epoch and the
+//! held hosts' enable keys set to false in one transaction, so a plan computed before
+//! it cannot land after it, and a release does not start anything by itself. The planner never
 //! admits a held host and the agent never starts an upgrade while held; a run
 //! already going finishes.
 
 use anyhow::Context as _;
 use clap::Args;
 use jio_common::fleet::{self, HostState};
-use jio_common::keys::HoldTarget;
+use jio_common::gate::KeyState;
+use jio_common::keys::{EnableLevel, HoldTarget};
 use jio_common::names::{HostName, Role};
 use jio_common::store::Op;
-use jio_common::values::HoldRecord;
+use jio_common::values::{HoldRecord, format_bool};
 
 use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
@@ -51,6 +53,31 @@ fn targets(hosts: &[HostName], role: &Option<Role>) -> Vec<HoldTarget> {
     }
 }
 
+/// The enable keys a hold sets to false: each held host's own key, and for a role
+/// its role key and the keys of its hosts that are set to true.
+fn disable_ops(
+    schema: &jio_common::keys::Schema,
+    snap: &jio_common::fleet::Snapshot,
+    targets: &[HoldTarget],
+) -> Vec<Op> {
+    let off = |l: EnableLevel| Op::put(schema.enable(&l), format_bool(false));
+    let mut ops = Vec::new();
+    for t in targets {
+        match t {
+            HoldTarget::Host(h) => ops.push(off(EnableLevel::Host(h.clone()))),
+            HoldTarget::Role(r) => {
+                ops.push(off(EnableLevel::Role(r.clone())));
+                for (h, k) in &snap.host_keys {
+                    if k == &KeyState::Set(true) && &snap.role_of(h) == r {
+                        ops.push(off(EnableLevel::Host(h.clone())));
+                    }
+                }
+            }
+        }
+    }
+    ops
+}
+
 fn name(t: &HoldTarget) -> String {
     match t {
         HoldTarget::Host(h) => h.to_string(),
@@ -69,10 +96,16 @@ impl Hold {
         };
         let value = serde_json::to_string(&rec).map_err(anyhow::Error::from)?;
         let store = ctx.open(Access::Write).await?;
-        let ops = targets
+        let before = ctx.snapshot(&store).await?;
+        let mut ops: Vec<Op> = targets
             .iter()
             .map(|t| Op::put(ctx.schema().hold(t), value.clone()))
             .collect();
+        // Held hosts are disabled in the same transaction: a host enabled but not yet
+        // started must not start on its release outside the plan (a key the planner
+        // wrote after this read fails its fence on the epoch this moves, and a held
+        // host still enabled keeps its slot until the planner disables it).
+        ops.extend(disable_ops(ctx.schema(), &before, &targets));
         writes::write(&store, ctx.schema(), ops)
             .await
             .context("writing the hold")?;
@@ -90,10 +123,13 @@ impl Hold {
             }
             let what = match t {
                 HoldTarget::Host(h) => format!("host {h}"),
-                HoldTarget::Role(r) => format!(
-                    "role {r} ({} host(s))",
-                    hosts.iter().filter(|h| &h.role == r).count()
-                ),
+                HoldTarget::Role(r) => {
+                    let n = hosts.iter().filter(|h| &h.role == r).count();
+                    if n == 0 {
+                        eprintln!("jioctl: warning: role {r} has no hosts in this fleet: held anyway");
+                    }
+                    format!("role {r} ({n} host(s))")
+                }
             };
             println!(
                 "held {what}{}: kept out of every rollout until `jioctl release {}`",
