@@ -229,6 +229,11 @@ impl Snapshot {
                     }
                     Err(e) => s.problems.push(e.to_string()),
                 },
+                None if kv.key.starts_with(&schema.holds()) => s.problems.push(format!(
+                    "key {} is under {} but names no valid host or role: it holds nothing",
+                    kv.key,
+                    schema.holds()
+                )),
                 _ => {}
             }
             s.revision = s.revision.max(kv.mod_revision);
@@ -851,6 +856,37 @@ mod tests {
         assert_eq!(state_of(&snap, "cp1").0, HostState::Upgrading);
         assert!(snap.problems.iter().any(|p| p.contains("/agents/cp1")));
         assert_eq!(snap.halt.as_ref().unwrap().0.holder, "alice");
+    }
+
+    #[test]
+    fn holds_hold_whatever_their_value_and_bad_names_are_reported() {
+        let kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "true"),
+            kv("/hosts/cp1", &rec("compute")),
+            kv("/hosts/cp2", &rec("compute")),
+            kv("/agents/cp1", IDLE),
+            kv("/agents/cp2", IDLE),
+            kv("/holds/host/cp1", "garbage"),
+            kv("/holds/host/-x", "{}"),
+        ];
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        // cp1 is held (its record cannot be read) and still enabled by the global
+        // key: it keeps its slot until the planner disables it.
+        let (st, why) = state_of(&snap, "cp1");
+        assert_eq!(st, HostState::Upgrading);
+        assert!(why.unwrap().contains("held (host cp1) but still enabled"));
+        assert_eq!(state_of(&snap, "cp2").0, HostState::Upgrading);
+        assert!(
+            snap.problems
+                .iter()
+                .any(|p| p.contains("/holds/host/cp1") && p.contains("still holds"))
+        );
+        assert!(
+            snap.problems
+                .iter()
+                .any(|p| p.contains("/holds/host/-x") && p.contains("holds nothing"))
+        );
     }
 
     #[test]

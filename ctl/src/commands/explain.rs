@@ -259,6 +259,10 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
         "group": group,
         "last_run": snap.results.get(h),
         "agent": snap.agents.get(h),
+        "desired_version": snap.current,
+        "failure_entry": snap.failures.get(h).map(|(step, value)| json!({"step": step.as_str(), "value": value})),
+        "run_marker": snap.runs.get(h),
+        "fleet": adm.plan.as_ref().map(|p| json!({"in_flight": p.fleet_in_flight, "cap": p.fleet_cap})),
     });
     Explained { text: t, json }
 }
