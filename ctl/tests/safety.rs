@@ -325,8 +325,11 @@ async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     etcdctl_put(&url, b"/config_state/enable_puppet/global", b"yes");
     let st = text(&run(&url, &["status"]).await);
+    // Its row in the REASON table says blocked, and by which key.
     assert!(
-        st.contains("blocked: compute1") && st.contains("/config_state/enable_puppet/global"),
+        st.lines().any(|l| l.starts_with("compute1 ")
+            && l.contains("blocked")
+            && l.contains("/config_state/enable_puppet/global")),
         "{st}"
     );
     // A rollout does not wait silently: it says what blocks it, and --timeout ends it.
@@ -362,8 +365,9 @@ async fn a_lost_host_is_named_while_the_rollout_waits() {
     let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "4s"]).await;
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     let t = text(&out);
+    // Never admitted (issue 14): named as lost while the rollout waits.
     assert!(
-        t.contains("waiting for:") && t.contains("1 lost: compute7 (enabled, but its agent is not alive"),
+        t.contains("waiting for:") && t.contains("1 lost (never admitted): compute7"),
         "{t}"
     );
     assert!(f.all_at("v2"));
