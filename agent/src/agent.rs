@@ -61,6 +61,8 @@ pub struct Agent {
     orphan: Option<ProcessGroup>,
     /// The rollout current when the run going on started (its id, for its result).
     run_rollout: Option<String>,
+    /// The active rollout's rules, read once per rollout.
+    rollout_cache: observe::RolloutCache,
 }
 
 impl Agent {
@@ -122,6 +124,7 @@ impl Agent {
             run_marker: true,
             orphan: None,
             run_rollout: None,
+            rollout_cache: None,
         })
     }
 
@@ -191,7 +194,8 @@ impl Agent {
     }
 
     /// Reads what a decision needs (`health_due`: the daemon's health timer).
-    pub async fn observe(&self, health_due: bool) -> Result<Observation, AgentError> {
+    pub async fn observe(&mut self, health_due: bool) -> Result<Observation, AgentError> {
+        let mut cache = self.rollout_cache.take();
         let mem = Memory {
             journal: &self.ledger.journal,
             health: self.health,
@@ -199,8 +203,11 @@ impl Agent {
             version_file: &self.cfg.version_file,
             retry_interval: self.cfg.retry_interval,
             now: self.clock.unix_now(),
+            rollout_cache: &mut cache,
         };
-        observe::observe(&self.store, self.subject(), mem).await
+        let obs = observe::observe(&self.store, self.subject(), mem).await;
+        self.rollout_cache = cache;
+        obs
     }
 
     /// One pass: stop a killed agent's orphans, clear a stale run marker, report what

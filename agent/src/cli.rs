@@ -275,7 +275,7 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
         Err(e) => return fail(e, exit::UNREACHABLE),
     };
     let (_tx, rx) = watch::channel(false);
-    let agent = match Agent::new_readonly(cfg.clone(), store, rx) {
+    let mut agent = match Agent::new_readonly(cfg.clone(), store, rx) {
         Ok(a) => a,
         Err(e) => return fail(&e, error_code(&e)),
     };

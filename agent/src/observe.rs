@@ -109,7 +109,15 @@ pub struct Memory<'a> {
     pub version_file: &'a std::path::Path,
     pub retry_interval: std::time::Duration,
     pub now: u64,
+    /// The active rollout's parsed rules, by its id (see `RolloutCache`).
+    pub rollout_cache: &'a mut RolloutCache,
 }
+
+/// The active rollout's id and parsed rules, kept between passes: a record's rules
+/// never change under its id, so a pass reads the record only when
+/// `/rollouts/current` names another rollout (one store request per pass, not two).
+/// A record that cannot be used is not kept: it is read again until it can.
+pub type RolloutCache = Option<(String, Rules)>;
 
 /// Reads everything one decision needs. An invalid value is part of what was
 /// observed (the decision says the host is blocked), never an error.
@@ -156,7 +164,7 @@ pub async fn observe(store: &DynStore, who: Subject<'_>, mem: Memory<'_>) -> Res
     let rollout_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
     let rollout = match &current {
         None => RolloutFacts::default(),
-        Some(cur) => rollout_facts(store, who, cur, mem.now).await?,
+        Some(cur) => rollout_facts(store, who, cur, mem.now, mem.rollout_cache).await?,
     };
     Ok(Observation {
         desired,
@@ -190,7 +198,21 @@ async fn rollout_facts(
     who: Subject<'_>,
     cur: &KeyValue,
     now: u64,
+    cache: &mut RolloutCache,
 ) -> Result<RolloutFacts, AgentError> {
+    let facts = |id: &str, rules: &Rules| RolloutFacts {
+        window: window::state(&rules.windows_for(who.role), now),
+        min_healthy_time: rules.min_healthy_time,
+        id: Some(id.to_string()),
+        unusable: None,
+    };
+    // A rollout's rules never change under its id: read its record once.
+    if let Some((id, rules)) = cache.as_ref()
+        && cur.value.trim() == id
+    {
+        return Ok(facts(id, rules));
+    }
+    *cache = None;
     let unusable = |reason: String| RolloutFacts {
         unusable: Some(reason),
         ..RolloutFacts::default()
@@ -209,10 +231,8 @@ async fn rollout_facts(
         Ok(r) => r,
         Err(e) => return Ok(unusable(format!("key {key}: the rollout's rules: {e}"))),
     };
-    Ok(RolloutFacts {
-        window: window::state(&rules.windows_for(who.role), now),
-        min_healthy_time: rules.min_healthy_time,
-        id: Some(record.id.to_string()),
-        unusable: None,
-    })
+    let id = record.id.to_string();
+    let out = facts(&id, &rules);
+    *cache = Some((id, rules));
+    Ok(out)
 }
