@@ -17,6 +17,7 @@ pub mod plan;
 pub mod roles;
 pub mod rollout;
 pub mod rules;
+pub mod secret;
 pub mod store;
 pub mod swift;
 pub mod time;

@@ -14,30 +14,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Mutex;
 
-/// A secret string that is never printed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(s: impl Into<String>) -> Secret {
-        Secret(s.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
+pub use crate::secret::Secret;
 
 /// The `[swift]` settings shared by the agent and jioctl.
 #[derive(Debug, Clone, Deserialize)]
@@ -123,24 +100,10 @@ impl SwiftError {
 
 /// Reads the key file, refusing one that group or others can read.
 pub fn read_key(path: &Path) -> Result<Secret, SwiftError> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let fail = |reason: String| SwiftError::KeyFile {
+    crate::secret::read_secret_file(path).map_err(|reason| SwiftError::KeyFile {
         path: path.to_path_buf(),
         reason,
-    };
-    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(fail(format!(
-            "is readable by group or others (mode {mode:04o}); run chmod 600 on it"
-        )));
-    }
-    let key = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let key = key.trim_end_matches(['\n', '\r']).to_string();
-    if key.is_empty() {
-        return Err(fail("is empty".into()));
-    }
-    Ok(Secret(key))
+    })
 }
 
 #[derive(Clone)]
@@ -245,7 +208,7 @@ impl SwiftClient {
                 return Err(auth_err("the answer has no token or storage URL".into()));
             };
             return Ok(Session {
-                token: Secret(token),
+                token: Secret::new(token),
                 storage_url,
             });
         }
@@ -286,7 +249,7 @@ impl SwiftClient {
         let storage_url = object_store_url(&answer, self.settings.region.as_deref())
             .ok_or_else(|| auth_err("the catalog has no public object-store endpoint".into()))?;
         Ok(Session {
-            token: Secret(token),
+            token: Secret::new(token),
             storage_url,
         })
     }
@@ -411,12 +374,6 @@ fn object_store_url(a: &KeystoneAnswer, region: Option<&str>) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secrets_never_print() {
-        let s = Secret::new("hunter2");
-        assert_eq!(format!("{s} {s:?}"), "*** ***");
-    }
 
     #[test]
     fn key_file_permissions_are_enforced() {

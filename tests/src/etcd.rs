@@ -1,9 +1,12 @@
-//! A real etcd (Debian's `etcd-server`): one member or a cluster on loopback.
+//! A real etcd (Debian's `etcd-server`): one member or a cluster on loopback, plain,
+//! or secure: TLS with client-certificate verification and authentication on, with
+//! the `jio-agent` and `jio-operator` roles made by `packaging/etcd-roles.sh`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::pki::Pki;
 use crate::process::{free_port, kill, require_binary, spawn_tied};
 
 const INSTALL: &str = "apt-get install -y etcd-server etcd-client";
@@ -22,7 +25,17 @@ pub struct Etcd {
     dir: tempfile::TempDir,
     members: Vec<Member>,
     binary: PathBuf,
+    secure: Option<Secure>,
 }
+
+/// What a secure etcd was started with.
+struct Secure {
+    pki: Pki,
+    token_ttl: u64,
+}
+
+/// The users of a secure etcd (each with a password file readable by the owner only).
+pub const USERS: [&str; 3] = ["root", "jio-agent", "jio-operator"];
 
 impl Etcd {
     /// One member, healthy.
@@ -47,7 +60,12 @@ impl Etcd {
                 child: None,
             })
             .collect();
-        let mut etcd = Etcd { dir, members, binary };
+        let mut etcd = Etcd {
+            dir,
+            members,
+            binary,
+            secure: None,
+        };
         for i in 0..n {
             etcd.spawn(i);
         }
@@ -55,6 +73,167 @@ impl Etcd {
             etcd.wait_healthy(i).await;
         }
         etcd
+    }
+
+    /// One member with TLS and client-certificate verification on its client port,
+    /// authentication enabled, tokens that expire after `token_ttl` seconds, the roles
+    /// of `packaging/etcd-roles.sh` for the key prefix `prefix`, and a user of each
+    /// role (named after it) besides root.
+    pub async fn secure(token_ttl: u64, prefix: &str) -> Etcd {
+        let binary = require_binary("etcd", INSTALL);
+        require_binary("etcdctl", INSTALL);
+        let dir = tempfile::Builder::new()
+            .prefix("jio-etcd-tls-")
+            .tempdir()
+            .expect("temporary directory");
+        let pki = Pki::create(&dir.path().join("pki"));
+        let members = vec![Member {
+            name: "n0".into(),
+            client: free_port(),
+            peer: free_port(),
+            data: dir.path().join("n0.etcd"),
+            log: dir.path().join("n0.log"),
+            child: None,
+        }];
+        let mut etcd = Etcd {
+            dir,
+            members,
+            binary,
+            secure: Some(Secure { pki, token_ttl }),
+        };
+        etcd.spawn(0);
+        etcd.wait_healthy(0).await;
+        for user in USERS {
+            use std::os::unix::fs::PermissionsExt as _;
+            let f = etcd.password_file(user);
+            std::fs::write(&f, format!("{user}-pw-{}\n", std::process::id())).expect("password file");
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/etcd-roles.sh");
+        let root = etcd.password_file("root");
+        for args in [
+            vec!["--prefix", prefix, "roles"],
+            vec!["user", "root", "root", root.to_str().expect("path")],
+            vec!["user", "jio-agent", "jio-agent", ""],
+            vec!["user", "jio-operator", "jio-operator", ""],
+        ] {
+            let mut args: Vec<String> = args.into_iter().map(String::from).collect();
+            if args[0] == "user" && args[3].is_empty() {
+                args[3] = etcd.password_file(&args[1]).display().to_string();
+            }
+            let out = etcd.etcdctl_command(Command::new("sh").arg(script).args(&args), false);
+            assert!(
+                out.status.success(),
+                "etcd-roles.sh {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let out = etcd.etcdctl_command(
+            Command::new(require_binary("etcdctl", INSTALL)).args(["auth", "enable"]),
+            false,
+        );
+        assert!(
+            out.status.success(),
+            "auth enable: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        etcd
+    }
+
+    /// The certificates of a secure etcd.
+    pub fn pki(&self) -> &Pki {
+        &self.secure.as_ref().expect("a secure etcd").pki
+    }
+
+    /// The file holding `user`'s password.
+    pub fn password_file(&self, user: &str) -> PathBuf {
+        self.dir.path().join(format!("{user}.password"))
+    }
+
+    /// The store URL of a secure etcd for `user`: TLS with the CA and the good client
+    /// certificate, and the user's password file.
+    pub fn url_as(&self, user: &str) -> String {
+        let pki = self.pki();
+        format!(
+            "etcds://127.0.0.1:{}?ca_file={}&cert_file={}&key_file={}&user={user}&password_file={}",
+            self.members[0].client,
+            pki.ca.display(),
+            pki.client.cert.display(),
+            pki.client.key.display(),
+            self.password_file(user).display()
+        )
+    }
+
+    /// Whether this etcd runs TLS and authentication.
+    pub fn is_secure(&self) -> bool {
+        self.secure.is_some()
+    }
+
+    /// Writes raw bytes under a raw key through member 0's gateway, as another
+    /// program could (nothing checks them); as root on a secure etcd.
+    pub async fn put_raw(&self, key: &[u8], value: &[u8]) {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let client = self.http_client();
+        let mut req = client
+            .post(format!("{}/v3/kv/put", self.endpoint(0)))
+            .json(&serde_json::json!({"key": b64(key), "value": b64(value)}));
+        if self.is_secure() {
+            let pw = std::fs::read_to_string(self.password_file("root")).expect("root password");
+            let r: serde_json::Value = client
+                .post(format!("{}/v3/auth/authenticate", self.endpoint(0)))
+                .json(&serde_json::json!({"name": "root", "password": pw.trim()}))
+                .send()
+                .await
+                .expect("authenticate")
+                .json()
+                .await
+                .expect("token");
+            req = req.header("Authorization", r["token"].as_str().expect("token"));
+        }
+        let r = req.send().await.expect("put");
+        assert!(r.status().is_success(), "{r:?}");
+    }
+
+    /// An HTTP client that reaches member 0 (with the CA and the good client
+    /// certificate when secure).
+    fn http_client(&self) -> reqwest::Client {
+        match &self.secure {
+            None => reqwest::Client::new(),
+            Some(s) => {
+                let ca = std::fs::read(&s.pki.ca).expect("CA");
+                let mut id = std::fs::read(&s.pki.client.cert).expect("client certificate");
+                id.extend(std::fs::read(&s.pki.client.key).expect("client key"));
+                reqwest::Client::builder()
+                    .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("CA PEM"))
+                    .identity(reqwest::Identity::from_pem(&id).expect("client identity"))
+                    .build()
+                    .expect("TLS client")
+            }
+        }
+    }
+
+    /// `etcdctl ARGS` against member 0, as root once authentication is on.
+    pub fn etcdctl(&self, args: &[&str]) -> std::process::Output {
+        let mut cmd = Command::new(require_binary("etcdctl", INSTALL));
+        cmd.args(args);
+        self.etcdctl_command(&mut cmd, true)
+    }
+
+    fn etcdctl_command(&self, cmd: &mut Command, as_root: bool) -> std::process::Output {
+        cmd.env("ETCDCTL_API", "3")
+            .env("ETCDCTL_ENDPOINTS", self.endpoint(0))
+            .env("ETCDCTL_DIAL_TIMEOUT", "5s");
+        if let Some(s) = &self.secure {
+            cmd.env("ETCDCTL_CACERT", &s.pki.ca)
+                .env("ETCDCTL_CERT", &s.pki.client.cert)
+                .env("ETCDCTL_KEY", &s.pki.client.key);
+            if as_root {
+                let root = std::fs::read_to_string(self.password_file("root")).expect("root password");
+                cmd.env("ETCDCTL_USER", format!("root:{}", root.trim()));
+            }
+        }
+        cmd.stdin(Stdio::null()).output().expect("run etcdctl")
     }
 
     fn spawn(&mut self, i: usize) {
@@ -70,11 +249,23 @@ impl Etcd {
             .append(true)
             .open(&m.log)
             .expect("etcd log file");
-        let client = format!("http://127.0.0.1:{}", m.client);
+        let scheme = if self.secure.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client);
         let peer = format!("http://127.0.0.1:{}", m.peer);
+        let mut cmd = Command::new(&self.binary);
+        if let Some(s) = &self.secure {
+            cmd.arg("--cert-file")
+                .arg(&s.pki.server.cert)
+                .arg("--key-file")
+                .arg(&s.pki.server.key)
+                .arg("--trusted-ca-file")
+                .arg(&s.pki.ca)
+                .arg("--client-cert-auth")
+                .arg("--auth-token-ttl")
+                .arg(s.token_ttl.to_string());
+        }
         let child = spawn_tied(
-            Command::new(&self.binary)
-                .args(["--name", &m.name, "--data-dir"])
+            cmd.args(["--name", &m.name, "--data-dir"])
                 .arg(&m.data)
                 .args([
                     "--listen-client-urls",
@@ -102,8 +293,8 @@ impl Etcd {
     }
 
     async fn wait_healthy(&mut self, i: usize) {
-        let url = format!("http://127.0.0.1:{}/health", self.members[i].client);
-        let client = reqwest::Client::new();
+        let url = format!("{}/health", self.endpoint(i));
+        let client = self.http_client();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(child) = self.members[i].child.as_mut()
@@ -143,9 +334,15 @@ impl Etcd {
         format!("etcd://{}", eps.join(","))
     }
 
-    /// The client endpoint of member `i` (`http://127.0.0.1:PORT`).
+    /// The client endpoint of member `i` (`http://127.0.0.1:PORT`, `https://` when secure).
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client)
+        let scheme = if self.secure.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client)
+    }
+
+    /// The client port of member `i`.
+    pub fn port(&self, i: usize) -> u16 {
+        self.members[i].client
     }
 
     /// The process id of member `i`, while it runs.

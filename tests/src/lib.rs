@@ -10,6 +10,7 @@ pub mod faults;
 pub mod fleetgen;
 pub mod host;
 pub mod inspect;
+pub mod pki;
 pub mod process;
 pub mod puppet;
 pub mod recorder;

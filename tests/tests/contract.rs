@@ -84,10 +84,23 @@ impl Backend {
         }
     }
 
+    /// etcd with TLS, client certificates and authentication, as the `jio-operator`
+    /// user of `packaging/etcd-roles.sh`; tokens expire after 2 s, so every body
+    /// here also renews them, and a restart (which forgets every token) too.
+    async fn etcd_secure() -> Backend {
+        let etcd = Etcd::secure(2, "").await;
+        let store = open_etcd(&etcd.url_as("jio-operator"));
+        Backend {
+            store,
+            fixture: Fixture::Etcd(etcd),
+        }
+    }
+
     /// A second, independent client of the same store (for SQLite: another
     /// connection to the same file, as another process would have).
     async fn another_client(&self) -> DynStore {
         match &self.fixture {
+            Fixture::Etcd(e) if e.is_secure() => open_etcd(&e.url_as("jio-operator")),
             Fixture::Etcd(e) => open_etcd(&e.url()),
             Fixture::Sqlite(dir) => Arc::new(
                 SqliteStore::open(&dir.path().join("store.db"))
@@ -101,19 +114,8 @@ impl Backend {
 
     /// Writes raw bytes under a raw key, as another program could (no validation).
     async fn put_raw(&self, key: &[u8], value: &[u8]) {
-        use base64::Engine as _;
-        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         match &self.fixture {
-            Fixture::Etcd(e) => {
-                let endpoint = e.url().trim_start_matches("etcd://").to_string();
-                let r = reqwest::Client::new()
-                    .post(format!("http://{endpoint}/v3/kv/put"))
-                    .json(&serde_json::json!({"key": b64(key), "value": b64(value)}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(r.status().is_success(), "{r:?}");
-            }
+            Fixture::Etcd(e) => e.put_raw(key, value).await,
             Fixture::Consul(c) => {
                 // Consul keys are text in its API; the raw part is the value.
                 let key = String::from_utf8_lossy(key.strip_prefix(b"/").unwrap_or(key)).into_owned();
@@ -655,6 +657,14 @@ macro_rules! contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Backend::etcd().await).await
+                }
+            )*
+        }
+        mod etcd_tls_auth {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::etcd_secure().await).await
                 }
             )*
         }

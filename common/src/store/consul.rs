@@ -33,14 +33,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::client::{EndpointClient, endpoint_clients, error_chain, tls_failure};
 use super::{
     Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
     TxnOutcome, WatchEvent, WatchStream, overlapping_ops,
 };
-use super::{Deadline, Endpoints, retry_policy};
+use super::{Deadline, Endpoints, TlsSettings, retry_policy};
 use crate::backoff::Backoff;
 use crate::keys::Key;
-use crate::swift::Secret;
+use crate::secret::Secret;
 
 /// Consul's limit on operations in one transaction.
 pub const CONSUL_MAX_TXN_OPS: usize = 64;
@@ -57,7 +58,9 @@ pub struct ConsulStore {
 struct Inner {
     url: String,
     endpoints: Endpoints,
-    client: reqwest::Client,
+    /// One per endpoint, in the order of `endpoints`.
+    clients: Vec<EndpointClient>,
+    tls: Option<TlsSettings>,
     token: Option<Secret>,
     datacenter: Option<String>,
     request_timeout: Duration,
@@ -88,6 +91,8 @@ struct Answer {
 enum Failure {
     NotSent(String),
     Unknown(String),
+    /// TLS refused: retrying will not help.
+    Refused(String),
 }
 
 fn ckey(k: &Key) -> &str {
@@ -99,7 +104,7 @@ impl ConsulStore {
     pub fn new(url: &StoreUrl, retry_budget: Duration) -> Result<ConsulStore> {
         let StoreUrl::Consul {
             endpoints,
-            https,
+            tls,
             datacenter,
             token_file,
         } = url
@@ -111,31 +116,26 @@ impl ConsulStore {
         };
         let token = match token_file {
             None => None,
-            Some(p) => {
-                let t = std::fs::read_to_string(p).map_err(|e| StoreError::InvalidUrl {
-                    url: url.to_string(),
-                    reason: format!("cannot read the ACL token file {}: {e}", p.display()),
-                })?;
-                Some(Secret::new(t.trim()))
-            }
+            Some(p) => Some(
+                crate::secret::read_secret_file(p).map_err(|r| StoreError::InvalidUrl {
+                    url: url.without_query(),
+                    reason: format!("ACL token file {}: {r}", p.display()),
+                })?,
+            ),
         };
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| StoreError::InvalidUrl {
-                url: url.to_string(),
-                reason: format!("cannot build an HTTP client: {e}"),
+        let clients =
+            endpoint_clients(endpoints, tls.as_ref(), Duration::from_secs(1)).map_err(|reason| {
+                StoreError::InvalidUrl {
+                    url: url.without_query(),
+                    reason,
+                }
             })?;
-        let scheme = if *https { "https" } else { "http" };
         Ok(ConsulStore {
             inner: Arc::new(Inner {
-                url: url.to_string(),
-                endpoints: Endpoints::new(
-                    endpoints.iter().map(|e| format!("{scheme}://{e}")).collect(),
-                    "consul",
-                ),
-                client,
+                url: url.without_query(),
+                endpoints: Endpoints::new(clients.iter().map(|c| c.base.clone()).collect(), "consul"),
+                clients,
+                tls: tls.clone(),
                 token,
                 datacenter: datacenter.clone(),
                 request_timeout: Duration::from_secs(3),
@@ -174,7 +174,7 @@ impl Inner {
         } else {
             format!("{base}{path}?{}", params.join("&"))
         };
-        let mut req = self.client.request(method, url);
+        let mut req = self.clients[i].http.request(method, url);
         if let Some(t) = &self.token {
             req = req.header("X-Consul-Token", t.expose());
         }
@@ -189,7 +189,10 @@ impl Inner {
             Ok(r) => r,
             Err(e) => {
                 let connect = e.is_connect();
-                let reason = e.without_url().to_string();
+                let reason = error_chain(&e.without_url());
+                if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
+                    return Err(Failure::Refused(tls));
+                }
                 fail_over(&reason);
                 return Err(if connect {
                     Failure::NotSent(reason)
@@ -256,6 +259,7 @@ impl Inner {
                 return Err(StoreError::Unavailable { url, op, reason });
             }
             Err(Failure::Unknown(reason)) => return Err(StoreError::Ambiguous { url, op, reason }),
+            Err(Failure::Refused(message)) => return Err(StoreError::Denied { url, op, message }),
         };
         if answer.status == 403 || answer.status == 401 {
             return Err(StoreError::Denied {
@@ -354,6 +358,13 @@ impl Inner {
                             url: self.url.clone(),
                             op,
                             reason,
+                        });
+                    }
+                    Err(Failure::Refused(message)) => {
+                        return Err(StoreError::Denied {
+                            url: self.url.clone(),
+                            op,
+                            message,
                         });
                     }
                 }

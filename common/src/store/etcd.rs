@@ -8,6 +8,16 @@
 //! retried on the next endpoint. A request that may have been applied (timeout,
 //! dropped connection, 5xx) is retried only when repeating it is harmless; for a
 //! transaction it becomes `StoreError::Ambiguous` so the caller re-reads and decides.
+//!
+//! Security (`etcds://`, `user` and `password_file`): TLS and client certificates are
+//! set up in `client`. With a user, a token is obtained from `/v3/auth/authenticate`
+//! before the first request and sent raw in `Authorization` (the gateway refuses a
+//! `Bearer` prefix). etcd answers 401 (code 16) once the token has expired (simple
+//! tokens last 5 minutes): the token is dropped, one request authenticates again,
+//! and the refused request is sent again. That is always safe, even for a
+//! transaction, because etcd checks the token before applying anything. The
+//! password is read from its file at each authentication, so it can be rotated
+//! without a restart; it and the token appear in no message.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,13 +32,16 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::client::{EndpointClient, endpoint_clients, error_chain, tls_failure};
 use super::{
     Compare, Deadline, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl,
     Txn, TxnOutcome, WatchEvent, WatchStream, prefix_end,
 };
 use super::{Endpoints, retry_policy};
+use super::{EtcdAuth, TlsSettings};
 use crate::backoff::Backoff;
 use crate::keys::Key;
+use crate::secret::Secret;
 
 /// Timeouts and retry budget of the etcd client.
 #[derive(Debug, Clone)]
@@ -58,10 +71,36 @@ pub struct EtcdStore {
 }
 
 struct Inner {
+    /// The store as messages name it: scheme and endpoints (no query).
     url: String,
     endpoints: Endpoints,
-    client: reqwest::Client,
+    /// One per endpoint, in the order of `endpoints`.
+    clients: Vec<EndpointClient>,
+    tls: Option<TlsSettings>,
+    auth: Option<Auth>,
     opts: EtcdOptions,
+}
+
+/// The user and its current token.
+struct Auth {
+    user: String,
+    password_file: std::path::PathBuf,
+    token: std::sync::Mutex<TokenState>,
+    /// Held while authenticating, so that a token expiring under many requests is
+    /// renewed once.
+    renewing: tokio::sync::Mutex<()>,
+    /// Tokens obtained so far (the first one included).
+    obtained: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Clone)]
+enum TokenState {
+    /// None yet, or the last one expired.
+    Missing,
+    Valid(Secret),
+    /// The server has authentication disabled: requests go without a token until it
+    /// asks for one.
+    NotEnabled,
 }
 
 /// Why one attempt failed.
@@ -74,36 +113,90 @@ enum Failure {
     Status { http: u16, code: i64, message: String },
     /// The answer could not be decoded.
     Decode(String),
+    /// The token was refused as invalid or expired (nothing was applied); the next
+    /// attempt authenticates again.
+    TokenExpired,
+    /// Authentication, or TLS, failed: retrying will not help.
+    Refused(String),
 }
 
 impl EtcdStore {
-    /// A client for the endpoints of `url` (which must be an `etcd://` URL). Does no I/O.
+    /// A client for the endpoints of `url` (which must be an `etcd://` or `etcds://`
+    /// URL). Reads and checks the TLS files and the password file; sends nothing.
     pub fn new(url: &StoreUrl, opts: EtcdOptions) -> Result<EtcdStore> {
-        let StoreUrl::Etcd { endpoints } = url else {
-            return Err(StoreError::InvalidUrl {
-                url: url.to_string(),
-                reason: "not an etcd:// URL".into(),
-            });
+        let invalid = |reason: String| StoreError::InvalidUrl {
+            url: url.without_query(),
+            reason,
         };
-        let client = reqwest::Client::builder()
-            .connect_timeout(opts.connect_timeout)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| StoreError::InvalidUrl {
-                url: url.to_string(),
-                reason: format!("cannot build an HTTP client: {e}"),
-            })?;
+        let StoreUrl::Etcd { endpoints, tls, auth } = url else {
+            return Err(invalid("not an etcd:// URL".into()));
+        };
+        let clients = endpoint_clients(endpoints, tls.as_ref(), opts.connect_timeout).map_err(invalid)?;
+        let auth = match auth {
+            None => None,
+            Some(EtcdAuth { user, password_file }) => {
+                crate::secret::read_secret_file(password_file)
+                    .map_err(|r| invalid(format!("password_file {}: {r}", password_file.display())))?;
+                Some(Auth {
+                    user: user.clone(),
+                    password_file: password_file.clone(),
+                    token: std::sync::Mutex::new(TokenState::Missing),
+                    renewing: tokio::sync::Mutex::new(()),
+                    obtained: std::sync::atomic::AtomicU64::new(0),
+                })
+            }
+        };
         Ok(EtcdStore {
             inner: Arc::new(Inner {
-                url: url.to_string(),
-                endpoints: Endpoints::new(endpoints.iter().map(|e| format!("http://{e}")).collect(), "etcd"),
-                client,
+                url: url.without_query(),
+                endpoints: Endpoints::new(clients.iter().map(|c| c.base.clone()).collect(), "etcd"),
+                clients,
+                tls: tls.clone(),
+                auth,
                 opts,
             }),
         })
     }
+
+    /// How many tokens this client has obtained (0 without a user): more than one
+    /// means a token was renewed.
+    pub fn tokens_obtained(&self) -> u64 {
+        self.inner
+            .auth
+            .as_ref()
+            .map_or(0, |a| a.obtained.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
+impl Auth {
+    fn current(&self) -> TokenState {
+        self.token
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or(TokenState::Missing)
+    }
+
+    fn set(&self, state: TokenState) {
+        if let Ok(mut t) = self.token.lock() {
+            *t = state;
+        }
+    }
+
+    /// Forgets `used` if it is still the current token (another request may have
+    /// renewed it already).
+    fn expired(&self, used: Option<&Secret>) {
+        if let Ok(mut t) = self.token.lock() {
+            let same = match (&*t, used) {
+                (TokenState::Valid(cur), Some(u)) => cur == u,
+                (TokenState::NotEnabled, None) => true,
+                _ => false,
+            };
+            if same {
+                *t = TokenState::Missing;
+            }
+        }
+    }
+}
 impl Inner {
     async fn attempt<R: DeserializeOwned>(
         &self,
@@ -111,26 +204,19 @@ impl Inner {
         body: &Value,
         timeout: Duration,
     ) -> Result<R, Failure> {
+        let token = self.token(timeout).await?;
         let (i, base) = self.endpoints.pick();
-        let sent = self
-            .client
+        let mut req = self.clients[i]
+            .http
             .post(format!("{base}{path}"))
             .timeout(timeout)
-            .json(body)
-            .send()
-            .await;
-        let resp = match sent {
+            .json(body);
+        if let Some(t) = &token {
+            req = req.header(reqwest::header::AUTHORIZATION, t.expose());
+        }
+        let resp = match req.send().await {
             Ok(r) => r,
-            Err(e) => {
-                let connect = e.is_connect();
-                let reason = error_chain(&e.without_url());
-                self.endpoints.fail_over(i, &reason);
-                return Err(if connect {
-                    Failure::NotSent(reason)
-                } else {
-                    Failure::Unknown(reason)
-                });
-            }
+            Err(e) => return Err(self.send_failure(i, e)),
         };
         let status = resp.status();
         let bytes = match resp.bytes().await {
@@ -144,10 +230,27 @@ impl Inner {
         if !status.is_success() {
             let err: GatewayError = serde_json::from_slice(&bytes).unwrap_or_default();
             let message = if err.message.is_empty() {
-                String::from_utf8_lossy(&bytes).chars().take(200).collect()
+                String::from_utf8_lossy(&bytes).trim().chars().take(200).collect()
             } else {
                 err.message
             };
+            if let Some(auth) = &self.auth {
+                let expired = status.as_u16() == 401 || err.code == 16;
+                let asks_for_one = token.is_none() && err.code == 3 && message.contains("user name is empty");
+                if expired || asks_for_one {
+                    auth.expired(token.as_ref());
+                    return Err(Failure::TokenExpired);
+                }
+            }
+            if message.contains("CommonName of client") {
+                return Err(Failure::Refused(format!(
+                    "{message}: with authentication on, etcd's gateway refuses client certificates that carry a CommonName; issue {} without one (a subject such as O=jiocloud) and authenticate with user and password_file",
+                    self.tls.as_ref().and_then(|t| t.cert_file.as_ref()).map_or_else(
+                        || "the client certificate".to_string(),
+                        |p| p.display().to_string()
+                    )
+                )));
+            }
             if status.is_server_error() {
                 self.endpoints.fail_over(i, &message);
             }
@@ -158,6 +261,108 @@ impl Inner {
             });
         }
         serde_json::from_slice(&bytes).map_err(|e| Failure::Decode(e.to_string()))
+    }
+
+    /// What a request that got no answer means: a TLS refusal (final), a connection
+    /// never made (not applied), or a request that may have been applied.
+    fn send_failure(&self, i: usize, e: reqwest::Error) -> Failure {
+        let connect = e.is_connect();
+        let reason = error_chain(&e.without_url());
+        if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
+            return Failure::Refused(tls);
+        }
+        self.endpoints.fail_over(i, &reason);
+        if connect {
+            Failure::NotSent(reason)
+        } else {
+            Failure::Unknown(reason)
+        }
+    }
+
+    /// The token to send: none without a user; the current one; or a new one,
+    /// obtained by one request while the others wait for it.
+    async fn token(&self, timeout: Duration) -> Result<Option<Secret>, Failure> {
+        let Some(auth) = &self.auth else { return Ok(None) };
+        match auth.current() {
+            TokenState::Valid(t) => return Ok(Some(t)),
+            TokenState::NotEnabled => return Ok(None),
+            TokenState::Missing => {}
+        }
+        let _one = auth.renewing.lock().await;
+        match auth.current() {
+            TokenState::Valid(t) => return Ok(Some(t)),
+            TokenState::NotEnabled => return Ok(None),
+            TokenState::Missing => {}
+        }
+        let password = crate::secret::read_secret_file(&auth.password_file)
+            .map_err(|r| Failure::Refused(format!("password_file {}: {r}", auth.password_file.display())))?;
+        let (i, base) = self.endpoints.pick();
+        let body = json!({ "name": auth.user, "password": password.expose() });
+        let resp = self.clients[i]
+            .http
+            .post(format!("{base}/v3/auth/authenticate"))
+            .timeout(timeout)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| self.send_failure(i, e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.send_failure(i, e))?;
+        if status.is_success() {
+            #[derive(Deserialize, Default)]
+            #[serde(default)]
+            struct Answer {
+                token: String,
+            }
+            let a: Answer = serde_json::from_slice(&bytes).map_err(|e| Failure::Decode(e.to_string()))?;
+            if a.token.is_empty() {
+                return Err(Failure::Decode("authentication answered without a token".into()));
+            }
+            let n = auth.obtained.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n > 0 {
+                tracing::info!(store = %self.url, user = %auth.user, "etcd token renewed");
+            }
+            let token = Secret::new(a.token);
+            auth.set(TokenState::Valid(token.clone()));
+            return Ok(Some(token));
+        }
+        let err: GatewayError = serde_json::from_slice(&bytes).unwrap_or_default();
+        if err.message.contains("authentication is not enabled") {
+            tracing::warn!(store = %self.url, user = %auth.user, "etcd has authentication disabled; sending requests without a token until it asks for one");
+            auth.set(TokenState::NotEnabled);
+            return Ok(None);
+        }
+        if status.is_server_error() {
+            self.endpoints.fail_over(i, &err.message);
+            return Err(Failure::Status {
+                http: status.as_u16(),
+                code: err.code,
+                message: err.message,
+            });
+        }
+        Err(Failure::Refused(format!(
+            "authentication as user {:?} failed: {} (password read from {})",
+            auth.user,
+            err.message.trim_start_matches("etcdserver: "),
+            auth.password_file.display()
+        )))
+    }
+
+    /// Names what was refused, and as whom, in a permission error.
+    fn denied_on(&self, e: StoreError, what: impl FnOnce() -> String) -> StoreError {
+        match e {
+            StoreError::Denied { url, op, message } if message.contains("permission denied") => {
+                StoreError::Denied {
+                    url,
+                    op,
+                    message: match &self.auth {
+                        Some(a) => format!("{message} ({} as user {:?})", what(), a.user),
+                        None => format!("{message} ({})", what()),
+                    },
+                }
+            }
+            e => e,
+        }
     }
 
     /// One operation with retries. `idempotent` says whether repeating a request that
@@ -171,10 +376,10 @@ impl Inner {
     ) -> Result<R, CallError> {
         let backoff = retry_policy(self.opts.retry_budget);
         let retryable = |f: &Failure| match f {
-            Failure::NotSent(_) => true,
+            Failure::NotSent(_) | Failure::TokenExpired => true,
             Failure::Unknown(_) => idempotent,
             Failure::Status { http, code, .. } => *http >= 500 && (idempotent || *code == 14),
-            Failure::Decode(_) => false,
+            Failure::Decode(_) | Failure::Refused(_) => false,
         };
         let deadline = Deadline::after(self.opts.retry_budget);
         let res = (|| self.attempt::<R>(path, &body, deadline.attempt_timeout(self.opts.request_timeout)))
@@ -189,6 +394,12 @@ impl Inner {
         let url = self.url.clone();
         CallError::Store(match f {
             Failure::NotSent(reason) => StoreError::Unavailable { url, op, reason },
+            Failure::Refused(message) => StoreError::Denied { url, op, message },
+            Failure::TokenExpired => StoreError::Denied {
+                url,
+                op,
+                message: "etcd kept refusing the authentication token as invalid".into(),
+            },
             Failure::Unknown(reason) if idempotent => StoreError::Unavailable { url, op, reason },
             Failure::Unknown(reason) => StoreError::Ambiguous { url, op, reason },
             Failure::Decode(reason) => StoreError::Rejected {
@@ -272,13 +483,17 @@ impl CallError {
     }
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(cause) = src {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        src = cause.source();
+/// Keys as a message names them: the first three, then how many more.
+fn key_list<'a>(keys: impl Iterator<Item = &'a Key>) -> String {
+    let keys: Vec<&Key> = keys.collect();
+    let mut s = keys
+        .iter()
+        .take(3)
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if keys.len() > 3 {
+        s.push_str(&format!(" and {} more", keys.len() - 3));
     }
     s
 }
@@ -427,14 +642,24 @@ impl Store for EtcdStore {
     }
 
     async fn ping(&self) -> Result<Revision> {
-        // A range over one key returns the cluster's current revision in its header.
-        let body = json!({ "key": b64(b"/"), "limit": 1, "keys_only": true });
-        Ok(self.inner.range("ping", body).await?.header.revision)
+        // An empty transaction: linearizable, answered with the cluster's current
+        // revision, and allowed to any user (a range over a key would need read
+        // permission on that key).
+        let r: TxnResponse = self
+            .inner
+            .call("ping", "/v3/kv/txn", json!({}), true)
+            .await
+            .map_err(|e| e.into_store(&self.inner.url, "ping"))?;
+        Ok(r.header.revision)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {
         let body = json!({ "key": b64(key.as_str().as_bytes()) });
-        let resp = self.inner.range("get", body).await?;
+        let resp = self
+            .inner
+            .range("get", body)
+            .await
+            .map_err(|e| self.inner.denied_on(e, || format!("reading {key}")))?;
         Ok(resp
             .kvs
             .into_iter()
@@ -453,7 +678,11 @@ impl Store for EtcdStore {
             .inner
             .call("get", "/v3/kv/txn", body, true)
             .await
-            .map_err(|e| e.into_store(&self.inner.url, "get"))?;
+            .map_err(|e| e.into_store(&self.inner.url, "get"))
+            .map_err(|e| {
+                self.inner
+                    .denied_on(e, || format!("reading {}", key_list(keys.iter())))
+            })?;
         let responses = r["responses"].as_array().cloned().unwrap_or_default();
         let mut out = Vec::with_capacity(keys.len());
         for i in 0..keys.len() {
@@ -473,7 +702,11 @@ impl Store for EtcdStore {
     }
 
     async fn list(&self, prefix: &Key) -> Result<Listing> {
-        let resp = self.inner.range("list", range_body(prefix)).await?;
+        let resp = self
+            .inner
+            .range("list", range_body(prefix))
+            .await
+            .map_err(|e| self.inner.denied_on(e, || format!("reading {prefix}")))?;
         let revision = resp.header.revision;
         let kvs = resp
             .kvs
@@ -498,7 +731,9 @@ impl Store for EtcdStore {
                 url: self.inner.url.clone(),
                 lease: lease.cloned().unwrap_or(LeaseId(String::new())),
             }),
-            Err(e) => Err(e.into_store(&self.inner.url, "put")),
+            Err(e) => Err(self
+                .inner
+                .denied_on(e.into_store(&self.inner.url, "put"), || format!("writing {key}"))),
         }
     }
 
@@ -508,7 +743,8 @@ impl Store for EtcdStore {
             .inner
             .call("delete", "/v3/kv/deleterange", body, true)
             .await
-            .map_err(|e| e.into_store(&self.inner.url, "delete"))?;
+            .map_err(|e| e.into_store(&self.inner.url, "delete"))
+            .map_err(|e| self.inner.denied_on(e, || format!("deleting {key}")))?;
         Ok(r.deleted > 0)
     }
 
@@ -517,7 +753,8 @@ impl Store for EtcdStore {
             .inner
             .call("delete prefix", "/v3/kv/deleterange", range_body(prefix), true)
             .await
-            .map_err(|e| e.into_store(&self.inner.url, "delete prefix"))?;
+            .map_err(|e| e.into_store(&self.inner.url, "delete prefix"))
+            .map_err(|e| self.inner.denied_on(e, || format!("deleting {prefix}")))?;
         Ok(r.deleted.max(0) as u64)
     }
 
@@ -565,7 +802,14 @@ impl Store for EtcdStore {
                     })
                     .unwrap_or(LeaseId(String::new())),
             }),
-            Err(e) => Err(e.into_store(&self.inner.url, "transaction")),
+            Err(e) => Err(self
+                .inner
+                .denied_on(e.into_store(&self.inner.url, "transaction"), || {
+                    let written = txn.ops.iter().map(|op| match op {
+                        Op::Put { key, .. } | Op::Delete(key) | Op::DeletePrefix(key) => key,
+                    });
+                    format!("writing {}", key_list(written))
+                })),
         }
     }
 
@@ -714,6 +958,14 @@ async fn watch_task(
     }
 }
 
+/// A failure to open a watch, as the watch's warning says it.
+fn watch_failure(inner: &Inner, f: Failure) -> String {
+    match inner.classify("watch", f, true) {
+        CallError::Store(e) => e.to_string(),
+        CallError::NotFound(m) | CallError::OutOfRange(m) => m,
+    }
+}
+
 async fn watch_once(
     inner: &Inner,
     prefix: &Key,
@@ -721,12 +973,20 @@ async fn watch_once(
     tx: &mpsc::Sender<Result<WatchEvent>>,
     broken: &mut bool,
 ) -> WatchEnd {
+    let token = match inner.token(inner.opts.request_timeout).await {
+        Ok(t) => t,
+        Err(f) => return WatchEnd::Broken(watch_failure(inner, f)),
+    };
     let (i, base) = inner.endpoints.pick();
     let mut create = range_body(prefix);
     create["start_revision"] = json!(next.to_string());
     let body = json!({ "create_request": create });
+    let mut req = inner.clients[i].http.post(format!("{base}/v3/watch")).json(&body);
+    if let Some(t) = &token {
+        req = req.header(reqwest::header::AUTHORIZATION, t.expose());
+    }
     let resp = tokio::select! {
-        r = inner.client.post(format!("{base}/v3/watch")).json(&body).send() => r,
+        r = req.send() => r,
         _ = tx.closed() => return WatchEnd::ReceiverGone,
     };
     let resp = match resp {
@@ -736,11 +996,7 @@ async fn watch_once(
             inner.endpoints.fail_over(i, &reason);
             return WatchEnd::Broken(reason);
         }
-        Err(e) => {
-            let reason = error_chain(&e.without_url());
-            inner.endpoints.fail_over(i, &reason);
-            return WatchEnd::Broken(reason);
-        }
+        Err(e) => return WatchEnd::Broken(watch_failure(inner, inner.send_failure(i, e))),
     };
     let mut stream = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
@@ -779,6 +1035,20 @@ async fn watch_once(
             if res.canceled {
                 if res.compact_revision > 0 {
                     return WatchEnd::Compacted;
+                }
+                if let Some(auth) = &inner.auth {
+                    let r = &res.cancel_reason;
+                    if r.contains("Unauthenticated") || r.contains("user name is empty") {
+                        // Expired: the next connection authenticates again.
+                        auth.expired(token.as_ref());
+                        return WatchEnd::Broken("the authentication token expired".into());
+                    }
+                    if r.contains("PermissionDenied") {
+                        return WatchEnd::Broken(format!(
+                            "permission denied (watching {prefix} as user {:?})",
+                            auth.user
+                        ));
+                    }
                 }
                 return WatchEnd::Broken(format!("watch canceled: {}", res.cancel_reason));
             }

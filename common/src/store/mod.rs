@@ -5,6 +5,7 @@
 //! (ModifyIndex compare-and-set, `/v1/txn`, sessions with TTL, blocking queries).
 //! It knows nothing about the key schema.
 
+mod client;
 mod consul;
 mod counting;
 mod etcd;
@@ -25,7 +26,7 @@ pub use self::counting::CountingStore;
 pub use self::etcd::{EtcdOptions, EtcdStore};
 pub use self::memory::MemoryStore;
 pub use self::sqlite::SqliteStore;
-pub use self::url::{StoreUrl, default_store_url};
+pub use self::url::{EtcdAuth, StoreUrl, TlsSettings, default_store_url};
 
 /// A store revision (etcd's revision, Consul's index). 0 means "never written".
 pub type Revision = i64;

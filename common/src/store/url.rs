@@ -1,4 +1,11 @@
-//! Store URLs: `etcd://host:port[,host:port...]` and `sqlite://PATH`.
+//! Store URLs: `etcd://host:port[,host:port...]`, `etcds://...` (TLS), `sqlite://PATH`,
+//! `consul://...` and `consuls://...` (TLS).
+//!
+//! Everything a connection needs is in the URL: TLS files and a user go in its query
+//! (`etcds://10.0.0.1:2379?ca_file=/etc/jiocloud/etcd-ca.pem&user=jio-agent&password_file=...`),
+//! as Consul's `token_file` and `dc` already did. A URL holds file names, never a
+//! secret, so it may be printed; and a `--store` flag replaces the whole connection,
+//! so the CA of one store is never used with the endpoints of another.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,18 +15,211 @@ use super::StoreError;
 /// A parsed store URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreUrl {
-    /// etcd v3 through its HTTP/JSON gateway; several endpoints fail over.
-    Etcd { endpoints: Vec<String> },
+    /// etcd v3 through its HTTP/JSON gateway; several endpoints fail over. `tls` is
+    /// set for `etcds://`.
+    Etcd {
+        endpoints: Vec<String>,
+        tls: Option<TlsSettings>,
+        auth: Option<EtcdAuth>,
+    },
     /// The embedded SQLite store in one file.
     Sqlite { path: PathBuf },
-    /// Consul's HTTP API (`consuls://` for HTTPS), with an optional datacenter and
-    /// a file holding the ACL token.
+    /// Consul's HTTP API (`tls` set for `consuls://`), with an optional datacenter
+    /// and a file holding the ACL token.
     Consul {
         endpoints: Vec<String>,
-        https: bool,
+        tls: Option<TlsSettings>,
         datacenter: Option<String>,
         token_file: Option<PathBuf>,
     },
+}
+
+/// How a TLS connection to the store is checked and authenticated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// The CA certificates (PEM) that sign the servers' certificates; without it, the
+    /// system's trusted CAs.
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate chain (PEM), for servers that verify clients.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM); must not be readable by group or others.
+    pub key_file: Option<PathBuf>,
+    /// The name the servers' certificates must carry, when it is not the endpoint's
+    /// host (endpoints given as addresses, certificates issued for a name).
+    pub server_name: Option<String>,
+}
+
+/// An etcd user, whose password is read from a private file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdAuth {
+    pub user: String,
+    pub password_file: PathBuf,
+}
+
+/// The query parameters of a URL, each at most once, in a fixed order when printed.
+#[derive(Debug, Default)]
+struct Query {
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    server_name: Option<String>,
+    user: Option<String>,
+    password_file: Option<PathBuf>,
+    dc: Option<String>,
+    token_file: Option<PathBuf>,
+}
+
+impl Query {
+    /// Parses `query`, accepting only the parameters in `allowed`.
+    fn parse(query: &str, allowed: &[&str]) -> Result<Query, String> {
+        let mut q = Query::default();
+        for kv in query.split('&').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("parameter {kv:?} has no value (expected NAME=VALUE)"))?;
+            if !allowed.contains(&k) {
+                return Err(format!(
+                    "unknown parameter {k:?} (allowed here: {})",
+                    allowed.join(", ")
+                ));
+            }
+            let path = |v: &str| -> Result<PathBuf, String> {
+                if v.starts_with('/') && !v.contains('\0') {
+                    Ok(PathBuf::from(v))
+                } else {
+                    Err(format!("{k}={v:?}: must be an absolute path"))
+                }
+            };
+            let dup = || format!("parameter {k:?} given twice");
+            match k {
+                "ca_file" | "cert_file" | "key_file" | "password_file" | "token_file" => {
+                    let slot = match k {
+                        "ca_file" => &mut q.ca_file,
+                        "cert_file" => &mut q.cert_file,
+                        "key_file" => &mut q.key_file,
+                        "password_file" => &mut q.password_file,
+                        _ => &mut q.token_file,
+                    };
+                    if slot.replace(path(v)?).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "server_name" => {
+                    let ok = !v.is_empty()
+                        && v.len() <= 253
+                        && v.split('.').all(|l| {
+                            !l.is_empty()
+                                && l.len() <= 63
+                                && l.chars()
+                                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                        });
+                    if !ok && v.parse::<std::net::IpAddr>().is_err() {
+                        return Err(format!("server_name={v:?}: must be a DNS name or an IP address"));
+                    }
+                    if q.server_name.replace(v.to_string()).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "user" => {
+                    // etcd allows any name; these characters keep it printable and
+                    // unambiguous in a URL.
+                    if v.is_empty()
+                        || v.len() > 128
+                        || !v
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+                    {
+                        return Err(format!(
+                            "user={v:?}: must be 1 to 128 letters, digits, '-', '_', '.' or '@'"
+                        ));
+                    }
+                    if q.user.replace(v.to_string()).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "dc" => {
+                    if v.is_empty()
+                        || !v
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                    {
+                        return Err(format!("dc={v:?}: must be letters, digits, '-' or '_'"));
+                    }
+                    if q.dc.replace(v.to_string()).is_some() {
+                        return Err(dup());
+                    }
+                }
+                _ => unreachable!("checked against `allowed`"),
+            }
+        }
+        Ok(q)
+    }
+
+    /// The TLS settings, for a TLS scheme; an error when they are given without TLS
+    /// or only half given.
+    fn tls(&mut self, tls: bool, scheme: &str) -> Result<Option<TlsSettings>, String> {
+        let t = TlsSettings {
+            ca_file: self.ca_file.take(),
+            cert_file: self.cert_file.take(),
+            key_file: self.key_file.take(),
+            server_name: self.server_name.take(),
+        };
+        if t.cert_file.is_some() != t.key_file.is_some() {
+            return Err("cert_file and key_file go together (a client certificate and its key)".into());
+        }
+        if !tls {
+            if t != TlsSettings::default() {
+                return Err(format!(
+                    "ca_file, cert_file, key_file and server_name need TLS: use {scheme}s://"
+                ));
+            }
+            return Ok(None);
+        }
+        Ok(Some(t))
+    }
+
+    fn print(&self, tls: Option<&TlsSettings>, auth: Option<&EtcdAuth>) -> String {
+        let mut q: Vec<String> = Vec::new();
+        let mut path = |k: &str, p: &Option<PathBuf>| {
+            if let Some(p) = p {
+                q.push(format!("{k}={}", p.display()));
+            }
+        };
+        if let Some(t) = tls {
+            path("ca_file", &t.ca_file);
+            path("cert_file", &t.cert_file);
+            path("key_file", &t.key_file);
+            if let Some(n) = &t.server_name {
+                q.push(format!("server_name={n}"));
+            }
+        }
+        if let Some(a) = auth {
+            q.push(format!("user={}", a.user));
+            q.push(format!("password_file={}", a.password_file.display()));
+        }
+        if let Some(dc) = &self.dc {
+            q.push(format!("dc={dc}"));
+        }
+        if let Some(t) = &self.token_file {
+            q.push(format!("token_file={}", t.display()));
+        }
+        if q.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", q.join("&"))
+        }
+    }
+}
+
+fn endpoints_of(hosts: &str, scheme: &str) -> Result<Vec<String>, String> {
+    let hosts = hosts.trim_end_matches('/');
+    if hosts.is_empty() {
+        return Err(format!("no endpoint given ({scheme}://host:port[,host:port...])"));
+    }
+    hosts
+        .split(',')
+        .map(|ep| parse_endpoint(ep).map_err(|r| format!("endpoint {ep:?}: {r}")))
+        .collect()
 }
 
 impl StoreUrl {
@@ -34,19 +234,33 @@ impl StoreUrl {
             .split_once("://")
             .ok_or_else(|| fail("expected SCHEME://..., for example etcd://127.0.0.1:2379 or sqlite:///var/lib/jiocloud/store.db"))?;
         match scheme {
-            "etcd" => {
+            "etcd" | "etcds" => {
                 if rest.contains('@') {
-                    return Err(fail("credentials do not belong in the URL"));
+                    return Err(fail(
+                        "credentials do not belong in the URL (give user=NAME&password_file=PATH)",
+                    ));
                 }
-                let rest = rest.trim_end_matches('/');
-                if rest.is_empty() {
-                    return Err(fail("no endpoint given (etcd://host:port[,host:port...])"));
-                }
-                let mut endpoints = Vec::new();
-                for ep in rest.split(',') {
-                    endpoints.push(parse_endpoint(ep).map_err(|r| fail(&format!("endpoint {ep:?}: {r}")))?);
-                }
-                Ok(StoreUrl::Etcd { endpoints })
+                let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+                let endpoints = endpoints_of(hosts, "etcd").map_err(|r| fail(&r))?;
+                let mut q = Query::parse(
+                    query,
+                    &[
+                        "ca_file",
+                        "cert_file",
+                        "key_file",
+                        "server_name",
+                        "user",
+                        "password_file",
+                    ],
+                )
+                .map_err(|r| fail(&r))?;
+                let tls = q.tls(scheme == "etcds", "etcd").map_err(|r| fail(&r))?;
+                let auth = match (q.user.take(), q.password_file.take()) {
+                    (Some(user), Some(password_file)) => Some(EtcdAuth { user, password_file }),
+                    (None, None) => None,
+                    _ => return Err(fail("user and password_file go together")),
+                };
+                Ok(StoreUrl::Etcd { endpoints, tls, auth })
             }
             "sqlite" => {
                 if rest.is_empty() {
@@ -68,45 +282,43 @@ impl StoreUrl {
                     ));
                 }
                 let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
-                let hosts = hosts.trim_end_matches('/');
-                if hosts.is_empty() {
-                    return Err(fail("no endpoint given (consul://host:port[,host:port...])"));
-                }
-                let mut endpoints = Vec::new();
-                for ep in hosts.split(',') {
-                    endpoints.push(parse_endpoint(ep).map_err(|r| fail(&format!("endpoint {ep:?}: {r}")))?);
-                }
-                let (mut datacenter, mut token_file) = (None, None);
-                for kv in query.split('&').filter(|s| !s.is_empty()) {
-                    match kv.split_once('=') {
-                        Some(("dc", v))
-                            if !v.is_empty()
-                                && v.chars()
-                                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') =>
-                        {
-                            datacenter = Some(v.to_string())
-                        }
-                        Some(("token_file", v)) if v.starts_with('/') => token_file = Some(PathBuf::from(v)),
-                        _ => {
-                            return Err(fail(&format!(
-                                "unknown or invalid parameter {kv:?} (allowed: dc=NAME, token_file=/absolute/path)"
-                            )));
-                        }
-                    }
-                }
+                let endpoints = endpoints_of(hosts, "consul").map_err(|r| fail(&r))?;
+                let mut q = Query::parse(
+                    query,
+                    &[
+                        "ca_file",
+                        "cert_file",
+                        "key_file",
+                        "server_name",
+                        "dc",
+                        "token_file",
+                    ],
+                )
+                .map_err(|r| fail(&r))?;
+                let tls = q.tls(scheme == "consuls", "consul").map_err(|r| fail(&r))?;
                 Ok(StoreUrl::Consul {
                     endpoints,
-                    https: scheme == "consuls",
-                    datacenter,
-                    token_file,
+                    tls,
+                    datacenter: q.dc,
+                    token_file: q.token_file,
                 })
             }
             "http" | "https" => Err(fail(
                 "give the store kind as the scheme, for example etcd://127.0.0.1:2379",
             )),
             _ => Err(fail(&format!(
-                "unknown scheme {scheme:?} (supported: etcd, sqlite, consul, consuls)"
+                "unknown scheme {scheme:?} (supported: etcd, etcds, sqlite, consul, consuls)"
             ))),
+        }
+    }
+
+    /// The URL without its query: the scheme and the endpoints, as store errors and
+    /// status lines name the store.
+    pub fn without_query(&self) -> String {
+        let s = self.to_string();
+        match s.split_once('?') {
+            Some((base, _)) => base.to_string(),
+            None => s,
         }
     }
 
@@ -119,31 +331,32 @@ impl StoreUrl {
 impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreUrl::Etcd { endpoints } => write!(f, "etcd://{}", endpoints.join(",")),
+            StoreUrl::Etcd { endpoints, tls, auth } => write!(
+                f,
+                "{}://{}{}",
+                if tls.is_some() { "etcds" } else { "etcd" },
+                endpoints.join(","),
+                Query::default().print(tls.as_ref(), auth.as_ref())
+            ),
             StoreUrl::Sqlite { path } => write!(f, "sqlite://{}", path.display()),
             StoreUrl::Consul {
                 endpoints,
-                https,
+                tls,
                 datacenter,
                 token_file,
             } => {
+                let q = Query {
+                    dc: datacenter.clone(),
+                    token_file: token_file.clone(),
+                    ..Query::default()
+                };
                 write!(
                     f,
-                    "{}://{}",
-                    if *https { "consuls" } else { "consul" },
-                    endpoints.join(",")
-                )?;
-                let mut q = Vec::new();
-                if let Some(dc) = datacenter {
-                    q.push(format!("dc={dc}"));
-                }
-                if let Some(t) = token_file {
-                    q.push(format!("token_file={}", t.display()));
-                }
-                if !q.is_empty() {
-                    write!(f, "?{}", q.join("&"))?;
-                }
-                Ok(())
+                    "{}://{}{}",
+                    if tls.is_some() { "consuls" } else { "consul" },
+                    endpoints.join(","),
+                    q.print(tls.as_ref(), None)
+                )
             }
         }
     }
@@ -207,13 +420,17 @@ mod tests {
         assert_eq!(
             StoreUrl::parse("etcd://127.0.0.1:2379,10.0.0.2:2379").unwrap(),
             StoreUrl::Etcd {
-                endpoints: vec!["127.0.0.1:2379".into(), "10.0.0.2:2379".into()]
+                endpoints: vec!["127.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                tls: None,
+                auth: None,
             }
         );
         assert_eq!(
             StoreUrl::parse("etcd://[::1]:2379/").unwrap(),
             StoreUrl::Etcd {
-                endpoints: vec!["[::1]:2379".into()]
+                endpoints: vec!["[::1]:2379".into()],
+                tls: None,
+                auth: None,
             }
         );
     }
@@ -250,6 +467,17 @@ mod tests {
             "consul://127.0.0.1:8500?token=abc",
             "consul://127.0.0.1:8500?token_file=relative",
             "sqlite:///x?mode=ro",
+            "etcd://h:1?ca_file=/etc/ca.pem",
+            "etcds://h:1?ca_file=relative.pem",
+            "etcds://h:1?cert_file=/c.pem",
+            "etcds://h:1?user=jio-agent",
+            "etcds://h:1?user=a b&password_file=/p",
+            "etcds://h:1?ca_file=/a&ca_file=/b",
+            "etcds://h:1?server_name=bad..name",
+            "etcds://h:1?token_file=/t",
+            "etcds://h:1?ca_file",
+            "consul://h:1?ca_file=/etc/ca.pem",
+            "consuls://h:1?user=x&password_file=/p",
         ] {
             let err = StoreUrl::parse(bad).unwrap_err();
             let msg = err.to_string();
@@ -266,7 +494,7 @@ mod tests {
             u,
             StoreUrl::Consul {
                 endpoints: vec!["c1:8501".into(), "c2:8501".into()],
-                https: true,
+                tls: Some(TlsSettings::default()),
                 datacenter: Some("bom1".into()),
                 token_file: Some("/etc/jiocloud/consul.token".into()),
             }
@@ -277,8 +505,43 @@ mod tests {
         );
         assert!(matches!(
             StoreUrl::parse("consul://127.0.0.1:8500").unwrap(),
-            StoreUrl::Consul { https: false, .. }
+            StoreUrl::Consul { tls: None, .. }
         ));
+    }
+
+    #[test]
+    fn parses_tls_and_auth() {
+        let raw = "etcds://10.0.0.1:2379,10.0.0.2:2379?ca_file=/etc/jiocloud/etcd-ca.pem&cert_file=/etc/jiocloud/etcd-client.pem&key_file=/etc/jiocloud/etcd-client.key&server_name=etcd.example&user=jio-agent&password_file=/etc/jiocloud/etcd.password";
+        let u = StoreUrl::parse(raw).unwrap();
+        assert_eq!(
+            u,
+            StoreUrl::Etcd {
+                endpoints: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                tls: Some(TlsSettings {
+                    ca_file: Some("/etc/jiocloud/etcd-ca.pem".into()),
+                    cert_file: Some("/etc/jiocloud/etcd-client.pem".into()),
+                    key_file: Some("/etc/jiocloud/etcd-client.key".into()),
+                    server_name: Some("etcd.example".into()),
+                }),
+                auth: Some(EtcdAuth {
+                    user: "jio-agent".into(),
+                    password_file: "/etc/jiocloud/etcd.password".into(),
+                }),
+            }
+        );
+        assert_eq!(u.to_string(), raw, "printed as given, so it can be pasted back");
+        // Parameters in another order print in the fixed order.
+        let u = StoreUrl::parse("etcds://h:1?password_file=/p&user=u").unwrap();
+        assert_eq!(u.to_string(), "etcds://h:1?user=u&password_file=/p");
+        assert_eq!(StoreUrl::parse("etcds://h:1").unwrap().to_string(), "etcds://h:1");
+        let u = StoreUrl::parse(
+            "consuls://c:8501?ca_file=/ca.pem&cert_file=/c.pem&key_file=/k.pem&token_file=/t",
+        )
+        .unwrap();
+        assert_eq!(
+            u.to_string(),
+            "consuls://c:8501?ca_file=/ca.pem&cert_file=/c.pem&key_file=/k.pem&token_file=/t"
+        );
     }
 
     #[test]
