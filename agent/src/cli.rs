@@ -55,7 +55,7 @@ pub struct Cli {
     /// Configuration file [default: /etc/jiocloud/agent.toml when it exists]
     #[arg(long, global = true, env = "JIO_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Store URL: etcd://host:port[,host:port...], sqlite://PATH or consul://host:port[?dc=NAME&token_file=PATH] [env: JIO_STORE]
+    /// Store URL: etcd://host:port[,host:port...], etcds://...?ca_file=PATH&cert_file=PATH&key_file=PATH&server_name=NAME&user=NAME&password_file=PATH, sqlite://PATH, or consul[s]://host:port[?dc=NAME&token_file=PATH&ca_file=...] [env: JIO_STORE]
     #[arg(long, global = true)]
     pub store: Option<String>,
     /// Namespace prefix of every key [env: JIO_PREFIX]

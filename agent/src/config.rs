@@ -230,7 +230,12 @@ fn identity(
 ) -> Identity {
     let (store, store_given) = match src.pick("store", file.store.take()) {
         Some((v, from)) => match StoreUrl::parse(&v) {
-            Ok(u) => (Some(u), true),
+            Ok(u) => {
+                for e in u.check_files() {
+                    src.error(format!("store ({from}): {e}"));
+                }
+                (Some(u), true)
+            }
             Err(e) => {
                 src.error(format!("store ({from}): {e}"));
                 (None, true)

@@ -17,7 +17,7 @@ use crate::exit::{self, Failure, Outcome};
     about = "Drive rolling upgrades of the jiocloud fleet"
 )]
 pub struct Cli {
-    /// Store URL: etcd://host:port[,host:port...], sqlite://PATH or consul://host:port[?dc=NAME&token_file=PATH] [env: JIO_STORE]
+    /// Store URL: etcd://host:port[,host:port...], etcds://...?ca_file=PATH&cert_file=PATH&key_file=PATH&server_name=NAME&user=NAME&password_file=PATH, sqlite://PATH, or consul[s]://host:port[?dc=NAME&token_file=PATH&ca_file=...] [env: JIO_STORE]
     #[arg(long, global = true)]
     pub store: Option<String>,
     /// Namespace prefix of every key [env: JIO_PREFIX]

@@ -76,7 +76,10 @@ pub fn load(
     let store_raw = pick(&flags.store, "JIO_STORE", file.store);
     let store_given = store_raw.is_some();
     let store = match store_raw {
-        Some(s) => StoreUrl::parse(&s).map_err(|e| errors.push(e.to_string())).ok(),
+        Some(s) => StoreUrl::parse(&s)
+            .map_err(|e| errors.push(e.to_string()))
+            .ok()
+            .inspect(|u| errors.extend(u.check_files().into_iter().map(|e| format!("store: {e}")))),
         None => Some(default_store_url()),
     };
     let prefix = pick(&flags.prefix, "JIO_PREFIX", file.prefix);

@@ -22,6 +22,8 @@ pub const TIMED_OUT: u8 = 5;
 pub const HALTED: u8 = 6;
 /// The rollout is stuck: no host finished within its `progress_deadline`.
 pub const STUCK: u8 = 7;
+/// The store refused: TLS, authentication or permission (nothing was written).
+pub const DENIED: u8 = 8;
 /// Stopped by SIGINT (Ctrl-C) / SIGTERM: 128 + the signal number, as shells do.
 pub const SIGINT: u8 = 130;
 pub const SIGTERM: u8 = 143;
@@ -80,6 +82,7 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
         let code = match e.downcast_ref::<StoreError>().map(StoreError::kind) {
             Some(ErrorKind::Unavailable) => UNREACHABLE,
             Some(ErrorKind::InvalidInput) => USAGE,
+            Some(ErrorKind::Denied) => DENIED,
             _ => SOFTWARE,
         };
         Failure::with(code, e)

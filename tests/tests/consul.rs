@@ -91,6 +91,9 @@ async fn acl_token_denied_is_a_clear_error_without_the_token() {
     std::fs::write(&wrong, "not-the-token-77\n").unwrap();
     let right = dir.path().join("right.token");
     std::fs::write(&right, "s3cret-acl-token\n").unwrap();
+    for f in [&wrong, &right] {
+        std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
 
     for url in [
         server.url(),

@@ -192,15 +192,17 @@ pub(crate) fn tls_failure(chain: &str, tls: Option<&TlsSettings>) -> Option<Stri
             )
         }
     } else if lower.contains("fatal alert") || lower.contains("certificate required") {
-        let cert = tls
-            .cert_file
-            .as_ref()
-            .map(|p| format!("the client certificate {}", p.display()))
-            .unwrap_or_else(|| "a client certificate (none configured: give cert_file and key_file)".into());
-        format!(
-            "the server refused {cert} (unknown CA, expired, or not for client use); {}",
-            excerpt(chain)
-        )
+        match &tls.cert_file {
+            Some(p) => format!(
+                "the server refused the client certificate {} (unknown CA, expired, or not for client use); {}",
+                p.display(),
+                excerpt(chain)
+            ),
+            None => format!(
+                "the server wants a client certificate and none is configured (give cert_file and key_file); {}",
+                excerpt(chain)
+            ),
+        }
     } else if lower.contains("tls handshake") || lower.contains("handshake") && lower.contains("tls") {
         format!("the TLS handshake failed; {}", excerpt(chain))
     } else {

@@ -243,13 +243,7 @@ impl Inner {
                 }
             }
             if message.contains("CommonName of client") {
-                return Err(Failure::Refused(format!(
-                    "{message}: with authentication on, etcd's gateway refuses client certificates that carry a CommonName; issue {} without one (a subject such as O=jiocloud) and authenticate with user and password_file",
-                    self.tls.as_ref().and_then(|t| t.cert_file.as_ref()).map_or_else(
-                        || "the client certificate".to_string(),
-                        |p| p.display().to_string()
-                    )
-                )));
+                return Err(self.common_name_refused());
             }
             if status.is_server_error() {
                 self.endpoints.fail_over(i, &message);
@@ -326,7 +320,13 @@ impl Inner {
             auth.set(TokenState::Valid(token.clone()));
             return Ok(Some(token));
         }
-        let err: GatewayError = serde_json::from_slice(&bytes).unwrap_or_default();
+        let mut err: GatewayError = serde_json::from_slice(&bytes).unwrap_or_default();
+        if err.message.is_empty() {
+            err.message = String::from_utf8_lossy(&bytes).trim().chars().take(200).collect();
+        }
+        if err.message.contains("CommonName of client") {
+            return Err(self.common_name_refused());
+        }
         if err.message.contains("authentication is not enabled") {
             tracing::warn!(store = %self.url, user = %auth.user, "etcd has authentication disabled; sending requests without a token until it asks for one");
             auth.set(TokenState::NotEnabled);
@@ -346,6 +346,18 @@ impl Inner {
             err.message.trim_start_matches("etcdserver: "),
             auth.password_file.display()
         )))
+    }
+
+    /// etcd's gateway refuses a client certificate with a CommonName once
+    /// authentication is on (etcd would take the CommonName as the user).
+    fn common_name_refused(&self) -> Failure {
+        Failure::Refused(format!(
+            "etcd's gateway refuses client certificates that carry a CommonName while authentication is on (etcd would take it as the user name); issue {} without one (a subject such as O=jiocloud) and authenticate with user and password_file",
+            self.tls.as_ref().and_then(|t| t.cert_file.as_ref()).map_or_else(
+                || "the client certificate".to_string(),
+                |p| p.display().to_string()
+            )
+        ))
     }
 
     /// Names what was refused, and as whom, in a permission error.

@@ -322,6 +322,44 @@ impl StoreUrl {
         }
     }
 
+    /// Checks the files the URL names, as a start-up check: the CA and the client
+    /// certificate can be read, and a private key, password or token file is
+    /// readable by its owner only. Each problem names the parameter and the file.
+    pub fn check_files(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        let (tls, secrets): (Option<&TlsSettings>, Vec<(&str, &PathBuf)>) = match self {
+            StoreUrl::Sqlite { .. } => return errors,
+            StoreUrl::Etcd { tls, auth, .. } => (
+                tls.as_ref(),
+                auth.iter().map(|a| ("password_file", &a.password_file)).collect(),
+            ),
+            StoreUrl::Consul { tls, token_file, .. } => (
+                tls.as_ref(),
+                token_file.iter().map(|t| ("token_file", t)).collect(),
+            ),
+        };
+        if let Some(t) = tls {
+            for (name, file) in [("ca_file", &t.ca_file), ("cert_file", &t.cert_file)] {
+                if let Some(f) = file
+                    && let Err(e) = std::fs::File::open(f)
+                {
+                    errors.push(format!("{name} {}: {e}", f.display()));
+                }
+            }
+            if let Some(k) = &t.key_file
+                && let Err(r) = crate::secret::check_private(k)
+            {
+                errors.push(format!("key_file {}: {r}", k.display()));
+            }
+        }
+        for (name, f) in secrets {
+            if let Err(r) = crate::secret::read_secret_file(f) {
+                errors.push(format!("{name} {}: {r}", f.display()));
+            }
+        }
+        errors
+    }
+
     /// Whether this is the embedded store.
     pub fn is_embedded(&self) -> bool {
         matches!(self, StoreUrl::Sqlite { .. })

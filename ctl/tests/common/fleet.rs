@@ -65,6 +65,12 @@ pub struct Fleet {
 impl Fleet {
     /// `names` converged to v1, with runs that take `seconds`.
     pub async fn start(url: &str, names: &[&str], seconds: f64) -> Fleet {
+        Fleet::start_as(url, url, names, seconds).await
+    }
+
+    /// Like `start`, with the agents on `agent_url` (a restricted user) while the
+    /// test reads and sets the version on `url`.
+    pub async fn start_as(url: &str, agent_url: &str, names: &[&str], seconds: f64) -> Fleet {
         let s = open(url).await;
         s.put(&Schema::default().current_version(), "v1", None)
             .await
@@ -95,7 +101,7 @@ impl Fleet {
         for name in names {
             let host = Host::new(
                 name,
-                url,
+                agent_url,
                 &[script.display().to_string()],
                 "retry_interval = \"1h\"\nhealth_interval = \"0\"",
             );

@@ -1,0 +1,250 @@
+//! etcd in production: TLS with client-certificate verification, authentication,
+//! and the least-privilege roles of `packaging/etcd-roles.sh`, on a real etcd.
+//!
+//! The rollout runs with every agent as the `jio-agent` user and jioctl as
+//! `jio-operator`, with tokens that expire every second; its limit is checked on
+//! the configuration step's own log. Every bad credential is one line on stderr,
+//! exit code 8, and leaves the store as it was.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::disallowed_methods)] // they time real processes on the wall clock
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use jio_common::keys::Schema;
+use jio_tests::Etcd;
+use jio_tests::inspect::{open, text};
+
+use common::fleet::{Fleet, max_overlap, now};
+use common::run;
+
+const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_over_tls_with_restricted_roles_and_expiring_tokens() {
+    // Tokens last 1 s; the rollout takes several, so every agent renews its token
+    // mid-rollout, as the driver does.
+    let etcd = Etcd::secure(1, "").await;
+    let operator = etcd.url_as("jio-operator");
+    let agent = etcd.url_as("jio-agent");
+    let names = [
+        "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
+    ];
+    let f = Fleet::start_as(&operator, &agent, &names, 1.5).await;
+    let t0 = now();
+    let out = run(
+        &operator,
+        &["upgrade", "v2", "--instructions", COMPUTE_2, "--retry"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(f.all_at("v2"));
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, t0);
+    assert_eq!(
+        most, 2,
+        "the limit of 2, reached and never passed: {at:?}\n{runs:#?}"
+    );
+    assert!(now() - t0 > 3.0, "the rollout outlived several tokens");
+    let mut renewed = 0;
+    for name in names {
+        let log = std::fs::read_to_string(f.work.path().join(format!("{name}.log"))).unwrap();
+        assert!(!log.contains("permission denied"), "{name}: {log}");
+        assert!(!log.contains("-pw-"), "{name} logged a password: {log}");
+        renewed += log.matches("etcd token renewed").count();
+    }
+    assert!(
+        renewed >= names.len(),
+        "every agent renewed its token at least once ({renewed} renewals)"
+    );
+}
+
+/// The URL of `etcd` as `user`, with one parameter replaced.
+fn with(url: &str, param: &str, value: &Path) -> String {
+    let (base, query) = url.split_once('?').unwrap();
+    let q: Vec<String> = query
+        .split('&')
+        .map(|kv| {
+            if kv.starts_with(&format!("{param}=")) {
+                format!("{param}={}", value.display())
+            } else {
+                kv.to_string()
+            }
+        })
+        .collect();
+    format!("{base}?{}", q.join("&"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_are_one_clear_line_and_change_nothing() {
+    let etcd = Etcd::secure(300, "").await;
+    let operator = etcd.url_as("jio-operator");
+    let out = run(&operator, &["trigger-update", "v1"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let pki = etcd.pki().clone();
+    // The certificate names 127.0.0.1 and etcd.test: connecting to the address while
+    // checking the name works.
+    let by_name = format!("{operator}&server_name=etcd.test");
+    let out = run(&by_name, &["status"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_pw = dir.path().join("wrong.password");
+    std::fs::write(&wrong_pw, "not-the-password\n").unwrap();
+    std::fs::set_permissions(&wrong_pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let open_key = dir.path().join("open.key");
+    std::fs::copy(&pki.client.key, &open_key).unwrap();
+    std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let open_pw = dir.path().join("open.password");
+    std::fs::copy(etcd.password_file("jio-operator"), &open_pw).unwrap();
+    std::fs::set_permissions(&open_pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let no_client_cert = {
+        let base = operator.split_once('?').unwrap().0;
+        format!(
+            "{base}?ca_file={}&user=jio-operator&password_file={}",
+            pki.ca.display(),
+            etcd.password_file("jio-operator").display()
+        )
+    };
+    let cn_cert = with(
+        &with(&operator, "cert_file", &pki.client_cn.cert),
+        "key_file",
+        &pki.client_cn.key,
+    );
+    let cases: Vec<(&str, String, &str, u8)> = vec![
+        (
+            "wrong CA",
+            with(&operator, "ca_file", &pki.other_ca),
+            "TLS: the server's certificate is not signed by ca_file",
+            8,
+        ),
+        (
+            "expired client certificate",
+            with(
+                &with(&operator, "cert_file", &pki.client_expired.cert),
+                "key_file",
+                &pki.client_expired.key,
+            ),
+            "TLS: the server refused the client certificate",
+            8,
+        ),
+        (
+            "client certificate of an unknown CA",
+            with(
+                &with(&operator, "cert_file", &pki.client_unknown.cert),
+                "key_file",
+                &pki.client_unknown.key,
+            ),
+            "TLS: the server refused the client certificate",
+            8,
+        ),
+        (
+            "no client certificate",
+            no_client_cert,
+            "TLS: the server wants a client certificate and none is configured (give cert_file and key_file)",
+            8,
+        ),
+        (
+            "a server name the certificate does not carry",
+            format!("{operator}&server_name=etcd.example"),
+            "TLS: the server's certificate does not name the host connected to (set server_name to a name it carries)",
+            8,
+        ),
+        (
+            "wrong password",
+            with(&operator, "password_file", &wrong_pw),
+            "authentication as user \"jio-operator\" failed: authentication failed, invalid user ID or password",
+            8,
+        ),
+        (
+            "write outside the role",
+            etcd.url_as("jio-agent"),
+            "permission denied (writing /current_version",
+            8,
+        ),
+        (
+            "a certificate with a CommonName",
+            cn_cert,
+            "etcd's gateway refuses client certificates that carry a CommonName while authentication is on",
+            8,
+        ),
+        (
+            "a private key readable by others",
+            with(&operator, "key_file", &open_key),
+            "is readable by group or others (mode 0644); run chmod 600 on it",
+            64,
+        ),
+        (
+            "a password file readable by others",
+            with(&operator, "password_file", &open_pw),
+            "is readable by group or others (mode 0644); run chmod 600 on it",
+            64,
+        ),
+    ];
+    let passwords: Vec<String> = ["root", "jio-agent", "jio-operator"]
+        .iter()
+        .map(|u| {
+            std::fs::read_to_string(etcd.password_file(u))
+                .unwrap()
+                .trim()
+                .to_string()
+        })
+        .collect();
+    for (what, url, expect, code) in cases {
+        let out = run(&url, &["trigger-update", "v9"]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        eprintln!("{what}: {}", stderr.trim());
+        assert!(
+            stderr.contains("as user \"jio-") || code == 64 || what.contains("TLS") || !what.contains("role")
+        );
+        assert_eq!(out.status.code(), Some(code as i32), "{what}: {}", text(&out));
+        assert_eq!(stderr.trim().lines().count(), 1, "{what}: one line: {stderr}");
+        assert!(
+            stderr.contains(expect),
+            "{what}: expected {expect:?} in: {stderr}"
+        );
+        for pw in &passwords {
+            assert!(!stderr.contains(pw.as_str()), "{what}: a password in: {stderr}");
+        }
+        assert!(!stderr.contains("not-the-password"), "{what}: {stderr}");
+    }
+    let s = open(&operator).await;
+    let v = s
+        .get(&Schema::default().current_version())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.value, "v1", "nothing was changed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_refuses_an_open_key_file_at_start() {
+    let etcd = Etcd::secure(300, "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let open_key = dir.path().join("open.key");
+    std::fs::copy(&etcd.pki().client.key, &open_key).unwrap();
+    std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let url = with(&etcd.url_as("jio-agent"), "key_file", &open_key);
+    let host = jio_tests::Host::new("compute1", &url, &["/bin/true".to_string()], "");
+    let out = tokio::process::Command::from(host.agent(&common::agent_bin(), &["run"]))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "key_file {}: is readable by group or others (mode 0640); run chmod 600 on it",
+            open_key.display()
+        )),
+        "{stderr}"
+    );
+    let s = open(&etcd.url_as("jio-operator")).await;
+    assert!(
+        s.list(&Schema::default().hosts()).await.unwrap().kvs.is_empty(),
+        "the agent registered nothing"
+    );
+}
