@@ -48,12 +48,14 @@ for f in /etc/jiocloud/agent.toml /lib/systemd/system/jio-agent.service /lib/sys
          /usr/share/man/man8/jio-agent.8.gz /usr/share/man/man1/jioctl.1.gz /usr/share/man/man1/jioctl-upgrade.1.gz \
          /usr/share/bash-completion/completions/jioctl /usr/share/zsh/vendor-completions/_jioctl \
          /usr/share/fish/vendor_completions.d/jioctl.fish /usr/share/doc/jioctl/examples/jio-upgrade.json \
-         /lib/systemd/system/jioctl-drive.service \
+         /lib/systemd/system/jioctl-drive.service /usr/share/jiocloud/etcd-roles.sh \
          /usr/share/doc/jio-agent/changelog.Debian.gz /usr/share/doc/jio-agent/copyright \
          /etc/systemd/system/multi-user.target.wants/jio-agent.service; do
   [ -e "$R$f" ] || [ -L "$R$f" ] || fail "$f is missing after install"
 done
 [ -d "$R/var/lib/jiocloud" ] && [ -d "$R/usr/lib/jiocloud/tests" ] || fail "state or validation directory missing"
+in_root sh /usr/share/jiocloud/etcd-roles.sh --prefix /jio print | grep -q "role grant-permission jio-agent readwrite /jio/status/ --prefix=true" \
+  || fail "the shipped etcd-roles.sh does not print the agent's role"
 in_root dpkg-query -W -f='${Conffiles}\n' jio-agent | grep -q /etc/jiocloud/agent.toml || fail "agent.toml is not a conffile"
 # The shipped configuration is valid: the agent loads it (exit 1: no local version yet).
 set +e; in_root jio-agent --hostname compute1 local-version >/dev/null 2>&1; rc=$?; set -e

@@ -38,6 +38,9 @@ pub mod exit {
     pub const LOCKED: u8 = 4;
     /// The run was interrupted by SIGTERM/SIGINT.
     pub const INTERRUPTED: u8 = 5;
+    /// The store refused: TLS, authentication or permission (the daemon waits
+    /// instead; the one-shot commands exit with this).
+    pub const DENIED: u8 = 8;
     /// Bad command line or configuration.
     pub const USAGE: u8 = 64;
     /// A local file could not be read or written (never a stored value: an invalid
@@ -167,10 +170,20 @@ fn fail(msg: impl std::fmt::Display, code: u8) -> u8 {
     code
 }
 
+/// The exit code of a store that could not be used: refused (8), or unreachable (2).
+fn store_code(e: &StoreError) -> u8 {
+    match e.kind() {
+        ErrorKind::Denied => exit::DENIED,
+        ErrorKind::InvalidInput => exit::USAGE,
+        _ => exit::UNREACHABLE,
+    }
+}
+
 fn error_code(e: &AgentError) -> u8 {
     match e {
         AgentError::Store(s) if s.kind() == ErrorKind::Unavailable => exit::UNREACHABLE,
         AgentError::Store(s) if s.kind() == ErrorKind::InvalidInput => exit::USAGE,
+        AgentError::Store(s) if s.kind() == ErrorKind::Denied => exit::DENIED,
         _ => exit::SOFTWARE,
     }
 }
@@ -272,7 +285,10 @@ async fn pending_update(cfg: &Config) -> u8 {
 async fn status(cfg: &Config, as_json: bool) -> u8 {
     let store = match connect(cfg).await {
         Ok(s) => s,
-        Err(e) => return fail(e, exit::UNREACHABLE),
+        Err(e) => {
+            let code = store_code(&e);
+            return fail(e, code);
+        }
     };
     let (_tx, rx) = watch::channel(false);
     let mut agent = match Agent::new_readonly(cfg.clone(), store, rx) {
@@ -432,7 +448,10 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
     };
     let store = match connect(&cfg).await {
         Ok(s) => s,
-        Err(e) => return fail(e, exit::UNREACHABLE),
+        Err(e) => {
+            let code = store_code(&e);
+            return fail(e, code);
+        }
     };
     let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown_signal()) {
         Ok(a) => a,
@@ -605,12 +624,27 @@ async fn run(cfg: Config) -> u8 {
     let mut shutdown = shutdown_signal();
     // The daemon waits for the store instead of exiting.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+    let mut last_refusal = String::new();
     let store = loop {
         match connect(&cfg).await {
             Ok(s) => break s,
             Err(e) if e.kind() == ErrorKind::Unavailable => {
                 if backoff.failures() == 0 {
                     tracing::warn!(error = %e, "store unreachable; waiting for it");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.fail()) => {}
+                    _ = shutdown.changed() => return exit::OK,
+                }
+            }
+            // TLS, authentication or permission: fixed on the store's side (a
+            // certificate re-issued, a password reset, a role granted) as often as
+            // here, so the daemon waits and says why, again only when the reason changes.
+            Err(e) if e.kind() == ErrorKind::Denied => {
+                let msg = e.to_string();
+                if msg != last_refusal {
+                    tracing::error!(error = %msg, "the store refused this agent; waiting (check its certificate, user, password and role)");
+                    last_refusal = msg;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.fail()) => {}

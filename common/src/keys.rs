@@ -166,6 +166,11 @@ const DRIVERS: &str = "/drivers/";
 const HOLDS: &str = "/holds/";
 const RESULTS: &str = "/results/";
 
+/// The prefixes, under the namespace, that an agent writes: all the `jio-agent`
+/// etcd role of `packaging/etcd-roles.sh` may write (and the Consul policy of the
+/// README), everything else being the operators'.
+pub const AGENT_WRITES: [&str; 7] = [STATUS, "/running/", HOSTS, AGENTS, ACTIVE_ROLES, RUNS, RESULTS];
+
 /// The key schema under one namespace prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Schema {
@@ -699,5 +704,17 @@ mod tests {
         assert!(Key::new("/a/b").is_ok());
         assert_eq!(Key::new("a").unwrap_err().rule, "must start with '/'");
         assert!(Key::new("/a\nb").is_err());
+    }
+
+    #[test]
+    fn the_roles_script_grants_the_agent_what_it_writes() {
+        let script = include_str!("../../packaging/etcd-roles.sh");
+        let line = script
+            .lines()
+            .find_map(|l| l.strip_prefix("AGENT_WRITES=\""))
+            .and_then(|l| l.strip_suffix('"'))
+            .expect("the AGENT_WRITES line of etcd-roles.sh");
+        assert_eq!(line.split(' ').collect::<Vec<_>>(), AGENT_WRITES);
+        assert!(RUNNING.starts_with(AGENT_WRITES[1]));
     }
 }

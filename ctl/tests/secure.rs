@@ -248,3 +248,45 @@ async fn the_agent_refuses_an_open_key_file_at_start() {
         "the agent registered nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_agent_waits_says_why_once_and_recovers() {
+    let etcd = Etcd::secure(300, "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("agent.password");
+    std::fs::write(&pw, "not-the-password\n").unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = with(&etcd.url_as("jio-agent"), "password_file", &pw);
+    let host = jio_tests::Host::new("compute1", &url, &["/bin/true".to_string()], "");
+    let log = dir.path().join("agent.log");
+    let _agent = tokio::process::Command::from(host.agent(&common::agent_bin(), &["run"]))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let refusal = "the store refused this agent; waiting";
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    jio_tests::inspect::wait_for("the refusal to be logged", Duration::from_secs(30), || async {
+        read().contains(refusal)
+    })
+    .await;
+    // Several more attempts fail the same way: said once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let text = read();
+    assert_eq!(text.matches(refusal).count(), 1, "{text}");
+    assert!(text.contains("authentication as user"), "{text}");
+    assert!(!text.contains("not-the-password"), "{text}");
+    let operator = open(&etcd.url_as("jio-operator")).await;
+    let me = Schema::default().host(&"compute1".parse().unwrap());
+    assert!(
+        operator.get(&me).await.unwrap().is_none(),
+        "nothing registered while refused"
+    );
+    // The password is fixed on the node: the agent gets in without a restart.
+    std::fs::copy(etcd.password_file("jio-agent"), &pw).unwrap();
+    jio_tests::inspect::wait_for("the agent to register", Duration::from_secs(60), || async {
+        operator.get(&me).await.unwrap().is_some()
+    })
+    .await;
+}

@@ -24,7 +24,7 @@ use jio_tests::Etcd;
 use jio_tests::consul::{ConsulOptions, ConsulServer};
 
 enum Fixture {
-    Etcd(Etcd),
+    Etcd(Box<Etcd>),
     /// The in-memory store of the logic tests: held to the same contract.
     Memory(MemoryStore),
     Sqlite(tempfile::TempDir),
@@ -50,7 +50,7 @@ impl Backend {
         let store = open_etcd(&etcd.url());
         Backend {
             store,
-            fixture: Fixture::Etcd(etcd),
+            fixture: Fixture::Etcd(Box::new(etcd)),
         }
     }
 
@@ -92,7 +92,7 @@ impl Backend {
         let store = open_etcd(&etcd.url_as("jio-operator"));
         Backend {
             store,
-            fixture: Fixture::Etcd(etcd),
+            fixture: Fixture::Etcd(Box::new(etcd)),
         }
     }
 
