@@ -8,7 +8,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use jio_common::keys::Key;
 use jio_common::store::{ConsulStore, DynStore, ErrorKind, Op, StoreUrl, Txn, WatchEvent};
-use jio_tests::consul::{ConsulOptions, ConsulServer, reset_index};
+use jio_tests::consul::{ConsulOptions, ConsulServer, ConsulTls, reset_index};
+use jio_tests::pki::Pki;
 
 fn client(url: &str) -> DynStore {
     Arc::new(ConsulStore::new(&StoreUrl::parse(url).unwrap(), Duration::from_secs(2)).unwrap())
@@ -84,6 +85,7 @@ async fn acl_token_denied_is_a_clear_error_without_the_token() {
     let server = ConsulServer::start(ConsulOptions {
         token: Some("s3cret-acl-token".into()),
         datacenter: Some("bom1".into()),
+        tls: None,
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -126,4 +128,80 @@ async fn acl_token_denied_is_a_clear_error_without_the_token() {
     ));
     let err = other.get(&k("/current_version")).await.unwrap_err();
     assert!(err.to_string().contains("No path to datacenter"), "{err}");
+}
+
+/// `consuls://` with a CA, a client certificate and a token, on an HTTPS server that
+/// verifies clients (Consul's `verify_incoming`); every missing or wrong piece is
+/// one clear line and nothing is written.
+#[tokio::test]
+async fn consul_over_tls_with_client_certificates() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(&dir.path().join("pki"));
+    let server = ConsulServer::start(ConsulOptions {
+        token: Some("s3cret-acl-token".into()),
+        datacenter: None,
+        tls: Some(ConsulTls {
+            cert: pki.server.cert.clone(),
+            key: pki.server.key.clone(),
+            client_ca: Some(pki.ca.clone()),
+        }),
+    })
+    .await;
+    let token = dir.path().join("consul.token");
+    std::fs::write(&token, "s3cret-acl-token\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = |ca: &std::path::Path, cert: Option<(&std::path::Path, &std::path::Path)>| {
+        let mut u = format!("{}?ca_file={}", server.url(), ca.display());
+        if let Some((c, k)) = cert {
+            u.push_str(&format!("&cert_file={}&key_file={}", c.display(), k.display()));
+        }
+        u.push_str(&format!("&token_file={}", token.display()));
+        u
+    };
+    let good = url(&pki.ca, Some((&pki.client.cert, &pki.client.key)));
+    assert!(good.starts_with("consuls://"));
+    let s = client(&good);
+    s.put(&k("/tls/a"), "1", None).await.unwrap();
+    assert_eq!(s.get(&k("/tls/a")).await.unwrap().unwrap().value, "1");
+    // The same address checked under the name the certificate carries.
+    let by_name = client(&format!("{good}&server_name=etcd.test"));
+    assert_eq!(by_name.get(&k("/tls/a")).await.unwrap().unwrap().value, "1");
+
+    for (what, bad, expect) in [
+        (
+            "another CA",
+            url(&pki.other_ca, Some((&pki.client.cert, &pki.client.key))),
+            "TLS: the server's certificate is not signed by ca_file",
+        ),
+        (
+            "no client certificate",
+            url(&pki.ca, None),
+            "TLS: the server wants a client certificate and none is configured",
+        ),
+        (
+            "an expired client certificate",
+            url(&pki.ca, Some((&pki.client_expired.cert, &pki.client_expired.key))),
+            "TLS: the server refused the client certificate",
+        ),
+    ] {
+        let err = client(&bad).put(&k("/tls/a"), "2", None).await.unwrap_err();
+        let msg = err.to_string();
+        assert_eq!(err.kind(), ErrorKind::Denied, "{what}: {msg}");
+        assert!(msg.contains(expect), "{what}: {msg}");
+        assert!(!msg.contains('\n') && !msg.contains("s3cret"), "{what}: {msg}");
+    }
+    assert_eq!(
+        s.get(&k("/tls/a")).await.unwrap().unwrap().value,
+        "1",
+        "nothing written"
+    );
+    // A TLS parameter on plain consul:// is refused, naming the rule.
+    let err = StoreUrl::parse(&format!(
+        "consul://{}?ca_file={}",
+        server.addr(),
+        pki.ca.display()
+    ))
+    .unwrap_err();
+    assert!(err.to_string().contains("need TLS: use consuls://"), "{err}");
 }

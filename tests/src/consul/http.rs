@@ -10,7 +10,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 use super::Shared;
 use super::state::{Entry, InvalidSession, MAX_TXN_OPS, State, TxnOp};
@@ -45,7 +44,9 @@ fn decode_pct(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-async fn read_request(r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> std::io::Result<Option<Request>> {
+async fn read_request<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+) -> std::io::Result<Option<Request>> {
     let mut line = String::new();
     if r.read_line(&mut line).await? == 0 {
         return Ok(None);
@@ -122,8 +123,11 @@ fn resp(status: u16, body: impl Into<Vec<u8>>, index: Option<u64>) -> Response {
     }
 }
 
-pub(super) async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) -> std::io::Result<()> {
-    let (rd, mut wr) = stream.into_split();
+pub(super) async fn serve_connection<S>(stream: S, shared: Arc<Shared>) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+{
+    let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::new(rd);
     while let Some(req) = read_request(&mut rd).await? {
         let close = req

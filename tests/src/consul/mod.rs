@@ -26,6 +26,9 @@
 //! Differences, on purpose or out of scope: one node and no Raft (every read is
 //! consistent); the index is one counter for all writes; `wait` has no jitter; ACL is
 //! one token with full rights, not policies; no `flags` on txn ops.
+//! HTTPS (`ConsulOptions::tls`): the server's certificate, and optionally a CA that
+//! every client certificate must chain to (Consul's `verify_incoming`); a refused
+//! handshake drops the connection.
 //! Test controls (not Consul API): `PUT /__test/index/<n>` moves the index backwards,
 //! as a restore from a snapshot does; `PUT /__test/expire/<session>` invalidates a
 //! session at once, as a failed node check does.
@@ -49,6 +52,51 @@ pub struct ConsulOptions {
     pub token: Option<String>,
     /// The datacenter name (default `dc1`).
     pub datacenter: Option<String>,
+    /// HTTPS, as Consul's `https` port with `verify_incoming` when `client_ca` is set.
+    pub tls: Option<ConsulTls>,
+}
+
+/// The server's certificate, and the CA its clients' certificates must chain to.
+#[derive(Clone, Debug)]
+pub struct ConsulTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// Verify clients against this CA (`verify_incoming`); `None`: no client certificate.
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+fn acceptor(tls: &ConsulTls) -> tokio_rustls::TlsAcceptor {
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(tokio_rustls::rustls::crypto::aws_lc_rs::default_provider());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&tls.cert)
+        .expect("server certificate")
+        .collect::<Result<_, _>>()
+        .expect("server certificate PEM");
+    let key = PrivateKeyDer::from_pem_file(&tls.key).expect("server key");
+    let builder = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions");
+    let builder = match &tls.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).expect("client CA") {
+                roots.add(c.expect("client CA PEM")).expect("client CA");
+            }
+            let verifier = tokio_rustls::rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .expect("client verifier");
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
+        .with_single_cert(certs, key)
+        .expect("server TLS configuration");
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 /// What the connections share: the state, a wake-up for blocking queries, the options.
@@ -79,11 +127,24 @@ fn accept_loop(
     shared: Arc<Shared>,
     connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 ) -> tokio::task::JoinHandle<()> {
+    let tls = shared.opts.tls.as_ref().map(acceptor);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let s = shared.clone();
+            let tls = tls.clone();
             let h = tokio::spawn(async move {
-                let _ = http::serve_connection(stream, s).await;
+                match tls {
+                    // A refused handshake (no or a bad client certificate) drops
+                    // the connection, as Consul does.
+                    Some(a) => {
+                        if let Ok(stream) = a.accept(stream).await {
+                            let _ = http::serve_connection(stream, s).await;
+                        }
+                    }
+                    None => {
+                        let _ = http::serve_connection(stream, s).await;
+                    }
+                }
             });
             connections.lock().expect("connections").push(h.abort_handle());
         }
@@ -148,9 +209,14 @@ impl ConsulServer {
         ));
     }
 
-    /// `consul://127.0.0.1:PORT`.
+    /// `consul://127.0.0.1:PORT` (`consuls://` with TLS).
     pub fn url(&self) -> String {
-        format!("consul://{}", self.addr)
+        let scheme = if self.shared.opts.tls.is_some() {
+            "consuls"
+        } else {
+            "consul"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {
