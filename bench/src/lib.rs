@@ -31,6 +31,9 @@ use jio_tests::Etcd;
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     Etcd,
+    /// etcd with TLS, client-certificate verification and authentication (as the
+    /// `jio-operator` user, whose tokens last etcd's default 5 minutes).
+    EtcdTls,
     Sqlite,
 }
 
@@ -114,6 +117,8 @@ pub struct Makespan {
     pub upgraded: usize,
     pub store_requests: u64,
     pub requests_per_host: f64,
+    /// Requests per host by operation (`CountingStore`'s names), those made.
+    pub per_host_by_op: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -167,6 +172,16 @@ impl BenchStore {
             Backend::Etcd => {
                 let etcd = Etcd::start().await;
                 let url = etcd.url();
+                let store = jio_common::store::open(&StoreUrl::parse(&url).expect("url"))
+                    .await
+                    .expect("open etcd");
+                (url, store, Some(etcd))
+            }
+            Backend::EtcdTls => {
+                // JIO_BENCH_SECURE=tls or =auth: one of the two alone, to see what each costs.
+                let part = std::env::var("JIO_BENCH_SECURE").unwrap_or_default();
+                let etcd = Etcd::secure_parts(part != "auth", part != "tls", 300, "").await;
+                let url = etcd.url_as("jio-operator");
                 let store = jio_common::store::open(&StoreUrl::parse(&url).expect("url"))
                     .await
                     .expect("open etcd");
@@ -547,12 +562,22 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
     // A fleet is running long before a rollout: wait until every agent is up.
     fleet.settle(bs, names.len()).await;
     let before = bs.counting.requests();
+    let before_ops = bs.counting.by_op();
     let t0 = Instant::now();
     let code = jioctl::upgrade::run(&bs.store, &schema, upgrade_args("m2", rules))
         .await
         .expect("upgrade");
     let measured = t0.elapsed();
     let requests = bs.counting.requests() - before;
+    let per_host_by_op = bs
+        .counting
+        .by_op()
+        .iter()
+        .zip(before_ops)
+        .zip(jio_common::store::counting::OPS)
+        .filter(|((a, b), _)| **a > *b)
+        .map(|((a, b), op)| (op.to_string(), (a - b) as f64 / names.len() as f64))
+        .collect();
     assert_eq!(code, 0, "the makespan rollout did not finish");
     let snap = Snapshot::read(&bs.store, &schema).await.expect("snapshot");
     let upgraded = fleet::classify(&snap)
@@ -571,6 +596,7 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         upgraded,
         store_requests: requests,
         requests_per_host: requests as f64 / names.len() as f64,
+        per_host_by_op,
     }
 }
 
@@ -841,6 +867,12 @@ pub fn table(r: &Report) -> String {
         "{:<44} {:>12.1}   ({} requests in all)",
         "   store requests per host", m.requests_per_host, m.store_requests
     );
+    let by_op: Vec<String> = m
+        .per_host_by_op
+        .iter()
+        .map(|(op, n)| format!("{op} {n:.1}"))
+        .collect();
+    let _ = writeln!(s, "{:<44} {}", "   per host by operation", by_op.join(", "));
     let st = &r.status;
     let _ = writeln!(
         s,

@@ -32,6 +32,10 @@ pub struct Etcd {
 struct Secure {
     pki: Pki,
     token_ttl: u64,
+    /// TLS with client-certificate verification on the client port.
+    tls: bool,
+    /// Authentication enabled, with the roles and users.
+    auth: bool,
 }
 
 /// The users of a secure etcd (each with a password file readable by the owner only).
@@ -80,6 +84,11 @@ impl Etcd {
     /// of `packaging/etcd-roles.sh` for the key prefix `prefix`, and a user of each
     /// role (named after it) besides root.
     pub async fn secure(token_ttl: u64, prefix: &str) -> Etcd {
+        Etcd::secure_parts(true, true, token_ttl, prefix).await
+    }
+
+    /// Like `secure`, with TLS or authentication alone (to measure what each costs).
+    pub async fn secure_parts(tls: bool, auth: bool, token_ttl: u64, prefix: &str) -> Etcd {
         let binary = require_binary("etcd", INSTALL);
         require_binary("etcdctl", INSTALL);
         let dir = tempfile::Builder::new()
@@ -99,10 +108,18 @@ impl Etcd {
             dir,
             members,
             binary,
-            secure: Some(Secure { pki, token_ttl }),
+            secure: Some(Secure {
+                pki,
+                token_ttl,
+                tls,
+                auth,
+            }),
         };
         etcd.spawn(0);
         etcd.wait_healthy(0).await;
+        if !auth {
+            return etcd;
+        }
         for user in USERS {
             use std::os::unix::fs::PermissionsExt as _;
             let f = etcd.password_file(user);
@@ -153,14 +170,23 @@ impl Etcd {
     /// The store URL of a secure etcd for `user`: TLS with the CA and the good client
     /// certificate, and the user's password file.
     pub fn url_as(&self, user: &str) -> String {
-        let pki = self.pki();
+        let s = self.secure.as_ref().expect("a secure etcd");
+        let mut q = Vec::new();
+        if s.tls {
+            q.push(format!("ca_file={}", s.pki.ca.display()));
+            q.push(format!("cert_file={}", s.pki.client.cert.display()));
+            q.push(format!("key_file={}", s.pki.client.key.display()));
+        }
+        if s.auth {
+            q.push(format!("user={user}"));
+            q.push(format!("password_file={}", self.password_file(user).display()));
+        }
         format!(
-            "etcds://127.0.0.1:{}?ca_file={}&cert_file={}&key_file={}&user={user}&password_file={}",
+            "{}://127.0.0.1:{}{}{}",
+            if s.tls { "etcds" } else { "etcd" },
             self.members[0].client,
-            pki.ca.display(),
-            pki.client.cert.display(),
-            pki.client.key.display(),
-            self.password_file(user).display()
+            if q.is_empty() { "" } else { "?" },
+            q.join("&")
         )
     }
 
@@ -178,7 +204,7 @@ impl Etcd {
         let mut req = client
             .post(format!("{}/v3/kv/put", self.endpoint(0)))
             .json(&serde_json::json!({"key": b64(key), "value": b64(value)}));
-        if self.is_secure() {
+        if self.secure.as_ref().is_some_and(|s| s.auth) {
             let pw = std::fs::read_to_string(self.password_file("root")).expect("root password");
             let r: serde_json::Value = client
                 .post(format!("{}/v3/auth/authenticate", self.endpoint(0)))
@@ -199,8 +225,7 @@ impl Etcd {
     /// certificate when secure).
     fn http_client(&self) -> reqwest::Client {
         match &self.secure {
-            None => reqwest::Client::new(),
-            Some(s) => {
+            Some(s) if s.tls => {
                 let ca = std::fs::read(&s.pki.ca).expect("CA");
                 let mut id = std::fs::read(&s.pki.client.cert).expect("client certificate");
                 id.extend(std::fs::read(&s.pki.client.key).expect("client key"));
@@ -210,6 +235,7 @@ impl Etcd {
                     .build()
                     .expect("TLS client")
             }
+            _ => reqwest::Client::new(),
         }
     }
 
@@ -225,10 +251,12 @@ impl Etcd {
             .env("ETCDCTL_ENDPOINTS", self.endpoint(0))
             .env("ETCDCTL_DIAL_TIMEOUT", "5s");
         if let Some(s) = &self.secure {
-            cmd.env("ETCDCTL_CACERT", &s.pki.ca)
-                .env("ETCDCTL_CERT", &s.pki.client.cert)
-                .env("ETCDCTL_KEY", &s.pki.client.key);
-            if as_root {
+            if s.tls {
+                cmd.env("ETCDCTL_CACERT", &s.pki.ca)
+                    .env("ETCDCTL_CERT", &s.pki.client.cert)
+                    .env("ETCDCTL_KEY", &s.pki.client.key);
+            }
+            if as_root && s.auth {
                 let root = std::fs::read_to_string(self.password_file("root")).expect("root password");
                 cmd.env("ETCDCTL_USER", format!("root:{}", root.trim()));
             }
@@ -249,20 +277,22 @@ impl Etcd {
             .append(true)
             .open(&m.log)
             .expect("etcd log file");
-        let scheme = if self.secure.is_some() { "https" } else { "http" };
+        let tls = self.secure.as_ref().is_some_and(|s| s.tls);
+        let scheme = if tls { "https" } else { "http" };
         let client = format!("{scheme}://127.0.0.1:{}", m.client);
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let mut cmd = Command::new(&self.binary);
         if let Some(s) = &self.secure {
-            cmd.arg("--cert-file")
-                .arg(&s.pki.server.cert)
-                .arg("--key-file")
-                .arg(&s.pki.server.key)
-                .arg("--trusted-ca-file")
-                .arg(&s.pki.ca)
-                .arg("--client-cert-auth")
-                .arg("--auth-token-ttl")
-                .arg(s.token_ttl.to_string());
+            if s.tls {
+                cmd.arg("--cert-file")
+                    .arg(&s.pki.server.cert)
+                    .arg("--key-file")
+                    .arg(&s.pki.server.key)
+                    .arg("--trusted-ca-file")
+                    .arg(&s.pki.ca)
+                    .arg("--client-cert-auth");
+            }
+            cmd.arg("--auth-token-ttl").arg(s.token_ttl.to_string());
         }
         let child = spawn_tied(
             cmd.args(["--name", &m.name, "--data-dir"])
@@ -336,7 +366,11 @@ impl Etcd {
 
     /// The client endpoint of member `i` (`http://127.0.0.1:PORT`, `https://` when secure).
     pub fn endpoint(&self, i: usize) -> String {
-        let scheme = if self.secure.is_some() { "https" } else { "http" };
+        let scheme = if self.secure.as_ref().is_some_and(|s| s.tls) {
+            "https"
+        } else {
+            "http"
+        };
         format!("{scheme}://127.0.0.1:{}", self.members[i].client)
     }
 

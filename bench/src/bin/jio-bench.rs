@@ -8,7 +8,7 @@ use jio_bench::{self as bench, Backend, Sizes};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: jio-bench --store etcd|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]"
+        "usage: jio-bench --store etcd|etcd-tls|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]"
     );
     ExitCode::from(64)
 }
@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         match a.as_str() {
             "--store" => match args.next().as_deref() {
                 Some("etcd") => backend = Some(Backend::Etcd),
+                Some("etcd-tls") => backend = Some(Backend::EtcdTls),
                 Some("sqlite") => backend = Some(Backend::Sqlite),
                 _ => return usage(),
             },
@@ -66,6 +67,12 @@ fn main() -> ExitCode {
             "makespan on {backend:?}: {} hosts, {:.3}x (measured {:.2}s, ideal {:.2}s), {}/{} upgraded, {:.1} store requests per host",
             m.hosts, m.ratio, m.measured_s, m.ideal_s, m.upgraded, m.hosts, m.requests_per_host
         );
+        let by_op: Vec<String> = m
+            .per_host_by_op
+            .iter()
+            .map(|(op, n)| format!("{op} {n:.2}"))
+            .collect();
+        println!("per host by operation: {}", by_op.join(", "));
         return ExitCode::SUCCESS;
     }
     let report = rt.block_on(bench::run(backend, sizes));
@@ -75,6 +82,7 @@ fn main() -> ExitCode {
             "target/bench/{}.json",
             match backend {
                 Backend::Etcd => "etcd",
+                Backend::EtcdTls => "etcd-tls",
                 Backend::Sqlite => "sqlite",
             }
         ))

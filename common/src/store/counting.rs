@@ -12,12 +12,31 @@ use super::{
 };
 use crate::keys::Key;
 
-/// Counts every call to the wrapped store (a watch counts once, when opened).
+/// The operations counted, in the order of `CountingStore::by_op`.
+pub const OPS: [&str; 13] = [
+    "ping",
+    "get",
+    "get_many",
+    "list",
+    "put",
+    "delete",
+    "delete_prefix",
+    "txn",
+    "grant_lease",
+    "keep_alive",
+    "revoke_lease",
+    "watch",
+    "compact",
+];
+
+/// Counts every call to the wrapped store (a watch counts once, when opened), in
+/// all and by operation.
 #[derive(Clone)]
 pub struct CountingStore {
     inner: DynStore,
     count: Arc<AtomicU64>,
     keep_alives: Arc<AtomicU64>,
+    per_op: Arc<[AtomicU64; 13]>,
 }
 
 impl CountingStore {
@@ -26,6 +45,7 @@ impl CountingStore {
             inner,
             count: Arc::new(AtomicU64::new(0)),
             keep_alives: Arc::new(AtomicU64::new(0)),
+            per_op: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
 
@@ -39,8 +59,16 @@ impl CountingStore {
         self.keep_alives.load(Ordering::Relaxed)
     }
 
-    fn tick(&self) {
+    /// Requests so far by operation, in the order of `OPS`.
+    pub fn by_op(&self) -> [u64; 13] {
+        std::array::from_fn(|i| self.per_op[i].load(Ordering::Relaxed))
+    }
+
+    fn tick(&self, op: &str) {
         self.count.fetch_add(1, Ordering::Relaxed);
+        if let Some(i) = OPS.iter().position(|o| *o == op) {
+            self.per_op[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -50,56 +78,56 @@ impl Store for CountingStore {
         self.inner.url()
     }
     async fn ping(&self) -> Result<Revision> {
-        self.tick();
+        self.tick("ping");
         self.inner.ping().await
     }
     async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {
-        self.tick();
+        self.tick("get");
         self.inner.get(key).await
     }
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
-        self.tick();
+        self.tick("get_many");
         self.inner.get_many(keys).await
     }
     async fn list(&self, prefix: &Key) -> Result<Listing> {
-        self.tick();
+        self.tick("list");
         self.inner.list(prefix).await
     }
     async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> Result<Revision> {
-        self.tick();
+        self.tick("put");
         self.inner.put(key, value, lease).await
     }
     async fn delete(&self, key: &Key) -> Result<bool> {
-        self.tick();
+        self.tick("delete");
         self.inner.delete(key).await
     }
     async fn delete_prefix(&self, prefix: &Key) -> Result<u64> {
-        self.tick();
+        self.tick("delete_prefix");
         self.inner.delete_prefix(prefix).await
     }
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
-        self.tick();
+        self.tick("txn");
         self.inner.txn(txn).await
     }
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
-        self.tick();
+        self.tick("grant_lease");
         self.inner.grant_lease(ttl).await
     }
     async fn keep_alive(&self, lease: &LeaseId) -> Result<Duration> {
-        self.tick();
+        self.tick("keep_alive");
         self.keep_alives.fetch_add(1, Ordering::Relaxed);
         self.inner.keep_alive(lease).await
     }
     async fn revoke_lease(&self, lease: &LeaseId) -> Result<()> {
-        self.tick();
+        self.tick("revoke_lease");
         self.inner.revoke_lease(lease).await
     }
     async fn watch(&self, prefix: &Key, from: Revision) -> Result<WatchStream> {
-        self.tick();
+        self.tick("watch");
         self.inner.watch(prefix, from).await
     }
     async fn compact(&self, revision: Revision) -> Result<()> {
-        self.tick();
+        self.tick("compact");
         self.inner.compact(revision).await
     }
 }

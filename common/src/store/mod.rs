@@ -7,7 +7,7 @@
 
 mod client;
 mod consul;
-mod counting;
+pub mod counting;
 mod etcd;
 mod memory;
 mod sqlite;
