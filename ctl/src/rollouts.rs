@@ -197,7 +197,20 @@ where
             schema.lock(jio_common::fleet::EPOCH),
             snap.epoch,
         ));
-        if apply(store, schema, compares, ops).await? {
+        let applied = match apply(store, schema, compares, ops).await {
+            Ok(applied) => applied,
+            // Sent, not confirmed (a timeout under load): the compares make it
+            // all or nothing, so the record as stored says which. Ours is there and
+            // current: it was applied. Otherwise nothing was: plan again.
+            Err(StoreError::Ambiguous { .. }) => {
+                let stored = read_record(store, schema, &record.id).await?;
+                let current = store.get(&schema.current_rollout()).await?;
+                stored.as_ref() == Some(&record)
+                    && current.is_some_and(|kv| kv.value == record.id.to_string())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if applied {
             return Ok(Started::Created(Box::new(Created {
                 record,
                 replaced: replaces,
@@ -682,5 +695,105 @@ mod tests {
         ));
         let (ops, _) = change_ops(&schema, &snap, &rec, &Change::Undo, "bob", 30).unwrap();
         assert!(ops.contains(&Op::Delete(schema.lock(HALT))), "{ops:?}");
+    }
+
+    /// A store that applies the first transaction and then reports it as not
+    /// confirmed, as a timeout under load does.
+    struct Unconfirmed {
+        inner: DynStore,
+        done: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl jio_common::store::Store for Unconfirmed {
+        fn url(&self) -> &str {
+            self.inner.url()
+        }
+        async fn ping(&self) -> Result<i64, StoreError> {
+            self.inner.ping().await
+        }
+        async fn get(
+            &self,
+            k: &jio_common::keys::Key,
+        ) -> Result<Option<jio_common::store::KeyValue>, StoreError> {
+            self.inner.get(k).await
+        }
+        async fn get_many(
+            &self,
+            k: &[jio_common::keys::Key],
+        ) -> Result<Vec<Option<jio_common::store::KeyValue>>, StoreError> {
+            self.inner.get_many(k).await
+        }
+        async fn list(&self, p: &jio_common::keys::Key) -> Result<jio_common::store::Listing, StoreError> {
+            self.inner.list(p).await
+        }
+        async fn put(
+            &self,
+            k: &jio_common::keys::Key,
+            v: &str,
+            l: Option<&jio_common::store::LeaseId>,
+        ) -> Result<i64, StoreError> {
+            self.inner.put(k, v, l).await
+        }
+        async fn delete(&self, k: &jio_common::keys::Key) -> Result<bool, StoreError> {
+            self.inner.delete(k).await
+        }
+        async fn delete_prefix(&self, p: &jio_common::keys::Key) -> Result<u64, StoreError> {
+            self.inner.delete_prefix(p).await
+        }
+        async fn txn(&self, t: Txn) -> Result<TxnOutcome, StoreError> {
+            let out = self.inner.txn(t).await?;
+            if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Ambiguous {
+                    url: "memory".into(),
+                    op: "transaction",
+                    reason: "operation timed out".into(),
+                });
+            }
+            Ok(out)
+        }
+        async fn grant_lease(
+            &self,
+            ttl: std::time::Duration,
+        ) -> Result<jio_common::store::Lease, StoreError> {
+            self.inner.grant_lease(ttl).await
+        }
+        async fn keep_alive(
+            &self,
+            l: &jio_common::store::LeaseId,
+        ) -> Result<std::time::Duration, StoreError> {
+            self.inner.keep_alive(l).await
+        }
+        async fn revoke_lease(&self, l: &jio_common::store::LeaseId) -> Result<(), StoreError> {
+            self.inner.revoke_lease(l).await
+        }
+        async fn watch(
+            &self,
+            p: &jio_common::keys::Key,
+            from: i64,
+        ) -> Result<jio_common::store::WatchStream, StoreError> {
+            self.inner.watch(p, from).await
+        }
+        async fn compact(&self, r: i64) -> Result<(), StoreError> {
+            self.inner.compact(r).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_start_applied_but_not_confirmed_is_found_and_not_written_twice() {
+        let schema = Schema::default();
+        let inner = memory();
+        let store: DynStore = std::sync::Arc::new(Unconfirmed {
+            inner: inner.clone(),
+            done: std::sync::atomic::AtomicBool::new(false),
+        });
+        let rules = serde_json::json!({"rolling_rules": {"global": 1}});
+        let Started::Created(c) = started(&store, rules, 10).await else {
+            panic!("the applied start is reported as created");
+        };
+        let ids = record_ids(&inner, &schema).await.unwrap();
+        assert_eq!(ids, vec![c.record.id.clone()], "one record, written once");
+        let current = inner.get(&schema.current_rollout()).await.unwrap().unwrap();
+        assert_eq!(current.value, c.record.id.to_string());
     }
 }
