@@ -290,3 +290,29 @@ async fn a_refused_agent_waits_says_why_once_and_recovers() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_on_an_etcd_without_authentication_is_let_through() {
+    // Agents are configured with their user before an operator enables
+    // authentication: they work meanwhile, without a token.
+    let etcd = Etcd::secure_parts(true, false, 300, "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("agent.password");
+    std::fs::write(&pw, "whatever\n").unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = format!(
+        "{}&user=jio-agent&password_file={}",
+        etcd.url_as("x"),
+        pw.display()
+    );
+    assert!(url.starts_with("etcds://"), "{url}");
+    let out = run(&url, &["trigger-update", "v3"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = open(&etcd.url_as("x")).await;
+    let v = s
+        .get(&Schema::default().current_version())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.value, "v3");
+}
