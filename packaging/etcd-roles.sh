@@ -25,6 +25,8 @@
 #
 # Every step can be run again: an existing role or user is kept and completed.
 set -eu
+# No pathname expansion: a planned command is split into words, never globbed.
+set -f
 
 prefix=""
 while [ $# -gt 0 ]; do
@@ -42,7 +44,8 @@ case "$prefix" in
     *) echo "etcd-roles.sh: --prefix $prefix: a prefix must start with '/' (or be empty)" >&2; exit 2 ;;
 esac
 case "$prefix" in
-    *//*|*" "*) echo "etcd-roles.sh: --prefix $prefix: no '//' and no spaces" >&2; exit 2 ;;
+    *//*|*[!A-Za-z0-9_./-]*)
+        echo "etcd-roles.sh: --prefix $prefix: only letters, digits, '_', '.', '-' and single '/' are allowed" >&2; exit 2 ;;
 esac
 
 # What an agent writes, each a prefix under PREFIX (the key schema of common/src/keys.rs).
@@ -69,7 +72,7 @@ run() {
 cmd="${1:-}"
 case "$cmd" in
     print)
-        plan | sed "s/^/$ETCDCTL /"
+        plan | while read -r line; do printf '%s %s\n' "$ETCDCTL" "$line"; done
         ;;
     roles)
         command -v "$ETCDCTL" >/dev/null 2>&1 || {
@@ -92,6 +95,12 @@ case "$cmd" in
         [ $# -eq 4 ] || { echo "usage: etcd-roles.sh user NAME ROLE PASSWORD_FILE" >&2; exit 2; }
         name="$2"; role="$3"; file="$4"
         [ -r "$file" ] || { echo "etcd-roles.sh: $file: cannot read it" >&2; exit 1; }
+        # etcdctl --interactive=false reads one word: a password with a space or a
+        # tab would be cut there, and differ from what jio reads from the file.
+        if head -n 1 "$file" | grep -q '[[:space:]]'; then
+            echo "etcd-roles.sh: $file: the password holds a space or a tab; etcdctl would keep only its first word: choose one without" >&2
+            exit 1
+        fi
         mode=$(stat -c %a "$file")
         case "$mode" in
             ?00|400|600) ;;

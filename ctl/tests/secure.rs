@@ -2,8 +2,8 @@
 //! and the least-privilege roles of `packaging/etcd-roles.sh`, on a real etcd.
 //!
 //! The rollout runs with every agent as the `jio-agent` user and jioctl as
-//! `jio-operator`, with tokens that expire every second; its limit is checked on
-//! the configuration step's own log. Every bad credential is one line on stderr,
+//! `jio-operator`, and etcd is restarted in the middle of it, which forgets every
+//! token; its limit is checked on the configuration step's own log. Every bad credential is one line on stderr,
 //! exit code 8, and leaves the store as it was.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -19,16 +19,17 @@ use jio_common::keys::Schema;
 use jio_tests::Etcd;
 use jio_tests::inspect::{open, text};
 
-use common::fleet::{Fleet, max_overlap, now};
+use common::fleet::{Fleet, finish, max_overlap, now, spawn};
 use common::run;
+use jio_tests::inspect::wait_for;
 
 const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_over_tls_with_restricted_roles_and_expiring_tokens() {
-    // Tokens last 1 s; the rollout takes several, so every agent renews its token
-    // mid-rollout, as the driver does.
-    let etcd = Etcd::secure(1, "").await;
+    // etcd renews a simple token's 1 s TTL each time it is used, so a busy client
+    // may keep its token; a restart of etcd forgets every token for sure.
+    let mut etcd = Etcd::secure(1, "").await;
     let operator = etcd.url_as("jio-operator");
     let agent = etcd.url_as("jio-agent");
     let names = [
@@ -36,11 +37,16 @@ async fn a_rollout_over_tls_with_restricted_roles_and_expiring_tokens() {
     ];
     let f = Fleet::start_as(&operator, &agent, &names, 1.5).await;
     let t0 = now();
-    let out = run(
+    let driver = spawn(
         &operator,
         &["upgrade", "v2", "--instructions", COMPUTE_2, "--retry"],
-    )
+    );
+    wait_for("the first wave of v2 to run", Duration::from_secs(60), || async {
+        f.started("v2") >= 2
+    })
     .await;
+    etcd.restart(0).await;
+    let out = finish(driver, Duration::from_secs(180)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(f.all_at("v2"));
     let runs = f.runs();
@@ -49,18 +55,15 @@ async fn a_rollout_over_tls_with_restricted_roles_and_expiring_tokens() {
         most, 2,
         "the limit of 2, reached and never passed: {at:?}\n{runs:#?}"
     );
-    assert!(now() - t0 > 3.0, "the rollout outlived several tokens");
-    let mut renewed = 0;
     for name in names {
         let log = std::fs::read_to_string(f.work.path().join(format!("{name}.log"))).unwrap();
         assert!(!log.contains("permission denied"), "{name}: {log}");
         assert!(!log.contains("-pw-"), "{name} logged a password: {log}");
-        renewed += log.matches("etcd token renewed").count();
+        assert!(
+            log.contains("etcd token renewed"),
+            "{name} renewed its token after the restart: {log}"
+        );
     }
-    assert!(
-        renewed >= names.len(),
-        "every agent renewed its token at least once ({renewed} renewals)"
-    );
 }
 
 /// The URL of `etcd` as `user`, with one parameter replaced.
@@ -154,6 +157,12 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
             8,
         ),
         (
+            "no user",
+            operator.split("&user=").next().unwrap().to_string(),
+            "etcd has authentication on; give user and password_file in the store URL",
+            8,
+        ),
+        (
             "wrong password",
             with(&operator, "password_file", &wrong_pw),
             "authentication as user \"jio-operator\" failed: authentication failed, invalid user ID or password",
@@ -197,9 +206,6 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
         let out = run(&url, &["trigger-update", "v9"]).await;
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         eprintln!("{what}: {}", stderr.trim());
-        assert!(
-            stderr.contains("as user \"jio-") || code == 64 || what.contains("TLS") || !what.contains("role")
-        );
         assert_eq!(out.status.code(), Some(code as i32), "{what}: {}", text(&out));
         assert_eq!(stderr.trim().lines().count(), 1, "{what}: one line: {stderr}");
         assert!(
@@ -234,7 +240,7 @@ async fn the_agent_refuses_an_open_key_file_at_start() {
         .await
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(out.status.code(), Some(64), "a bad configuration: {stderr}");
     assert!(
         stderr.contains(&format!(
             "key_file {}: is readable by group or others (mode 0640); run chmod 600 on it",
@@ -267,7 +273,7 @@ async fn a_refused_agent_waits_says_why_once_and_recovers() {
         .unwrap();
     let refusal = "the store refused this agent; waiting";
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
-    jio_tests::inspect::wait_for("the refusal to be logged", Duration::from_secs(30), || async {
+    wait_for("the refusal to be logged", Duration::from_secs(30), || async {
         read().contains(refusal)
     })
     .await;
@@ -285,7 +291,7 @@ async fn a_refused_agent_waits_says_why_once_and_recovers() {
     );
     // The password is fixed on the node: the agent gets in without a restart.
     std::fs::copy(etcd.password_file("jio-agent"), &pw).unwrap();
-    jio_tests::inspect::wait_for("the agent to register", Duration::from_secs(60), || async {
+    wait_for("the agent to register", Duration::from_secs(60), || async {
         operator.get(&me).await.unwrap().is_some()
     })
     .await;
@@ -315,4 +321,29 @@ async fn a_user_on_an_etcd_without_authentication_is_let_through() {
         .unwrap()
         .unwrap();
     assert_eq!(v.value, "v3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_drops_tls_connections_is_passed_over() {
+    let etcd = Etcd::secure(300, "").await;
+    // A first endpoint that accepts and closes every connection mid-handshake.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bad = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            drop(c);
+        }
+    });
+    let url = etcd
+        .url_as("jio-operator")
+        .replacen("etcds://", &format!("etcds://127.0.0.1:{bad},"), 1);
+    let out = run(&url, &["trigger-update", "v4"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = open(&etcd.url_as("jio-operator")).await;
+    let v = s
+        .get(&Schema::default().current_version())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.value, "v4");
 }

@@ -97,7 +97,8 @@ pub(crate) fn endpoint_clients(
 }
 
 fn build(b: reqwest::ClientBuilder) -> Result<reqwest::Client, String> {
-    b.build().map_err(|e| format!("cannot build an HTTP client: {e}"))
+    b.build()
+        .map_err(|e| format!("cannot build an HTTP client: {}", error_chain(&e)))
 }
 
 /// `host:port` or `[v6]:port`, as `StoreUrl` validated it.
@@ -167,8 +168,9 @@ impl reqwest::dns::Resolve for EndpointHost {
     }
 }
 
-/// A TLS failure, told apart from a network one (it will not go away by retrying),
-/// as one sentence with what to check. `None`: not a TLS failure.
+/// A TLS refusal, told apart from a network failure (it will not go away by retrying
+/// the same endpoint), as one sentence with what to check. `None`: not a refusal
+/// (a connection closed during the handshake is a network failure).
 pub(crate) fn tls_failure(chain: &str, tls: Option<&TlsSettings>) -> Option<String> {
     let tls = tls?;
     let ca = tls
@@ -203,8 +205,6 @@ pub(crate) fn tls_failure(chain: &str, tls: Option<&TlsSettings>) -> Option<Stri
                 excerpt(chain)
             ),
         }
-    } else if lower.contains("tls handshake") || lower.contains("handshake") && lower.contains("tls") {
-        format!("the TLS handshake failed; {}", excerpt(chain))
     } else {
         return None;
     };

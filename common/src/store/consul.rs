@@ -190,10 +190,10 @@ impl Inner {
             Err(e) => {
                 let connect = e.is_connect();
                 let reason = error_chain(&e.without_url());
+                fail_over(&reason);
                 if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
                     return Err(Failure::Refused(tls));
                 }
-                fail_over(&reason);
                 return Err(if connect {
                     Failure::NotSent(reason)
                 } else {
@@ -238,6 +238,7 @@ impl Inner {
     ) -> Result<Answer> {
         let backoff = retry_policy(self.retry_budget);
         let deadline = Deadline::after(self.retry_budget);
+        let tls_refusals = std::sync::atomic::AtomicUsize::new(0);
         let res = (|| {
             self.attempt(
                 method.clone(),
@@ -249,7 +250,17 @@ impl Inner {
         })
         .retry(backoff)
         .sleep(tokio::time::sleep)
-        .when(|f| (matches!(f, Failure::NotSent(_)) || idempotent) && deadline.open())
+        .when(|f| {
+            let again = match f {
+                Failure::NotSent(_) => true,
+                Failure::Unknown(_) => idempotent,
+                // Another endpoint may accept: final once every one has refused.
+                Failure::Refused(_) => {
+                    tls_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 < self.endpoints.len()
+                }
+            };
+            again && deadline.open()
+        })
         .await;
         let url = self.url.clone();
         let answer = match res {

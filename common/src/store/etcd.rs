@@ -116,8 +116,10 @@ enum Failure {
     /// The token was refused as invalid or expired (nothing was applied); the next
     /// attempt authenticates again.
     TokenExpired,
-    /// Authentication, or TLS, failed: retrying will not help.
+    /// Authentication failed, or the request was refused: retrying will not help.
     Refused(String),
+    /// This endpoint refused the TLS connection: another endpoint may not.
+    Tls(String),
 }
 
 impl EtcdStore {
@@ -245,6 +247,11 @@ impl Inner {
             if message.contains("CommonName of client") {
                 return Err(self.common_name_refused());
             }
+            if self.auth.is_none() && message.contains("user name is empty") {
+                return Err(Failure::Refused(format!(
+                    "{message}: etcd has authentication on; give user and password_file in the store URL"
+                )));
+            }
             if status.is_server_error() {
                 self.endpoints.fail_over(i, &message);
             }
@@ -262,14 +269,23 @@ impl Inner {
     fn send_failure(&self, i: usize, e: reqwest::Error) -> Failure {
         let connect = e.is_connect();
         let reason = error_chain(&e.without_url());
-        if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
-            return Failure::Refused(tls);
-        }
         self.endpoints.fail_over(i, &reason);
+        if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
+            return Failure::Tls(tls);
+        }
         if connect {
             Failure::NotSent(reason)
         } else {
             Failure::Unknown(reason)
+        }
+    }
+
+    /// A failed authentication request: the request it precedes was not sent, so it
+    /// may be sent again whatever it is (a TLS refusal stays one).
+    fn auth_send_failure(&self, i: usize, e: reqwest::Error) -> Failure {
+        match self.send_failure(i, e) {
+            Failure::Unknown(r) => Failure::NotSent(format!("authentication: {r}")),
+            f => f,
         }
     }
 
@@ -282,7 +298,12 @@ impl Inner {
             TokenState::NotEnabled => return Ok(None),
             TokenState::Missing => {}
         }
-        let _one = auth.renewing.lock().await;
+        // Another request is authenticating: wait for it, within this attempt's time.
+        let Ok(_one) = tokio::time::timeout(timeout, auth.renewing.lock()).await else {
+            return Err(Failure::NotSent(
+                "timed out waiting for another request's authentication".into(),
+            ));
+        };
         match auth.current() {
             TokenState::Valid(t) => return Ok(Some(t)),
             TokenState::NotEnabled => return Ok(None),
@@ -299,9 +320,9 @@ impl Inner {
             .json(&body)
             .send()
             .await
-            .map_err(|e| self.send_failure(i, e))?;
+            .map_err(|e| self.auth_send_failure(i, e))?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| self.send_failure(i, e))?;
+        let bytes = resp.bytes().await.map_err(|e| self.auth_send_failure(i, e))?;
         if status.is_success() {
             #[derive(Deserialize, Default)]
             #[serde(default)]
@@ -333,12 +354,9 @@ impl Inner {
             return Ok(None);
         }
         if status.is_server_error() {
+            // Nothing of the request it precedes was sent.
             self.endpoints.fail_over(i, &err.message);
-            return Err(Failure::Status {
-                http: status.as_u16(),
-                code: err.code,
-                message: err.message,
-            });
+            return Err(Failure::NotSent(format!("authentication: {}", err.message)));
         }
         Err(Failure::Refused(format!(
             "authentication as user {:?} failed: {} (password read from {})",
@@ -387,10 +405,15 @@ impl Inner {
         idempotent: bool,
     ) -> Result<R, CallError> {
         let backoff = retry_policy(self.opts.retry_budget);
+        // A TLS refusal is final once every endpoint has refused.
+        let tls_refusals = std::sync::atomic::AtomicUsize::new(0);
         let retryable = |f: &Failure| match f {
             Failure::NotSent(_) | Failure::TokenExpired => true,
             Failure::Unknown(_) => idempotent,
             Failure::Status { http, code, .. } => *http >= 500 && (idempotent || *code == 14),
+            Failure::Tls(_) => {
+                tls_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 < self.endpoints.len()
+            }
             Failure::Decode(_) | Failure::Refused(_) => false,
         };
         let deadline = Deadline::after(self.opts.retry_budget);
@@ -406,7 +429,7 @@ impl Inner {
         let url = self.url.clone();
         CallError::Store(match f {
             Failure::NotSent(reason) => StoreError::Unavailable { url, op, reason },
-            Failure::Refused(message) => StoreError::Denied { url, op, message },
+            Failure::Refused(message) | Failure::Tls(message) => StoreError::Denied { url, op, message },
             Failure::TokenExpired => StoreError::Denied {
                 url,
                 op,

@@ -407,6 +407,11 @@ impl Endpoints {
         }
     }
 
+    /// How many endpoints there are.
+    pub(crate) fn len(&self) -> usize {
+        self.urls.len()
+    }
+
     /// The current endpoint and its position.
     pub(crate) fn pick(&self) -> (usize, &str) {
         let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.urls.len();

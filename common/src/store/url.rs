@@ -77,6 +77,11 @@ impl Query {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| format!("parameter {kv:?} has no value (expected NAME=VALUE)"))?;
+            if matches!(k, "password" | "token") {
+                return Err(format!(
+                    "parameter {k:?}: a secret never goes in the URL; give {k}_file=PATH, a file readable by its owner only"
+                ));
+            }
             if !allowed.contains(&k) {
                 return Err(format!(
                     "unknown parameter {k:?} (allowed here: {})",
@@ -113,8 +118,13 @@ impl Query {
                                 && l.chars()
                                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
                         });
-                    if !ok && v.parse::<std::net::IpAddr>().is_err() {
-                        return Err(format!("server_name={v:?}: must be a DNS name or an IP address"));
+                    if v.parse::<std::net::IpAddr>().is_ok() {
+                        return Err(format!(
+                            "server_name={v:?}: must be a DNS name (an endpoint given as an address is checked against the addresses its certificate names, without server_name)"
+                        ));
+                    }
+                    if !ok {
+                        return Err(format!("server_name={v:?}: must be a DNS name"));
                     }
                     if q.server_name.replace(v.to_string()).is_some() {
                         return Err(dup());
@@ -226,8 +236,14 @@ impl StoreUrl {
     /// Parses a URL given by an operator. Errors name the URL (with any credentials
     /// blanked) and what is wrong with it.
     pub fn parse(raw: &str) -> Result<StoreUrl, StoreError> {
+        // The URL as an error names it: no query values (a secret given where a
+        // file name belongs must not reach a log), no credentials before an '@'.
+        let named = match raw.split_once('?') {
+            Some((base, _)) => format!("{}?...", redact(base)),
+            None => redact(raw),
+        };
         let fail = |reason: &str| StoreError::InvalidUrl {
-            url: redact(raw),
+            url: named.clone(),
             reason: reason.to_string(),
         };
         let (scheme, rest) = raw
@@ -235,7 +251,7 @@ impl StoreUrl {
             .ok_or_else(|| fail("expected SCHEME://..., for example etcd://127.0.0.1:2379 or sqlite:///var/lib/jiocloud/store.db"))?;
         match scheme {
             "etcd" | "etcds" => {
-                if rest.contains('@') {
+                if rest.split('?').next().unwrap_or("").contains('@') {
                     return Err(fail(
                         "credentials do not belong in the URL (give user=NAME&password_file=PATH)",
                     ));
@@ -276,7 +292,7 @@ impl StoreUrl {
                 })
             }
             "consul" | "consuls" => {
-                if rest.contains('@') {
+                if rest.split('?').next().unwrap_or("").contains('@') {
                     return Err(fail(
                         "credentials do not belong in the URL (give token_file=PATH)",
                     ));
@@ -340,10 +356,14 @@ impl StoreUrl {
         };
         if let Some(t) = tls {
             for (name, file) in [("ca_file", &t.ca_file), ("cert_file", &t.cert_file)] {
-                if let Some(f) = file
-                    && let Err(e) = std::fs::File::open(f)
-                {
-                    errors.push(format!("{name} {}: {e}", f.display()));
+                if let Some(f) = file {
+                    match std::fs::metadata(f).and_then(|m| std::fs::File::open(f).map(|_| m)) {
+                        Ok(m) if !m.is_file() => {
+                            errors.push(format!("{name} {}: is not a regular file", f.display()))
+                        }
+                        Ok(_) => {}
+                        Err(e) => errors.push(format!("{name} {}: {e}", f.display())),
+                    }
                 }
             }
             if let Some(k) = &t.key_file
@@ -519,7 +539,8 @@ mod tests {
         ] {
             let err = StoreUrl::parse(bad).unwrap_err();
             let msg = err.to_string();
-            assert!(msg.contains(bad), "{msg}");
+            // Named without its query's values.
+            assert!(msg.contains(bad.split('?').next().unwrap()), "{msg}");
             assert!(!msg.contains('\n'));
         }
     }
@@ -580,6 +601,31 @@ mod tests {
             u.to_string(),
             "consuls://c:8501?ca_file=/ca.pem&cert_file=/c.pem&key_file=/k.pem&token_file=/t"
         );
+    }
+
+    #[test]
+    fn never_echoes_a_secret_given_in_the_query() {
+        for raw in [
+            "etcds://h:1?password=hunter2",
+            "consul://h:1?token=hunter2",
+            "etcds://h:1?passwd=hunter2",
+            "etcds://h:1?user=u&password_file=/p&extra=hunter2",
+        ] {
+            let err = StoreUrl::parse(raw).unwrap_err().to_string();
+            assert!(!err.contains("hunter2"), "{err}");
+            assert!(err.contains("?..."), "{err}");
+        }
+        let err = StoreUrl::parse("etcds://h:1?password=hunter2")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("give password_file=PATH"), "{err}");
+        // An '@' in the query is no credential: a user or a path may hold one.
+        let u = StoreUrl::parse("etcds://h:1?user=ops@bom1&password_file=/etc/j@/pw").unwrap();
+        assert!(matches!(u, StoreUrl::Etcd { auth: Some(ref a), .. } if a.user == "ops@bom1"));
+        let err = StoreUrl::parse("etcds://h:1?server_name=10.0.0.1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must be a DNS name"), "{err}");
     }
 
     #[test]
