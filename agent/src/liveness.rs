@@ -198,6 +198,10 @@ async fn keep(
                         Err(e) => {
                             tracing::warn!(key = %key, error = %e, "cannot renew the liveness lease; retrying");
                             failing = true;
+                            // Only a write that succeeds says the record is back: the
+                            // next step rewrites it (and meets the same refusal, said
+                            // once, while it lasts).
+                            dirty = true;
                         }
                     }
                 }

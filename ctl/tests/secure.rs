@@ -2,8 +2,9 @@
 //! and the least-privilege roles of `packaging/etcd-roles.sh`, on a real etcd.
 //!
 //! The rollout runs with every agent as the `jio-agent` user and jioctl as
-//! `jio-operator`, and etcd is restarted in the middle of it, which forgets every
-//! token; its limit is checked on the configuration step's own log. Every bad credential is one line on stderr,
+//! `jio-operator`, and etcd is restarted in the middle of it, which leaves every
+//! client idle past its 1 s token; its limit is checked on the configuration step's
+//! own log. Every bad credential is one line on stderr,
 //! exit code 8, and leaves the store as it was.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -28,7 +29,7 @@ const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_over_tls_with_restricted_roles_and_expiring_tokens() {
     // etcd renews a simple token's 1 s TTL each time it is used, so a busy client
-    // may keep its token; a restart of etcd forgets every token for sure.
+    // may keep its token; a restart of etcd leaves every client idle past it.
     let mut etcd = Etcd::secure(1, "").await;
     let operator = etcd.url_as("jio-operator");
     let agent = etcd.url_as("jio-agent");
@@ -346,4 +347,74 @@ async fn a_member_that_drops_tls_connections_is_passed_over() {
         .unwrap()
         .unwrap();
     assert_eq!(v.value, "v4");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_liveness_renewal_is_said_once_and_its_end_once() {
+    // Tokens expire after 1 s unused (a lease keep-alive does not use one).
+    let etcd = Etcd::secure(1, "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("agent.password");
+    std::fs::copy(etcd.password_file("jio-agent"), &pw).unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = with(&etcd.url_as("jio-agent"), "password_file", &pw);
+    let host = jio_tests::Host::new("compute1", &url, &["/bin/true".to_string()], "");
+    let log = dir.path().join("agent.log");
+    let _agent = tokio::process::Command::from(host.agent(&common::agent_bin(), &["run"]))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let operator = open(&etcd.url_as("jio-operator")).await;
+    let me = Schema::default().agent(&"compute1".parse().unwrap());
+    wait_for("the agent's liveness record", Duration::from_secs(30), || async {
+        operator.get(&me).await.is_ok_and(|kv| kv.is_some())
+    })
+    .await;
+    // The password file becomes unusable while the idle agent's token expires:
+    // its next request finds the token gone and cannot get another, and from then
+    // on every renewal is refused. etcd does not check the token of a lease
+    // keep-alive, so the next request is caused by this write.
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    operator
+        .put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !read().contains("cannot renew the liveness lease") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refused renewal logged: {}",
+            read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The lease is renewed every second (TTL 3 s): several more attempts fail.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let text = read();
+    assert_eq!(
+        text.matches("cannot renew the liveness lease").count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("liveness record restored").count(),
+        0,
+        "nothing was restored: {text}"
+    );
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    wait_for("the record to be restored", Duration::from_secs(30), || async {
+        read().contains("liveness record restored")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        read().matches("liveness record restored").count(),
+        1,
+        "{}",
+        read()
+    );
 }

@@ -85,8 +85,7 @@ impl Backend {
     }
 
     /// etcd with TLS, client certificates and authentication, as the `jio-operator`
-    /// user of `packaging/etcd-roles.sh`; tokens expire after 2 s, so every body
-    /// here also renews them, and a restart (which forgets every token) too.
+    /// user of `packaging/etcd-roles.sh`; tokens expire after 2 s unused.
     async fn etcd_secure() -> Backend {
         let etcd = Etcd::secure(2, "").await;
         let store = open_etcd(&etcd.url_as("jio-operator"));
