@@ -83,6 +83,25 @@ fn with(url: &str, param: &str, value: &Path) -> String {
     format!("{base}?{}", q.join("&"))
 }
 
+/// `jio-agent run` for compute1 as the `jio-agent` user with the password in `pw`,
+/// its stderr in `log`; stopped when the child is dropped.
+fn agent_with_password(etcd: &Etcd, pw: &Path, log: &Path) -> (jio_tests::Host, tokio::process::Child) {
+    let url = with(&etcd.url_as("jio-agent"), "password_file", pw);
+    let host = jio_tests::Host::new("compute1", &url, &["/bin/true".to_string()], "");
+    let child = tokio::process::Command::from(host.agent(&common::agent_bin(), &["run"]))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    (host, child)
+}
+
+/// The URL with another client certificate and key.
+fn with_cert(url: &str, c: &jio_tests::pki::CertFiles) -> String {
+    with(&with(url, "cert_file", &c.cert), "key_file", &c.key)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_credentials_are_one_clear_line_and_change_nothing() {
     let etcd = Etcd::secure(300, "").await;
@@ -113,11 +132,7 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
             etcd.password_file("jio-operator").display()
         )
     };
-    let cn_cert = with(
-        &with(&operator, "cert_file", &pki.client_cn.cert),
-        "key_file",
-        &pki.client_cn.key,
-    );
+    let cn_cert = with_cert(&operator, &pki.client_cn);
     let cases: Vec<(&str, String, &str, u8)> = vec![
         (
             "wrong CA",
@@ -127,21 +142,13 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
         ),
         (
             "expired client certificate",
-            with(
-                &with(&operator, "cert_file", &pki.client_expired.cert),
-                "key_file",
-                &pki.client_expired.key,
-            ),
+            with_cert(&operator, &pki.client_expired),
             "TLS: the server refused the client certificate",
             8,
         ),
         (
             "client certificate of an unknown CA",
-            with(
-                &with(&operator, "cert_file", &pki.client_unknown.cert),
-                "key_file",
-                &pki.client_unknown.key,
-            ),
+            with_cert(&operator, &pki.client_unknown),
             "TLS: the server refused the client certificate",
             8,
         ),
@@ -263,15 +270,8 @@ async fn a_refused_agent_waits_says_why_once_and_recovers() {
     let pw = dir.path().join("agent.password");
     std::fs::write(&pw, "not-the-password\n").unwrap();
     std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let url = with(&etcd.url_as("jio-agent"), "password_file", &pw);
-    let host = jio_tests::Host::new("compute1", &url, &["/bin/true".to_string()], "");
     let log = dir.path().join("agent.log");
-    let _agent = tokio::process::Command::from(host.agent(&common::agent_bin(), &["run"]))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (_host, _agent) = agent_with_password(&etcd, &pw, &log);
     let refusal = "the store refused this agent; waiting";
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_for("the refusal to be logged", Duration::from_secs(30), || async {
@@ -357,15 +357,8 @@ async fn a_refused_liveness_renewal_is_said_once_and_its_end_once() {
     let pw = dir.path().join("agent.password");
     std::fs::copy(etcd.password_file("jio-agent"), &pw).unwrap();
     std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let url = with(&etcd.url_as("jio-agent"), "password_file", &pw);
-    let host = jio_tests::Host::new("compute1", &url, &["/bin/true".to_string()], "");
     let log = dir.path().join("agent.log");
-    let _agent = tokio::process::Command::from(host.agent(&common::agent_bin(), &["run"]))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (_host, _agent) = agent_with_password(&etcd, &pw, &log);
     let operator = open(&etcd.url_as("jio-operator")).await;
     let me = Schema::default().agent(&"compute1".parse().unwrap());
     wait_for("the agent's liveness record", Duration::from_secs(30), || async {

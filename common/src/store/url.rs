@@ -221,6 +221,30 @@ impl Query {
     }
 }
 
+/// The endpoints, TLS settings and other parameters of a networked store's URL
+/// (`rest` is what follows `scheme://`); `params` are its parameters besides TLS,
+/// `credentials` says where credentials go instead of before an '@'.
+fn networked(
+    rest: &str,
+    kind: &str,
+    tls: bool,
+    params: &[&str],
+    credentials: &str,
+) -> Result<(Vec<String>, Option<TlsSettings>, Query), String> {
+    let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if hosts.contains('@') {
+        return Err(format!(
+            "credentials do not belong in the URL (give {credentials})"
+        ));
+    }
+    let endpoints = endpoints_of(hosts, kind)?;
+    let mut allowed = vec!["ca_file", "cert_file", "key_file", "server_name"];
+    allowed.extend_from_slice(params);
+    let mut q = Query::parse(query, &allowed)?;
+    let tls = q.tls(tls, kind)?;
+    Ok((endpoints, tls, q))
+}
+
 fn endpoints_of(hosts: &str, scheme: &str) -> Result<Vec<String>, String> {
     let hosts = hosts.trim_end_matches('/');
     if hosts.is_empty() {
@@ -251,26 +275,14 @@ impl StoreUrl {
             .ok_or_else(|| fail("expected SCHEME://..., for example etcd://127.0.0.1:2379 or sqlite:///var/lib/jiocloud/store.db"))?;
         match scheme {
             "etcd" | "etcds" => {
-                if rest.split('?').next().unwrap_or("").contains('@') {
-                    return Err(fail(
-                        "credentials do not belong in the URL (give user=NAME&password_file=PATH)",
-                    ));
-                }
-                let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
-                let endpoints = endpoints_of(hosts, "etcd").map_err(|r| fail(&r))?;
-                let mut q = Query::parse(
-                    query,
-                    &[
-                        "ca_file",
-                        "cert_file",
-                        "key_file",
-                        "server_name",
-                        "user",
-                        "password_file",
-                    ],
+                let (endpoints, tls, mut q) = networked(
+                    rest,
+                    "etcd",
+                    scheme == "etcds",
+                    &["user", "password_file"],
+                    "user=NAME&password_file=PATH",
                 )
                 .map_err(|r| fail(&r))?;
-                let tls = q.tls(scheme == "etcds", "etcd").map_err(|r| fail(&r))?;
                 let auth = match (q.user.take(), q.password_file.take()) {
                     (Some(user), Some(password_file)) => Some(EtcdAuth { user, password_file }),
                     (None, None) => None,
@@ -292,26 +304,14 @@ impl StoreUrl {
                 })
             }
             "consul" | "consuls" => {
-                if rest.split('?').next().unwrap_or("").contains('@') {
-                    return Err(fail(
-                        "credentials do not belong in the URL (give token_file=PATH)",
-                    ));
-                }
-                let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
-                let endpoints = endpoints_of(hosts, "consul").map_err(|r| fail(&r))?;
-                let mut q = Query::parse(
-                    query,
-                    &[
-                        "ca_file",
-                        "cert_file",
-                        "key_file",
-                        "server_name",
-                        "dc",
-                        "token_file",
-                    ],
+                let (endpoints, tls, q) = networked(
+                    rest,
+                    "consul",
+                    scheme == "consuls",
+                    &["dc", "token_file"],
+                    "token_file=PATH",
                 )
                 .map_err(|r| fail(&r))?;
-                let tls = q.tls(scheme == "consuls", "consul").map_err(|r| fail(&r))?;
                 Ok(StoreUrl::Consul {
                     endpoints,
                     tls,
