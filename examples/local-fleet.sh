@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The quick start: a local fleet of real jio-agent processes on the embedded store,
 # rolled from v1 to v2 by `jioctl upgrade --retry` under examples/rolling.json.
-# Needs only the Rust toolchain; uses Puppet when it is installed, else
+# Needs the Rust toolchain and protoc (etcd's gRPC client is generated at build
+# time: installed through apt when run as root); uses Puppet when it is installed, else
 # examples/fake-puppet.sh. Cleans up every process it started, also on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,17 @@ ROOT=$PWD
 HOSTS=(controller1 controller2 compute1 compute2 compute3 compute4 stmon1 stmonwithosd1)
 FROM=${FROM_VERSION:-v1}
 TO=${TO_VERSION:-v2}
+
+if [ -z "${PROTOC:-}" ] && ! command -v protoc >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "==> installing protobuf-compiler (protoc: the build generates etcd's gRPC client)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null; }
+  else
+    echo "protoc is needed to build (etcd's gRPC client is generated at build time): sudo apt-get install -y protobuf-compiler" >&2
+    exit 1
+  fi
+fi
 
 echo "==> building jio-agent and jioctl"
 cargo build --quiet --bin jio-agent --bin jioctl

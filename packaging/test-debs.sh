@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 ROOT_CACHE=target/debroot
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# grep that reads all its input: `grep -q` quits at the first match, and under
+# pipefail the writer's SIGPIPE then fails the check at random.
+has() { grep "$@" >/dev/null; }
 need() { command -v "$1" >/dev/null 2>&1 || fail "$1 is missing: apt-get install -y $2"; }
 need lintian lintian
 need debootstrap debootstrap
@@ -40,10 +43,10 @@ dpkg_i() { in_root dpkg --force-confold -i "/tmp/$(basename "$1")" 2>&1; }
 
 echo "==> install (default configuration)"
 out=$(dpkg_i "$AGENT1") || fail "install failed: $out"
-echo "$out" | grep -q "is the shipped default" || fail "postinst did not recognise the default configuration: $out"
+echo "$out" | has "is the shipped default" || fail "postinst did not recognise the default configuration: $out"
 out=$(dpkg_i "$CTL1") || fail "jioctl install failed: $out"
-in_root jio-agent --version | grep -q '^jio-agent ' || fail "jio-agent --version"
-in_root jioctl --version | grep -q '^jioctl ' || fail "jioctl --version"
+in_root jio-agent --version | has '^jio-agent ' || fail "jio-agent --version"
+in_root jioctl --version | has '^jioctl ' || fail "jioctl --version"
 for f in /etc/jiocloud/agent.toml /lib/systemd/system/jio-agent.service /lib/systemd/system/jio-agent-bootstrap.service \
          /usr/share/man/man8/jio-agent.8.gz /usr/share/man/man1/jioctl.1.gz /usr/share/man/man1/jioctl-upgrade.1.gz \
          /usr/share/bash-completion/completions/jioctl /usr/share/zsh/vendor-completions/_jioctl \
@@ -54,9 +57,9 @@ for f in /etc/jiocloud/agent.toml /lib/systemd/system/jio-agent.service /lib/sys
   [ -e "$R$f" ] || [ -L "$R$f" ] || fail "$f is missing after install"
 done
 [ -d "$R/var/lib/jiocloud" ] && [ -d "$R/usr/lib/jiocloud/tests" ] || fail "state or validation directory missing"
-in_root sh /usr/share/jiocloud/etcd-roles.sh --prefix /jio print | grep -q "role grant-permission jio-agent readwrite /jio/status/ --prefix=true" \
+in_root sh /usr/share/jiocloud/etcd-roles.sh --prefix /jio print | has "role grant-permission jio-agent readwrite /jio/status/ --prefix=true" \
   || fail "the shipped etcd-roles.sh does not print the agent's role"
-in_root dpkg-query -W -f='${Conffiles}\n' jio-agent | grep -q /etc/jiocloud/agent.toml || fail "agent.toml is not a conffile"
+in_root dpkg-query -W -f='${Conffiles}\n' jio-agent | has /etc/jiocloud/agent.toml || fail "agent.toml is not a conffile"
 # The shipped configuration is valid: the agent loads it (exit 1: no local version yet).
 set +e; in_root jio-agent --hostname compute1 local-version >/dev/null 2>&1; rc=$?; set -e
 [ "$rc" = 1 ] || fail "the shipped agent.toml does not load (exit $rc)"
@@ -70,9 +73,9 @@ systemd-analyze verify --man=no --root="$R" /lib/systemd/system/jio-agent.servic
 echo "==> upgrade (edited configuration kept)"
 echo 'store = "etcd://10.9.9.9:2379"' > "$R/etc/jiocloud/agent.toml"
 out=$(dpkg_i "$AGENT2") || fail "upgrade failed: $out"
-echo "$out" | grep -q "not starting the service (restart)" || fail "postinst did not plan a restart on upgrade: $out"
+echo "$out" | has "not starting the service (restart)" || fail "postinst did not plan a restart on upgrade: $out"
 grep -q 10.9.9.9 "$R/etc/jiocloud/agent.toml" || fail "the edited conffile was replaced on upgrade"
-in_root dpkg-query -W -f='${Version}\n' jio-agent | grep -q -- '-2$' || fail "version after upgrade"
+in_root dpkg-query -W -f='${Version}\n' jio-agent | has -- '-2$' || fail "version after upgrade"
 
 echo "==> purge"
 in_root dpkg --purge jio-agent jioctl >/dev/null 2>&1 || fail "purge failed"
@@ -85,7 +88,7 @@ echo "==> fresh install with a configuration provided first (as cloud-init does)
 mkdir -p "$R/etc/jiocloud"
 echo 'store = "etcd://10.0.0.11:2379"' > "$R/etc/jiocloud/agent.toml"
 out=$(dpkg_i "$AGENT1") || fail "install failed: $out"
-echo "$out" | grep -q "not starting the service (start)" || fail "postinst did not plan a start with a provided configuration: $out"
+echo "$out" | has "not starting the service (start)" || fail "postinst did not plan a start with a provided configuration: $out"
 grep -q 10.0.0.11 "$R/etc/jiocloud/agent.toml" || fail "the provided configuration was replaced"
 in_root dpkg --purge jio-agent >/dev/null 2>&1 || fail "second purge failed"
 echo "==> package tests passed"

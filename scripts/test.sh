@@ -20,6 +20,7 @@ NEEDED=(
   "lintian:lintian"
   "debootstrap:debootstrap"
   "systemd-analyze:systemd"
+  "protoc:protobuf-compiler"
 )
 
 missing=()

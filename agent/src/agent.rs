@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::decide::{self, Decision, Health, Observation, Why};
 pub use crate::error::AgentError;
-use crate::ledger::{Ledger, LedgerSetup};
+use crate::ledger::{Ledger, LedgerSetup, RunEnd};
 use crate::liveness::Liveness;
 use crate::observe::{self, Memory, Subject};
 use crate::runner::{self, Outcome, ProcessGroup};
@@ -294,8 +294,9 @@ impl Agent {
             serde_json::to_string(&record).unwrap_or_default(),
         );
         let started = l
-            .begin(state, Some(version.clone()), compares, vec![marker])
-            .await?;
+            .commit(state, Some(version.clone()), compares, vec![marker])
+            .await?
+            .is_some();
         self.run_marker |= started;
         Ok(started)
     }
@@ -377,8 +378,7 @@ impl Agent {
                 let failed = Outcome::Failure(reason);
                 let ended = self.clock.unix_now();
                 let result = self.run_result(&version, Step::Configured, &failed, None, &run_dir, ended);
-                self.ledger
-                    .report(&version, Step::Configured, &failed, &run_dir, Some(result))
+                self.report_end(&version, Step::Configured, &failed, &run_dir, result, false)
                     .await;
                 (run_dir, Step::Configured, failed, ended)
             }
@@ -491,9 +491,13 @@ impl Agent {
         Ok(run_dir)
     }
 
-    /// The configure step, then (when it succeeded) the validation; each reported,
-    /// the last one with the run's result. Returns the last step that ran, its
-    /// outcome and when the run ended.
+    /// The configure step, then (when it succeeded) the validation. The run's last
+    /// report carries its result and ends it: one transaction writes the status
+    /// entry, the result, the running version, the liveness record and the run
+    /// marker's removal. A configure step that succeeded is not reported on its own
+    /// when the validation follows at once (the validated report's log covers both);
+    /// it is when the run stops between the two. Returns the last step that ran,
+    /// its outcome and when the run ended.
     async fn configure_and_validate(
         &mut self,
         version: &Version,
@@ -504,30 +508,61 @@ impl Agent {
             return (Step::Configured, configured, self.clock.unix_now());
         }
         let ended = self.clock.unix_now();
-        let result = (!configured.ok())
-            .then(|| self.run_result(version, Step::Configured, &configured, code, run_dir, ended));
-        self.ledger
-            .report(version, Step::Configured, &configured, run_dir, result)
-            .await;
         if !configured.ok() {
+            let result = self.run_result(version, Step::Configured, &configured, code, run_dir, ended);
+            self.report_end(version, Step::Configured, &configured, run_dir, result, false)
+                .await;
             return (Step::Configured, configured, ended);
         }
         if self.stopping() {
+            self.ledger
+                .report(version, Step::Configured, &configured, run_dir, None)
+                .await;
             return (Step::Configured, Outcome::Interrupted, self.clock.unix_now());
         }
         let (mut validated, code) = self.step_coded(Step::Validated, version, run_dir).await;
         let ended = self.clock.unix_now();
-        if validated != Outcome::Interrupted {
+        if validated == Outcome::Interrupted {
+            self.ledger
+                .report(version, Step::Configured, &configured, run_dir, None)
+                .await;
+        } else {
             let result = self.run_result(version, Step::Validated, &validated, code, run_dir, ended);
             if let Some(reason) = self
-                .ledger
-                .report(version, Step::Validated, &validated, run_dir, Some(result))
+                .report_end(version, Step::Validated, &validated, run_dir, result, true)
                 .await
             {
                 validated = Outcome::Failure(reason);
             }
         }
         (Step::Validated, validated, ended)
+    }
+
+    /// Reports a run's last step with its `result`, ending the run in the same
+    /// transaction (see `configure_and_validate`). Returns why a validated success
+    /// turned into a failure, if it did.
+    async fn report_end(
+        &mut self,
+        version: &Version,
+        step: Step,
+        outcome: &Outcome,
+        run_dir: &std::path::Path,
+        result: jio_common::values::HostResult,
+        whole_run: bool,
+    ) -> Option<String> {
+        let end = self.liveness.as_ref().map(|liveness| RunEnd {
+            liveness,
+            marker: self.cfg.schema.run(&self.cfg.hostname),
+            whole_run,
+        });
+        let reported = self
+            .ledger
+            .report_ending(version, step, outcome, run_dir, Some(result), end.as_ref())
+            .await;
+        if reported.ended {
+            self.run_marker = false;
+        }
+        reported.failed
     }
 
     /// The idle health check: validate the local version. A check is a run like any

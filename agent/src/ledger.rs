@@ -10,8 +10,9 @@ use std::sync::Arc;
 use jio_common::clock::DynClock;
 use jio_common::keys::{Outcome as KeyOutcome, Schema, Step};
 use jio_common::names::{HostName, Version};
-use jio_common::store::DynStore;
+use jio_common::store::{DynStore, Op};
 use jio_common::time::utc_stamp;
+use jio_common::values::AgentState;
 
 use crate::error::AgentError;
 use crate::runner::Outcome;
@@ -108,10 +109,17 @@ impl Ledger {
     /// Writes every pending report, oldest first. Only store errors are returned:
     /// the reports not yet written stay in the journal.
     pub async fn flush(&mut self) -> Result<(), AgentError> {
+        self.flush_ending(None).await.map(|_| ())
+    }
+
+    /// Like `flush`; the newest report also ends its run (`end`) in the same
+    /// transaction. Returns whether it did.
+    async fn flush_ending(&mut self, end: Option<&RunEnd<'_>>) -> Result<bool, AgentError> {
+        let mut ended = false;
         while !self.journal.unreported.is_empty() {
             self.settle_local_version(0);
             let r = self.journal.unreported[0].clone();
-            let revision = crate::report::apply(
+            let mut ops = crate::report::ops(
                 &self.store,
                 &self.schema,
                 &self.host,
@@ -119,6 +127,24 @@ impl Ledger {
                 self.running_versions.as_deref(),
             )
             .await?;
+            let revision = match end.filter(|_| self.journal.unreported.len() == 1) {
+                Some(e) => {
+                    ops.push(Op::Delete(e.marker.clone()));
+                    let state = if r.ok {
+                        AgentState::Idle
+                    } else {
+                        AgentState::Failed
+                    };
+                    let committed = e
+                        .liveness
+                        .commit(state, Some(r.version.clone()), vec![], ops)
+                        .await?
+                        .ok_or_else(|| crate::report::lost(&self.store))?;
+                    ended = true;
+                    committed
+                }
+                None => crate::report::commit(&self.store, ops).await?,
+            };
             if r.step == Step::Validated && r.ok {
                 self.running_versions = Some(vec![r.version.clone()]);
             }
@@ -127,7 +153,7 @@ impl Ledger {
             self.journal.unreported.remove(0);
             self.save();
         }
-        Ok(())
+        Ok(ended)
     }
 
     /// Queues the report's run log for Swift, linked from its status entry.
@@ -213,13 +239,33 @@ impl Ledger {
         run_dir: &Path,
         result: Option<jio_common::values::HostResult>,
     ) -> Option<String> {
-        let mut r = self.pending_report(version, step, outcome, run_dir).await;
+        self.report_ending(version, step, outcome, run_dir, result, None)
+            .await
+            .failed
+    }
+
+    /// Like `report`, for the last report of a run, which ends it (`end`) in the
+    /// same transaction when the store takes it.
+    pub async fn report_ending(
+        &mut self,
+        version: &Version,
+        step: Step,
+        outcome: &Outcome,
+        run_dir: &Path,
+        result: Option<jio_common::values::HostResult>,
+        end: Option<&RunEnd<'_>>,
+    ) -> Reported {
+        let whole_run = end.is_some_and(|e| e.whole_run);
+        let mut r = self
+            .pending_report(version, step, outcome, run_dir, whole_run)
+            .await;
         r.result = result;
         self.journal.unreported.push(r);
         self.save();
         let failed = self.settle_local_version(self.journal.unreported.len() - 1);
-        match self.flush().await {
-            Ok(()) => {}
+        let mut ended = false;
+        match self.flush_ending(end).await {
+            Ok(e) => ended = e,
             Err(e) if e.store_unavailable() => {
                 tracing::warn!(error = %e, "store unreachable; the result stays in the journal and is reported when it is back")
             }
@@ -227,7 +273,7 @@ impl Ledger {
                 tracing::warn!(error = %e, "the store did not take the result; it stays in the journal and is retried")
             }
         }
-        failed
+        Reported { failed, ended }
     }
 
     /// A step's report. A failure's reason is the status leaf's value until a log
@@ -238,6 +284,7 @@ impl Ledger {
         step: Step,
         outcome: &Outcome,
         run_dir: &Path,
+        whole_run: bool,
     ) -> PendingReport {
         let at = self.clock.unix_now();
         let reason = match outcome {
@@ -265,10 +312,11 @@ impl Ledger {
             );
             // Up to a few times 16 MiB of output: copied off the async workers.
             let (state_dir, dir) = (self.state_dir.clone(), run_dir.to_path_buf());
-            let composed =
-                tokio::task::spawn_blocking(move || compose_log(&state_dir, step, at, &header, &dir))
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            let composed = tokio::task::spawn_blocking(move || {
+                compose_log(&state_dir, step, whole_run, at, &header, &dir)
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
             match composed {
                 Ok(log) => {
                     r.log = Some(log);
@@ -290,24 +338,19 @@ impl Ledger {
 fn compose_log(
     state_dir: &Path,
     step: Step,
+    whole_run: bool,
     at: u64,
     header: &str,
     run_dir: &Path,
 ) -> std::io::Result<PathBuf> {
-    let names: Vec<String> = match step {
-        Step::Configured => {
-            let mut v: Vec<String> = std::fs::read_dir(run_dir)
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-                        .filter(|n| n.starts_with("pre-"))
-                        .collect()
-                })
-                .unwrap_or_default();
-            v.sort();
-            v.extend(["puppet.jsonl", "puppet.stdout", "puppet.stderr"].map(String::from));
+    let names: Vec<String> = match (step, whole_run) {
+        (Step::Validated, true) => {
+            let mut v = configure_logs(run_dir);
+            v.extend(["validation.stdout", "validation.stderr"].map(String::from));
             v
         }
-        Step::Validated => ["validation.stdout", "validation.stderr"]
+        (Step::Configured, _) => configure_logs(run_dir),
+        (Step::Validated, false) => ["validation.stdout", "validation.stderr"]
             .map(String::from)
             .to_vec(),
     };
@@ -323,4 +366,37 @@ fn compose_log(
         step.as_str()
     );
     uploads::compose(state_dir, &id, header, &files)
+}
+
+/// The configure step's output files: the pre-commands' then Puppet's.
+fn configure_logs(run_dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(run_dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .filter(|n| n.starts_with("pre-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.extend(["puppet.jsonl", "puppet.stdout", "puppet.stderr"].map(String::from));
+    v
+}
+
+/// How a run's last report ends the run, in the same transaction.
+pub struct RunEnd<'a> {
+    /// Its record says the agent is idle again (or failed), on its lease.
+    pub liveness: &'a crate::liveness::Liveness,
+    /// The run marker, deleted.
+    pub marker: jio_common::keys::Key,
+    /// The configure step was not reported on its own: the log covers the whole run.
+    pub whole_run: bool,
+}
+
+/// What became of a report.
+pub struct Reported {
+    /// Why a validated success turned into a failure (the local version file could
+    /// not be written).
+    pub failed: Option<String>,
+    /// The run was ended in the report's transaction.
+    pub ended: bool,
 }

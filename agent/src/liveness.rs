@@ -5,8 +5,9 @@
 //! One task owns the lease: it renews every TTL/3, grants a new lease when the old
 //! one ended (the store was unreachable for longer than the TTL), and rewrites the
 //! record whenever it changes. It logs on change, not on every renewal. A run starts
-//! with `begin`, which writes the record in a transaction fenced on what the agent
-//! decided on; the task and `begin` take turns on one lock, so a stale rewrite can
+//! with `commit`, which writes the record in a transaction fenced on what the agent
+//! decided on, and ends with the run's last report, in one transaction with it; the
+//! task and `commit` take turns on one lock, so a stale rewrite can
 //! never land after the record that says a run started.
 
 use std::sync::Arc;
@@ -14,13 +15,13 @@ use std::time::Duration;
 
 use jio_common::keys::Key;
 use jio_common::names::Version;
-use jio_common::store::{Compare, DynStore, ErrorKind, LeaseId, Op, StoreError, Txn, TxnOutcome};
+use jio_common::store::{Compare, DynStore, ErrorKind, LeaseId, Op, Revision, StoreError, Txn, TxnOutcome};
 use jio_common::time::unix_now;
 use jio_common::values::{AgentRecord, AgentState};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
-/// The lease, shared by the task and `begin`; holding the lock means writing the
+/// The lease, shared by the task and `commit`; holding the lock means writing the
 /// record.
 type Lease = Arc<Mutex<Option<LeaseId>>>;
 
@@ -79,17 +80,18 @@ impl Liveness {
         });
     }
 
-    /// Writes the record that says a run starts, in one transaction with `compares`
-    /// (what the decision read) and `also` (the run marker). `Ok(false)`: a compare
-    /// failed, nothing was written and the run must not start. An error (the store is
-    /// unreachable, no lease can be had): the run must not start either.
-    pub async fn begin(
+    /// Writes the record in one transaction with `compares` and `also`: the record
+    /// that says a run starts, fenced on what the decision read, with the run marker;
+    /// or the one that says it ended, with the run's report. `Ok(None)`: a compare
+    /// failed and nothing was written (the run must not start). An error (the store
+    /// is unreachable, no lease can be had): nothing was written either.
+    pub async fn commit(
         &self,
         state: AgentState,
         version: Option<Version>,
         compares: Vec<Compare>,
         also: Vec<Op>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Revision>, StoreError> {
         let mut lease = self.lease.lock().await;
         if lease.is_none() {
             *lease = Some(self.store.grant_lease(self.ttl).await?.id);
@@ -108,12 +110,16 @@ impl Liveness {
         ops.extend(also);
         let txn = Txn { compares, ops };
         match self.store.txn(txn).await {
-            Ok(TxnOutcome::Committed(_)) => {
-                // The task rewrites the same record once: harmless.
-                self.record.send_replace(record);
-                Ok(true)
+            Ok(TxnOutcome::Committed(rev)) => {
+                // Written: the task has nothing to rewrite (it writes the record as it
+                // is then whenever it must, under the same lock).
+                self.record.send_if_modified(|r| {
+                    *r = record;
+                    false
+                });
+                Ok(Some(rev))
             }
-            Ok(TxnOutcome::Lost(_)) => Ok(false),
+            Ok(TxnOutcome::Lost(_)) => Ok(None),
             Err(e) => {
                 if e.kind() == ErrorKind::NotFound {
                     *lease = None;

@@ -74,15 +74,16 @@ pub async fn running_versions_of(
         .collect())
 }
 
-/// Writes one report in one transaction; returns its revision. `known` are the
-/// versions the host is known to be listed under; without them they are listed.
-pub async fn apply(
+/// The ops of one report, with the host's `/running/versions` move when it is a
+/// validated success. `known` are the versions the host is known to be listed
+/// under; without them they are listed (one read).
+pub async fn ops(
     store: &DynStore,
     schema: &Schema,
     host: &HostName,
     r: &PendingReport,
     known: Option<&[Version]>,
-) -> Result<jio_common::store::Revision, StoreError> {
+) -> Result<Vec<Op>, StoreError> {
     let mut ops = report_ops(schema, host, r);
     if r.step == Step::Validated && r.ok {
         let others = match known {
@@ -91,6 +92,11 @@ pub async fn apply(
         };
         ops.extend(running_ops(schema, host, &r.version, r.at, &others));
     }
+    Ok(ops)
+}
+
+/// Writes `ops` in one unconditional transaction; returns its revision.
+pub async fn commit(store: &DynStore, ops: Vec<Op>) -> Result<jio_common::store::Revision, StoreError> {
     match store
         .txn(Txn {
             compares: vec![],
@@ -99,12 +105,16 @@ pub async fn apply(
         .await?
     {
         TxnOutcome::Committed(rev) => Ok(rev),
-        // An unconditional transaction cannot lose; treat it as a store fault.
-        TxnOutcome::Lost(_) => Err(StoreError::Rejected {
-            url: store.url().to_string(),
-            op: "report",
-            message: "an unconditional transaction was not applied".into(),
-        }),
+        TxnOutcome::Lost(_) => Err(lost(store)),
+    }
+}
+
+/// An unconditional transaction that was not applied: a store fault.
+pub fn lost(store: &DynStore) -> StoreError {
+    StoreError::Rejected {
+        url: store.url().to_string(),
+        op: "report",
+        message: "an unconditional transaction was not applied".into(),
     }
 }
 

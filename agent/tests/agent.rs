@@ -1020,6 +1020,80 @@ async fn the_in_flight_record_says_upgrading_before_puppet_starts() {
     daemon.kill().await.unwrap();
 }
 
+/// A run ends in one transaction: its validated entry, its result, the running
+/// version, the idle liveness record and the run marker's removal carry one
+/// revision; the configure step, followed at once by the validation, is never
+/// written on its own; and the liveness task writes nothing more after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_ends_in_one_transaction() {
+    use futures_util::StreamExt as _;
+    use jio_common::store::WatchEvent;
+    let Recorded {
+        etcd: _etcd,
+        url: _,
+        s,
+        work,
+        host,
+        puppet_runs: _,
+    } = recorded("compute14", "resync_interval = \"1h\"\nhealth_interval = \"0\"").await;
+    let from = s.ping().await.unwrap() + 1;
+    let mut watch = s.watch(&Schema::default().root(), from).await.unwrap();
+    let log = work.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    reported_at(&s, "compute14", "v1", Duration::from_secs(30)).await;
+    // A rewrite by the liveness task would follow the report at once: give it time
+    // to show.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut events: Vec<(String, String, i64)> = Vec::new();
+    while let Ok(Some(Ok(ev))) = tokio::time::timeout(Duration::from_millis(300), watch.next()).await {
+        match ev {
+            WatchEvent::Put(kv) => events.push(("put".into(), kv.key.to_string(), kv.mod_revision)),
+            WatchEvent::Delete { key, revision } => events.push(("delete".into(), key.to_string(), revision)),
+            WatchEvent::Reset { .. } => panic!("reset"),
+        }
+    }
+    assert!(alive(&mut daemon), "{}", read(&log));
+    daemon.kill().await.unwrap();
+    let rev_of = |op: &str, key: &str| {
+        let found: Vec<i64> = events
+            .iter()
+            .filter(|(o, k, _)| o == op && k == key)
+            .map(|(_, _, r)| *r)
+            .collect();
+        assert_eq!(found.len(), 1, "{op} {key} once: {events:#?}");
+        found[0]
+    };
+    let end = rev_of("put", "/status/validated/success/v1/compute14");
+    assert_eq!(rev_of("put", "/results/compute14"), end, "{events:#?}");
+    assert_eq!(
+        rev_of("put", "/running/versions/v1/compute14"),
+        end,
+        "{events:#?}"
+    );
+    assert_eq!(rev_of("delete", "/runs/compute14"), end, "{events:#?}");
+    assert!(
+        !events
+            .iter()
+            .any(|(_, k, _)| k.starts_with("/status/configured/success/")),
+        "the configure step was written on its own: {events:#?}"
+    );
+    // The liveness record: written at the start (upgrading) and at the end (idle),
+    // each by its transaction, and never again.
+    let records: Vec<i64> = events
+        .iter()
+        .filter(|(o, k, _)| o == "put" && k == "/agents/compute14")
+        .map(|(_, _, r)| *r)
+        .collect();
+    let start = rev_of("put", "/runs/compute14");
+    assert!(records.contains(&start) && records.contains(&end), "{events:#?}");
+    assert!(
+        records.iter().all(|r| *r < start || *r == start || *r == end),
+        "the record was written again: {records:?} (start {start}, end {end})"
+    );
+    assert_eq!(records.iter().filter(|r| **r >= start).count(), 2, "{events:#?}");
+    assert_eq!(agent_state(&s, "compute14").await.as_deref(), Some("idle"));
+}
+
 /// An agent in this process, configured from `host`'s file, with its liveness
 /// record; it stops when the returned sender is dropped.
 fn embedded_agent(host: &Host, s: &DynStore) -> (jio_agent::agent::Agent, tokio::sync::watch::Sender<bool>) {
@@ -1327,7 +1401,7 @@ async fn the_liveness_record_is_fenced_kept_and_revoked() {
     // The key moved since the decision read it: nothing is written.
     s.put(&enable, "false", None).await.unwrap();
     let won = live
-        .begin(
+        .commit(
             jio_common::values::AgentState::Upgrading,
             Some(v.clone()),
             vec![jio_common::store::Compare::ModRevision(enable.clone(), rev)],
@@ -1335,7 +1409,7 @@ async fn the_liveness_record_is_fenced_kept_and_revoked() {
         )
         .await
         .unwrap();
-    assert!(!won);
+    assert!(won.is_none());
     let record =
         |s: DynStore, k: jio_common::keys::Key| async move { s.get(&k).await.unwrap().map(|kv| kv.value) };
     wait_for("the idle record", Duration::from_secs(10), || {
@@ -1345,28 +1419,24 @@ async fn the_liveness_record_is_fenced_kept_and_revoked() {
     .await;
     // Unchanged since: the record says upgrading, bound to the lease.
     let rev = s.get(&enable).await.unwrap().unwrap().mod_revision;
-    assert!(
-        live.begin(
+    let committed = live
+        .commit(
             jio_common::values::AgentState::Upgrading,
             Some(v),
             vec![jio_common::store::Compare::ModRevision(enable, rev)],
             vec![],
         )
         .await
-        .unwrap()
-    );
+        .unwrap();
     let kv = s.get(&schema.agent(&host)).await.unwrap().unwrap();
+    assert_eq!(committed, Some(kv.mod_revision));
     assert!(kv.value.contains("upgrading") && kv.lease.is_some(), "{kv:?}");
-    // The keeper does not put an older record back.
+    // The keeper neither puts an older record back nor writes the same one again
+    // (two renewals later, the record is the transaction's own write).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        s.get(&schema.agent(&host))
-            .await
-            .unwrap()
-            .unwrap()
-            .value
-            .contains("upgrading")
-    );
+    let after = s.get(&schema.agent(&host)).await.unwrap().unwrap();
+    assert!(after.value.contains("upgrading"), "{after:?}");
+    assert_eq!(after.mod_revision, kv.mod_revision, "rewritten: {after:?}");
     live.stop().await;
     assert!(
         s.get(&schema.agent(&host)).await.unwrap().is_none(),

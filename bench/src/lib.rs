@@ -34,6 +34,10 @@ pub enum Backend {
     /// etcd with TLS, client-certificate verification and authentication (as the
     /// `jio-operator` user, whose tokens last etcd's default 5 minutes).
     EtcdTls,
+    /// etcd through its gRPC API (`EtcdGrpcStore`) instead of the JSON gateway.
+    EtcdGrpc,
+    /// `EtcdTls` through the gRPC API.
+    EtcdGrpcTls,
     Sqlite,
 }
 
@@ -158,6 +162,10 @@ pub struct BenchStore {
     pub url: String,
     pub counting: CountingStore,
     pub store: DynStore,
+    backend: Backend,
+    /// `JIO_BENCH_OWN_CONNECTIONS=1`: each embedded agent opens its own client (its
+    /// own connections, as on a real site) instead of sharing this one.
+    own_connections: bool,
     _etcd: Option<Etcd>,
     _dir: tempfile::TempDir,
 }
@@ -177,14 +185,18 @@ impl BenchStore {
                     .expect("open etcd");
                 (url, store, Some(etcd))
             }
-            Backend::EtcdTls => {
+            Backend::EtcdTls | Backend::EtcdGrpcTls => {
                 // JIO_BENCH_SECURE=tls or =auth: one of the two alone, to see what each costs.
                 let part = std::env::var("JIO_BENCH_SECURE").unwrap_or_default();
                 let etcd = Etcd::secure_parts(part != "auth", part != "tls", 300, "").await;
                 let url = etcd.url_as("jio-operator");
-                let store = jio_common::store::open(&StoreUrl::parse(&url).expect("url"))
-                    .await
-                    .expect("open etcd");
+                let store = open_etcd(&url, backend == Backend::EtcdGrpcTls).await;
+                (url, store, Some(etcd))
+            }
+            Backend::EtcdGrpc => {
+                let etcd = Etcd::start().await;
+                let url = etcd.url();
+                let store = open_etcd(&url, true).await;
                 (url, store, Some(etcd))
             }
             Backend::Sqlite => {
@@ -198,9 +210,42 @@ impl BenchStore {
             url,
             store: Arc::new(counting.clone()),
             counting,
+            backend,
+            own_connections: std::env::var("JIO_BENCH_OWN_CONNECTIONS").is_ok_and(|v| v == "1"),
             _etcd: etcd,
             _dir: dir,
         }
+    }
+}
+
+impl BenchStore {
+    /// The store an embedded agent uses: this one, or its own client of it.
+    pub async fn agent_client(&self) -> DynStore {
+        if !self.own_connections {
+            return self.store.clone();
+        }
+        let inner: DynStore = match self.backend {
+            Backend::Sqlite => return self.store.clone(),
+            Backend::Etcd | Backend::EtcdTls => open_etcd(&self.url, false).await,
+            Backend::EtcdGrpc | Backend::EtcdGrpcTls => open_etcd(&self.url, true).await,
+        };
+        Arc::new(self.counting.sharing(inner))
+    }
+}
+
+/// A client of the etcd at `url`: through its gRPC API, or its JSON gateway.
+async fn open_etcd(url: &str, grpc: bool) -> DynStore {
+    let url = StoreUrl::parse(url).expect("url");
+    if grpc {
+        let s = jio_common::store::EtcdGrpcStore::connect(&url, Duration::from_secs(10))
+            .await
+            .expect("open etcd over gRPC");
+        jio_common::store::Store::ping(&s)
+            .await
+            .expect("etcd answers over gRPC");
+        Arc::new(s)
+    } else {
+        jio_common::store::open(&url).await.expect("open etcd")
     }
 }
 
@@ -290,7 +335,7 @@ impl SimFleet {
                 .expect("register hosts");
         }
         for (cfg, steps) in configs {
-            let agent = jio_agent::agent::Agent::new(cfg, bs.store.clone(), stop_rx.clone())
+            let agent = jio_agent::agent::Agent::new(cfg, bs.agent_client().await, stop_rx.clone())
                 .expect("agent")
                 .with_steps(Arc::new(steps));
             tasks.push(tokio::spawn(async move {

@@ -119,141 +119,12 @@ pub struct Snapshot {
 impl Snapshot {
     /// Builds a snapshot from key-values of the schema (any order, any subset).
     pub fn from_kvs<'a>(schema: &Schema, kvs: impl IntoIterator<Item = &'a KeyValue>) -> Snapshot {
-        let mut s = Snapshot::default();
-        let mut failures: Vec<(Version, HostName, Step, String, Revision)> = Vec::new();
-        let mut current_rollout: Option<&KeyValue> = None;
-        let mut records: BTreeMap<String, &KeyValue> = BTreeMap::new();
+        let mut live = LiveSnapshot::default();
         for kv in kvs {
-            let record = |s: &mut Snapshot, kv: &KeyValue| match parse_json::<AgentRecord>(kv) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    s.problems.push(e.to_string());
-                    None
-                }
-            };
-            let key_state = |s: &mut Snapshot, kv: &KeyValue| {
-                let st = KeyState::read(Some(kv));
-                if let KeyState::Invalid(e) = &st {
-                    s.problems.push(e.clone());
-                }
-                st
-            };
-            match schema.parse(&kv.key) {
-                Some(Parsed::CurrentVersion) => match parse_version(kv) {
-                    Ok(v) => s.current = v,
-                    Err(e) => {
-                        s.current_invalid = Some(e.to_string());
-                        s.problems.push(e.to_string());
-                    }
-                },
-                Some(Parsed::Host(h)) => match parse_json::<HostRecord>(kv) {
-                    Ok(r) => {
-                        s.roles.insert(h, r.role);
-                    }
-                    Err(e) => s.problems.push(e.to_string()),
-                },
-                Some(Parsed::RunningVersion(v, h)) => {
-                    s.running.entry(h).or_default().insert(v);
-                }
-                Some(Parsed::Enable(level)) => {
-                    let st = key_state(&mut s, kv);
-                    s.enable_revisions.insert(level.clone(), kv.mod_revision);
-                    match level {
-                        EnableLevel::Global => s.global = st,
-                        EnableLevel::Role(r) => {
-                            s.role_keys.insert(r, st);
-                        }
-                        EnableLevel::Host(h) => {
-                            s.host_keys.insert(h, st);
-                        }
-                    }
-                }
-                Some(Parsed::Status(step, Outcome::Failure, v, h)) => {
-                    failures.push((v, h, step, kv.value.clone(), kv.mod_revision))
-                }
-                // An unreadable record or marker still proves something: it counts
-                // as running (the safe reading) and is reported.
-                Some(Parsed::Agent(h)) => {
-                    let rec = record(&mut s, kv);
-                    s.agents.insert(h, rec);
-                }
-                Some(Parsed::Run(h)) => {
-                    let rec = record(&mut s, kv);
-                    s.runs.insert(h, rec);
-                }
-                Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
-                    s.lock = parse_json(kv)
-                        .map_err(|e| {
-                            s.problems.push(format!(
-                                "{e} (no driver writes such a lock: the next driver takes it over)"
-                            ))
-                        })
-                        .ok();
-                    s.lock_key = Some((kv.mod_revision, kv.lease.clone()));
-                }
-                Some(Parsed::Lock(name)) if name == HALT => {
-                    let rec = parse_json(kv).unwrap_or_else(|e| {
-                        s.problems.push(e.to_string());
-                        LockRecord {
-                            holder: "unknown".into(),
-                            host: "unknown".into(),
-                            pid: 0,
-                            since: 0,
-                        }
-                    });
-                    s.halt = Some((rec, kv.mod_revision));
-                }
-                Some(Parsed::Lock(name)) if name == EPOCH => s.epoch = kv.mod_revision,
-                Some(Parsed::CurrentRollout) => current_rollout = Some(kv),
-                Some(Parsed::Rollout(id)) => {
-                    records.insert(id, kv);
-                }
-                Some(Parsed::Hold(t)) => {
-                    let rec = parse_json(kv)
-                        .map_err(|e| s.problems.push(format!("{e} (it still holds until released)")))
-                        .ok();
-                    s.holds.insert(t, rec);
-                }
-                Some(Parsed::Result(h)) => match parse_json(kv) {
-                    Ok(r) => {
-                        s.results.insert(h, r);
-                    }
-                    Err(e) => {
-                        s.problems.push(e.to_string());
-                        s.results_invalid.insert(h);
-                    }
-                },
-                Some(Parsed::Driver(name)) => match parse_json(kv) {
-                    Ok(r) => {
-                        s.drivers.insert(name, r);
-                    }
-                    Err(e) => s.problems.push(e.to_string()),
-                },
-                None if kv.key.starts_with(&schema.holds()) => s.problems.push(format!(
-                    "key {} is under {} but names no valid host or role: it holds nothing",
-                    kv.key,
-                    schema.holds()
-                )),
-                _ => {}
-            }
-            s.revision = s.revision.max(kv.mod_revision);
+            live.put(schema, kv);
         }
-        if let Some(cur) = current_rollout {
-            let current = current_rollout_of(schema, cur, &records);
-            if let Err(e) = &current.record {
-                s.problems.push(e.clone());
-            }
-            s.rollout = Some(current);
-        }
-        if let Some(cur) = &s.current {
-            for (v, h, step, link, rev) in failures {
-                if &v == cur {
-                    s.failures.insert(h.clone(), (step, link));
-                    s.failure_revisions.insert(h, rev);
-                }
-            }
-        }
-        s
+        live.settle(schema);
+        live.snap
     }
 
     /// The key of the record `/rollouts/current` names, when it names a rollout id.
@@ -392,6 +263,287 @@ impl Snapshot {
             role: self.role_keys.get(role).cloned().unwrap_or_default(),
             global: self.global.clone(),
         })
+    }
+}
+
+/// A snapshot kept up to date one key at a time, for a reader that follows a
+/// watch: a put or a delete parses that key alone, so a pass over a large fleet
+/// costs no rebuild. `Snapshot::from_kvs` is the same fold over a listing, so the
+/// two cannot read a key differently.
+#[derive(Debug, Default)]
+pub struct LiveSnapshot {
+    snap: Snapshot,
+    /// Problems by key, in the order their keys were first read.
+    problems: Vec<(Key, String)>,
+    /// Failure entries of every version read (the current one is picked when settled).
+    failures: BTreeMap<Key, (Version, HostName, Step, String, Revision)>,
+    current_rollout: Option<KeyValue>,
+    records: BTreeMap<String, KeyValue>,
+    /// The rollout or the failures must be worked out again.
+    unsettled: bool,
+}
+
+impl LiveSnapshot {
+    /// Takes `kv` in place of what its key said before.
+    pub fn put(&mut self, schema: &Schema, kv: &KeyValue) {
+        let parsed = schema.parse(&kv.key);
+        self.unset(&kv.key, parsed.as_ref());
+        self.set(schema, kv, parsed);
+        self.snap.revision = self.snap.revision.max(kv.mod_revision);
+    }
+
+    /// Forgets what `key` said.
+    pub fn delete(&mut self, schema: &Schema, key: &Key) {
+        self.unset(key, schema.parse(key).as_ref());
+    }
+
+    /// The snapshot as of the keys put so far.
+    pub fn snapshot(&mut self, schema: &Schema) -> &mut Snapshot {
+        self.settle(schema);
+        &mut self.snap
+    }
+
+    fn problem(&mut self, key: &Key, p: String) {
+        self.problems.push((key.clone(), p));
+    }
+
+    fn set(&mut self, schema: &Schema, kv: &KeyValue, parsed: Option<Parsed>) {
+        let record = |l: &mut LiveSnapshot| match parse_json::<AgentRecord>(kv) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                l.problem(&kv.key, e.to_string());
+                None
+            }
+        };
+        let key_state = |l: &mut LiveSnapshot| {
+            let st = KeyState::read(Some(kv));
+            if let KeyState::Invalid(e) = &st {
+                l.problem(&kv.key, e.clone());
+            }
+            st
+        };
+        match parsed {
+            Some(Parsed::CurrentVersion) => {
+                match parse_version(kv) {
+                    Ok(v) => self.snap.current = v,
+                    Err(e) => {
+                        self.snap.current_invalid = Some(e.to_string());
+                        self.problem(&kv.key, e.to_string());
+                    }
+                }
+                self.unsettled = true;
+            }
+            Some(Parsed::Host(h)) => match parse_json::<HostRecord>(kv) {
+                Ok(r) => {
+                    self.snap.roles.insert(h, r.role);
+                }
+                Err(e) => self.problem(&kv.key, e.to_string()),
+            },
+            Some(Parsed::RunningVersion(v, h)) => {
+                self.snap.running.entry(h).or_default().insert(v);
+            }
+            Some(Parsed::Enable(level)) => {
+                let st = key_state(self);
+                let s = &mut self.snap;
+                s.enable_revisions.insert(level.clone(), kv.mod_revision);
+                match level {
+                    EnableLevel::Global => s.global = st,
+                    EnableLevel::Role(r) => {
+                        s.role_keys.insert(r, st);
+                    }
+                    EnableLevel::Host(h) => {
+                        s.host_keys.insert(h, st);
+                    }
+                }
+            }
+            Some(Parsed::Status(step, Outcome::Failure, v, h)) => {
+                self.failures
+                    .insert(kv.key.clone(), (v, h, step, kv.value.clone(), kv.mod_revision));
+                self.unsettled = true;
+            }
+            // An unreadable record or marker still proves something: it counts
+            // as running (the safe reading) and is reported.
+            Some(Parsed::Agent(h)) => {
+                let rec = record(self);
+                self.snap.agents.insert(h, rec);
+            }
+            Some(Parsed::Run(h)) => {
+                let rec = record(self);
+                self.snap.runs.insert(h, rec);
+            }
+            Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
+                self.snap.lock = match parse_json(kv) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        self.problem(
+                            &kv.key,
+                            format!("{e} (no driver writes such a lock: the next driver takes it over)"),
+                        );
+                        None
+                    }
+                };
+                self.snap.lock_key = Some((kv.mod_revision, kv.lease.clone()));
+            }
+            Some(Parsed::Lock(name)) if name == HALT => {
+                let rec = parse_json(kv).unwrap_or_else(|e| {
+                    self.problem(&kv.key, e.to_string());
+                    LockRecord {
+                        holder: "unknown".into(),
+                        host: "unknown".into(),
+                        pid: 0,
+                        since: 0,
+                    }
+                });
+                self.snap.halt = Some((rec, kv.mod_revision));
+            }
+            Some(Parsed::Lock(name)) if name == EPOCH => self.snap.epoch = kv.mod_revision,
+            Some(Parsed::CurrentRollout) => {
+                self.current_rollout = Some(kv.clone());
+                self.unsettled = true;
+            }
+            Some(Parsed::Rollout(id)) => {
+                self.records.insert(id, kv.clone());
+                self.unsettled = true;
+            }
+            Some(Parsed::Hold(t)) => {
+                let rec = match parse_json(kv) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        self.problem(&kv.key, format!("{e} (it still holds until released)"));
+                        None
+                    }
+                };
+                self.snap.holds.insert(t, rec);
+            }
+            Some(Parsed::Result(h)) => match parse_json(kv) {
+                Ok(r) => {
+                    self.snap.results.insert(h, r);
+                }
+                Err(e) => {
+                    self.problem(&kv.key, e.to_string());
+                    self.snap.results_invalid.insert(h);
+                }
+            },
+            Some(Parsed::Driver(name)) => match parse_json(kv) {
+                Ok(r) => {
+                    self.snap.drivers.insert(name, r);
+                }
+                Err(e) => self.problem(&kv.key, e.to_string()),
+            },
+            None if kv.key.starts_with(&schema.holds()) => self.problem(
+                &kv.key,
+                format!(
+                    "key {} is under {} but names no valid host or role: it holds nothing",
+                    kv.key,
+                    schema.holds()
+                ),
+            ),
+            _ => {}
+        }
+    }
+
+    /// Removes what `key` (parsed as `parsed`) contributed.
+    fn unset(&mut self, key: &Key, parsed: Option<&Parsed>) {
+        if !self.problems.is_empty() {
+            self.problems.retain(|(k, _)| k != key);
+        }
+        let s = &mut self.snap;
+        match parsed {
+            Some(Parsed::CurrentVersion) => {
+                s.current = None;
+                s.current_invalid = None;
+                self.unsettled = true;
+            }
+            Some(Parsed::Host(h)) => {
+                s.roles.remove(h);
+            }
+            Some(Parsed::RunningVersion(v, h)) => {
+                if let Some(vs) = s.running.get_mut(h) {
+                    vs.remove(v);
+                    if vs.is_empty() {
+                        s.running.remove(h);
+                    }
+                }
+            }
+            Some(Parsed::Enable(level)) => {
+                s.enable_revisions.remove(level);
+                match level {
+                    EnableLevel::Global => s.global = KeyState::Unset,
+                    EnableLevel::Role(r) => {
+                        s.role_keys.remove(r);
+                    }
+                    EnableLevel::Host(h) => {
+                        s.host_keys.remove(h);
+                    }
+                }
+            }
+            Some(Parsed::Status(_, Outcome::Failure, ..)) => {
+                if self.failures.remove(key).is_some() {
+                    self.unsettled = true;
+                }
+            }
+            Some(Parsed::Agent(h)) => {
+                s.agents.remove(h);
+            }
+            Some(Parsed::Run(h)) => {
+                s.runs.remove(h);
+            }
+            Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
+                s.lock = None;
+                s.lock_key = None;
+            }
+            Some(Parsed::Lock(name)) if name == HALT => s.halt = None,
+            Some(Parsed::Lock(name)) if name == EPOCH => s.epoch = 0,
+            Some(Parsed::CurrentRollout) => {
+                self.current_rollout = None;
+                self.unsettled = true;
+            }
+            Some(Parsed::Rollout(id)) => {
+                if self.records.remove(id).is_some() {
+                    self.unsettled = true;
+                }
+            }
+            Some(Parsed::Hold(t)) => {
+                s.holds.remove(t);
+            }
+            Some(Parsed::Result(h)) => {
+                s.results.remove(h);
+                s.results_invalid.remove(h);
+            }
+            Some(Parsed::Driver(name)) => {
+                s.drivers.remove(name);
+            }
+            _ => {}
+        }
+    }
+
+    /// Works out what depends on several keys: the active rollout, the current
+    /// version's failures, and the problems in the order they were read.
+    fn settle(&mut self, schema: &Schema) {
+        let s = &mut self.snap;
+        let mut rollout_problem = None;
+        if std::mem::take(&mut self.unsettled) {
+            s.rollout = self.current_rollout.as_ref().map(|cur| {
+                let records = self.records.iter().map(|(id, kv)| (id.clone(), kv)).collect();
+                current_rollout_of(schema, cur, &records)
+            });
+            s.failures.clear();
+            s.failure_revisions.clear();
+            if let Some(cur) = &s.current {
+                for (v, h, step, link, rev) in self.failures.values() {
+                    if v == cur {
+                        s.failures.insert(h.clone(), (*step, link.clone()));
+                        s.failure_revisions.insert(h.clone(), *rev);
+                    }
+                }
+            }
+        }
+        if let Some(Err(e)) = s.rollout.as_ref().map(|r| &r.record) {
+            rollout_problem = Some(e.clone());
+        }
+        s.problems.clear();
+        s.problems.extend(self.problems.iter().map(|(_, p)| p.clone()));
+        s.problems.extend(rollout_problem);
     }
 }
 

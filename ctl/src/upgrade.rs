@@ -631,7 +631,7 @@ impl Driver<'_> {
                 LiveView::read(self.store, self.schema).await?
             }
         };
-        let outcome = self.pass_on(&view).await;
+        let outcome = self.pass_on(view.snapshot(self.schema, self.role_pattern)).await;
         if matches!(outcome, Ok(PassOutcome::Again)) {
             view = LiveView::read(self.store, self.schema).await?;
         }
@@ -639,8 +639,7 @@ impl Driver<'_> {
         outcome
     }
 
-    async fn pass_on(&mut self, view: &LiveView) -> Result<PassOutcome, PassError> {
-        let snap = view.snapshot(self.schema, self.role_pattern);
+    async fn pass_on(&mut self, snap: &Snapshot) -> Result<PassOutcome, PassError> {
         self.last_revision = snap.revision;
         self.wake_at = None;
         let now = self.o.clock.unix_now();

@@ -47,12 +47,16 @@ impl Recorder {
                 listing.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
             let mut rec = Record::default();
             let mut seen = BTreeSet::new();
-            let mut pending_rev = None;
+            // The revision whose events are arriving, and when its first one came: a
+            // revision is checked once the next one starts (its events all came), which
+            // can be much later, so its time is when it arrived.
+            let mut pending: Option<(i64, u64)> = None;
             loop {
                 let ev = tokio::select! {
                     ev = watch.next() => ev,
                     _ = &mut stopped => {
-                        check(&schema, &rules, &state, pending_rev.unwrap_or(0), &mut rec, &mut seen);
+                        let (rev, at) = pending.unwrap_or((0, jio_common::time::unix_now()));
+                        check(&schema, &rules, &state, rev, at, &mut rec, &mut seen);
                         return rec;
                     }
                 };
@@ -61,17 +65,15 @@ impl Recorder {
                     return rec;
                 };
                 // Check the state after each complete revision.
-                if pending_rev.is_some_and(|r| r != ev.revision()) {
-                    check(
-                        &schema,
-                        &rules,
-                        &state,
-                        pending_rev.unwrap_or(0),
-                        &mut rec,
-                        &mut seen,
-                    );
+                if let Some((rev, at)) = pending
+                    && rev != ev.revision()
+                {
+                    check(&schema, &rules, &state, rev, at, &mut rec, &mut seen);
+                    pending = None;
                 }
-                pending_rev = Some(ev.revision());
+                if pending.is_none() {
+                    pending = Some((ev.revision(), jio_common::time::unix_now()));
+                }
                 match ev {
                     WatchEvent::Put(kv) => {
                         state.insert(kv.key.clone(), kv);
@@ -142,6 +144,7 @@ fn check(
     rules: &Rules,
     state: &BTreeMap<Key, KeyValue>,
     rev: i64,
+    now: u64,
     rec: &mut Record,
     seen: &mut BTreeSet<String>,
 ) {
@@ -198,7 +201,6 @@ fn check(
             .ok()
             .is_some_and(|k| state.contains_key(&k))
     };
-    let now = jio_common::time::unix_now();
     let running_now: BTreeSet<String> = fleet
         .hosts
         .iter()
@@ -224,7 +226,8 @@ fn check(
         }
         if let Ok(r) = jio_common::names::Role::new(role.clone()) {
             let windows = rules.windows_for(&r);
-            // Closed now and 2 s ago: a start observed late is not blamed on the close.
+            // Closed when the start arrived and 2 s before: a start observed late is
+            // not blamed on the close.
             let closed = |t: u64| !jio_common::window::state(&windows, t).open();
             if closed(now) && closed(now.saturating_sub(2)) {
                 rec.violations.push(format!(

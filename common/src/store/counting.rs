@@ -50,6 +50,14 @@ impl CountingStore {
     }
 
     /// Requests so far.
+    /// Another client (`inner`) counted with this one: the counts are shared.
+    pub fn sharing(&self, inner: DynStore) -> CountingStore {
+        CountingStore {
+            inner,
+            ..self.clone()
+        }
+    }
+
     pub fn requests(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }

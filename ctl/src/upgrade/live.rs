@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use jio_common::fleet::Snapshot;
+use jio_common::fleet::{LiveSnapshot, Snapshot};
 use jio_common::keys::{Key, Outcome, Parsed, Schema};
 use jio_common::roles::RolePattern;
 use jio_common::store::{DynStore, KeyValue, Revision, StoreError, WatchEvent};
@@ -14,6 +14,8 @@ use jio_common::store::{DynStore, KeyValue, Revision, StoreError, WatchEvent};
 /// desired version changes: failure entries are read per version).
 pub struct LiveView {
     kvs: BTreeMap<Key, KeyValue>,
+    /// The snapshot of `kvs`, kept up to date key by key.
+    live: LiveSnapshot,
     revision: Revision,
     /// The oldest revision of the listings: the watch starts after it, so that no
     /// change between two listings is missed (events already seen are skipped).
@@ -23,17 +25,25 @@ pub struct LiveView {
 impl LiveView {
     pub async fn read(store: &DynStore, schema: &Schema) -> Result<LiveView, StoreError> {
         let (kvs, revisions) = Snapshot::read_kvs_at(store, schema, None).await?;
+        let mut live = LiveSnapshot::default();
+        for kv in &kvs {
+            live.put(schema, kv);
+        }
         Ok(LiveView {
             kvs: kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect(),
+            live,
             revision: revisions.iter().copied().max().unwrap_or(0),
             watch_from: revisions.iter().copied().min().unwrap_or(0),
         })
     }
 
-    pub fn snapshot(&self, schema: &Schema, role_pattern: &RolePattern) -> Snapshot {
-        let mut s = Snapshot::from_kvs(schema, self.kvs.values());
-        s.revision = self.revision;
-        s.role_pattern = role_pattern.clone();
+    pub fn snapshot(&mut self, schema: &Schema, role_pattern: &RolePattern) -> &Snapshot {
+        let revision = self.revision;
+        let s = self.live.snapshot(schema);
+        s.revision = revision;
+        if &s.role_pattern != role_pattern {
+            s.role_pattern = role_pattern.clone();
+        }
         s
     }
 
@@ -79,6 +89,7 @@ impl LiveView {
                     schema.parse(&kv.key),
                     Some(Parsed::CurrentVersion | Parsed::CurrentRollout)
                 ) && changed;
+                self.live.put(schema, &kv);
                 self.kvs.insert(kv.key.clone(), kv);
                 if version_changed {
                     Applied::Reread
@@ -98,6 +109,7 @@ impl LiveView {
                 ) {
                     Applied::Reread
                 } else if self.kvs.remove(&key).is_some() {
+                    self.live.delete(schema, &key);
                     Applied::Changed
                 } else {
                     Applied::Nothing
