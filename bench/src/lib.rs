@@ -363,6 +363,10 @@ impl SimFleet {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        eprintln!(
+            "{n} agents registered (their liveness records written) in {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 

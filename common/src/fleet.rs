@@ -478,9 +478,7 @@ impl LiveSnapshot {
                 }
             }
             Some(Parsed::Status(_, Outcome::Failure, ..)) => {
-                if self.failures.remove(key).is_some() {
-                    self.unsettled = true;
-                }
+                self.unsettled |= self.failures.remove(key).is_some();
             }
             Some(Parsed::Agent(h)) => {
                 s.agents.remove(h);
@@ -499,9 +497,7 @@ impl LiveSnapshot {
                 self.unsettled = true;
             }
             Some(Parsed::Rollout(id)) => {
-                if self.records.remove(id).is_some() {
-                    self.unsettled = true;
-                }
+                self.unsettled |= self.records.remove(id).is_some();
             }
             Some(Parsed::Hold(t)) => {
                 s.holds.remove(t);

@@ -655,12 +655,12 @@ impl Driver<'_> {
             holding: self.lock.is_some(),
             may_take: free && (self.o.daemon || snap.drivers.is_empty()),
         };
-        let hosts = fleet::classify(&snap);
+        let hosts = fleet::classify(snap);
         self.in_flight = hosts
             .iter()
             .filter(|h| h.state.in_flight() && h.state != HostState::Failed)
             .count();
-        match next::step(&snap, self.o.target.as_ref(), who, now) {
+        match next::step(snap, self.o.target.as_ref(), who, now) {
             Step::Idle => {
                 if self.o.daemon && self.lock.is_some() {
                     // Agents hold their health checks while a driver holds the lock.
@@ -684,7 +684,7 @@ impl Driver<'_> {
             Step::TakeLock => Ok(self.take().await?),
             Step::Watch(rec) => {
                 self.progress.update(&hosts);
-                let plan = self.plan_of(&snap, &hosts, &rec).ok();
+                let plan = self.plan_of(snap, &hosts, &rec).ok();
                 let driver = match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
                     (None, services) if !services.is_empty() => {
                         format!(
@@ -721,7 +721,7 @@ impl Driver<'_> {
                     return Ok(PassOutcome::Replan);
                 };
                 if let Some(end) = self
-                    .fenced(rollouts::update_ops(self.schema, &resumed), &snap)
+                    .fenced(rollouts::update_ops(self.schema, &resumed), snap)
                     .await?
                 {
                     return Ok(end);
@@ -740,7 +740,7 @@ impl Driver<'_> {
                 };
                 // Its end resets the keys it armed (under its rules, for its version).
                 if let Some(end) = self
-                    .fenced(rollouts::end_ops(self.schema, &ended, true), &snap)
+                    .fenced(rollouts::end_ops(self.schema, &ended, true), snap)
                     .await?
                 {
                     return Ok(end);
@@ -748,7 +748,7 @@ impl Driver<'_> {
                 self.note(&format!("rollout {} ended: {reason}", rec.id));
                 Ok(PassOutcome::Replan)
             }
-            Step::Plan(rec) => self.plan_pass(&snap, &hosts, &rec, now).await,
+            Step::Plan(rec) => self.plan_pass(snap, &hosts, &rec, now).await,
         }
     }
 
