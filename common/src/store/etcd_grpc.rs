@@ -4,9 +4,11 @@
 //! translation inside etcd for every request.
 //!
 //! It is measured against the gateway (`jio-bench --store etcd-grpc`, BENCHMARKS.md)
-//! and passes the same contract tests. It is not yet what `etcd://` URLs open:
-//! authentication-token expiry, per-endpoint `server_name` and the gateway's
-//! fail-over messages are not at parity yet.
+//! and passes the same contract tests (plain, and with TLS, client certificates and
+//! authentication; expired tokens are renewed). It is not yet what `etcd://` URLs
+//! open: the gateway client's refusal messages (the key and user named, the
+//! certificate-CN hint), per-endpoint `server_name` and its fail-over are not at
+//! parity yet.
 
 use std::time::Duration;
 
