@@ -78,7 +78,8 @@ async fn runs_leave_links_and_jioctl_logs_prints_a_failed_run() {
     assert_eq!(a.status.code(), Some(0), "{}", text(&a));
     assert_eq!(b.status.code(), Some(1), "{}", text(&b));
 
-    // The success leaf links the validation output, fetchable with a token.
+    // The success leaf links the whole run's output (the configure step is reported
+    // with the validation that follows it), fetchable with a token.
     let link = wait_leaf_url(
         &s,
         "/status/validated/success/v1/compute1",
@@ -91,7 +92,10 @@ async fn runs_leave_links_and_jioctl_logs_prints_a_failed_run() {
     );
     let body = swift.get(&link).await;
     assert!(
-        body.contains("== validation.stdout") && body.contains("service answers"),
+        body.contains("== puppet.jsonl")
+            && body.contains("== puppet.stdout")
+            && body.contains("== validation.stdout")
+            && body.contains("service answers"),
         "{body}"
     );
 
