@@ -34,10 +34,6 @@ pub enum Backend {
     /// etcd with TLS, client-certificate verification and authentication (as the
     /// `jio-operator` user, whose tokens last etcd's default 5 minutes).
     EtcdTls,
-    /// etcd through its gRPC API (`EtcdGrpcStore`) instead of the JSON gateway.
-    EtcdGrpc,
-    /// `EtcdTls` through the gRPC API.
-    EtcdGrpcTls,
     Sqlite,
 }
 
@@ -185,18 +181,18 @@ impl BenchStore {
                     .expect("open etcd");
                 (url, store, Some(etcd))
             }
-            Backend::EtcdTls | Backend::EtcdGrpcTls => {
+            Backend::EtcdTls => {
                 // JIO_BENCH_SECURE=tls or =auth: one of the two alone, to see what each costs.
                 let part = std::env::var("JIO_BENCH_SECURE").unwrap_or_default();
+                if !["", "tls", "auth"].contains(&part.as_str()) {
+                    eprintln!(
+                        "jio-bench: JIO_BENCH_SECURE must be tls or auth (or unset for both), not {part:?}"
+                    );
+                    std::process::exit(2);
+                }
                 let etcd = Etcd::secure_parts(part != "auth", part != "tls", 300, "").await;
                 let url = etcd.url_as("jio-operator");
-                let store = open_etcd(&url, backend == Backend::EtcdGrpcTls).await;
-                (url, store, Some(etcd))
-            }
-            Backend::EtcdGrpc => {
-                let etcd = Etcd::start().await;
-                let url = etcd.url();
-                let store = open_etcd(&url, true).await;
+                let store = open_etcd(&url).await;
                 (url, store, Some(etcd))
             }
             Backend::Sqlite => {
@@ -211,9 +207,22 @@ impl BenchStore {
             store: Arc::new(counting.clone()),
             counting,
             backend,
-            own_connections: std::env::var("JIO_BENCH_OWN_CONNECTIONS").is_ok_and(|v| v == "1"),
+            own_connections: own_connections(),
             _etcd: etcd,
             _dir: dir,
+        }
+    }
+}
+
+/// `JIO_BENCH_OWN_CONNECTIONS`: 1 gives each agent its own client; unset or 0 shares
+/// one. Anything else is refused rather than read as 0.
+fn own_connections() -> bool {
+    match std::env::var("JIO_BENCH_OWN_CONNECTIONS").as_deref() {
+        Err(_) | Ok("" | "0") => false,
+        Ok("1") => true,
+        Ok(other) => {
+            eprintln!("jio-bench: JIO_BENCH_OWN_CONNECTIONS must be 0 or 1, not {other:?}");
+            std::process::exit(2);
         }
     }
 }
@@ -226,27 +235,16 @@ impl BenchStore {
         }
         let inner: DynStore = match self.backend {
             Backend::Sqlite => return self.store.clone(),
-            Backend::Etcd | Backend::EtcdTls => open_etcd(&self.url, false).await,
-            Backend::EtcdGrpc | Backend::EtcdGrpcTls => open_etcd(&self.url, true).await,
+            Backend::Etcd | Backend::EtcdTls => open_etcd(&self.url).await,
         };
         Arc::new(self.counting.sharing(inner))
     }
 }
 
-/// A client of the etcd at `url`: through its gRPC API, or its JSON gateway.
-async fn open_etcd(url: &str, grpc: bool) -> DynStore {
+/// A client of the etcd at `url`.
+async fn open_etcd(url: &str) -> DynStore {
     let url = StoreUrl::parse(url).expect("url");
-    if grpc {
-        let s = jio_common::store::EtcdGrpcStore::connect(&url, Duration::from_secs(10))
-            .await
-            .expect("open etcd over gRPC");
-        jio_common::store::Store::ping(&s)
-            .await
-            .expect("etcd answers over gRPC");
-        Arc::new(s)
-    } else {
-        jio_common::store::open(&url).await.expect("open etcd")
-    }
+    jio_common::store::open(&url).await.expect("open etcd")
 }
 
 /// Agents embedded in this process.

@@ -132,7 +132,7 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
             etcd.password_file("jio-operator").display()
         )
     };
-    let cn_cert = with_cert(&operator, &pki.client_cn);
+    let cn_cert = with_cert(&etcd.url_as("jio-agent"), &pki.client_cn);
     let cases: Vec<(&str, String, &str, u8)> = vec![
         (
             "wrong CA",
@@ -167,7 +167,7 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
         (
             "no user",
             operator.split("&user=").next().unwrap().to_string(),
-            "etcd has authentication on; give user and password_file in the store URL",
+            "with no user given, as the CommonName of ",
             8,
         ),
         (
@@ -183,9 +183,11 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
             8,
         ),
         (
-            "a certificate with a CommonName",
+            // The certificate names CN=root, which etcd would take as the user if no
+            // token were sent: the token wins, so the agent's role is what counts.
+            "a certificate whose CommonName is root, with the agent's user",
             cn_cert,
-            "etcd's gateway refuses client certificates that carry a CommonName while authentication is on",
+            "permission denied (writing /current_version, /locks/epoch as user \"jio-agent\")",
             8,
         ),
         (

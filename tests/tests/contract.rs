@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use jio_common::keys::Key;
 use jio_common::store::{
-    Compare, ConsulStore, DynStore, ErrorKind, EtcdGrpcStore, EtcdOptions, EtcdStore, MemoryStore, Op,
-    SqliteStore, Store, StoreError, StoreUrl, Txn, TxnOutcome, WatchEvent, WatchStream,
+    Compare, ConsulStore, DynStore, ErrorKind, EtcdOptions, EtcdStore, MemoryStore, Op, SqliteStore, Store,
+    StoreError, StoreUrl, Txn, TxnOutcome, WatchEvent, WatchStream,
 };
 use jio_tests::Etcd;
 use jio_tests::consul::{ConsulOptions, ConsulServer};
@@ -34,8 +34,6 @@ enum Fixture {
 struct Backend {
     store: DynStore,
     fixture: Fixture,
-    /// etcd through its gRPC API rather than the JSON gateway.
-    grpc: bool,
 }
 
 impl Backend {
@@ -53,7 +51,6 @@ impl Backend {
         Backend {
             store,
             fixture: Fixture::Etcd(Box::new(etcd)),
-            grpc: false,
         }
     }
 
@@ -67,7 +64,6 @@ impl Backend {
         Backend {
             store,
             fixture: Fixture::Sqlite(dir),
-            grpc: false,
         }
     }
 
@@ -76,7 +72,6 @@ impl Backend {
         Backend {
             store: Arc::new(m.clone()),
             fixture: Fixture::Memory(m),
-            grpc: false,
         }
     }
 
@@ -86,7 +81,6 @@ impl Backend {
         Backend {
             store,
             fixture: Fixture::Consul(server),
-            grpc: false,
         }
     }
 
@@ -98,23 +92,6 @@ impl Backend {
         Backend {
             store,
             fixture: Fixture::Etcd(Box::new(etcd)),
-            grpc: false,
-        }
-    }
-
-    /// etcd through its gRPC API (`EtcdGrpcStore`), plain or (`secure`) with TLS,
-    /// client certificates and authentication as `jio-operator`.
-    async fn etcd_grpc(secure: bool) -> Backend {
-        let etcd = if secure {
-            Etcd::secure(2, "").await
-        } else {
-            Etcd::start().await
-        };
-        let store = open_grpc(&etcd).await;
-        Backend {
-            store,
-            fixture: Fixture::Etcd(Box::new(etcd)),
-            grpc: true,
         }
     }
 
@@ -122,7 +99,6 @@ impl Backend {
     /// connection to the same file, as another process would have).
     async fn another_client(&self) -> DynStore {
         match &self.fixture {
-            Fixture::Etcd(e) if self.grpc => open_grpc(e.as_ref()).await,
             Fixture::Etcd(e) if e.is_secure() => open_etcd(&e.url_as("jio-operator")),
             Fixture::Etcd(e) => open_etcd(&e.url()),
             Fixture::Sqlite(dir) => Arc::new(
@@ -183,20 +159,6 @@ impl Backend {
 fn open_etcd(url: &str) -> DynStore {
     let url = StoreUrl::parse(url).expect("etcd URL");
     Arc::new(EtcdStore::new(&url, EtcdOptions::default()).expect("etcd client"))
-}
-
-async fn open_grpc(etcd: &Etcd) -> DynStore {
-    let url = if etcd.is_secure() {
-        etcd.url_as("jio-operator")
-    } else {
-        etcd.url()
-    };
-    let url = StoreUrl::parse(&url).expect("etcd URL");
-    Arc::new(
-        EtcdGrpcStore::connect(&url, Duration::from_secs(10))
-            .await
-            .expect("etcd gRPC client"),
-    )
 }
 
 fn open_consul(url: &str) -> DynStore {
@@ -702,22 +664,6 @@ macro_rules! contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Backend::etcd_secure().await).await
-                }
-            )*
-        }
-        mod etcd_grpc {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::etcd_grpc(false).await).await
-                }
-            )*
-        }
-        mod etcd_grpc_tls_auth {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::etcd_grpc(true).await).await
                 }
             )*
         }

@@ -8,7 +8,7 @@ use jio_bench::{self as bench, Backend, Sizes};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: jio-bench --store etcd|etcd-tls|etcd-grpc|etcd-grpc-tls|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]"
+        "usage: jio-bench --store etcd|etcd-tls|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]"
     );
     ExitCode::from(64)
 }
@@ -25,8 +25,6 @@ fn main() -> ExitCode {
             "--store" => match args.next().as_deref() {
                 Some("etcd") => backend = Some(Backend::Etcd),
                 Some("etcd-tls") => backend = Some(Backend::EtcdTls),
-                Some("etcd-grpc") => backend = Some(Backend::EtcdGrpc),
-                Some("etcd-grpc-tls") => backend = Some(Backend::EtcdGrpcTls),
                 Some("sqlite") => backend = Some(Backend::Sqlite),
                 _ => return usage(),
             },
@@ -85,8 +83,6 @@ fn main() -> ExitCode {
             match backend {
                 Backend::Etcd => "etcd",
                 Backend::EtcdTls => "etcd-tls",
-                Backend::EtcdGrpc => "etcd-grpc",
-                Backend::EtcdGrpcTls => "etcd-grpc-tls",
                 Backend::Sqlite => "sqlite",
             }
         ))

@@ -1,4 +1,5 @@
-//! The HTTP clients of the networked stores (etcd's gateway, Consul), plain or TLS.
+//! The HTTP clients of the networked stores (Consul; etcd's gRPC client takes the
+//! same checked files from `tls_pem`), plain or TLS.
 //!
 //! Every file is read and checked once, when the store is opened: a CA file with no
 //! certificate, a client certificate without its key, or a private key readable by
@@ -94,6 +95,33 @@ pub(crate) fn endpoint_clients(
             })
             .collect(),
     }
+}
+
+/// The PEM files of `tls`, read and checked as for the HTTP clients: the CA bundle,
+/// and the client certificate with its key (for etcd's gRPC client).
+pub(crate) struct TlsPem {
+    pub ca: Option<Vec<u8>>,
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+pub(crate) fn tls_pem(tls: &TlsSettings) -> Result<TlsPem, String> {
+    let ca = match &tls.ca_file {
+        Some(p) => {
+            read_ca(p)?;
+            Some(std::fs::read(p).map_err(|e| format!("ca_file {}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    let identity = match (&tls.cert_file, &tls.key_file) {
+        (Some(c), Some(k)) => {
+            read_identity(c, k)?;
+            let cert = std::fs::read(c).map_err(|e| format!("cert_file {}: {e}", c.display()))?;
+            let key = std::fs::read(k).map_err(|e| format!("key_file {}: {e}", k.display()))?;
+            Some((cert, key))
+        }
+        _ => None,
+    };
+    Ok(TlsPem { ca, identity })
 }
 
 fn build(b: reqwest::ClientBuilder) -> Result<reqwest::Client, String> {

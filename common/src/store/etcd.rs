@@ -1,47 +1,50 @@
-//! etcd v3 through its HTTP/JSON gateway (`/v3/...`), with endpoint fail-over.
+//! etcd v3 over its gRPC API (the `etcd-client` crate, on tonic): one HTTP/2
+//! connection to the current endpoint carries every request, watch and lease
+//! renewal of a process. (The JSON gateway it replaced needed an HTTP/1.1
+//! connection per watch and a translation inside etcd for every request;
+//! BENCHMARKS.md has the comparison.)
 //!
-//! Encoding facts this module handles (measured on etcd 3.4): keys and values are
-//! base64, every int64 is a JSON string, zero and false fields are omitted, the watch
-//! is a chunked stream of one JSON object per line.
+//! Endpoints and retries: one endpoint is current; a failure moves every request on
+//! to the next. A request that cannot have been applied (the connection was refused,
+//! TLS refused it, authentication failed before it) is sent again at once. One that
+//! may have been applied (no answer in time, a connection broken under it) is sent
+//! again only when repeating it is harmless; a transaction then becomes
+//! `StoreError::Ambiguous`, so the caller re-reads and decides. An operation retries
+//! for at most its budget, requests included.
 //!
-//! Retry policy: a request that cannot have been applied (connection refused) is
-//! retried on the next endpoint. A request that may have been applied (timeout,
-//! dropped connection, 5xx) is retried only when repeating it is harmless; for a
-//! transaction it becomes `StoreError::Ambiguous` so the caller re-reads and decides.
-//!
-//! Security (`etcds://`, `user` and `password_file`): TLS and client certificates are
-//! set up in `client`. With a user, a token is obtained from `/v3/auth/authenticate`
-//! before the first request and sent raw in `Authorization` (the gateway refuses a
-//! `Bearer` prefix). etcd answers 401 (code 16) once the token has expired (simple
-//! tokens last 5 minutes): the token is dropped, one request authenticates again,
-//! and the refused request is sent again. That is always safe, even for a
-//! transaction, because etcd checks the token before applying anything. The
-//! password is read from its file at each authentication, so it can be rotated
-//! without a restart; it and the token appear in no message.
+//! Security (`etcds://`, `user` and `password_file`): the CA, the client certificate
+//! and its key are read and checked when the store is opened; `server_name` is the
+//! name checked in every endpoint's certificate (and sent as SNI) while connecting
+//! to the endpoint's own address. With a user, the client authenticates when it
+//! first uses an endpoint (reading the password file then) and sends the token with
+//! every request. etcd refuses an expired token (simple tokens last 5 minutes by
+//! default) with "invalid auth token": the client authenticates again and resends,
+//! which is safe even for a transaction, because etcd checks the token before
+//! applying anything. If that fails too, the endpoint's connection is rebuilt, which
+//! reads the password file again (a password can be rotated without a restart).
+//! Over gRPC, etcd takes the user from the token when one is sent, and from the
+//! client certificate's CommonName only when none is. The password and the token
+//! appear in no message.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::Retryable;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as B64;
-use futures_util::StreamExt as _;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer};
-use serde_json::{Value, json};
+use backon::Retryable as _;
+use etcd_client::{
+    Certificate, Client, Compare as GCompare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn as GTxn, TxnOp, TxnOpResponse, WatchOptions,
+};
 use tokio::sync::mpsc;
 
-use super::client::{EndpointClient, endpoint_clients, error_chain, tls_failure};
+use super::client::{error_chain, tls_failure, tls_pem};
 use super::{
-    Compare, Deadline, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl,
-    Txn, TxnOutcome, WatchEvent, WatchStream, prefix_end,
+    Compare, Deadline, Endpoints, EtcdAuth, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store,
+    StoreError, StoreUrl, TlsSettings, Txn, TxnOutcome, WatchEvent, WatchStream, retry_policy,
 };
-use super::{Endpoints, retry_policy};
-use super::{EtcdAuth, TlsSettings};
 use crate::backoff::Backoff;
 use crate::keys::Key;
-use crate::secret::Secret;
 
 /// Timeouts and retry budget of the etcd client.
 #[derive(Debug, Clone)]
@@ -75,46 +78,46 @@ struct Inner {
     url: String,
     endpoints: Endpoints,
     /// One per endpoint, in the order of `endpoints`.
-    clients: Vec<EndpointClient>,
+    members: Vec<Member>,
     tls: Option<TlsSettings>,
-    auth: Option<Auth>,
+    auth: Option<EtcdAuth>,
+    /// Said once: the server has authentication off although a user is configured.
+    auth_off_said: AtomicBool,
+    /// Tokens obtained so far, on every endpoint.
+    tokens: std::sync::atomic::AtomicU64,
     opts: EtcdOptions,
 }
 
-/// The user and its current token.
-struct Auth {
-    user: String,
-    password_file: std::path::PathBuf,
-    token: std::sync::Mutex<TokenState>,
-    /// Held while authenticating, so that a token expiring under many requests is
-    /// renewed once.
-    renewing: tokio::sync::Mutex<()>,
-    /// Tokens obtained so far (the first one included).
-    obtained: std::sync::atomic::AtomicU64,
+/// One endpoint and its connection, made when first needed.
+struct Member {
+    uri: String,
+    connect: ConnectOptions,
+    state: std::sync::Mutex<MemberState>,
+    /// Held while the connection is made or authenticated, so that many requests
+    /// needing it do it once.
+    making: tokio::sync::Mutex<()>,
 }
 
-#[derive(Clone)]
-enum TokenState {
-    /// None yet, or the last one expired.
-    Missing,
-    Valid(Secret),
-    /// The server has authentication disabled: requests go without a token until it
-    /// asks for one.
-    NotEnabled,
+#[derive(Default)]
+struct MemberState {
+    client: Option<Client>,
+    /// The connection carries a token that etcd has not refused yet (or needs none).
+    ready: bool,
+    /// Counts authentications, so that a refusal of an old token does not discard a
+    /// new one.
+    generation: u64,
 }
 
 /// Why one attempt failed.
 enum Failure {
-    /// Not applied; try another endpoint.
+    /// Not applied; try the next endpoint.
     NotSent(String),
     /// Maybe applied.
     Unknown(String),
-    /// The gateway answered with an error.
-    Status { http: u16, code: i64, message: String },
-    /// The answer could not be decoded.
-    Decode(String),
-    /// The token was refused as invalid or expired (nothing was applied); the next
-    /// attempt authenticates again.
+    /// etcd answered with an error.
+    Status(tonic::Code, String),
+    /// The token was refused (nothing was applied); the next attempt authenticates
+    /// again.
     TokenExpired,
     /// Authentication failed, or the request was refused: retrying will not help.
     Refused(String),
@@ -133,292 +136,265 @@ impl EtcdStore {
         let StoreUrl::Etcd { endpoints, tls, auth } = url else {
             return Err(invalid("not an etcd:// URL".into()));
         };
-        let clients = endpoint_clients(endpoints, tls.as_ref(), opts.connect_timeout).map_err(invalid)?;
-        let auth = match auth {
-            None => None,
-            Some(EtcdAuth { user, password_file }) => {
-                crate::secret::read_secret_file(password_file)
-                    .map_err(|r| invalid(format!("password_file {}: {r}", password_file.display())))?;
-                Some(Auth {
-                    user: user.clone(),
-                    password_file: password_file.clone(),
-                    token: std::sync::Mutex::new(TokenState::Missing),
-                    renewing: tokio::sync::Mutex::new(()),
-                    obtained: std::sync::atomic::AtomicU64::new(0),
-                })
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(opts.connect_timeout)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // Expired tokens are renewed here, reading the password file again.
+            .with_auto_token_refresh(false);
+        if let Some(t) = tls {
+            let pem = tls_pem(t).map_err(invalid)?;
+            let mut o = TlsOptions::new();
+            if let Some(ca) = pem.ca {
+                o = o.ca_certificate(Certificate::from_pem(ca));
             }
-        };
+            if let Some((cert, key)) = pem.identity {
+                o = o.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(n) = &t.server_name {
+                o = o.domain_name(n.clone());
+            }
+            connect = connect.with_tls(o);
+        }
+        if let Some(a) = auth {
+            crate::secret::read_secret_file(&a.password_file)
+                .map_err(|r| invalid(format!("password_file {}: {r}", a.password_file.display())))?;
+        }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let members = endpoints
+            .iter()
+            .map(|e| Member {
+                uri: format!("{scheme}://{e}"),
+                connect: connect.clone(),
+                state: std::sync::Mutex::new(MemberState::default()),
+                making: tokio::sync::Mutex::new(()),
+            })
+            .collect();
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 url: url.without_query(),
-                endpoints: Endpoints::new(clients.iter().map(|c| c.base.clone()).collect(), "etcd"),
-                clients,
+                endpoints: Endpoints::new(
+                    endpoints.iter().map(|e| format!("{scheme}://{e}")).collect(),
+                    "etcd",
+                ),
+                members,
                 tls: tls.clone(),
-                auth,
+                auth: auth.clone(),
+                auth_off_said: AtomicBool::new(false),
+                tokens: std::sync::atomic::AtomicU64::new(0),
                 opts,
             }),
         })
     }
-
-    /// How many tokens this client has obtained (0 without a user): more than one
-    /// means a token was renewed.
-    pub fn tokens_obtained(&self) -> u64 {
-        self.inner
-            .auth
-            .as_ref()
-            .map_or(0, |a| a.obtained.load(std::sync::atomic::Ordering::Relaxed))
-    }
 }
 
-impl Auth {
-    fn current(&self) -> TokenState {
-        self.token
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or(TokenState::Missing)
-    }
-
-    fn set(&self, state: TokenState) {
-        if let Ok(mut t) = self.token.lock() {
-            *t = state;
+impl Member {
+    /// The connection and its generation, if it is ready for requests.
+    fn ready(&self) -> Option<(Client, u64)> {
+        let st = self.state.lock().ok()?;
+        match (&st.client, st.ready) {
+            (Some(c), true) => Some((c.clone(), st.generation)),
+            _ => None,
         }
     }
 
-    /// Forgets `used` if it is still the current token (another request may have
-    /// renewed it already).
-    fn expired(&self, used: Option<&Secret>) {
-        if let Ok(mut t) = self.token.lock() {
-            let same = match (&*t, used) {
-                (TokenState::Valid(cur), Some(u)) => cur == u,
-                (TokenState::NotEnabled, None) => true,
-                _ => false,
-            };
-            if same {
-                *t = TokenState::Missing;
-            }
+    /// etcd refused the token sent with a request of `generation`: the next request
+    /// authenticates again (unless another one already did).
+    fn token_refused(&self, generation: u64) {
+        if let Ok(mut st) = self.state.lock()
+            && st.generation == generation
+        {
+            st.ready = false;
         }
     }
 }
+
 impl Inner {
-    async fn attempt<R: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<R, Failure> {
-        let token = self.token(timeout).await?;
-        let (i, base) = self.endpoints.pick();
-        let mut req = self.clients[i]
-            .http
-            .post(format!("{base}{path}"))
-            .timeout(timeout)
-            .json(body);
-        if let Some(t) = &token {
-            req = req.header(reqwest::header::AUTHORIZATION, t.expose());
+    /// The connection to endpoint `i` and its generation: made, and authenticated,
+    /// if it is not ready.
+    async fn client(&self, i: usize, timeout: Duration) -> Result<(Client, u64), Failure> {
+        let m = &self.members[i];
+        if let Some(ready) = m.ready() {
+            return Ok(ready);
         }
-        let resp = match req.send().await {
-            Ok(r) => r,
-            Err(e) => return Err(self.send_failure(i, e)),
+        let Ok(_one) = tokio::time::timeout(timeout, m.making.lock()).await else {
+            return Err(Failure::NotSent(
+                "timed out waiting for another request's authentication".into(),
+            ));
         };
-        let status = resp.status();
-        let bytes = match resp.bytes().await {
-            Ok(b) => b,
-            Err(e) => {
-                let reason = error_chain(&e.without_url());
+        if let Some(ready) = m.ready() {
+            return Ok(ready);
+        }
+        let existing = m.state.lock().ok().and_then(|st| st.client.clone());
+        let mut client = match existing {
+            Some(c) => c,
+            // Sends nothing: the connection is made by the first request.
+            None => Client::connect([m.uri.as_str()], Some(m.connect.clone()))
+                .await
+                .map_err(|e| Failure::Refused(format!("cannot set up a client for {}: {e}", m.uri)))?,
+        };
+        if let Some(auth) = &self.auth {
+            self.authenticate(i, auth, &mut client, timeout).await?;
+        }
+        let mut st = m
+            .state
+            .lock()
+            .map_err(|_| Failure::Refused("a client thread panicked".into()))?;
+        st.client = Some(client.clone());
+        st.ready = true;
+        st.generation += 1;
+        Ok((client, st.generation))
+    }
+
+    /// Obtains a token for `client` (reading the password file now), or finds that
+    /// etcd has authentication off.
+    async fn authenticate(
+        &self,
+        i: usize,
+        auth: &EtcdAuth,
+        client: &mut Client,
+        timeout: Duration,
+    ) -> Result<(), Failure> {
+        let password = crate::secret::read_secret_file(&auth.password_file)
+            .map_err(|r| Failure::Refused(format!("password_file {}: {r}", auth.password_file.display())))?;
+        let creds = Some((auth.user.clone(), password.expose().to_string()));
+        let e = match tokio::time::timeout(timeout, client.update_user(creds)).await {
+            Ok(Ok(())) => {
+                if self.tokens.fetch_add(1, Ordering::Relaxed) > 0 {
+                    tracing::info!(store = %self.url, user = %auth.user, "etcd token renewed");
+                }
+                return Ok(());
+            }
+            Ok(Err(e)) => e,
+            Err(_) => {
+                let reason = format!("authentication: no answer within {timeout:?}");
                 self.endpoints.fail_over(i, &reason);
-                return Err(Failure::Unknown(reason));
+                return Err(Failure::NotSent(reason));
             }
         };
-        if !status.is_success() {
-            let err: GatewayError = serde_json::from_slice(&bytes).unwrap_or_default();
-            let message = if err.message.is_empty() {
-                String::from_utf8_lossy(&bytes).trim().chars().take(200).collect()
-            } else {
-                err.message
-            };
-            if let Some(auth) = &self.auth {
-                let expired = status.as_u16() == 401 || err.code == 16;
-                let asks_for_one = token.is_none() && err.code == 3 && message.contains("user name is empty");
-                if expired || asks_for_one {
-                    auth.expired(token.as_ref());
-                    return Err(Failure::TokenExpired);
+        Err(match self.failure(i, 0, e) {
+            Failure::Status(_, msg) if msg.contains("authentication is not enabled") => {
+                if !self.auth_off_said.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(store = %self.url, user = %auth.user, "etcd has authentication disabled; sending requests without a token until it asks for one");
+                }
+                // Forget any old token.
+                let _ = client.update_user(None).await;
+                return Ok(());
+            }
+            Failure::Status(_, msg) => Failure::Refused(format!(
+                "authentication as user {:?} failed: {} (password read from {})",
+                auth.user,
+                msg.trim_start_matches("etcdserver: "),
+                auth.password_file.display()
+            )),
+            // Nothing of the request it precedes was sent.
+            Failure::Unknown(r) => Failure::NotSent(format!("authentication: {r}")),
+            f => f,
+        })
+    }
+
+    /// What a client error means for the attempt that got it.
+    fn failure(&self, i: usize, generation: u64, e: etcd_client::Error) -> Failure {
+        let status = match e {
+            etcd_client::Error::GRpcStatus(s) => s,
+            etcd_client::Error::TransportError(t) => {
+                let reason = error_chain(&t);
+                self.endpoints.fail_over(i, &reason);
+                return self.unanswered(reason, false);
+            }
+            etcd_client::Error::LeaseKeepAliveError(m) if m.contains("not found") => {
+                return Failure::Status(tonic::Code::NotFound, m);
+            }
+            other => return Failure::Unknown(other.to_string()),
+        };
+        let code = status.code();
+        let message = status.message().to_string();
+        // tonic reports a connection it could not make (refused, TLS) as Unavailable,
+        // with the cause as the source.
+        if let Some(source) = std::error::Error::source(&status) {
+            let chain = error_chain(source);
+            self.endpoints.fail_over(i, &chain);
+            let not_sent = message.contains("connect error") || chain.contains("connect error");
+            return self.unanswered(format!("{message}: {chain}"), not_sent);
+        }
+        match code {
+            tonic::Code::Unauthenticated => {
+                self.members[i].token_refused(generation);
+                Failure::TokenExpired
+            }
+            tonic::Code::InvalidArgument if message.contains("user name is empty") => {
+                if self.auth.is_some() {
+                    // Authentication was off and has been turned on.
+                    self.members[i].token_refused(generation);
+                    self.auth_off_said.store(false, Ordering::Relaxed);
+                    Failure::TokenExpired
+                } else {
+                    Failure::Refused(format!(
+                        "{message}: etcd has authentication on; give user and password_file in the store URL"
+                    ))
                 }
             }
-            if message.contains("CommonName of client") {
-                return Err(self.common_name_refused());
-            }
-            if self.auth.is_none() && message.contains("user name is empty") {
-                return Err(Failure::Refused(format!(
-                    "{message}: etcd has authentication on; give user and password_file in the store URL"
-                )));
-            }
-            if status.is_server_error() {
+            tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Aborted => {
                 self.endpoints.fail_over(i, &message);
+                Failure::Unknown(message)
             }
-            return Err(Failure::Status {
-                http: status.as_u16(),
-                code: err.code,
-                message,
-            });
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => Failure::Unknown(message),
+            code => Failure::Status(code, message),
         }
-        serde_json::from_slice(&bytes).map_err(|e| Failure::Decode(e.to_string()))
     }
 
-    /// What a request that got no answer means: a TLS refusal (final), a connection
-    /// never made (not applied), or a request that may have been applied.
-    fn send_failure(&self, i: usize, e: reqwest::Error) -> Failure {
-        let connect = e.is_connect();
-        let reason = error_chain(&e.without_url());
-        self.endpoints.fail_over(i, &reason);
+    /// A request that got no answer: a TLS refusal (final for this endpoint), a
+    /// connection never made (not applied), or a request that may have been applied.
+    fn unanswered(&self, reason: String, not_sent: bool) -> Failure {
         if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
             return Failure::Tls(tls);
         }
-        if connect {
+        if not_sent {
             Failure::NotSent(reason)
         } else {
             Failure::Unknown(reason)
         }
     }
 
-    /// A failed authentication request: the request it precedes was not sent, so it
-    /// may be sent again whatever it is (a TLS refusal stays one).
-    fn auth_send_failure(&self, i: usize, e: reqwest::Error) -> Failure {
-        match self.send_failure(i, e) {
-            Failure::Unknown(r) => Failure::NotSent(format!("authentication: {r}")),
-            f => f,
-        }
-    }
-
-    /// The token to send: none without a user; the current one; or a new one,
-    /// obtained by one request while the others wait for it.
-    async fn token(&self, timeout: Duration) -> Result<Option<Secret>, Failure> {
-        let Some(auth) = &self.auth else { return Ok(None) };
-        match auth.current() {
-            TokenState::Valid(t) => return Ok(Some(t)),
-            TokenState::NotEnabled => return Ok(None),
-            TokenState::Missing => {}
-        }
-        // Another request is authenticating: wait for it, within this attempt's time.
-        let Ok(_one) = tokio::time::timeout(timeout, auth.renewing.lock()).await else {
-            return Err(Failure::NotSent(
-                "timed out waiting for another request's authentication".into(),
-            ));
-        };
-        match auth.current() {
-            TokenState::Valid(t) => return Ok(Some(t)),
-            TokenState::NotEnabled => return Ok(None),
-            TokenState::Missing => {}
-        }
-        let password = crate::secret::read_secret_file(&auth.password_file)
-            .map_err(|r| Failure::Refused(format!("password_file {}: {r}", auth.password_file.display())))?;
-        let (i, base) = self.endpoints.pick();
-        let body = json!({ "name": auth.user, "password": password.expose() });
-        let resp = self.clients[i]
-            .http
-            .post(format!("{base}/v3/auth/authenticate"))
-            .timeout(timeout)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| self.auth_send_failure(i, e))?;
-        let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| self.auth_send_failure(i, e))?;
-        if status.is_success() {
-            #[derive(Deserialize, Default)]
-            #[serde(default)]
-            struct Answer {
-                token: String,
+    /// One attempt of `f` on the current endpoint.
+    async fn attempt<T, F, Fut>(&self, f: &F, timeout: Duration) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let (i, _) = self.endpoints.pick();
+        let (client, generation) = self.client(i, timeout).await?;
+        match tokio::time::timeout(timeout, f(client)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.failure(i, generation, e)),
+            Err(_) => {
+                let reason = format!("no answer within {timeout:?}");
+                self.endpoints.fail_over(i, &reason);
+                Err(Failure::Unknown(reason))
             }
-            let a: Answer = serde_json::from_slice(&bytes).map_err(|e| Failure::Decode(e.to_string()))?;
-            if a.token.is_empty() {
-                return Err(Failure::Decode("authentication answered without a token".into()));
-            }
-            let n = auth.obtained.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n > 0 {
-                tracing::info!(store = %self.url, user = %auth.user, "etcd token renewed");
-            }
-            let token = Secret::new(a.token);
-            auth.set(TokenState::Valid(token.clone()));
-            return Ok(Some(token));
-        }
-        let mut err: GatewayError = serde_json::from_slice(&bytes).unwrap_or_default();
-        if err.message.is_empty() {
-            err.message = String::from_utf8_lossy(&bytes).trim().chars().take(200).collect();
-        }
-        if err.message.contains("CommonName of client") {
-            return Err(self.common_name_refused());
-        }
-        if err.message.contains("authentication is not enabled") {
-            tracing::warn!(store = %self.url, user = %auth.user, "etcd has authentication disabled; sending requests without a token until it asks for one");
-            auth.set(TokenState::NotEnabled);
-            return Ok(None);
-        }
-        if status.is_server_error() {
-            // Nothing of the request it precedes was sent.
-            self.endpoints.fail_over(i, &err.message);
-            return Err(Failure::NotSent(format!("authentication: {}", err.message)));
-        }
-        Err(Failure::Refused(format!(
-            "authentication as user {:?} failed: {} (password read from {})",
-            auth.user,
-            err.message.trim_start_matches("etcdserver: "),
-            auth.password_file.display()
-        )))
-    }
-
-    /// etcd's gateway refuses a client certificate with a CommonName once
-    /// authentication is on (etcd would take the CommonName as the user).
-    fn common_name_refused(&self) -> Failure {
-        Failure::Refused(format!(
-            "etcd's gateway refuses client certificates that carry a CommonName while authentication is on (etcd would take it as the user name); issue {} without one (a subject such as O=jiocloud) and authenticate with user and password_file",
-            self.tls.as_ref().and_then(|t| t.cert_file.as_ref()).map_or_else(
-                || "the client certificate".to_string(),
-                |p| p.display().to_string()
-            )
-        ))
-    }
-
-    /// Names what was refused, and as whom, in a permission error.
-    fn denied_on(&self, e: StoreError, what: impl FnOnce() -> String) -> StoreError {
-        match e {
-            StoreError::Denied { url, op, message } if message.contains("permission denied") => {
-                StoreError::Denied {
-                    url,
-                    op,
-                    message: match &self.auth {
-                        Some(a) => format!("{message} ({} as user {:?})", what(), a.user),
-                        None => format!("{message} ({})", what()),
-                    },
-                }
-            }
-            e => e,
         }
     }
 
     /// One operation with retries. `idempotent` says whether repeating a request that
     /// may have been applied is harmless.
-    async fn call<R: DeserializeOwned>(
-        &self,
-        op: &'static str,
-        path: &str,
-        body: Value,
-        idempotent: bool,
-    ) -> Result<R, CallError> {
-        let backoff = retry_policy(self.opts.retry_budget);
+    async fn call<T, F, Fut>(&self, op: &'static str, idempotent: bool, f: F) -> Result<T, CallError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         // A TLS refusal is final once every endpoint has refused.
         let tls_refusals = std::sync::atomic::AtomicUsize::new(0);
         let retryable = |f: &Failure| match f {
             Failure::NotSent(_) | Failure::TokenExpired => true,
             Failure::Unknown(_) => idempotent,
-            Failure::Status { http, code, .. } => *http >= 500 && (idempotent || *code == 14),
-            Failure::Tls(_) => {
-                tls_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 < self.endpoints.len()
-            }
-            Failure::Decode(_) | Failure::Refused(_) => false,
+            Failure::Tls(_) => tls_refusals.fetch_add(1, Ordering::Relaxed) + 1 < self.endpoints.len(),
+            Failure::Status(..) | Failure::Refused(_) => false,
         };
         let deadline = Deadline::after(self.opts.retry_budget);
-        let res = (|| self.attempt::<R>(path, &body, deadline.attempt_timeout(self.opts.request_timeout)))
-            .retry(backoff)
+        let res = (|| self.attempt(&f, deadline.attempt_timeout(self.opts.request_timeout)))
+            .retry(retry_policy(self.opts.retry_budget))
             .sleep(tokio::time::sleep)
             .when(|f| retryable(f) && deadline.open())
             .await;
@@ -437,71 +413,56 @@ impl Inner {
             },
             Failure::Unknown(reason) if idempotent => StoreError::Unavailable { url, op, reason },
             Failure::Unknown(reason) => StoreError::Ambiguous { url, op, reason },
-            Failure::Decode(reason) => StoreError::Rejected {
-                url,
-                op,
-                message: format!("unexpected answer: {reason}"),
-            },
-            Failure::Status { code: 5, message, .. } => return CallError::NotFound(message),
-            Failure::Status {
-                code: 11, message, ..
-            } => return CallError::OutOfRange(message),
-            Failure::Status { http, message, .. } if http >= 500 => {
-                if idempotent {
-                    StoreError::Unavailable {
-                        url,
-                        op,
-                        reason: message,
-                    }
-                } else {
-                    StoreError::Ambiguous {
-                        url,
-                        op,
-                        reason: message,
-                    }
-                }
+            Failure::Status(tonic::Code::NotFound, message) => return CallError::NotFound(message),
+            Failure::Status(tonic::Code::OutOfRange, message) => return CallError::OutOfRange(message),
+            Failure::Status(tonic::Code::PermissionDenied, message) => {
+                StoreError::Denied { url, op, message }
             }
-            Failure::Status {
-                http: 401 | 403,
-                message,
-                ..
-            }
-            | Failure::Status {
-                code: 7 | 16,
-                message,
-                ..
-            } => StoreError::Denied { url, op, message },
-            Failure::Status { message, .. } => StoreError::Rejected { url, op, message },
+            Failure::Status(_, message) => StoreError::Rejected { url, op, message },
         })
     }
 
-    async fn range(&self, op: &'static str, body: Value) -> Result<RangeResponse> {
-        self.call(op, "/v3/kv/range", body, true)
-            .await
-            .map_err(|e| e.into_store(&self.url, op))
+    /// Names what was refused, and as whom, in a permission error.
+    fn denied_on(&self, e: StoreError, what: impl FnOnce() -> String) -> StoreError {
+        match e {
+            StoreError::Denied { url, op, message } if message.contains("permission denied") => {
+                StoreError::Denied {
+                    url,
+                    op,
+                    message: match (&self.auth, self.tls.as_ref().and_then(|t| t.cert_file.as_ref())) {
+                        (Some(a), _) => format!("{message} ({} as user {:?})", what(), a.user),
+                        // etcd took the user from the certificate's CommonName.
+                        (None, Some(cert)) => format!(
+                            "{message} ({} with no user given, as the CommonName of {}: etcd has authentication on; give user and password_file in the store URL)",
+                            what(),
+                            cert.display()
+                        ),
+                        (None, None) => format!("{message} ({})", what()),
+                    },
+                }
+            }
+            e => e,
+        }
     }
 
-    /// A key-value as stored. A key that is not a valid text key (another program
-    /// wrote it) is skipped with a warning naming it; it never fails the whole call.
-    fn decode_kv(&self, raw: RawKv) -> Option<KeyValue> {
-        let key = decode_key(&self.url, &raw.key)?;
-        Some(KeyValue::from_bytes(
-            key,
-            B64.decode(&raw.value).unwrap_or_default(),
-            raw.create_revision,
-            raw.mod_revision,
-            raw.version,
-            (raw.lease != 0).then(|| LeaseId(raw.lease.to_string())),
-        ))
+    /// A read: retried, and a refusal names the keys.
+    async fn read<T, F, Fut>(&self, op: &'static str, what: impl FnOnce() -> String, f: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.call(op, true, f)
+            .await
+            .map_err(|e| self.denied_on(e.into_store(&self.url, op), what))
     }
 }
 
 /// The outcome of `call` before it is mapped for a particular operation.
 enum CallError {
     Store(StoreError),
-    /// gRPC code 5: a lease (or key) that does not exist.
+    /// gRPC NotFound: a lease that does not exist.
     NotFound(String),
-    /// gRPC code 11: a compacted or future revision.
+    /// gRPC OutOfRange: a compacted or future revision.
     OutOfRange(String),
 }
 
@@ -533,141 +494,55 @@ fn key_list<'a>(keys: impl Iterator<Item = &'a Key>) -> String {
     s
 }
 
-fn b64(s: &[u8]) -> String {
-    B64.encode(s)
+/// A key-value as stored. A key that is not a valid text key (another program wrote
+/// it) is skipped with a warning naming it; it never fails the whole call.
+fn decode(url: &str, kv: &etcd_client::KeyValue) -> Option<KeyValue> {
+    let key = match std::str::from_utf8(kv.key()).ok().and_then(|k| Key::new(k).ok()) {
+        Some(k) => k,
+        None => {
+            tracing::warn!(
+                store = %url,
+                key = %crate::encode::escape_bytes(kv.key()),
+                "skipping a key that is not a valid text key (another program wrote it)"
+            );
+            return None;
+        }
+    };
+    Some(KeyValue::from_bytes(
+        key,
+        kv.value().to_vec(),
+        kv.create_revision(),
+        kv.mod_revision(),
+        kv.version(),
+        (kv.lease() != 0).then(|| LeaseId(kv.lease().to_string())),
+    ))
 }
 
-/// A stored key name, or `None` (with a warning naming it, escaped) when it is not
-/// a valid text key.
-fn decode_key(url: &str, b: &str) -> Option<Key> {
-    let bytes = B64.decode(b).unwrap_or_default();
-    let key = String::from_utf8(bytes.clone())
-        .ok()
-        .and_then(|k| Key::new(k).ok());
-    if key.is_none() {
-        tracing::warn!(
-            store = %url,
-            key = %crate::encode::escape_bytes(&bytes),
-            "skipping a key that is not a valid text key (another program wrote it)"
-        );
-    }
-    key
+fn lease_id(url: &str, l: &LeaseId) -> Result<i64> {
+    l.0.parse().map_err(|_| StoreError::LeaseNotFound {
+        url: url.to_string(),
+        lease: l.clone(),
+    })
 }
 
-fn range_body(prefix: &Key) -> Value {
-    let mut body = json!({ "key": b64(prefix.as_str().as_bytes()) });
-    body["range_end"] = json!(b64(
-        &prefix_end(prefix.as_str().as_bytes()).unwrap_or_else(|| vec![0])
-    ));
-    body
+fn txn_op(url: &str, op: &Op) -> Result<TxnOp> {
+    Ok(match op {
+        Op::Put { key, value, lease } => {
+            let mut o = PutOptions::new();
+            if let Some(l) = lease {
+                o = o.with_lease(lease_id(url, l)?);
+            }
+            TxnOp::put(key.as_str(), value.as_bytes(), Some(o))
+        }
+        Op::Delete(k) => TxnOp::delete(k.as_str(), None),
+        Op::DeletePrefix(p) => {
+            TxnOp::delete(p.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix()))
+        }
+    })
 }
 
-/// etcd sends int64 as strings, but accept numbers too.
-fn de_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Num {
-        S(String),
-        N(i64),
-    }
-    match Num::deserialize(d)? {
-        Num::N(n) => Ok(n),
-        Num::S(s) => s.parse().map_err(serde::de::Error::custom),
-    }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct GatewayError {
-    message: String,
-    code: i64,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct Header {
-    #[serde(deserialize_with = "de_i64")]
-    revision: i64,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct RawKv {
-    key: String,
-    value: String,
-    #[serde(deserialize_with = "de_i64")]
-    create_revision: i64,
-    #[serde(deserialize_with = "de_i64")]
-    mod_revision: i64,
-    #[serde(deserialize_with = "de_i64")]
-    version: i64,
-    #[serde(deserialize_with = "de_i64")]
-    lease: i64,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct RangeResponse {
-    header: Header,
-    kvs: Vec<RawKv>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct WriteResponse {
-    header: Header,
-    #[serde(deserialize_with = "de_i64")]
-    deleted: i64,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct TxnResponse {
-    header: Header,
-    succeeded: bool,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "UPPERCASE")]
-struct LeaseGrant {
-    #[serde(deserialize_with = "de_i64")]
-    id: i64,
-    #[serde(deserialize_with = "de_i64")]
-    ttl: i64,
-    #[serde(rename = "error")]
-    error: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct KeepAliveResponse {
-    result: LeaseGrant,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct WatchLine {
-    result: Option<WatchResult>,
-    error: Option<GatewayError>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct WatchResult {
-    created: bool,
-    canceled: bool,
-    #[serde(deserialize_with = "de_i64")]
-    compact_revision: i64,
-    cancel_reason: String,
-    events: Vec<RawEvent>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct RawEvent {
-    #[serde(rename = "type")]
-    kind: String,
-    kv: RawKv,
+fn revision<H>(h: Option<&H>, rev: impl Fn(&H) -> i64) -> Revision {
+    h.map_or(0, rev)
 }
 
 #[async_trait]
@@ -678,90 +553,94 @@ impl Store for EtcdStore {
 
     async fn ping(&self) -> Result<Revision> {
         // An empty transaction: linearizable, answered with the cluster's current
-        // revision, and allowed to any user (a range over a key would need read
-        // permission on that key).
-        let r: TxnResponse = self
+        // revision, and allowed to any user (a read of a key would need permission on
+        // that key).
+        let r = self
             .inner
-            .call("ping", "/v3/kv/txn", json!({}), true)
-            .await
-            .map_err(|e| e.into_store(&self.inner.url, "ping"))?;
-        Ok(r.header.revision)
+            .read(
+                "ping",
+                || "reading the revision".to_string(),
+                |mut c| async move { c.txn(GTxn::new()).await },
+            )
+            .await?;
+        Ok(revision(r.header(), |h| h.revision()))
     }
 
     async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {
-        let body = json!({ "key": b64(key.as_str().as_bytes()) });
-        let resp = self
+        let r = self
             .inner
-            .range("get", body)
-            .await
-            .map_err(|e| self.inner.denied_on(e, || format!("reading {key}")))?;
-        Ok(resp
-            .kvs
-            .into_iter()
-            .next()
-            .and_then(|kv| self.inner.decode_kv(kv)))
+            .read(
+                "get",
+                || format!("reading {key}"),
+                |mut c| async move { c.get(key.as_str(), None).await },
+            )
+            .await?;
+        Ok(r.kvs().first().and_then(|kv| decode(&self.inner.url, kv)))
     }
 
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
         // One read-only transaction of ranges: one request, one revision.
-        let success: Vec<Value> = keys
-            .iter()
-            .map(|k| json!({ "request_range": { "key": b64(k.as_str().as_bytes()) } }))
-            .collect();
-        let body = json!({ "compare": [], "success": success });
-        let r: Value = self
+        let ops: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
+        let r = self
             .inner
-            .call("get", "/v3/kv/txn", body, true)
-            .await
-            .map_err(|e| e.into_store(&self.inner.url, "get"))
-            .map_err(|e| {
-                self.inner
-                    .denied_on(e, || format!("reading {}", key_list(keys.iter())))
-            })?;
-        let responses = r["responses"].as_array().cloned().unwrap_or_default();
-        let mut out = Vec::with_capacity(keys.len());
-        for i in 0..keys.len() {
-            let range: RangeResponse = responses
-                .get(i)
-                .map(|x| serde_json::from_value(x["response_range"].clone()).unwrap_or_default())
-                .unwrap_or_default();
-            out.push(
-                range
-                    .kvs
-                    .into_iter()
-                    .next()
-                    .and_then(|kv| self.inner.decode_kv(kv)),
-            );
-        }
+            .read(
+                "get",
+                || format!("reading {}", key_list(keys.iter())),
+                |mut c| {
+                    let t = GTxn::new().and_then(ops.clone());
+                    async move { c.txn(t).await }
+                },
+            )
+            .await?;
+        let mut out: Vec<Option<KeyValue>> = r
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| decode(&self.inner.url, kv)),
+                _ => None,
+            })
+            .collect();
+        out.resize(keys.len(), None);
         Ok(out)
     }
 
     async fn list(&self, prefix: &Key) -> Result<Listing> {
-        let resp = self
+        let r = self
             .inner
-            .range("list", range_body(prefix))
-            .await
-            .map_err(|e| self.inner.denied_on(e, || format!("reading {prefix}")))?;
-        let revision = resp.header.revision;
-        let kvs = resp
-            .kvs
-            .into_iter()
-            .filter_map(|kv| self.inner.decode_kv(kv))
-            .collect();
-        Ok(Listing { kvs, revision })
+            .read(
+                "list",
+                || format!("reading {prefix}"),
+                |mut c| async move {
+                    c.get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+                        .await
+                },
+            )
+            .await?;
+        Ok(Listing {
+            kvs: r
+                .kvs()
+                .iter()
+                .filter_map(|kv| decode(&self.inner.url, kv))
+                .collect(),
+            revision: revision(r.header(), |h| h.revision()),
+        })
     }
 
     async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> Result<Revision> {
-        let mut body = json!({ "key": b64(key.as_str().as_bytes()), "value": b64(value.as_bytes()) });
+        let mut o = PutOptions::new();
         if let Some(l) = lease {
-            body["lease"] = json!(l.0);
+            o = o.with_lease(lease_id(&self.inner.url, l)?);
         }
+        // Writing the same value again is harmless: retried like a read.
         match self
             .inner
-            .call::<WriteResponse>("put", "/v3/kv/put", body, true)
+            .call("put", true, |mut c| {
+                let o = o.clone();
+                async move { c.put(key.as_str(), value, Some(o)).await }
+            })
             .await
         {
-            Ok(r) => Ok(r.header.revision),
+            Ok(r) => Ok(revision(r.header(), |h| h.revision())),
             Err(CallError::NotFound(_)) => Err(StoreError::LeaseNotFound {
                 url: self.inner.url.clone(),
                 lease: lease.cloned().unwrap_or(LeaseId(String::new())),
@@ -773,59 +652,78 @@ impl Store for EtcdStore {
     }
 
     async fn delete(&self, key: &Key) -> Result<bool> {
-        let body = json!({ "key": b64(key.as_str().as_bytes()) });
-        let r: WriteResponse = self
+        let r = self
             .inner
-            .call("delete", "/v3/kv/deleterange", body, true)
+            .call("delete", true, |mut c| async move {
+                c.delete(key.as_str(), None).await
+            })
             .await
-            .map_err(|e| e.into_store(&self.inner.url, "delete"))
-            .map_err(|e| self.inner.denied_on(e, || format!("deleting {key}")))?;
-        Ok(r.deleted > 0)
+            .map_err(|e| {
+                self.inner.denied_on(e.into_store(&self.inner.url, "delete"), || {
+                    format!("deleting {key}")
+                })
+            })?;
+        Ok(r.deleted() > 0)
     }
 
     async fn delete_prefix(&self, prefix: &Key) -> Result<u64> {
-        let r: WriteResponse = self
+        let r = self
             .inner
-            .call("delete prefix", "/v3/kv/deleterange", range_body(prefix), true)
+            .call("delete prefix", true, |mut c| async move {
+                c.delete(
+                    prefix.as_str(),
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                )
+                .await
+            })
             .await
-            .map_err(|e| e.into_store(&self.inner.url, "delete prefix"))
-            .map_err(|e| self.inner.denied_on(e, || format!("deleting {prefix}")))?;
-        Ok(r.deleted.max(0) as u64)
+            .map_err(|e| {
+                self.inner
+                    .denied_on(e.into_store(&self.inner.url, "delete prefix"), || {
+                        format!("deleting {prefix}")
+                    })
+            })?;
+        Ok(r.deleted().max(0) as u64)
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
-        let compare: Vec<Value> = txn
+        if let Some(dup) = super::overlapping_ops(&txn.ops) {
+            return Err(StoreError::Rejected {
+                url: self.inner.url.clone(),
+                op: "transaction",
+                message: dup,
+            });
+        }
+        let compares: Vec<GCompare> = txn
             .compares
             .iter()
             .map(|c| match c {
-                Compare::Absent(k) => json!({"target": "CREATE", "result": "EQUAL", "key": b64(k.as_str().as_bytes()), "create_revision": "0"}),
-                Compare::ModRevision(k, r) => json!({"target": "MOD", "result": "EQUAL", "key": b64(k.as_str().as_bytes()), "mod_revision": r.to_string()}),
-                Compare::Value(k, v) => json!({"target": "VALUE", "result": "EQUAL", "key": b64(k.as_str().as_bytes()), "value": b64(v.as_bytes())}),
+                Compare::Absent(k) => GCompare::create_revision(k.as_str(), CompareOp::Equal, 0),
+                Compare::ModRevision(k, r) => GCompare::mod_revision(k.as_str(), CompareOp::Equal, *r),
+                Compare::Value(k, v) => GCompare::value(k.as_str(), CompareOp::Equal, v.as_bytes()),
             })
             .collect();
-        let success: Vec<Value> = txn
+        let ops = txn
             .ops
             .iter()
-            .map(|op| match op {
-                Op::Put { key, value, lease } => {
-                    let mut p = json!({"key": b64(key.as_str().as_bytes()), "value": b64(value.as_bytes())});
-                    if let Some(l) = lease {
-                        p["lease"] = json!(l.0);
-                    }
-                    json!({ "request_put": p })
-                }
-                Op::Delete(k) => json!({"request_delete_range": {"key": b64(k.as_str().as_bytes())}}),
-                Op::DeletePrefix(p) => json!({ "request_delete_range": range_body(p) }),
-            })
-            .collect();
-        let body = json!({ "compare": compare, "success": success });
-        match self
+            .map(|op| txn_op(&self.inner.url, op))
+            .collect::<Result<Vec<_>>>()?;
+        let res = self
             .inner
-            .call::<TxnResponse>("transaction", "/v3/kv/txn", body, false)
-            .await
-        {
-            Ok(r) if r.succeeded => Ok(TxnOutcome::Committed(r.header.revision)),
-            Ok(r) => Ok(TxnOutcome::Lost(r.header.revision)),
+            .call("transaction", false, |mut c| {
+                let t = GTxn::new().when(compares.clone()).and_then(ops.clone());
+                async move { c.txn(t).await }
+            })
+            .await;
+        match res {
+            Ok(r) => {
+                let rev = revision(r.header(), |h| h.revision());
+                Ok(if r.succeeded() {
+                    TxnOutcome::Committed(rev)
+                } else {
+                    TxnOutcome::Lost(rev)
+                })
+            }
             Err(CallError::NotFound(_)) => Err(StoreError::LeaseNotFound {
                 url: self.inner.url.clone(),
                 lease: txn
@@ -850,55 +748,57 @@ impl Store for EtcdStore {
 
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
-        let r: LeaseGrant = self
+        let r = self
             .inner
-            .call(
-                "lease grant",
-                "/v3/lease/grant",
-                json!({ "TTL": secs.to_string() }),
-                true,
-            )
+            .call("lease grant", true, |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
             .await
             .map_err(|e| e.into_store(&self.inner.url, "lease grant"))?;
-        if !r.error.is_empty() || r.id == 0 {
+        if !r.error().is_empty() || r.id() == 0 {
             return Err(StoreError::Rejected {
                 url: self.inner.url.clone(),
                 op: "lease grant",
-                message: r.error,
+                message: r.error().to_string(),
             });
         }
         Ok(Lease {
-            id: LeaseId(r.id.to_string()),
-            ttl: Duration::from_secs(r.ttl.max(0) as u64),
+            id: LeaseId(r.id().to_string()),
+            ttl: Duration::from_secs(r.ttl().max(0) as u64),
         })
     }
 
     async fn keep_alive(&self, lease: &LeaseId) -> Result<Duration> {
+        let id = lease_id(&self.inner.url, lease)?;
         let not_found = || StoreError::LeaseNotFound {
             url: self.inner.url.clone(),
             lease: lease.clone(),
         };
-        match self
+        let res = self
             .inner
-            .call::<KeepAliveResponse>(
-                "lease keep-alive",
-                "/v3/lease/keepalive",
-                json!({ "ID": lease.0 }),
-                true,
-            )
-            .await
-        {
-            // An ended lease answers with no TTL (zero fields are omitted).
-            Ok(r) if r.result.ttl > 0 => Ok(Duration::from_secs(r.result.ttl as u64)),
+            .call("lease keep-alive", true, |mut c| async move {
+                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await;
+        match res {
+            // An ended lease answers with no TTL.
+            Ok(Some(r)) if r.ttl() > 0 => Ok(Duration::from_secs(r.ttl() as u64)),
             Ok(_) | Err(CallError::NotFound(_)) => Err(not_found()),
             Err(e) => Err(e.into_store(&self.inner.url, "lease keep-alive")),
         }
     }
 
     async fn revoke_lease(&self, lease: &LeaseId) -> Result<()> {
+        let id = lease_id(&self.inner.url, lease)?;
         match self
             .inner
-            .call::<Value>("lease revoke", "/v3/lease/revoke", json!({ "ID": lease.0 }), true)
+            .call(
+                "lease revoke",
+                true,
+                |mut c| async move { c.lease_revoke(id).await },
+            )
             .await
         {
             Ok(_) | Err(CallError::NotFound(_)) => Ok(()),
@@ -911,19 +811,24 @@ impl Store for EtcdStore {
         // later resumes from there and nothing written after this call is missed.
         let from = if from > 0 { from } else { self.ping().await? + 1 };
         let (tx, rx) = mpsc::channel(1024);
-        let inner = self.inner.clone();
+        let store = self.clone();
         let prefix = prefix.clone();
-        tokio::spawn(async move { watch_task(inner, prefix, from, tx).await });
+        tokio::spawn(async move { watch_task(store, prefix, from, tx).await });
         Ok(Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|ev| (ev, rx))
         })))
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        let body = json!({ "revision": revision.to_string(), "physical": true });
         match self
             .inner
-            .call::<Value>("compact", "/v3/kv/compaction", body, true)
+            .call("compact", true, |mut c| async move {
+                c.compact(
+                    revision,
+                    Some(etcd_client::CompactionOptions::new().with_physical()),
+                )
+                .await
+            })
             .await
         {
             Ok(_) => Ok(()),
@@ -934,49 +839,36 @@ impl Store for EtcdStore {
     }
 }
 
-/// Why one watch connection ended.
+/// Why one watch stream ended.
 enum WatchEnd {
     ReceiverGone,
     Compacted,
     Broken(String),
 }
 
-async fn watch_task(
-    inner: Arc<Inner>,
-    prefix: Key,
-    mut next: Revision,
-    tx: mpsc::Sender<Result<WatchEvent>>,
-) {
+async fn watch_task(store: EtcdStore, prefix: Key, mut next: Revision, tx: mpsc::Sender<Result<WatchEvent>>) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut broken = false;
     loop {
-        match watch_once(&inner, &prefix, &mut next, &tx, &mut broken).await {
+        match watch_once(&store, &prefix, &mut next, &tx, &mut broken).await {
             WatchEnd::ReceiverGone => return,
-            WatchEnd::Compacted => {
-                // History is gone: hand over the whole state and resume after it.
-                let resp = inner.range("watch re-list", range_body(&prefix)).await;
-                let listing = resp.map(|r| Listing {
-                    kvs: r.kvs.into_iter().filter_map(|kv| inner.decode_kv(kv)).collect(),
-                    revision: r.header.revision,
-                });
-                match listing {
-                    Ok(l) => {
-                        next = l.revision + 1;
-                        let ev = WatchEvent::Reset {
-                            kvs: l.kvs,
-                            revision: l.revision,
-                        };
-                        if tx.send(Ok(ev)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(prefix = %prefix, error = %e, "watch could not re-list after compaction; retrying");
-                        tokio::time::sleep(backoff.fail()).await;
-                        continue;
+            WatchEnd::Compacted => match store.list(&prefix).await {
+                Ok(l) => {
+                    next = l.revision + 1;
+                    let ev = WatchEvent::Reset {
+                        kvs: l.kvs,
+                        revision: l.revision,
+                    };
+                    if tx.send(Ok(ev)).await.is_err() {
+                        return;
                     }
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(prefix = %prefix, error = %e, "watch could not re-list after compaction; retrying");
+                    tokio::time::sleep(backoff.fail()).await;
+                    continue;
+                }
+            },
             WatchEnd::Broken(reason) => {
                 if !broken {
                     tracing::warn!(prefix = %prefix, %reason, "watch connection lost; reconnecting");
@@ -993,119 +885,100 @@ async fn watch_task(
     }
 }
 
-/// A failure to open a watch, as the watch's warning says it.
-fn watch_failure(inner: &Inner, f: Failure) -> String {
-    match inner.classify("watch", f, true) {
-        CallError::Store(e) => e.to_string(),
-        CallError::NotFound(m) | CallError::OutOfRange(m) => m,
-    }
-}
-
+/// One watch stream on the current endpoint, until it ends.
 async fn watch_once(
-    inner: &Inner,
+    store: &EtcdStore,
     prefix: &Key,
     next: &mut Revision,
     tx: &mpsc::Sender<Result<WatchEvent>>,
     broken: &mut bool,
 ) -> WatchEnd {
-    let token = match inner.token(inner.opts.request_timeout).await {
-        Ok(t) => t,
-        Err(f) => return WatchEnd::Broken(watch_failure(inner, f)),
+    let inner = &store.inner;
+    let (i, _) = inner.endpoints.pick();
+    let describe = |f: Failure| match inner.classify("watch", f, true) {
+        CallError::Store(e) => e.to_string(),
+        CallError::NotFound(m) | CallError::OutOfRange(m) => m,
     };
-    let (i, base) = inner.endpoints.pick();
-    let mut create = range_body(prefix);
-    create["start_revision"] = json!(next.to_string());
-    let body = json!({ "create_request": create });
-    let mut req = inner.clients[i].http.post(format!("{base}/v3/watch")).json(&body);
-    if let Some(t) = &token {
-        req = req.header(reqwest::header::AUTHORIZATION, t.expose());
-    }
-    let resp = tokio::select! {
-        r = req.send() => r,
+    let (mut c, generation) = match inner.client(i, inner.opts.request_timeout).await {
+        Ok(c) => c,
+        Err(f) => return WatchEnd::Broken(describe(f)),
+    };
+    let opts = WatchOptions::new().with_prefix().with_start_revision(*next);
+    let opened = tokio::select! {
+        r = tokio::time::timeout(inner.opts.request_timeout, c.watch(prefix.as_str(), Some(opts))) => r,
         _ = tx.closed() => return WatchEnd::ReceiverGone,
     };
-    let resp = match resp {
-        Ok(r) if r.status().is_success() => r,
-        Ok(r) => {
-            let reason = format!("HTTP {}", r.status());
+    let mut stream = match opened {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return WatchEnd::Broken(describe(inner.failure(i, generation, e))),
+        Err(_) => {
+            let reason = format!("no answer within {:?}", inner.opts.request_timeout);
             inner.endpoints.fail_over(i, &reason);
             return WatchEnd::Broken(reason);
         }
-        Err(e) => return WatchEnd::Broken(watch_failure(inner, inner.send_failure(i, e))),
     };
-    let mut stream = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
     loop {
-        let chunk = tokio::select! {
-            c = stream.next() => c,
+        let msg = tokio::select! {
+            m = stream.message() => m,
             _ = tx.closed() => return WatchEnd::ReceiverGone,
         };
-        let chunk = match chunk {
-            Some(Ok(c)) => c,
-            Some(Err(e)) => {
-                let reason = error_chain(&e.without_url());
-                inner.endpoints.fail_over(i, &reason);
-                return WatchEnd::Broken(reason);
+        let res = match msg {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                inner.endpoints.fail_over(i, "the server closed the watch stream");
+                return WatchEnd::Broken("the server closed the watch stream".into());
             }
-            None => return WatchEnd::Broken("the server closed the watch stream".into()),
+            Err(e) => return WatchEnd::Broken(describe(inner.failure(i, generation, e))),
         };
-        buf.extend_from_slice(&chunk);
-        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=nl).collect();
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let parsed: WatchLine = match serde_json::from_slice(&line) {
-                Ok(p) => p,
-                Err(e) => return WatchEnd::Broken(format!("undecodable watch message: {e}")),
-            };
-            if let Some(err) = parsed.error {
-                return WatchEnd::Broken(format!("watch error: {}", err.message));
-            }
-            let Some(res) = parsed.result else { continue };
-            if res.created && *broken {
-                tracing::info!(prefix = %prefix, endpoint = %base, "watch reconnected");
-                *broken = false;
-            }
-            if res.canceled {
-                if res.compact_revision > 0 {
-                    return WatchEnd::Compacted;
-                }
-                if let Some(auth) = &inner.auth {
-                    let r = &res.cancel_reason;
-                    if r.contains("Unauthenticated") || r.contains("user name is empty") {
-                        // Expired: the next connection authenticates again.
-                        auth.expired(token.as_ref());
-                        return WatchEnd::Broken("the authentication token expired".into());
-                    }
-                    if r.contains("PermissionDenied") {
-                        return WatchEnd::Broken(format!(
-                            "permission denied (watching {prefix} as user {:?})",
-                            auth.user
-                        ));
-                    }
-                }
-                return WatchEnd::Broken(format!("watch canceled: {}", res.cancel_reason));
-            }
-            let mut last = *next - 1;
-            for ev in res.events {
-                let rev = ev.kv.mod_revision;
-                if rev < *next {
-                    continue; // already delivered before a reconnection
-                }
-                let out = if ev.kind == "DELETE" {
-                    decode_key(&inner.url, &ev.kv.key).map(|key| WatchEvent::Delete { key, revision: rev })
-                } else {
-                    inner.decode_kv(ev.kv).map(WatchEvent::Put)
-                };
-                if let Some(out) = out
-                    && tx.send(Ok(out)).await.is_err()
-                {
-                    return WatchEnd::ReceiverGone;
-                }
-                last = last.max(rev);
-            }
-            *next = last + 1;
+        if res.created() && *broken {
+            tracing::info!(prefix = %prefix, "watch reconnected");
+            *broken = false;
         }
+        if res.canceled() {
+            if res.compact_revision() > 0 {
+                return WatchEnd::Compacted;
+            }
+            let reason = res.cancel_reason();
+            if reason.contains("invalid auth token") || reason.contains("user name is empty") {
+                // An expired token cancels a watch after it opened: the next
+                // attempt authenticates again.
+                inner.members[i].token_refused(generation);
+                return WatchEnd::Broken("the authentication token expired".into());
+            }
+            if reason.contains("permission denied") {
+                let e = inner.denied_on(
+                    StoreError::Denied {
+                        url: inner.url.clone(),
+                        op: "watch",
+                        message: reason.to_string(),
+                    },
+                    || format!("watching {prefix}"),
+                );
+                return WatchEnd::Broken(e.to_string());
+            }
+            return WatchEnd::Broken(format!("watch canceled: {reason}"));
+        }
+        let mut last = *next - 1;
+        for ev in res.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let rev = kv.mod_revision();
+            if rev < *next {
+                continue; // already delivered before a reconnection
+            }
+            let out = match ev.event_type() {
+                EventType::Delete => decode(&inner.url, kv).map(|kv| WatchEvent::Delete {
+                    key: kv.key,
+                    revision: rev,
+                }),
+                EventType::Put => decode(&inner.url, kv).map(WatchEvent::Put),
+            };
+            if let Some(out) = out
+                && tx.send(Ok(out)).await.is_err()
+            {
+                return WatchEnd::ReceiverGone;
+            }
+            last = last.max(rev);
+        }
+        *next = last + 1;
     }
 }
