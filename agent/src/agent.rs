@@ -63,6 +63,8 @@ pub struct Agent {
     run_rollout: Option<String>,
     /// The active rollout's rules, read once per rollout.
     rollout_cache: observe::RolloutCache,
+    /// The keys of the last read, kept up to date by the daemon's watches.
+    view: observe::View,
 }
 
 impl Agent {
@@ -125,6 +127,7 @@ impl Agent {
             orphan: None,
             run_rollout: None,
             rollout_cache: None,
+            view: observe::View::default(),
         })
     }
 
@@ -195,6 +198,22 @@ impl Agent {
 
     /// Reads what a decision needs (`health_due`: the daemon's health timer).
     pub async fn observe(&mut self, health_due: bool) -> Result<Observation, AgentError> {
+        self.observe_with(health_due, true).await
+    }
+
+    /// One event of the watches on `Subject::watched_keys` (the daemon's, or those
+    /// of a program running its own loop), for the view a pass may use.
+    pub fn watched(&mut self, ev: &jio_common::store::WatchEvent) {
+        self.view.apply(ev);
+    }
+
+    /// The watches were reopened (events may have been missed): the next pass reads.
+    pub fn watches_reopened(&mut self) {
+        self.view.invalidate();
+    }
+
+    /// `observe`, from the view unless `read` is set or the view is unusable.
+    async fn observe_with(&mut self, health_due: bool, read: bool) -> Result<Observation, AgentError> {
         let mut cache = self.rollout_cache.take();
         let mem = Memory {
             journal: &self.ledger.journal,
@@ -205,7 +224,12 @@ impl Agent {
             now: self.clock.unix_now(),
             rollout_cache: &mut cache,
         };
-        let obs = observe::observe(&self.store, self.subject(), mem).await;
+        let subject = Subject {
+            schema: &self.cfg.schema,
+            host: &self.cfg.hostname,
+            role: &self.cfg.role,
+        };
+        let obs = observe::observe(&self.store, subject, mem, &mut self.view, read).await;
         self.rollout_cache = cache;
         obs
     }
@@ -226,8 +250,18 @@ impl Agent {
             self.ledger.flush().await?;
             return Ok(PassResult::Reported);
         }
-        let obs = self.observe(health_due).await?;
-        self.act(&obs).await
+        // A pass that may check health reads the lock and the result afresh (the
+        // view does not follow them); so does a pass after one that wrote or failed.
+        let read =
+            health_due || self.health != Health::Good || !self.view.younger_than(self.cfg.resync_interval);
+        let result = match self.observe_with(health_due, read).await {
+            Ok(obs) => self.act(&obs).await,
+            Err(e) => Err(e),
+        };
+        if !matches!(result, Ok(PassResult::Idle(_))) {
+            self.view.invalidate();
+        }
+        result
     }
 
     /// Decides on `obs` and acts. A run starts only if nothing `obs` read has changed

@@ -165,16 +165,22 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
         tokio::select! {
             ev = watches.next() => {
                 match ev {
-                    Some(Ok(_)) => {}
+                    Some(Ok(ev)) => agent.watched(&ev),
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "watch failed; reopening");
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         watches = open_watches(agent).await;
+                        agent.watches_reopened();
                     }
-                    None => watches = open_watches(agent).await,
+                    None => {
+                        watches = open_watches(agent).await;
+                        agent.watches_reopened();
+                    }
                 }
                 // Drain whatever else already arrived: one pass covers it all.
-                while let Some(Some(Ok(_))) = futures_util::FutureExt::now_or_never(watches.next()) {}
+                while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(watches.next()) {
+                    agent.watched(&ev);
+                }
             }
             _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => {}

@@ -1,15 +1,21 @@
 //! What a pass reads before it decides: the desired version, the three enable keys,
 //! the rollout lock, the holds on the host and its role, `/rollouts/current` and the
 //! host's last result (one request), the active rollout's record (a second request,
-//! only while a rollout is active), the local version, and what the journal and the
-//! health checks remember. Reading only: nothing here writes or decides.
+//! only while a rollout is active and its id is new), the local version, and what the
+//! journal and the health checks remember. Reading only: nothing here writes or
+//! decides.
+//!
+//! A pass woken by a watch need not read at all: `View` keeps the keys of the last
+//! read, brought up to date by the watches' events since. It serves a pass only
+//! when nothing but those events can have changed what it holds (see `View`); what
+//! a run then starts on is fenced on the revisions it holds, as after a read.
 
 use jio_common::fleet::{CurrentRollout, ROLLOUT_LOCK};
 use jio_common::gate::{self, GateKeys, KeyState};
 use jio_common::keys::{EnableLevel, HoldTarget, Key, Schema};
 use jio_common::names::{HostName, Role};
 use jio_common::rules::Rules;
-use jio_common::store::{Compare, DynStore, KeyValue, Revision, StoreError};
+use jio_common::store::{Compare, DynStore, KeyValue, Revision, StoreError, WatchEvent};
 use jio_common::values::{HostResult, parse_json, parse_version};
 use jio_common::window;
 
@@ -119,16 +125,107 @@ pub struct Memory<'a> {
 /// A record that cannot be used is not kept: it is read again until it can.
 pub type RolloutCache = Option<(String, Rules)>;
 
-/// Reads everything one decision needs. An invalid value is part of what was
-/// observed (the decision says the host is blocked), never an error.
-pub async fn observe(store: &DynStore, who: Subject<'_>, mem: Memory<'_>) -> Result<Observation, AgentError> {
+/// The keys of the last read, kept up to date by the watches' events.
+///
+/// It holds the nine keys a pass reads, as read at revision `at`, then every watch
+/// event on a watched key with a later revision. The watches were open before the
+/// read (they are opened first, and a reopened watch makes the view unusable until
+/// the next read), so no change after `at` to a watched key is missed; one may only
+/// not have arrived yet, and then its event wakes the agent again. The rollout lock
+/// and the host's result are not watched: they count only for health checks and the
+/// soak, and a pass that may check health reads (`Agent::pass`).
+#[derive(Debug, Default)]
+pub struct View {
+    /// The revision of the read; 0: no usable read (the next pass reads).
+    at: Revision,
+    /// When the read was made.
+    read_at: Option<tokio::time::Instant>,
+    keys: Vec<(Key, Option<KeyValue>)>,
+}
+
+impl View {
+    /// Whether a pass may use the view instead of reading.
+    pub fn usable(&self) -> bool {
+        self.at > 0
+    }
+
+    /// Whether the view comes from a read made less than `age` ago (the daemon's
+    /// resync reads, as a safety net under the watches).
+    pub fn younger_than(&self, age: std::time::Duration) -> bool {
+        self.read_at.is_some_and(|t| t.elapsed() < age)
+    }
+
+    /// The next pass reads (after the agent wrote, a watch was reopened, or a pass
+    /// failed).
+    pub fn invalidate(&mut self) {
+        self.at = 0;
+    }
+
+    /// One watch event. Events from before the read are already in it; a key that
+    /// only shares a watched key's prefix (`/enable/host/compute10` for `compute1`)
+    /// is not one of the view's keys; a reset (after a compaction) drops the view.
+    pub fn apply(&mut self, ev: &WatchEvent) {
+        if !self.usable() {
+            return;
+        }
+        let (key, value, revision) = match ev {
+            WatchEvent::Put(kv) => (&kv.key, Some(kv), kv.mod_revision),
+            WatchEvent::Delete { key, revision } => (key, None, *revision),
+            WatchEvent::Reset { .. } => return self.invalidate(),
+        };
+        if revision <= self.at {
+            return;
+        }
+        if let Some((_, slot)) = self.keys.iter_mut().find(|(k, _)| k == key)
+            && slot.as_ref().is_none_or(|kv| kv.mod_revision < revision)
+        {
+            *slot = value.cloned();
+        }
+    }
+
+    /// The values of `keys`, if the view holds them all.
+    fn values(&self, keys: &[Key]) -> Option<Vec<Option<KeyValue>>> {
+        if !self.usable() || self.keys.len() != keys.len() {
+            return None;
+        }
+        self.keys
+            .iter()
+            .zip(keys)
+            .map(|((k, v), want)| (k == want).then(|| v.clone()))
+            .collect()
+    }
+}
+
+/// Reads everything one decision needs: from `view` when `read` is false and it is
+/// usable, else from the store (and the view starts again from that read). An
+/// invalid value is part of what was observed (the decision says the host is
+/// blocked), never an error.
+pub async fn observe(
+    store: &DynStore,
+    who: Subject<'_>,
+    mem: Memory<'_>,
+    view: &mut View,
+    read: bool,
+) -> Result<Observation, AgentError> {
     let mut keys = vec![who.schema.current_version()];
     keys.extend(who.gate_keys());
     keys.push(who.schema.lock(ROLLOUT_LOCK));
     keys.extend(who.hold_keys());
     keys.push(who.schema.current_rollout());
     keys.push(who.schema.result(who.host));
-    let got = store.get_many(&keys).await?;
+    let got = match view.values(&keys).filter(|_| !read) {
+        Some(got) => got,
+        None => {
+            view.invalidate();
+            let (got, at) = store.get_many_at(&keys).await?;
+            if got.len() == keys.len() {
+                view.keys = keys.iter().cloned().zip(got.iter().cloned()).collect();
+                view.at = at;
+                view.read_at = Some(tokio::time::Instant::now());
+            }
+            got
+        }
+    };
     let [desired, h, r, g, lock, host_hold, role_hold, current, result] =
         <[_; 9]>::try_from(got).map_err(|_| {
             AgentError::Store(StoreError::Rejected {
@@ -235,4 +332,92 @@ async fn rollout_facts(
     let out = facts(&id, &rules);
     *cache = Some((id, rules));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn key(s: &str) -> Key {
+        Key::new(s).unwrap()
+    }
+
+    fn kv(k: &str, v: &str, rev: Revision) -> KeyValue {
+        KeyValue::from_bytes(key(k), v.as_bytes().to_vec(), rev, rev, 1, None)
+    }
+
+    /// A view read at revision 10: `/a` holds "1" (written at 5), `/b` is absent.
+    fn view() -> (View, Vec<Key>) {
+        let keys = vec![key("/a"), key("/b")];
+        let v = View {
+            at: 10,
+            read_at: Some(tokio::time::Instant::now()),
+            keys: vec![(key("/a"), Some(kv("/a", "1", 5))), (key("/b"), None)],
+        };
+        (v, keys)
+    }
+
+    fn value(v: &View, keys: &[Key], i: usize) -> Option<String> {
+        v.values(keys).unwrap()[i].as_ref().map(|kv| kv.value.clone())
+    }
+
+    #[tokio::test]
+    async fn events_after_the_read_are_applied_and_older_ones_are_not() {
+        let (mut v, keys) = view();
+        // Already in the read: a put of /b then its delete, both before revision 10.
+        v.apply(&WatchEvent::Put(kv("/b", "old", 8)));
+        v.apply(&WatchEvent::Delete {
+            key: key("/a"),
+            revision: 9,
+        });
+        assert_eq!(value(&v, &keys, 0).as_deref(), Some("1"));
+        assert_eq!(value(&v, &keys, 1), None);
+        // After it.
+        v.apply(&WatchEvent::Put(kv("/b", "new", 11)));
+        v.apply(&WatchEvent::Delete {
+            key: key("/a"),
+            revision: 12,
+        });
+        assert_eq!(value(&v, &keys, 0), None);
+        assert_eq!(value(&v, &keys, 1).as_deref(), Some("new"));
+        // A late event older than what the view holds for its key changes nothing.
+        v.apply(&WatchEvent::Put(kv("/b", "late", 11)));
+        assert_eq!(value(&v, &keys, 1).as_deref(), Some("new"));
+    }
+
+    #[tokio::test]
+    async fn a_key_that_only_shares_the_prefix_is_not_taken() {
+        let (mut v, keys) = view();
+        v.apply(&WatchEvent::Put(kv("/b0", "other host", 11)));
+        assert_eq!(value(&v, &keys, 1), None);
+    }
+
+    #[tokio::test]
+    async fn a_reset_or_an_invalidation_makes_the_next_pass_read() {
+        let (mut v, keys) = view();
+        v.apply(&WatchEvent::Reset {
+            kvs: vec![],
+            revision: 20,
+        });
+        assert!(!v.usable());
+        assert!(v.values(&keys).is_none());
+        // Events on an unusable view are dropped: they are in the next read.
+        v.apply(&WatchEvent::Put(kv("/b", "x", 21)));
+        assert!(v.values(&keys).is_none());
+        let (mut v, keys) = view();
+        v.invalidate();
+        assert!(v.values(&keys).is_none());
+        // Other keys than the view's: read.
+        let (v, _) = view();
+        assert!(v.values(&[key("/a"), key("/c")]).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_old_read_is_not_used() {
+        let (v, _) = view();
+        assert!(v.younger_than(std::time::Duration::from_secs(60)));
+        tokio::time::sleep(std::time::Duration::from_secs(61)).await;
+        assert!(!v.younger_than(std::time::Duration::from_secs(60)));
+    }
 }

@@ -44,8 +44,8 @@ fn host() -> HostName {
     HostName::new("compute1").unwrap()
 }
 
-async fn rig(settings: &[(&str, &str)], steps: ScriptedSteps) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
+/// The configuration of `compute1` with its files in `dir` (at v1), with `settings`.
+fn config(dir: &tempfile::TempDir, settings: &[(&str, &str)]) -> jio_agent::config::Config {
     let empty = dir.path().join("agent.toml");
     std::fs::write(&empty, "").unwrap();
     std::fs::write(dir.path().join("version"), "v1\n").unwrap();
@@ -74,7 +74,12 @@ async fn rig(settings: &[(&str, &str)], steps: ScriptedSteps) -> Rig {
         let key = SCALAR_KEYS.iter().find(|x| **x == k).copied().unwrap();
         ov.flags.insert(key, val);
     }
-    let cfg = jio_agent::config::load(&ov, || None).unwrap();
+    jio_agent::config::load(&ov, || None).unwrap()
+}
+
+async fn rig(settings: &[(&str, &str)], steps: ScriptedSteps) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, settings);
     let store = MemoryStore::new();
     store
         .put(&Schema::default().current_version(), "v1", None)
@@ -440,4 +445,101 @@ async fn a_closed_window_wakes_the_agent_when_it_opens() {
     assert_eq!(r.at(Step::Configured), [600]);
     assert_eq!(r.local(), "v2");
     r.stop().await;
+}
+
+/// The number of `get_many` requests (the pass's read) made so far.
+fn reads(c: &CountingStore) -> u64 {
+    let i = jio_common::store::counting::OPS
+        .iter()
+        .position(|op| *op == "get_many")
+        .unwrap();
+    c.by_op()[i]
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_woken_by_a_watch_reads_nothing_and_a_pass_after_a_run_reads() {
+    let r = rig(
+        &[],
+        ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let before = reads(&r.counted);
+    assert!(before >= 1, "the first pass read");
+    // Watched keys change; nothing is to be done (up to date): no read.
+    r.enable_global().await;
+    r.desire("v1").await;
+    let hold = Schema::default().hold(&jio_common::keys::HoldTarget::Host(host()));
+    r.put(hold.clone(), r#"{"reason":"test","at":1}"#).await;
+    r.store.delete(&hold).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(reads(&r.counted), before, "passes woken by watches used the view");
+    // A new version starts at once on the view, and the pass after the run reads.
+    r.desire("v2").await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(r.at(Step::Configured), [20]);
+    assert_eq!(r.local(), "v2");
+    assert_eq!(reads(&r.counted), before + 1, "one read: the pass after the run");
+    r.stop().await;
+}
+
+/// The view can miss an event that has not arrived yet (each key has its own
+/// watch): a run decided on it is fenced like any other, and the next pass reads.
+#[tokio::test(start_paused = true)]
+async fn a_run_decided_on_a_stale_view_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, &[]);
+    let schema = Schema::default();
+    let store = MemoryStore::new();
+    store.put(&schema.current_version(), "v1", None).await.unwrap();
+    let dynstore: DynStore = Arc::new(store.clone());
+    let (_stop, stop_rx) = watch::channel(false);
+    let steps = Arc::new(ScriptedSteps::new());
+    let mut agent = Agent::new(cfg.clone(), dynstore.clone(), stop_rx)
+        .unwrap()
+        .with_steps(steps.clone())
+        .with_clock(Arc::new(TokioClock::starting_at(START)));
+    agent.set_liveness(jio_agent::liveness::Liveness::start(
+        dynstore.clone(),
+        schema.agent(&host()),
+        cfg.lease_ttl,
+        jio_common::values::AgentState::Idle,
+        Some(v("v1")),
+    ));
+    let first = agent.pass(false).await.unwrap();
+    assert!(
+        matches!(first, jio_agent::agent::PassResult::Idle(_)),
+        "{first:?}"
+    );
+    // A hold written with the enable key and a new version: the view gets the
+    // events of the last two only.
+    let hold = schema.hold(&jio_common::keys::HoldTarget::Host(host()));
+    store
+        .put(&hold, r#"{"reason":"disk","at":1}"#, None)
+        .await
+        .unwrap();
+    store
+        .put(&schema.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
+    store.put(&schema.current_version(), "v2", None).await.unwrap();
+    for k in [schema.enable(&EnableLevel::Global), schema.current_version()] {
+        let kv = store.get(&k).await.unwrap().unwrap();
+        agent.watched(&jio_common::store::WatchEvent::Put(kv));
+    }
+    let stale = agent.pass(false).await.unwrap();
+    assert!(
+        matches!(stale, jio_agent::agent::PassResult::Raced),
+        "the start is fenced on the hold key being absent: {stale:?}"
+    );
+    assert!(steps.calls().is_empty(), "nothing ran");
+    let next = agent.pass(false).await.unwrap();
+    assert!(
+        matches!(
+            next,
+            jio_agent::agent::PassResult::Idle(jio_agent::decide::Decision::Held { .. })
+        ),
+        "the next pass read the hold: {next:?}"
+    );
+    assert!(steps.calls().is_empty(), "nothing ran");
 }

@@ -119,6 +119,13 @@ pub struct Makespan {
     pub requests_per_host: f64,
     /// Requests per host by operation (`CountingStore`'s names), those made.
     pub per_host_by_op: BTreeMap<String, f64>,
+    /// Where the time went: from the driver's start to the first configuration step.
+    pub first_start_s: f64,
+    /// The role with a limit of 1 (the longest chain): the mean time between one
+    /// host's step starting and the next one's, less the step itself.
+    pub serial_gap_ms: f64,
+    /// From the last step's start to the driver's return (the step included).
+    pub tail_s: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -605,7 +612,7 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
     let names: Vec<(String, String)> = (0..10)
         .flat_map(|r| (0..per_role).map(move |i| (format!("r{r}n{i:04}"), format!("r{r}"))))
         .collect();
-    let fleet = SimFleet::start(bs, &names, step, "m1").await;
+    let mut fleet = SimFleet::start(bs, &names, step, "m1").await;
     // A fleet is running long before a rollout: wait until every agent is up.
     fleet.settle(bs, names.len()).await;
     let before = bs.counting.requests();
@@ -615,6 +622,28 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         .await
         .expect("upgrade");
     let measured = t0.elapsed();
+    let mut starts: Vec<(HostName, Instant)> = Vec::new();
+    while let Ok((h, v, at)) = fleet.starts.try_recv() {
+        if v.as_str() == "m2" && at >= t0 {
+            starts.push((h, at));
+        }
+    }
+    starts.sort_by_key(|(_, at)| *at);
+    let first_start_s = starts.first().map_or(0.0, |(_, at)| (*at - t0).as_secs_f64());
+    let tail_s = starts
+        .last()
+        .map_or(0.0, |(_, at)| (t0 + measured - *at).as_secs_f64());
+    let serial: Vec<Instant> = starts
+        .iter()
+        .filter(|(h, _)| h.as_str().starts_with("r9n"))
+        .map(|(_, at)| *at)
+        .collect();
+    let serial_gap_ms = if serial.len() > 1 {
+        let span = (*serial.last().unwrap_or(&t0) - serial[0]).as_secs_f64();
+        (span / (serial.len() - 1) as f64 - step.as_secs_f64()) * 1000.0
+    } else {
+        0.0
+    };
     let requests = bs.counting.requests() - before;
     let per_host_by_op = bs
         .counting
@@ -644,6 +673,9 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         store_requests: requests,
         requests_per_host: requests as f64 / names.len() as f64,
         per_host_by_op,
+        first_start_s,
+        serial_gap_ms,
+        tail_s,
     }
 }
 
@@ -920,6 +952,11 @@ pub fn table(r: &Report) -> String {
         .map(|(op, n)| format!("{op} {n:.1}"))
         .collect();
     let _ = writeln!(s, "{:<44} {}", "   per host by operation", by_op.join(", "));
+    let _ = writeln!(
+        s,
+        "{:<44} first step after {:.2}s, r9 (limit 1) {:.1}ms between steps, last step start to end {:.2}s",
+        "   where the time went", m.first_start_s, m.serial_gap_ms, m.tail_s
+    );
     let st = &r.status;
     let _ = writeln!(
         s,

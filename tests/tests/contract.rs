@@ -231,6 +231,18 @@ async fn put_get_delete(b: Backend) {
     assert_eq!(many[0].as_ref().map(|kv| kv.value.as_str()), Some("two"));
     assert_eq!(many[1], None);
     assert_eq!(many[2].as_ref().map(|kv| kv.value.as_str()), Some(""));
+    // With the revision of the read: the store's current one while nothing writes
+    // (0 only on Consul, whose read transactions carry no index).
+    let (again, at) = s
+        .get_many_at(&[key.clone(), k("/contract/none"), k("/contract/empty")])
+        .await
+        .unwrap();
+    assert_eq!(again, many);
+    if matches!(b.fixture, Fixture::Consul(_)) {
+        assert_eq!(at, 0, "Consul cannot say");
+    } else {
+        assert_eq!(at, s.ping().await.unwrap(), "read at the current revision");
+    }
     assert!(s.delete(&key).await.unwrap());
     assert_eq!(s.get(&key).await.unwrap(), None);
     let before = s.ping().await.unwrap();

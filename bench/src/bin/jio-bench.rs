@@ -73,6 +73,10 @@ fn main() -> ExitCode {
             .map(|(op, n)| format!("{op} {n:.2}"))
             .collect();
         println!("per host by operation: {}", by_op.join(", "));
+        println!(
+            "where the time went: first step after {:.2}s, r9 (limit 1) {:.1}ms between steps, last step start to end {:.2}s",
+            m.first_start_s, m.serial_gap_ms, m.tail_s
+        );
         return ExitCode::SUCCESS;
     }
     let report = rt.block_on(bench::run(backend, sizes));

@@ -97,6 +97,10 @@ impl Store for CountingStore {
         self.tick("get_many");
         self.inner.get_many(keys).await
     }
+    async fn get_many_at(&self, keys: &[Key]) -> Result<(Vec<Option<KeyValue>>, Revision)> {
+        self.tick("get_many");
+        self.inner.get_many_at(keys).await
+    }
     async fn list(&self, prefix: &Key) -> Result<Listing> {
         self.tick("list");
         self.inner.list(prefix).await

@@ -579,6 +579,10 @@ impl Store for EtcdStore {
     }
 
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
+        Ok(self.get_many_at(keys).await?.0)
+    }
+
+    async fn get_many_at(&self, keys: &[Key]) -> Result<(Vec<Option<KeyValue>>, Revision)> {
         // One read-only transaction of ranges: one request, one revision.
         let ops: Vec<TxnOp> = keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
         let r = self
@@ -601,7 +605,7 @@ impl Store for EtcdStore {
             })
             .collect();
         out.resize(keys.len(), None);
-        Ok(out)
+        Ok((out, revision(r.header(), |h| h.revision())))
     }
 
     async fn list(&self, prefix: &Key) -> Result<Listing> {

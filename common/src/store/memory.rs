@@ -238,6 +238,14 @@ impl Store for MemoryStore {
         Ok(self.lock("get")?.kvs.get(key.as_str()).cloned())
     }
 
+    async fn get_many_at(&self, keys: &[Key]) -> Result<(Vec<Option<KeyValue>>, Revision)> {
+        let s = self.lock("get")?;
+        Ok((
+            keys.iter().map(|k| s.kvs.get(k.as_str()).cloned()).collect(),
+            s.revision,
+        ))
+    }
+
     async fn list(&self, prefix: &Key) -> Result<Listing> {
         let s = self.lock("list")?;
         Ok(Listing {

@@ -312,6 +312,14 @@ pub trait Store: Send + Sync + 'static {
         futures_util::future::try_join_all(keys.iter().map(|k| self.get(k))).await
     }
 
+    /// `get_many`, with the revision the keys were read at: every change after it is
+    /// one a watch opened before the read delivers. 0 when the store cannot say
+    /// (Consul: its read transactions carry no index), and then the caller must not
+    /// combine the read with watch events.
+    async fn get_many_at(&self, keys: &[Key]) -> Result<(Vec<Option<KeyValue>>, Revision)> {
+        Ok((self.get_many(keys).await?, 0))
+    }
+
     /// Every key starting with `prefix`, in key order, read at one revision.
     async fn list(&self, prefix: &Key) -> Result<Listing>;
 

@@ -665,8 +665,12 @@ impl Store for SqliteStore {
     }
 
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>> {
+        Ok(self.get_many_at(keys).await?.0)
+    }
+
+    async fn get_many_at(&self, keys: &[Key]) -> Result<(Vec<Option<KeyValue>>, Revision)> {
         let ks: Vec<Vec<u8>> = keys.iter().map(|k| k.as_str().as_bytes().to_vec()).collect();
-        self.read("get", move |tx, _| {
+        self.read("get", move |tx, rev| {
             let mut stmt = tx.prepare_cached(
                 "SELECT key, value, create_rev, mod_rev, version, lease FROM kv WHERE key = ?1",
             )?;
@@ -686,7 +690,8 @@ impl Store for SqliteStore {
                         .optional()?
                         .flatten())
                 })
-                .collect()
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map(|kvs| (kvs, rev))
         })
         .await
     }
