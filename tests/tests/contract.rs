@@ -476,6 +476,35 @@ async fn lease_expiry_removes_bound_keys(b: Backend) {
     s.revoke_lease(&l2.id).await.unwrap();
 }
 
+/// Renewals carry on across a restart of the server (etcd keeps its keep-alive
+/// stream open between renewals: a broken one is opened again), and a revoked
+/// lease is not found.
+async fn keep_alive_carries_on_across_a_restart(mut b: Backend) {
+    let lease = b.store.grant_lease(Duration::from_secs(30)).await.unwrap();
+    let key = k("/contract/kept");
+    b.store.put(&key, "x", Some(&lease.id)).await.unwrap();
+    for _ in 0..3 {
+        let ttl = b.store.keep_alive(&lease.id).await.unwrap();
+        assert!(ttl > Duration::ZERO);
+    }
+    b.restart_server().await;
+    let s = &b.store;
+    let ttl = s.keep_alive(&lease.id).await.unwrap();
+    assert!(ttl > Duration::ZERO, "renewed after the restart");
+    assert!(s.keep_alive(&lease.id).await.unwrap() > Duration::ZERO);
+    assert!(
+        s.get(&key).await.unwrap().is_some(),
+        "the bound key is still there"
+    );
+    s.revoke_lease(&lease.id).await.unwrap();
+    let err = s.keep_alive(&lease.id).await.unwrap_err();
+    assert!(matches!(err, StoreError::LeaseNotFound { .. }), "{err}");
+    assert!(
+        s.get(&key).await.unwrap().is_none(),
+        "revoking deleted the bound key"
+    );
+}
+
 async fn watch_delivers_every_event_in_order_across_restart(mut b: Backend) {
     let writer = b.another_client().await;
     let from = b.store.ping().await.unwrap() + 1;
@@ -715,6 +744,7 @@ contract!(
     txn_is_atomic,
     txn_rejects_writing_a_key_twice,
     lease_expiry_removes_bound_keys,
+    keep_alive_carries_on_across_a_restart,
     watch_delivers_every_event_in_order_across_restart,
     watch_from_now_sees_only_new_events,
     watch_recovers_from_compaction,

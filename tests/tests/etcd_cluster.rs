@@ -95,3 +95,91 @@ async fn etcdctl_reads_what_the_store_layer_wrote() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v42");
 }
+
+/// A first endpoint that cannot be connected to (its name does not resolve) is
+/// passed over by every request, a transaction included: nothing was sent to it, so
+/// the transaction is not in doubt.
+#[tokio::test]
+async fn an_endpoint_never_connected_to_is_passed_over_by_a_transaction() {
+    use jio_common::store::{Compare, Op, Txn, TxnOutcome};
+    let etcd = Etcd::start().await;
+    let url = StoreUrl::parse(&format!(
+        "etcd://no-such-member.invalid:2379,127.0.0.1:{}",
+        etcd.port(0)
+    ))
+    .unwrap();
+    let store = EtcdStore::new(&url, EtcdOptions::default()).unwrap();
+    let key = Key::new("/txn/first").unwrap();
+    let out = store
+        .txn(
+            Txn::new()
+                .when(Compare::Absent(key.clone()))
+                .then(Op::put(key.clone(), "x")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out, TxnOutcome::Committed(_)), "{out:?}");
+    assert_eq!(store.get(&key).await.unwrap().unwrap().value, "x");
+}
+
+/// etcd refuses a token issued before a change of users or roles ("revision of
+/// auth store is old"): the client authenticates again and nothing fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_of_roles_under_load_fail_no_request() {
+    use jio_common::store::{Compare, Op, Txn};
+    let etcd = Arc::new(Etcd::secure(300, "").await);
+    let url = StoreUrl::parse(&etcd.url_as("jio-operator")).unwrap();
+    let store = Arc::new(EtcdStore::new(&url, EtcdOptions::default()).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let granter = {
+        let (etcd, stop) = (etcd.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let path = format!("/unused/{n}");
+                let out = etcd.etcdctl(&["role", "grant-permission", "jio-agent", "read", &path]);
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            for i in 0..300 {
+                let key = Key::new(format!("/roles/{t}/{i}")).unwrap();
+                let res = if i % 2 == 0 {
+                    store.put(&key, "v", None).await.map(|_| ())
+                } else {
+                    let txn = Txn::new()
+                        .when(Compare::Absent(key.clone()))
+                        .then(Op::put(key.clone(), "v"));
+                    store.txn(txn).await.map(|_| ())
+                };
+                if let Err(e) = res {
+                    errors.push(e.to_string());
+                }
+            }
+            errors
+        }));
+    }
+    let mut errors = Vec::new();
+    for t in tasks {
+        errors.extend(t.await.unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let grants = granter.join().unwrap();
+    assert!(
+        grants >= 3,
+        "the roles changed during the writes ({grants} grants)"
+    );
+    assert!(
+        errors.is_empty(),
+        "{} of 1200 requests failed: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(3)]
+    );
+}

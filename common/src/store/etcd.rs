@@ -85,6 +85,10 @@ struct Inner {
     auth_off_said: AtomicBool,
     /// Tokens obtained so far, on every endpoint.
     tokens: std::sync::atomic::AtomicU64,
+    /// The open keep-alive stream of each lease being renewed. A renewal takes its
+    /// lease's out while it uses it: one cut short (a timeout) leaves nothing behind
+    /// whose late answer the next renewal could mistake for its own.
+    keepers: std::sync::Mutex<std::collections::HashMap<i64, Keeper>>,
     opts: EtcdOptions,
 }
 
@@ -106,6 +110,21 @@ struct MemberState {
     /// Counts authentications, so that a refusal of an old token does not discard a
     /// new one.
     generation: u64,
+}
+
+/// Which connection an attempt uses: its endpoint and its authentication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Conn {
+    member: usize,
+    generation: u64,
+}
+
+/// A lease's keep-alive stream, kept open between renewals (one request on an open
+/// stream each, rather than a stream opened per renewal).
+struct Keeper {
+    conn: Conn,
+    keeper: etcd_client::LeaseKeeper,
+    stream: etcd_client::LeaseKeepAliveStream,
 }
 
 /// Why one attempt failed.
@@ -140,7 +159,11 @@ impl EtcdStore {
             .with_connect_timeout(opts.connect_timeout)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             // Expired tokens are renewed here, reading the password file again.
-            .with_auto_token_refresh(false);
+            .with_auto_token_refresh(false)
+            // A member cut off from the leader refuses requests and cancels watches
+            // (etcd's "hasleader" metadata) instead of answering from its own state
+            // or going silent: the client moves on to another endpoint.
+            .with_require_leader(true);
         if let Some(t) = tls {
             let pem = tls_pem(t).map_err(invalid)?;
             let mut o = TlsOptions::new();
@@ -181,6 +204,7 @@ impl EtcdStore {
                 auth: auth.clone(),
                 auth_off_said: AtomicBool::new(false),
                 tokens: std::sync::atomic::AtomicU64::new(0),
+                keepers: std::sync::Mutex::new(std::collections::HashMap::new()),
                 opts,
             }),
         })
@@ -308,18 +332,35 @@ impl Inner {
         };
         let code = status.code();
         let message = status.message().to_string();
-        // tonic reports a connection it could not make (refused, TLS) as Unavailable,
-        // with the cause as the source.
+        // tonic reports a transport failure with the cause as the source: a
+        // connection it could not make (refused, a name that does not resolve, a TLS
+        // handshake) is a `tonic::ConnectError` somewhere in the chain, and then
+        // nothing was sent.
         if let Some(source) = std::error::Error::source(&status) {
             let chain = error_chain(source);
             self.endpoints.fail_over(i, &chain);
-            let not_sent = message.contains("connect error") || chain.contains("connect error");
-            return self.unanswered(format!("{message}: {chain}"), not_sent);
+            return self.unanswered(format!("{message}: {chain}"), never_connected(source));
         }
         match code {
+            // Refused before anything was applied: a token that expired, or one
+            // from before a change of users or roles (etcd's own client
+            // authenticates again on both).
             tonic::Code::Unauthenticated => {
                 self.members[i].token_refused(generation);
                 Failure::TokenExpired
+            }
+            tonic::Code::InvalidArgument if message.contains("revision of auth store is old") => {
+                self.members[i].token_refused(generation);
+                Failure::TokenExpired
+            }
+            // A member cut off from the leader (the requests say they need one) or
+            // one shedding load answers before proposing anything.
+            tonic::Code::Unavailable if message.contains("no leader") => {
+                self.endpoints.fail_over(i, &message);
+                Failure::NotSent(message)
+            }
+            tonic::Code::ResourceExhausted if message.contains("too many requests") => {
+                Failure::NotSent(message)
             }
             tonic::Code::InvalidArgument if message.contains("user name is empty") => {
                 if self.auth.is_some() {
@@ -361,12 +402,16 @@ impl Inner {
     /// One attempt of `f` on the current endpoint.
     async fn attempt<T, F, Fut>(&self, f: &F, timeout: Duration) -> Result<T, Failure>
     where
-        F: Fn(Client) -> Fut,
+        F: Fn(Client, Conn) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let (i, _) = self.endpoints.pick();
         let (client, generation) = self.client(i, timeout).await?;
-        match tokio::time::timeout(timeout, f(client)).await {
+        let conn = Conn {
+            member: i,
+            generation,
+        };
+        match tokio::time::timeout(timeout, f(client, conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.failure(i, generation, e)),
             Err(_) => {
@@ -382,6 +427,15 @@ impl Inner {
     async fn call<T, F, Fut>(&self, op: &'static str, idempotent: bool, f: F) -> Result<T, CallError>
     where
         F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.call_on(op, idempotent, |c, _| f(c)).await
+    }
+
+    /// `call`, telling `f` which connection its client is.
+    async fn call_on<T, F, Fut>(&self, op: &'static str, idempotent: bool, f: F) -> Result<T, CallError>
+    where
+        F: Fn(Client, Conn) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         // A TLS refusal is final once every endpoint has refused.
@@ -406,10 +460,11 @@ impl Inner {
         CallError::Store(match f {
             Failure::NotSent(reason) => StoreError::Unavailable { url, op, reason },
             Failure::Refused(message) | Failure::Tls(message) => StoreError::Denied { url, op, message },
-            Failure::TokenExpired => StoreError::Denied {
+            // The budget ran out while tokens were being renewed: transient.
+            Failure::TokenExpired => StoreError::Unavailable {
                 url,
                 op,
-                message: "etcd kept refusing the authentication token as invalid".into(),
+                reason: "etcd refused the authentication token until the retry budget ran out".into(),
             },
             Failure::Unknown(reason) if idempotent => StoreError::Unavailable { url, op, reason },
             Failure::Unknown(reason) => StoreError::Ambiguous { url, op, reason },
@@ -477,6 +532,18 @@ impl CallError {
             },
         }
     }
+}
+
+/// Whether an error's chain says the connection was never made.
+fn never_connected(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Keys as a message names them: the first three, then how many more.
@@ -552,9 +619,10 @@ impl Store for EtcdStore {
     }
 
     async fn ping(&self) -> Result<Revision> {
-        // An empty transaction: linearizable, answered with the cluster's current
-        // revision, and allowed to any user (a read of a key would need permission on
-        // that key).
+        // An empty transaction: answered with the member's current revision, and
+        // allowed to any user (a read of a key would need permission on that key).
+        // etcd answers it from the member's own state, but a member without a leader
+        // refuses it (the requests require one).
         let r = self
             .inner
             .read(
@@ -778,17 +846,37 @@ impl Store for EtcdStore {
             url: self.inner.url.clone(),
             lease: lease.clone(),
         };
-        let res = self
-            .inner
-            .call("lease keep-alive", true, |mut c| async move {
-                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
-                keeper.keep_alive().await?;
-                stream.message().await
+        let inner = &self.inner;
+        let res = inner
+            .call_on("lease keep-alive", true, |mut c, conn| async move {
+                let kept = inner
+                    .keepers
+                    .lock()
+                    .ok()
+                    .and_then(|mut k| k.remove(&id))
+                    .filter(|k| k.conn == conn);
+                let mut k = match kept {
+                    Some(k) => k,
+                    None => {
+                        let (keeper, stream) = c.lease_keep_alive(id).await?;
+                        Keeper { conn, keeper, stream }
+                    }
+                };
+                k.keeper.keep_alive().await?;
+                let answer = k.stream.message().await?.ok_or_else(|| {
+                    etcd_client::Error::LeaseKeepAliveError("the server closed the keep-alive stream".into())
+                })?;
+                if answer.ttl() > 0
+                    && let Ok(mut all) = inner.keepers.lock()
+                {
+                    all.insert(id, k);
+                }
+                Ok(answer)
             })
             .await;
         match res {
             // An ended lease answers with no TTL.
-            Ok(Some(r)) if r.ttl() > 0 => Ok(Duration::from_secs(r.ttl() as u64)),
+            Ok(r) if r.ttl() > 0 => Ok(Duration::from_secs(r.ttl() as u64)),
             Ok(_) | Err(CallError::NotFound(_)) => Err(not_found()),
             Err(e) => Err(e.into_store(&self.inner.url, "lease keep-alive")),
         }
@@ -796,6 +884,9 @@ impl Store for EtcdStore {
 
     async fn revoke_lease(&self, lease: &LeaseId) -> Result<()> {
         let id = lease_id(&self.inner.url, lease)?;
+        if let Ok(mut k) = self.inner.keepers.lock() {
+            k.remove(&id);
+        }
         match self
             .inner
             .call(
@@ -854,7 +945,7 @@ async fn watch_task(store: EtcdStore, prefix: Key, mut next: Revision, tx: mpsc:
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut broken = false;
     loop {
-        match watch_once(&store, &prefix, &mut next, &tx, &mut broken).await {
+        match watch_once(&store, &prefix, &mut next, &tx, &mut broken, &mut backoff).await {
             WatchEnd::ReceiverGone => return,
             WatchEnd::Compacted => match store.list(&prefix).await {
                 Ok(l) => {
@@ -868,6 +959,9 @@ async fn watch_task(store: EtcdStore, prefix: Key, mut next: Revision, tx: mpsc:
                     }
                 }
                 Err(e) => {
+                    if tx.is_closed() {
+                        return;
+                    }
                     tracing::warn!(prefix = %prefix, error = %e, "watch could not re-list after compaction; retrying");
                     tokio::time::sleep(backoff.fail()).await;
                     continue;
@@ -896,6 +990,7 @@ async fn watch_once(
     next: &mut Revision,
     tx: &mpsc::Sender<Result<WatchEvent>>,
     broken: &mut bool,
+    backoff: &mut Backoff,
 ) -> WatchEnd {
     let inner = &store.inner;
     let (i, _) = inner.endpoints.pick();
@@ -934,9 +1029,13 @@ async fn watch_once(
             }
             Err(e) => return WatchEnd::Broken(describe(inner.failure(i, generation, e))),
         };
-        if res.created() && *broken {
-            tracing::info!(prefix = %prefix, "watch reconnected");
-            *broken = false;
+        if res.created() {
+            // A stream that opened: the next failure starts its backoff afresh.
+            backoff.succeed();
+            if *broken {
+                tracing::info!(prefix = %prefix, "watch reconnected");
+                *broken = false;
+            }
         }
         if res.canceled() {
             if res.compact_revision() > 0 {
@@ -959,6 +1058,10 @@ async fn watch_once(
                     || format!("watching {prefix}"),
                 );
                 return WatchEnd::Broken(e.to_string());
+            }
+            if reason.contains("no leader") {
+                // This member is cut off from the leader: watch through another.
+                inner.endpoints.fail_over(i, reason);
             }
             return WatchEnd::Broken(format!("watch canceled: {reason}"));
         }
