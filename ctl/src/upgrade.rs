@@ -626,8 +626,15 @@ impl Driver<'_> {
         let mut view = match self.view.take() {
             Some(v) => v,
             None => {
-                // Something may have been missed: read everything again.
+                // Something may have been missed: read everything again. The watch
+                // opens first, from now, so that it delivers every change after the
+                // read (events from before it are skipped key by key). A watch from
+                // an older revision would do as well, but etcd serves one that starts
+                // behind its current revision only at its next sync of such watches,
+                // up to 100 ms later: the first completion of every wave would wait
+                // for it.
                 self.watch = None;
+                self.watch = Some(self.store.watch(&self.schema.root(), 0).await?);
                 LiveView::read(self.store, self.schema).await?
             }
         };

@@ -1,0 +1,389 @@
+//! Review tests: faults around the start and the end of a run (paused time, the
+//! in-memory store behind a wrapper that injects faults on chosen transactions).
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jio_agent::agent::Agent;
+use jio_agent::config::{Overrides, SCALAR_KEYS};
+use jio_agent::runner::Outcome;
+use jio_agent::steps::ScriptedSteps;
+use jio_common::clock::TokioClock;
+use jio_common::fleet::{HostState, Snapshot, classify};
+use jio_common::keys::{EnableLevel, Key, Schema, Step};
+use jio_common::names::{HostName, Version};
+use jio_common::store::{
+    DynStore, KeyValue, Lease, LeaseId, Listing, MemoryStore, Op, Revision, Store, StoreError, Txn,
+    TxnOutcome, WatchStream,
+};
+use tokio::sync::watch;
+
+const START: u64 = 1_800_000_000;
+type R<T> = Result<T, StoreError>;
+
+fn v(s: &str) -> Version {
+    Version::new(s).unwrap()
+}
+fn host() -> HostName {
+    HostName::new("compute1").unwrap()
+}
+
+fn config(dir: &std::path::Path) -> jio_agent::config::Config {
+    let empty = dir.join("agent.toml");
+    std::fs::write(&empty, "").unwrap();
+    if !dir.join("version").exists() {
+        std::fs::write(dir.join("version"), "v1\n").unwrap();
+    }
+    let mut ov = Overrides {
+        config_path: Some(empty),
+        ..Overrides::default()
+    };
+    let all = vec![
+        ("store".to_string(), "etcd://127.0.0.1:9".to_string()),
+        ("hostname".into(), "compute1".into()),
+        ("state_dir".into(), dir.join("state").display().to_string()),
+        ("version_file".into(), dir.join("version").display().to_string()),
+        ("facts_file".into(), dir.join("facts").display().to_string()),
+        ("resync_interval".into(), "1h".into()),
+        ("retry_interval".into(), "10m".into()),
+        ("health_interval".into(), "0".into()),
+    ];
+    for (k, val) in all {
+        let key = SCALAR_KEYS.iter().find(|x| **x == k).copied().unwrap();
+        ov.flags.insert(key, val);
+    }
+    jio_agent::config::load(&ov, || None).unwrap()
+}
+
+/// What the wrapper does to a transaction that writes a status entry (a report)
+/// or the run marker (a start).
+#[derive(Default)]
+struct Faults {
+    /// Reports fail as an unreachable store does (nothing applied).
+    fail_reports: AtomicBool,
+    /// Reports never answer (the agent is killed while waiting).
+    hang_reports: AtomicBool,
+    /// The next start is applied, and the caller told `Ambiguous` (etcd: no answer
+    /// in time, a connection broken under the request).
+    ambiguous_starts: AtomicU32,
+    /// Every call fails (a killed process's leftovers cannot write).
+    dead: AtomicBool,
+}
+
+#[derive(Clone)]
+struct Faulty {
+    inner: MemoryStore,
+    f: Arc<Faults>,
+}
+
+fn unavailable(op: &'static str) -> StoreError {
+    StoreError::Unavailable {
+        url: "memory://".into(),
+        op,
+        reason: "injected".into(),
+    }
+}
+
+impl Faulty {
+    fn check(&self, op: &'static str) -> R<()> {
+        if self.f.dead.load(Ordering::SeqCst) {
+            return Err(unavailable(op));
+        }
+        Ok(())
+    }
+}
+
+fn puts_under(txn: &Txn, prefix: &str) -> bool {
+    txn.ops
+        .iter()
+        .any(|op| matches!(op, Op::Put { key, .. } if key.as_str().starts_with(prefix)))
+}
+
+#[async_trait]
+impl Store for Faulty {
+    fn url(&self) -> &str {
+        "memory://"
+    }
+    async fn ping(&self) -> R<Revision> {
+        self.check("ping")?;
+        self.inner.ping().await
+    }
+    async fn get(&self, key: &Key) -> R<Option<KeyValue>> {
+        self.check("get")?;
+        self.inner.get(key).await
+    }
+    async fn get_many_at(&self, keys: &[Key]) -> R<(Vec<Option<KeyValue>>, Revision)> {
+        self.check("get")?;
+        self.inner.get_many_at(keys).await
+    }
+    async fn list(&self, prefix: &Key) -> R<Listing> {
+        self.check("list")?;
+        self.inner.list(prefix).await
+    }
+    async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> R<Revision> {
+        self.check("put")?;
+        self.inner.put(key, value, lease).await
+    }
+    async fn delete(&self, key: &Key) -> R<bool> {
+        self.check("delete")?;
+        self.inner.delete(key).await
+    }
+    async fn delete_prefix(&self, prefix: &Key) -> R<u64> {
+        self.check("delete_prefix")?;
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn txn(&self, txn: Txn) -> R<TxnOutcome> {
+        self.check("txn")?;
+        if puts_under(&txn, "/status/") {
+            if self.f.hang_reports.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            if self.f.fail_reports.load(Ordering::SeqCst) {
+                return Err(unavailable("txn"));
+            }
+        }
+        if puts_under(&txn, "/runs/")
+            && self
+                .f
+                .ambiguous_starts
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            let applied = self.inner.txn(txn).await?;
+            assert!(applied.committed(), "the injected start was applied");
+            return Err(StoreError::Ambiguous {
+                url: "memory://".into(),
+                op: "txn",
+                reason: "injected: no answer in time".into(),
+            });
+        }
+        self.inner.txn(txn).await
+    }
+    async fn grant_lease(&self, ttl: Duration) -> R<Lease> {
+        self.check("grant_lease")?;
+        self.inner.grant_lease(ttl).await
+    }
+    async fn keep_alive(&self, lease: &LeaseId) -> R<Duration> {
+        self.check("keep_alive")?;
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke_lease(&self, lease: &LeaseId) -> R<()> {
+        self.check("revoke_lease")?;
+        self.inner.revoke_lease(lease).await
+    }
+    async fn watch(&self, prefix: &Key, from: Revision) -> R<WatchStream> {
+        self.check("watch")?;
+        self.inner.watch(prefix, from).await
+    }
+    async fn compact(&self, revision: Revision) -> R<()> {
+        self.inner.compact(revision).await
+    }
+}
+
+struct Daemon {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(dir: &std::path::Path, store: &Faulty, steps: Arc<ScriptedSteps>) -> Daemon {
+    let (stop, stop_rx) = watch::channel(false);
+    let dynstore: DynStore = Arc::new(store.clone());
+    let agent = Agent::new(config(dir), dynstore, stop_rx)
+        .unwrap()
+        .with_steps(steps)
+        .with_clock(Arc::new(TokioClock::starting_at(START)));
+    let task = tokio::spawn(async move {
+        let _ = jio_agent::daemon::serve(agent).await;
+    });
+    Daemon { stop, task }
+}
+
+async fn setup(m: &MemoryStore) {
+    let s = Schema::default();
+    m.put(&s.current_version(), "v1", None).await.unwrap();
+    m.put(
+        &s.host(&host()),
+        r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#,
+        None,
+    )
+    .await
+    .unwrap();
+}
+
+async fn state_of(m: &MemoryStore) -> (HostState, Option<String>) {
+    let store: DynStore = Arc::new(m.clone());
+    let snap = Snapshot::read(&store, &Schema::default()).await.unwrap();
+    let h = classify(&snap).into_iter().find(|h| h.host == host()).unwrap();
+    (h.state, h.reason)
+}
+
+async fn get(m: &MemoryStore, k: Key) -> Option<String> {
+    m.get(&k).await.unwrap().map(|kv| kv.value)
+}
+
+/// The run's last report cannot land, a pause has reset the enable keys meanwhile:
+/// the next pass deletes the run marker before the report is in the store. The host
+/// then holds no slot (`pending`) though its failure is still to be reported; once
+/// it lands the host is `failed` and holds one again. README: "Agents only ever
+/// make the view more conservative (... a failure keeps it)".
+#[tokio::test(start_paused = true)]
+async fn the_run_marker_is_deleted_before_the_runs_report_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty {
+        inner: m.clone(),
+        f: Arc::default(),
+    };
+    let steps = Arc::new(
+        ScriptedSteps::new()
+            .taking(Duration::from_secs(20), Duration::from_secs(5))
+            .validate_outcomes([Outcome::Failure("validation failed".into())]),
+    );
+    let d = start(dir.path(), &store, steps.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let s = Schema::default();
+    m.put(&s.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
+    m.put(&s.current_version(), "v2", None).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(steps.calls().len(), 1, "the run started");
+    assert!(get(&m, s.run(&host())).await.is_some(), "run marker written");
+    // A pause resets the enable keys; the run goes on. The store will not take
+    // the run's report for a while.
+    m.delete(&s.enable(&EnableLevel::Global)).await.unwrap();
+    store.f.fail_reports.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(steps.calls().len(), 2, "configure and validate ran");
+    let failure = s.status(
+        Step::Validated,
+        jio_common::keys::Outcome::Failure,
+        &v("v2"),
+        &host(),
+    );
+    assert!(
+        get(&m, failure.clone()).await.is_none(),
+        "the report did not land"
+    );
+    let marker = get(&m, s.run(&host())).await;
+    let record = get(&m, s.agent(&host())).await;
+    let (state, reason) = state_of(&m).await;
+    store.f.fail_reports.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(get(&m, failure).await.is_some(), "the report landed at last");
+    let (after, _) = state_of(&m).await;
+    d.stop.send(true).unwrap();
+    let _ = d.task.await;
+    eprintln!(
+        "while the report was pending: marker {marker:?}, record {record:?}, state {state:?} ({reason:?}); after: {after:?}"
+    );
+    assert_eq!(after, HostState::Failed);
+    assert!(
+        state.in_flight(),
+        "while its failure report was pending the host held no slot: marker {marker:?}, record {record:?}, classified {state:?} ({reason:?})"
+    );
+}
+
+/// The start's transaction is applied but the agent is told `Ambiguous`; a pause
+/// resets the enable keys before its next pass. Nothing runs, yet the host keeps an
+/// `upgrading` record and a run marker for good: it counts as in flight ("its agent
+/// is running puppet for v2") until the agent restarts.
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_start_leaves_the_host_in_flight_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty {
+        inner: m.clone(),
+        f: Arc::default(),
+    };
+    store.f.ambiguous_starts.store(1, Ordering::SeqCst);
+    let steps = Arc::new(ScriptedSteps::new());
+    let d = start(dir.path(), &store, steps.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let s = Schema::default();
+    m.put(&s.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
+    m.put(&s.current_version(), "v2", None).await.unwrap();
+    // The start is applied, the agent hears Ambiguous and backs off (200 ms);
+    // meanwhile a pause resets the enable keys.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        store.f.ambiguous_starts.load(Ordering::SeqCst),
+        0,
+        "the start was tried"
+    );
+    m.delete(&s.enable(&EnableLevel::Global)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3 * 3600)).await;
+    let marker = get(&m, s.run(&host())).await;
+    let record = get(&m, s.agent(&host())).await;
+    let (state, reason) = state_of(&m).await;
+    d.stop.send(true).unwrap();
+    let _ = d.task.await;
+    eprintln!("3 h later: marker {marker:?}, record {record:?}, state {state:?} ({reason:?})");
+    assert!(steps.calls().is_empty(), "nothing ran");
+    assert!(
+        marker.is_none() && !record.as_deref().unwrap_or("").contains("upgrading"),
+        "3 h later, nothing running, the host still counts as running puppet: marker {marker:?}, record {record:?}, state {state:?} ({reason:?})"
+    );
+}
+
+/// The agent is killed after its failed run's report is journaled and before it
+/// lands. Its successor reports the failure and starts the same version again at
+/// once: the failure never reached `journal.failure`, so there is no backoff (the
+/// retry interval is 10 min; the result it published says `retry_at` then).
+#[tokio::test(start_paused = true)]
+async fn a_restart_after_a_kill_at_the_report_retries_a_failure_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let first = Faulty {
+        inner: m.clone(),
+        f: Arc::default(),
+    };
+    let steps = Arc::new(
+        ScriptedSteps::new()
+            .taking(Duration::from_secs(20), Duration::from_secs(5))
+            .validate_outcomes([Outcome::Failure("validation failed".into())]),
+    );
+    let d = start(dir.path(), &first, steps.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let s = Schema::default();
+    m.put(&s.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
+    first.f.hang_reports.store(true, Ordering::SeqCst);
+    m.put(&s.current_version(), "v2", None).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(steps.calls().len(), 2, "configure and validate ran");
+    // Killed while its report is on the wire.
+    d.task.abort();
+    let _ = d.task.await;
+    first.f.dead.store(true, Ordering::SeqCst);
+    drop(d.stop);
+    let second = Faulty {
+        inner: m.clone(),
+        f: Arc::default(),
+    };
+    let d = start(dir.path(), &second, steps.clone());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let result = get(&m, s.result(&host())).await;
+    d.stop.send(true).unwrap();
+    let _ = d.task.await;
+    let configures = steps
+        .calls()
+        .iter()
+        .filter(|(st, _)| *st == Step::Configured)
+        .count();
+    eprintln!("configure steps: {configures}; result: {result:?}");
+    assert_eq!(
+        configures, 1,
+        "the failed v2 was run again within a minute of the restart (retry interval 10 min); result {result:?}"
+    );
+}
