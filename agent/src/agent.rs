@@ -9,14 +9,14 @@ use jio_common::clock::{DynClock, SystemClock};
 use jio_common::fleet::ROLLOUT_LOCK;
 use jio_common::keys::{Outcome as KeyOutcome, Step};
 use jio_common::names::Version;
-use jio_common::store::{Compare, DynStore, Op};
+use jio_common::store::{Compare, DynStore, Op, StoreError};
 use jio_common::values::{AgentRecord, AgentState};
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::decide::{self, Decision, Health, Observation, Why};
 pub use crate::error::AgentError;
-use crate::ledger::{Ledger, LedgerSetup, RunEnd};
+use crate::ledger::{Ledger, LedgerSetup, RunClose, RunEnd};
 use crate::liveness::Liveness;
 use crate::observe::{self, Memory, Subject};
 use crate::runner::{self, Outcome, ProcessGroup};
@@ -61,6 +61,9 @@ pub struct Agent {
     orphan: Option<ProcessGroup>,
     /// The rollout current when the run going on started (its id, for its result).
     run_rollout: Option<String>,
+    /// When the run going on started, and the enable keys' mod revisions it was
+    /// decided on (for the journal's record of how it ended).
+    run_begun: (u64, [jio_common::store::Revision; 3]),
     /// The active rollout's rules, read once per rollout.
     rollout_cache: observe::RolloutCache,
     /// The keys of the last read, kept up to date by the daemon's watches.
@@ -126,6 +129,7 @@ impl Agent {
             run_marker: true,
             orphan: None,
             run_rollout: None,
+            run_begun: (0, [0; 3]),
             rollout_cache: None,
             view: observe::View::default(),
         })
@@ -245,11 +249,15 @@ impl Agent {
                 "stopped the commands a killed agent left running"
             );
         }
-        self.clear_run_marker().await?;
+        // A run's report still in the journal keeps its marker: the host holds its
+        // slot until the store has the run's outcome (a failure must stop the
+        // rollout before another host is admitted in its place).
         if !self.ledger.journal.unreported.is_empty() {
             self.ledger.flush().await?;
+            self.clear_run_marker().await?;
             return Ok(PassResult::Reported);
         }
+        self.clear_run_marker().await?;
         // A pass that may check health reads the lock and the result afresh (the
         // view does not follow them); so does a pass after one that wrote or failed.
         let read =
@@ -327,10 +335,21 @@ impl Agent {
             self.cfg.schema.run(&self.cfg.hostname),
             serde_json::to_string(&record).unwrap_or_default(),
         );
-        let started = l
+        let started = match l
             .commit(state, Some(version.clone()), compares, vec![marker])
-            .await?
-            .is_some();
+            .await
+        {
+            Ok(committed) => committed.is_some(),
+            Err(e) => {
+                // Sent but unconfirmed (`Ambiguous`): the marker may be in the store,
+                // so the next pass removes it (nothing runs; the liveness keeper
+                // rewrites the record as it is here).
+                if matches!(e, StoreError::Ambiguous { .. }) {
+                    self.run_marker = true;
+                }
+                return Err(e.into());
+            }
+        };
         self.run_marker |= started;
         Ok(started)
     }
@@ -401,6 +420,7 @@ impl Agent {
             return Ok(PassResult::Raced);
         }
         let started = self.clock.unix_now();
+        self.run_begun = (started, obs.gate_revisions);
         let (run_dir, step, outcome, ended) = match self.prepare_run(&version, started) {
             Ok(run_dir) => {
                 tracing::info!(%version, reason = ?why, run_dir = %run_dir.display(), "upgrade starts");
@@ -412,8 +432,16 @@ impl Agent {
                 let failed = Outcome::Failure(reason);
                 let ended = self.clock.unix_now();
                 let result = self.run_result(&version, Step::Configured, &failed, None, &run_dir, ended);
-                self.report_end(&version, Step::Configured, &failed, &run_dir, result, false)
-                    .await;
+                self.report_end(
+                    &version,
+                    Step::Configured,
+                    &failed,
+                    &run_dir,
+                    result,
+                    false,
+                    ended,
+                )
+                .await;
                 (run_dir, Step::Configured, failed, ended)
             }
         };
@@ -450,8 +478,9 @@ impl Agent {
         results::of_run(&end, attempt, self.cfg.retry_interval)
     }
 
-    /// Records how a run ended (pure transitions of the journal, then one save) and
-    /// says so in the log and the liveness record.
+    /// Records how a run ended (pure transitions of the journal, then one save)
+    /// unless its last report already did, and says so in the log and the liveness
+    /// record.
     #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
@@ -463,28 +492,22 @@ impl Agent {
         run_dir: std::path::PathBuf,
         obs: &Observation,
     ) -> RunResult {
-        let (result, reason) = match outcome {
-            Outcome::Success { .. } => (RunResult::Success, None),
-            Outcome::Failure(r) => (RunResult::Failed, Some(r.clone())),
-            Outcome::Interrupted => (
-                RunResult::Interrupted,
-                Some("the agent was stopped during the run".into()),
-            ),
-        };
-        // The failure's time is the run result's, so that its `retry_at` is the retry.
-        let j = &mut self.ledger.journal;
-        j.failure = decide::failure_after(j.failure.as_ref(), version, result, ended, obs.gate_revisions);
-        j.in_progress = None;
-        j.last_run = Some(LastRun {
+        let close = RunClose {
             version: version.clone(),
             started,
-            finished: ended,
-            result,
-            step: step.as_str().into(),
-            reason: reason.clone(),
+            ended,
+            step,
             run_dir,
-        });
-        self.ledger.save();
+            gate_revisions: obs.gate_revisions,
+            previous: self.ledger.journal.failure.clone(),
+        };
+        // A run still in progress here was not closed by a report (it was
+        // interrupted); `prepare_run` failing left none, and its report closed it.
+        if self.ledger.journal.in_progress.is_some() {
+            close.apply(&mut self.ledger.journal, outcome);
+            self.ledger.save();
+        }
+        let (result, reason) = crate::ledger::ended_as(outcome);
         match result {
             RunResult::Success => {
                 tracing::info!(%version, "upgrade succeeded");
@@ -544,8 +567,16 @@ impl Agent {
         let ended = self.clock.unix_now();
         if !configured.ok() {
             let result = self.run_result(version, Step::Configured, &configured, code, run_dir, ended);
-            self.report_end(version, Step::Configured, &configured, run_dir, result, false)
-                .await;
+            self.report_end(
+                version,
+                Step::Configured,
+                &configured,
+                run_dir,
+                result,
+                false,
+                ended,
+            )
+            .await;
             return (Step::Configured, configured, ended);
         }
         if self.stopping() {
@@ -563,7 +594,7 @@ impl Agent {
         } else {
             let result = self.run_result(version, Step::Validated, &validated, code, run_dir, ended);
             if let Some(reason) = self
-                .report_end(version, Step::Validated, &validated, run_dir, result, true)
+                .report_end(version, Step::Validated, &validated, run_dir, result, true, ended)
                 .await
             {
                 validated = Outcome::Failure(reason);
@@ -575,6 +606,7 @@ impl Agent {
     /// Reports a run's last step with its `result`, ending the run in the same
     /// transaction (see `configure_and_validate`). Returns why a validated success
     /// turned into a failure, if it did.
+    #[allow(clippy::too_many_arguments)]
     async fn report_end(
         &mut self,
         version: &Version,
@@ -583,15 +615,34 @@ impl Agent {
         run_dir: &std::path::Path,
         result: jio_common::values::HostResult,
         whole_run: bool,
+        ended: u64,
     ) -> Option<String> {
         let end = self.liveness.as_ref().map(|liveness| RunEnd {
             liveness,
             marker: self.cfg.schema.run(&self.cfg.hostname),
             whole_run,
         });
+        let (started, gate_revisions) = self.run_begun;
+        let close = RunClose {
+            version: version.clone(),
+            started,
+            ended,
+            step,
+            run_dir: run_dir.to_path_buf(),
+            gate_revisions,
+            previous: self.ledger.journal.failure.clone(),
+        };
         let reported = self
             .ledger
-            .report_ending(version, step, outcome, run_dir, Some(result), end.as_ref())
+            .report_ending(
+                version,
+                step,
+                outcome,
+                run_dir,
+                Some(result),
+                end.as_ref(),
+                Some(&close),
+            )
             .await;
         if reported.ended {
             self.run_marker = false;

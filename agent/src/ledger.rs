@@ -239,13 +239,18 @@ impl Ledger {
         run_dir: &Path,
         result: Option<jio_common::values::HostResult>,
     ) -> Option<String> {
-        self.report_ending(version, step, outcome, run_dir, result, None)
+        self.report_ending(version, step, outcome, run_dir, result, None, None)
             .await
             .failed
     }
 
     /// Like `report`, for the last report of a run, which ends it (`end`) in the
-    /// same transaction when the store takes it.
+    /// same transaction when the store takes it. The journal closes the run
+    /// (`close`) in the same save that holds the report, before anything is sent:
+    /// an agent killed while the report is on the wire leaves a successor that
+    /// knows how the run ended (a failure's backoff included), not an
+    /// interrupted run.
+    #[allow(clippy::too_many_arguments)]
     pub async fn report_ending(
         &mut self,
         version: &Version,
@@ -254,6 +259,7 @@ impl Ledger {
         run_dir: &Path,
         result: Option<jio_common::values::HostResult>,
         end: Option<&RunEnd<'_>>,
+        close: Option<&RunClose>,
     ) -> Reported {
         let whole_run = end.is_some_and(|e| e.whole_run);
         let mut r = self
@@ -261,8 +267,15 @@ impl Ledger {
             .await;
         r.result = result;
         self.journal.unreported.push(r);
+        if let Some(c) = close {
+            c.apply(&mut self.journal, outcome);
+        }
         self.save();
         let failed = self.settle_local_version(self.journal.unreported.len() - 1);
+        if let (Some(reason), Some(c)) = (&failed, close) {
+            c.apply(&mut self.journal, &Outcome::Failure(reason.clone()));
+            self.save();
+        }
         let mut ended = false;
         match self.flush_ending(end).await {
             Ok(e) => ended = e,
@@ -390,6 +403,58 @@ pub struct RunEnd<'a> {
     pub marker: jio_common::keys::Key,
     /// The configure step was not reported on its own: the log covers the whole run.
     pub whole_run: bool,
+}
+
+/// How the journal closes a run that ended at `ended` after `step` (pure): its
+/// last run, the failure the retry backoff counts from, and no run in progress.
+pub struct RunClose {
+    pub version: Version,
+    pub started: u64,
+    pub ended: u64,
+    pub step: Step,
+    pub run_dir: PathBuf,
+    /// The enable keys' mod revisions the run was decided on.
+    pub gate_revisions: [jio_common::store::Revision; 3],
+    /// The journal's failure before the run (applying twice counts once).
+    pub previous: Option<state::Failure>,
+}
+
+impl RunClose {
+    /// Closes the run in `j` with `outcome`; the result and its reason, for the log.
+    pub fn apply(&self, j: &mut Journal, outcome: &Outcome) {
+        let (result, reason) = ended_as(outcome);
+        // The failure's time is the run result's, so that its `retry_at` is the retry.
+        j.failure = crate::decide::failure_after(
+            self.previous.as_ref(),
+            &self.version,
+            result,
+            self.ended,
+            self.gate_revisions,
+        );
+        j.in_progress = None;
+        j.last_run = Some(state::LastRun {
+            version: self.version.clone(),
+            started: self.started,
+            finished: self.ended,
+            result,
+            step: self.step.as_str().into(),
+            reason,
+            run_dir: self.run_dir.clone(),
+        });
+    }
+}
+
+/// How a run that ended with `outcome` went, and why, as the journal says it.
+pub fn ended_as(outcome: &Outcome) -> (state::RunResult, Option<String>) {
+    use state::RunResult;
+    match outcome {
+        Outcome::Success { .. } => (RunResult::Success, None),
+        Outcome::Failure(r) => (RunResult::Failed, Some(r.clone())),
+        Outcome::Interrupted => (
+            RunResult::Interrupted,
+            Some("the agent was stopped during the run".into()),
+        ),
+    }
 }
 
 /// What became of a report.

@@ -124,6 +124,12 @@ impl Liveness {
                 if e.kind() == ErrorKind::NotFound {
                     *lease = None;
                 }
+                if matches!(e, StoreError::Ambiguous { .. }) {
+                    // The store may hold `record` or the one before: the keeper
+                    // rewrites the one this agent means (a run that starts after all
+                    // commits again).
+                    self.record.send_modify(|_| {});
+                }
                 Err(e)
             }
         }

@@ -1,5 +1,6 @@
-//! Review tests: faults around the start and the end of a run (paused time, the
-//! in-memory store behind a wrapper that injects faults on chosen transactions).
+//! Faults around the start and the end of a run (paused time, the in-memory store
+//! behind a wrapper that injects faults on chosen transactions). Written by an
+//! adversarial review of the end-of-run transaction; each test failed before its fix.
 
 #![allow(clippy::unwrap_used)]
 
@@ -225,13 +226,13 @@ async fn get(m: &MemoryStore, k: Key) -> Option<String> {
     m.get(&k).await.unwrap().map(|kv| kv.value)
 }
 
-/// The run's last report cannot land, a pause has reset the enable keys meanwhile:
-/// the next pass deletes the run marker before the report is in the store. The host
-/// then holds no slot (`pending`) though its failure is still to be reported; once
-/// it lands the host is `failed` and holds one again. README: "Agents only ever
-/// make the view more conservative (... a failure keeps it)".
+/// The run's last report (a failure) cannot land, and a pause disables the fleet
+/// meanwhile: the run marker stays until the report is in the store, so the host
+/// holds its slot throughout (a driver must not admit another host in its place
+/// before the failure stops the rollout). Once the report lands the host is
+/// `failed`. (Before the fix the next pass deleted the marker first: `pending`.)
 #[tokio::test(start_paused = true)]
-async fn the_run_marker_is_deleted_before_the_runs_report_lands() {
+async fn a_runs_marker_stays_until_its_report_lands() {
     let dir = tempfile::tempdir().unwrap();
     let m = MemoryStore::new();
     setup(&m).await;
@@ -254,9 +255,11 @@ async fn the_run_marker_is_deleted_before_the_runs_report_lands() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(steps.calls().len(), 1, "the run started");
     assert!(get(&m, s.run(&host())).await.is_some(), "run marker written");
-    // A pause resets the enable keys; the run goes on. The store will not take
+    // A pause disables the fleet; the run goes on. The store will not take
     // the run's report for a while.
-    m.delete(&s.enable(&EnableLevel::Global)).await.unwrap();
+    m.put(&s.enable(&EnableLevel::Global), "false", None)
+        .await
+        .unwrap();
     store.f.fail_reports.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(steps.calls().len(), 2, "configure and validate ran");
@@ -290,11 +293,11 @@ async fn the_run_marker_is_deleted_before_the_runs_report_lands() {
 }
 
 /// The start's transaction is applied but the agent is told `Ambiguous`; a pause
-/// resets the enable keys before its next pass. Nothing runs, yet the host keeps an
-/// `upgrading` record and a run marker for good: it counts as in flight ("its agent
-/// is running puppet for v2") until the agent restarts.
+/// disables the fleet before its next pass. Nothing runs, and the agent removes the
+/// run marker and rewrites its `upgrading` record: the host does not count as in
+/// flight for good. (Before the fix both stayed until the agent restarted.)
 #[tokio::test(start_paused = true)]
-async fn an_ambiguous_start_leaves_the_host_in_flight_for_good() {
+async fn an_ambiguous_start_does_not_leave_the_host_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let m = MemoryStore::new();
     setup(&m).await;
@@ -312,14 +315,16 @@ async fn an_ambiguous_start_leaves_the_host_in_flight_for_good() {
         .unwrap();
     m.put(&s.current_version(), "v2", None).await.unwrap();
     // The start is applied, the agent hears Ambiguous and backs off (200 ms);
-    // meanwhile a pause resets the enable keys.
+    // meanwhile a pause disables the fleet.
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         store.f.ambiguous_starts.load(Ordering::SeqCst),
         0,
         "the start was tried"
     );
-    m.delete(&s.enable(&EnableLevel::Global)).await.unwrap();
+    m.put(&s.enable(&EnableLevel::Global), "false", None)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(3 * 3600)).await;
     let marker = get(&m, s.run(&host())).await;
     let record = get(&m, s.agent(&host())).await;
@@ -335,11 +340,12 @@ async fn an_ambiguous_start_leaves_the_host_in_flight_for_good() {
 }
 
 /// The agent is killed after its failed run's report is journaled and before it
-/// lands. Its successor reports the failure and starts the same version again at
-/// once: the failure never reached `journal.failure`, so there is no backoff (the
-/// retry interval is 10 min; the result it published says `retry_at` then).
+/// lands. Its successor reports the failure and waits out the retry interval (10
+/// min) before running the same version again: the journal closed the run in the
+/// save that holds the report. (Before the fix the failure was recorded only once
+/// the report had landed, and the successor retried at once.)
 #[tokio::test(start_paused = true)]
-async fn a_restart_after_a_kill_at_the_report_retries_a_failure_at_once() {
+async fn a_restart_after_a_kill_at_the_report_keeps_the_failures_backoff() {
     let dir = tempfile::tempdir().unwrap();
     let m = MemoryStore::new();
     setup(&m).await;
