@@ -68,6 +68,8 @@ pub struct Agent {
     rollout_cache: observe::RolloutCache,
     /// The keys of the last read, kept up to date by the daemon's watches.
     view: observe::View,
+    /// The run this pass ended was ended by a transaction the view took in.
+    view_took_end: bool,
 }
 
 impl Agent {
@@ -132,6 +134,7 @@ impl Agent {
             run_begun: (0, [0; 3]),
             rollout_cache: None,
             view: observe::View::default(),
+            view_took_end: false,
         })
     }
 
@@ -266,7 +269,13 @@ impl Agent {
             Ok(obs) => self.act(&obs).await,
             Err(e) => Err(e),
         };
-        if !matches!(result, Ok(PassResult::Idle(_))) {
+        // After a run ended by one transaction the view took in, the view is as
+        // good as a read (the watches bring the rest); anything else that wrote
+        // or failed reads again.
+        let took_end = std::mem::take(&mut self.view_took_end);
+        let kept = matches!(result, Ok(PassResult::Idle(_)))
+            || (took_end && matches!(result, Ok(PassResult::Ran { .. })));
+        if !kept {
             self.view.invalidate();
         }
         result
@@ -644,8 +653,10 @@ impl Agent {
                 Some(&close),
             )
             .await;
-        if reported.ended {
+        if let Some((revision, writes)) = &reported.ended {
             self.run_marker = false;
+            // The view takes the run's own writes (its result): no read after it.
+            self.view_took_end = self.view.wrote(writes, *revision);
         }
         reported.failed
     }

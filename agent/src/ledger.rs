@@ -10,7 +10,7 @@ use std::sync::Arc;
 use jio_common::clock::DynClock;
 use jio_common::keys::{Outcome as KeyOutcome, Schema, Step};
 use jio_common::names::{HostName, Version};
-use jio_common::store::{DynStore, Op};
+use jio_common::store::{DynStore, Op, Revision};
 use jio_common::time::utc_stamp;
 use jio_common::values::AgentState;
 
@@ -113,9 +113,12 @@ impl Ledger {
     }
 
     /// Like `flush`; the newest report also ends its run (`end`) in the same
-    /// transaction. Returns whether it did.
-    async fn flush_ending(&mut self, end: Option<&RunEnd<'_>>) -> Result<bool, AgentError> {
-        let mut ended = false;
+    /// transaction. Returns that transaction's revision and writes, if it did.
+    async fn flush_ending(
+        &mut self,
+        end: Option<&RunEnd<'_>>,
+    ) -> Result<Option<(Revision, Vec<Op>)>, AgentError> {
+        let mut ended = None;
         while !self.journal.unreported.is_empty() {
             self.settle_local_version(0);
             let r = self.journal.unreported[0].clone();
@@ -135,12 +138,13 @@ impl Ledger {
                     } else {
                         AgentState::Failed
                     };
+                    let written = ops.clone();
                     let committed = e
                         .liveness
                         .commit(state, Some(r.version.clone()), vec![], ops)
                         .await?
                         .ok_or_else(|| crate::report::lost(&self.store))?;
-                    ended = true;
+                    ended = Some((committed, written));
                     committed
                 }
                 None => crate::report::commit(&self.store, ops).await?,
@@ -276,7 +280,7 @@ impl Ledger {
             c.apply(&mut self.journal, &Outcome::Failure(reason.clone()));
             self.save();
         }
-        let mut ended = false;
+        let mut ended = None;
         match self.flush_ending(end).await {
             Ok(e) => ended = e,
             Err(e) if e.store_unavailable() => {
@@ -462,6 +466,6 @@ pub struct Reported {
     /// Why a validated success turned into a failure (the local version file could
     /// not be written).
     pub failed: Option<String>,
-    /// The run was ended in the report's transaction.
-    pub ended: bool,
+    /// The run was ended in the report's transaction: its revision and writes.
+    pub ended: Option<(Revision, Vec<Op>)>,
 }

@@ -2,7 +2,8 @@
 //! so `jioctl` can tell a dead agent from a slow Puppet run, and count a host as in
 //! flight while its agent runs anything.
 //!
-//! One task owns the lease: it renews every TTL/3, grants a new lease when the old
+//! One task owns the lease: it renews every TTL/2 (a failed renewal is retried every
+//! second), grants a new lease when the old
 //! one ended (the store was unreachable for longer than the TTL), and rewrites the
 //! record whenever it changes. It logs on change, not on every renewal. A run starts
 //! with `commit`, which writes the record in a transaction fenced on what the agent
@@ -20,6 +21,7 @@ use jio_common::time::unix_now;
 use jio_common::values::{AgentRecord, AgentState};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The lease, shared by the task and `commit`; holding the lock means writing the
 /// record.
@@ -155,12 +157,19 @@ async fn keep(
 ) {
     let mut dirty = true;
     let mut failing = false;
-    let period = ttl / 3;
+    // Renewed every TTL/2 (the store is asked half as often as at TTL/3, and a dead
+    // agent's record still ends at most one TTL after it died). A renewal that
+    // failed is retried once a second until one works, and the next is due a
+    // period after the last that worked: record changes never put it off.
+    let period = ttl / 2;
+    let retry = Duration::from_secs(1).min(period);
+    let mut renew_at = Instant::now() + period;
     loop {
         let step: Result<(), StoreError> = async {
             let mut lease = shared.lock().await;
             if lease.is_none() {
                 *lease = Some(store.grant_lease(ttl).await?.id);
+                renew_at = Instant::now() + period;
                 dirty = true;
             }
             if dirty {
@@ -189,17 +198,13 @@ async fn keep(
                 }
             }
         }
-        let wait = if failing {
-            Duration::from_secs(1).min(period)
-        } else {
-            period
-        };
+        let wake = if failing { Instant::now() + retry } else { renew_at };
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {
+            _ = tokio::time::sleep_until(wake) => {
                 let current = shared.lock().await.clone();
                 if let Some(l) = current && !failing {
                     match store.keep_alive(&l).await {
-                        Ok(_) => {}
+                        Ok(_) => renew_at = Instant::now() + period,
                         Err(e) if e.kind() == ErrorKind::NotFound => {
                             tracing::warn!(key = %key, "liveness lease ended; granting a new one");
                             let mut lease = shared.lock().await;
@@ -212,8 +217,9 @@ async fn keep(
                             failing = true;
                             // Only a write that succeeds says the record is back: the
                             // next step rewrites it (and meets the same refusal, said
-                            // once, while it lasts).
+                            // once, while it lasts). The renewal is then tried at once.
                             dirty = true;
+                            renew_at = Instant::now();
                         }
                     }
                 }

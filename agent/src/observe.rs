@@ -15,7 +15,7 @@ use jio_common::gate::{self, GateKeys, KeyState};
 use jio_common::keys::{EnableLevel, HoldTarget, Key, Schema};
 use jio_common::names::{HostName, Role};
 use jio_common::rules::Rules;
-use jio_common::store::{Compare, DynStore, KeyValue, Revision, StoreError, WatchEvent};
+use jio_common::store::{Compare, DynStore, KeyValue, Op, Revision, StoreError, WatchEvent};
 use jio_common::values::{HostResult, parse_json, parse_version};
 use jio_common::window;
 
@@ -181,6 +181,42 @@ impl View {
         {
             *slot = value.cloned();
         }
+    }
+
+    /// This agent's own transaction `ops`, committed at `revision`: the view holds
+    /// what it wrote to the view's keys (the host's result), as a read after it
+    /// would. Returns whether the view is usable (a store without revisions never
+    /// is). Later events on those keys still win; earlier ones are already in.
+    pub fn wrote(&mut self, ops: &[Op], revision: Revision) -> bool {
+        if !self.usable() || revision <= self.at {
+            return false;
+        }
+        for op in ops {
+            let (key, value, lease) = match op {
+                Op::Put { key, value, lease } => (key, Some(value), lease),
+                Op::Delete(key) => (key, None, &None),
+                // Not written by a run's end; whatever it deleted, read again.
+                Op::DeletePrefix(_) => {
+                    self.invalidate();
+                    return false;
+                }
+            };
+            if let Some((_, slot)) = self.keys.iter_mut().find(|(k, _)| k == key)
+                && slot.as_ref().is_none_or(|kv| kv.mod_revision < revision)
+            {
+                let before = slot.take();
+                *slot = value.map(|value| KeyValue {
+                    key: key.clone(),
+                    value: value.clone(),
+                    create_revision: before.as_ref().map_or(revision, |kv| kv.create_revision),
+                    mod_revision: revision,
+                    version: before.as_ref().map_or(1, |kv| kv.version + 1),
+                    lease: lease.clone(),
+                    not_text: false,
+                });
+            }
+        }
+        true
     }
 
     /// The values of `keys`, if the view holds them all.
@@ -384,6 +420,30 @@ mod tests {
         // A late event older than what the view holds for its key changes nothing.
         v.apply(&WatchEvent::Put(kv("/b", "late", 11)));
         assert_eq!(value(&v, &keys, 1).as_deref(), Some("new"));
+    }
+
+    #[tokio::test]
+    async fn the_agents_own_writes_are_taken_as_a_read_would() {
+        let (mut v, keys) = view();
+        let ops = [Op::put(key("/b"), "mine"), Op::put(key("/other"), "x")];
+        assert!(v.wrote(&ops, 12));
+        assert_eq!(value(&v, &keys, 1).as_deref(), Some("mine"));
+        assert_eq!(v.values(&keys).unwrap()[1].as_ref().unwrap().mod_revision, 12);
+        // An event that was already in before the write changes nothing; a later
+        // one wins.
+        v.apply(&WatchEvent::Put(kv("/b", "before", 11)));
+        assert_eq!(value(&v, &keys, 1).as_deref(), Some("mine"));
+        assert!(v.wrote(&[Op::Delete(key("/a"))], 13));
+        assert_eq!(value(&v, &keys, 0), None);
+        v.apply(&WatchEvent::Put(kv("/b", "after", 14)));
+        assert_eq!(value(&v, &keys, 1).as_deref(), Some("after"));
+        // A write from before the read is in it already; a prefix delete, or a
+        // view that is not usable, leaves the next pass to read.
+        assert!(!v.wrote(&[Op::put(key("/b"), "stale")], 9));
+        assert_eq!(value(&v, &keys, 1).as_deref(), Some("after"));
+        assert!(!v.wrote(&[Op::DeletePrefix(key("/"))], 15));
+        assert!(!v.usable());
+        assert!(!v.wrote(&ops, 16));
     }
 
     #[tokio::test]

@@ -393,3 +393,38 @@ async fn a_restart_after_a_kill_at_the_report_keeps_the_failures_backoff() {
         "the failed v2 was run again within a minute of the restart (retry interval 10 min); result {result:?}"
     );
 }
+
+/// The store goes away just before a lease renewal is due and comes back before the
+/// lease's TTL is up: the renewal is made as soon as the store is back, so the
+/// liveness record keeps its lease and the agent never looks dead. (Before, the
+/// renewal after an outage waited a whole period, past the TTL.)
+#[tokio::test(start_paused = true)]
+async fn a_renewal_missed_in_an_outage_is_made_as_soon_as_the_store_is_back() {
+    let m = MemoryStore::new();
+    let s = Schema::default();
+    let store: DynStore = Arc::new(m.clone());
+    let ttl = Duration::from_secs(15);
+    let l = jio_agent::liveness::Liveness::start(
+        store,
+        s.agent(&host()),
+        ttl,
+        jio_common::values::AgentState::Idle,
+        None,
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = m.get(&s.agent(&host())).await.unwrap().unwrap().lease;
+    assert!(first.is_some(), "the record is on a lease");
+    // Down from 4.5 s to 10.5 s: the renewal due at 7.5 s fails; the lease ends
+    // at 15 s unless it is renewed once the store is back.
+    tokio::time::sleep(Duration::from_millis(4400)).await;
+    m.set_available(false);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    m.set_available(true);
+    tokio::time::sleep(Duration::from_secs(3 * ttl.as_secs())).await;
+    let after = m.get(&s.agent(&host())).await.unwrap().unwrap();
+    l.stop().await;
+    assert_eq!(
+        after.lease, first,
+        "the lease ended in a 6 s outage of a 15 s TTL and a new one was granted"
+    );
+}
