@@ -1,6 +1,8 @@
 //! Faults around the start and the end of a run (paused time, the in-memory store
-//! behind a wrapper that injects faults on chosen transactions). Written by an
-//! adversarial review of the end-of-run transaction; each test failed before its fix.
+//! behind `Faulty`, which fails, hangs or answers `Ambiguous` to chosen
+//! transactions, and kills an agent as SIGKILL does). Written by two adversarial
+//! reviews of the end-of-run transaction; the first four tests each failed before
+//! their fix.
 
 #![allow(clippy::unwrap_used)]
 
@@ -60,19 +62,21 @@ fn config(dir: &std::path::Path) -> jio_agent::config::Config {
     jio_agent::config::load(&ov, || None).unwrap()
 }
 
-/// What the wrapper does to a transaction that writes a status entry (a report)
-/// or the run marker (a start).
 #[derive(Default)]
 struct Faults {
-    /// Reports fail as an unreachable store does (nothing applied).
     fail_reports: AtomicBool,
-    /// Reports never answer (the agent is killed while waiting).
     hang_reports: AtomicBool,
-    /// The next start is applied, and the caller told `Ambiguous` (etcd: no answer
-    /// in time, a connection broken under the request).
     ambiguous_starts: AtomicU32,
-    /// Every call fails (a killed process's leftovers cannot write).
+    /// End-of-run txns (a status put with the marker's delete): applied, then
+    /// answered `Ambiguous`.
+    ambiguous_ends: AtomicU32,
+    /// End-of-run txns answered `Ambiguous` without being applied.
+    ambiguous_ends_lost: AtomicU32,
+    /// Plain deletes of the run marker fail (store unreachable).
+    fail_marker_deletes: AtomicBool,
     dead: AtomicBool,
+    /// Transactions that put a status entry and were applied.
+    status_writes: AtomicU32,
 }
 
 #[derive(Clone)]
@@ -88,8 +92,21 @@ fn unavailable(op: &'static str) -> StoreError {
         reason: "injected".into(),
     }
 }
+fn ambiguous() -> StoreError {
+    StoreError::Ambiguous {
+        url: "memory://".into(),
+        op: "txn",
+        reason: "injected: no answer in time".into(),
+    }
+}
 
 impl Faulty {
+    fn new(m: &MemoryStore) -> Faulty {
+        Faulty {
+            inner: m.clone(),
+            f: Arc::default(),
+        }
+    }
     fn check(&self, op: &'static str) -> R<()> {
         if self.f.dead.load(Ordering::SeqCst) {
             return Err(unavailable(op));
@@ -102,6 +119,15 @@ fn puts_under(txn: &Txn, prefix: &str) -> bool {
     txn.ops
         .iter()
         .any(|op| matches!(op, Op::Put { key, .. } if key.as_str().starts_with(prefix)))
+}
+fn deletes_under(txn: &Txn, prefix: &str) -> bool {
+    txn.ops
+        .iter()
+        .any(|op| matches!(op, Op::Delete(key) if key.as_str().starts_with(prefix)))
+}
+fn take(n: &AtomicU32) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 #[async_trait]
@@ -131,6 +157,9 @@ impl Store for Faulty {
     }
     async fn delete(&self, key: &Key) -> R<bool> {
         self.check("delete")?;
+        if key.as_str().starts_with("/runs/") && self.f.fail_marker_deletes.load(Ordering::SeqCst) {
+            return Err(unavailable("delete"));
+        }
         self.inner.delete(key).await
     }
     async fn delete_prefix(&self, prefix: &Key) -> R<u64> {
@@ -139,7 +168,8 @@ impl Store for Faulty {
     }
     async fn txn(&self, txn: Txn) -> R<TxnOutcome> {
         self.check("txn")?;
-        if puts_under(&txn, "/status/") {
+        let report = puts_under(&txn, "/status/");
+        if report {
             if self.f.hang_reports.load(Ordering::SeqCst) {
                 std::future::pending::<()>().await;
             }
@@ -147,22 +177,27 @@ impl Store for Faulty {
                 return Err(unavailable("txn"));
             }
         }
-        if puts_under(&txn, "/runs/")
-            && self
-                .f
-                .ambiguous_starts
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
+        if report && deletes_under(&txn, "/runs/") {
+            if take(&self.f.ambiguous_ends_lost) {
+                return Err(ambiguous());
+            }
+            if take(&self.f.ambiguous_ends) {
+                let applied = self.inner.txn(txn).await?;
+                assert!(applied.committed());
+                self.f.status_writes.fetch_add(1, Ordering::SeqCst);
+                return Err(ambiguous());
+            }
+        }
+        if puts_under(&txn, "/runs/") && take(&self.f.ambiguous_starts) {
             let applied = self.inner.txn(txn).await?;
             assert!(applied.committed(), "the injected start was applied");
-            return Err(StoreError::Ambiguous {
-                url: "memory://".into(),
-                op: "txn",
-                reason: "injected: no answer in time".into(),
-            });
+            return Err(ambiguous());
         }
-        self.inner.txn(txn).await
+        let out = self.inner.txn(txn).await?;
+        if report && out.committed() {
+            self.f.status_writes.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(out)
     }
     async fn grant_lease(&self, ttl: Duration) -> R<Lease> {
         self.check("grant_lease")?;
@@ -190,20 +225,49 @@ struct Daemon {
     task: tokio::task::JoinHandle<()>,
 }
 
+thread_local! {
+    /// One Unix clock per test (each paused test runs on its own thread), so that a
+    /// restarted agent's time goes on from its predecessor's.
+    static CLOCK: std::cell::Cell<Option<TokioClock>> = const { std::cell::Cell::new(None) };
+}
+
+fn clock() -> TokioClock {
+    CLOCK.with(|c| {
+        let clock = c.get().unwrap_or_else(|| TokioClock::starting_at(START));
+        c.set(Some(clock));
+        clock
+    })
+}
+
 fn start(dir: &std::path::Path, store: &Faulty, steps: Arc<ScriptedSteps>) -> Daemon {
     let (stop, stop_rx) = watch::channel(false);
     let dynstore: DynStore = Arc::new(store.clone());
     let agent = Agent::new(config(dir), dynstore, stop_rx)
         .unwrap()
         .with_steps(steps)
-        .with_clock(Arc::new(TokioClock::starting_at(START)));
+        .with_clock(Arc::new(clock()));
     let task = tokio::spawn(async move {
         let _ = jio_agent::daemon::serve(agent).await;
     });
     Daemon { stop, task }
 }
 
+/// Stops the daemon as SIGTERM does.
+async fn stop(d: Daemon) {
+    d.stop.send(true).unwrap();
+    let _ = d.task.await;
+}
+
+/// Kills the daemon (SIGKILL): nothing it left behind writes again.
+async fn kill(d: Daemon, store: &Faulty) {
+    d.task.abort();
+    let _ = d.task.await;
+    store.f.dead.store(true, Ordering::SeqCst);
+    drop(d.stop);
+}
+
 async fn setup(m: &MemoryStore) {
+    clock();
     let s = Schema::default();
     m.put(&s.current_version(), "v1", None).await.unwrap();
     m.put(
@@ -215,6 +279,15 @@ async fn setup(m: &MemoryStore) {
     .unwrap();
 }
 
+/// Enables the fleet and moves it to v2.
+async fn go_v2(m: &MemoryStore) {
+    let s = Schema::default();
+    m.put(&s.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
+    m.put(&s.current_version(), "v2", None).await.unwrap();
+}
+
 async fn state_of(m: &MemoryStore) -> (HostState, Option<String>) {
     let store: DynStore = Arc::new(m.clone());
     let snap = Snapshot::read(&store, &Schema::default()).await.unwrap();
@@ -224,6 +297,35 @@ async fn state_of(m: &MemoryStore) -> (HostState, Option<String>) {
 
 async fn get(m: &MemoryStore, k: Key) -> Option<String> {
     m.get(&k).await.unwrap().map(|kv| kv.value)
+}
+
+/// (ok, attempt) of `/results/<host>`.
+async fn result(m: &MemoryStore) -> Option<(bool, u64)> {
+    let raw = get(m, Schema::default().result(&host())).await?;
+    let j: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    Some((j["ok"].as_bool().unwrap(), j["attempt"].as_u64().unwrap_or(1)))
+}
+
+fn journal(dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("state/journal.json")).unwrap()).unwrap()
+}
+
+fn configures(steps: &ScriptedSteps) -> usize {
+    steps
+        .calls()
+        .iter()
+        .filter(|(st, _)| *st == Step::Configured)
+        .count()
+}
+
+fn failing_validation() -> ScriptedSteps {
+    ScriptedSteps::new()
+        .taking(Duration::from_secs(20), Duration::from_secs(5))
+        .validate_outcomes([Outcome::Failure("validation failed".into())])
+}
+
+async fn sleep(s: u64) {
+    tokio::time::sleep(Duration::from_secs(s)).await;
 }
 
 /// The run's last report (a failure) cannot land, and a pause disables the fleet
@@ -427,4 +529,410 @@ async fn a_renewal_missed_in_an_outage_is_made_as_soon_as_the_store_is_back() {
         after.lease, first,
         "the lease ended in a 6 s outage of a 15 s TTL and a new one was granted"
     );
+}
+
+/// The end-of-run transaction of a failed run is applied and answered `Ambiguous`.
+/// The host ends `failed`: the marker is gone, the record says `failed` (not
+/// `upgrading`), the report is pending no more, the failure is counted once (the
+/// retry after 10 min is attempt 2).
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_end_of_a_failed_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty::new(&m);
+    store.f.ambiguous_ends.store(1, Ordering::SeqCst);
+    let steps = Arc::new(failing_validation());
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(60).await;
+    let s = Schema::default();
+    let marker = get(&m, s.run(&host())).await;
+    let record = get(&m, s.agent(&host())).await;
+    let (state, reason) = state_of(&m).await;
+    let writes = store.f.status_writes.load(Ordering::SeqCst);
+    let j = journal(dir.path());
+    let first = result(&m).await;
+    sleep(11 * 60).await;
+    let second = result(&m).await;
+    let runs = configures(&steps);
+    stop(d).await;
+    eprintln!(
+        "after 1 min: marker {marker:?}, record {record:?}, state {state:?} ({reason:?}), status writes {writes}, \
+         unreported {}, failure {}, result {first:?}; after 12 min: runs {runs}, result {second:?}",
+        j["unreported"], j["failure"]
+    );
+    assert_eq!(store.f.ambiguous_ends.load(Ordering::SeqCst), 0, "fault hit");
+    assert!(marker.is_none(), "marker left: {marker:?}");
+    assert!(record.as_deref().unwrap().contains("\"failed\""), "{record:?}");
+    assert_eq!(state, HostState::Failed);
+    assert_eq!(j["unreported"].as_array().unwrap().len(), 0);
+    assert_eq!(j["failure"]["attempts"], 1);
+    assert_eq!(first, Some((false, 1)));
+    assert_eq!(runs, 2);
+    assert_eq!(second, Some((true, 2)));
+}
+
+/// The same, for a successful run: the host ends `upgraded`, idle, marker gone,
+/// ran once.
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_end_of_a_successful_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty::new(&m);
+    store.f.ambiguous_ends.store(1, Ordering::SeqCst);
+    let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)));
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(120).await;
+    let s = Schema::default();
+    let marker = get(&m, s.run(&host())).await;
+    let record = get(&m, s.agent(&host())).await;
+    let (state, reason) = state_of(&m).await;
+    let running = get(&m, s.running_version_host(&v("v2"), &host())).await;
+    let writes = store.f.status_writes.load(Ordering::SeqCst);
+    let runs = configures(&steps);
+    let r = result(&m).await;
+    stop(d).await;
+    eprintln!(
+        "marker {marker:?}, record {record:?}, state {state:?} ({reason:?}), running {running:?}, status writes {writes}, runs {runs}, result {r:?}"
+    );
+    assert!(marker.is_none());
+    assert!(record.as_deref().unwrap().contains("\"idle\""), "{record:?}");
+    assert_eq!(state, HostState::Upgraded);
+    assert!(running.is_some());
+    assert_eq!(runs, 1);
+    assert_eq!(r, Some((true, 1)));
+}
+
+/// The end-of-run transaction is answered `Ambiguous` and was NOT applied: the
+/// marker stays while the report is pending, then both settle.
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_unapplied_end_of_a_failed_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty::new(&m);
+    store.f.ambiguous_ends_lost.store(1, Ordering::SeqCst);
+    let steps = Arc::new(failing_validation());
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(60).await;
+    let s = Schema::default();
+    let marker = get(&m, s.run(&host())).await;
+    let record = get(&m, s.agent(&host())).await;
+    let (state, _) = state_of(&m).await;
+    let writes = store.f.status_writes.load(Ordering::SeqCst);
+    let r = result(&m).await;
+    let runs = configures(&steps);
+    stop(d).await;
+    eprintln!(
+        "marker {marker:?}, record {record:?}, state {state:?}, writes {writes}, result {r:?}, runs {runs}"
+    );
+    assert_eq!(store.f.ambiguous_ends_lost.load(Ordering::SeqCst), 0, "fault hit");
+    assert!(marker.is_none());
+    assert!(record.as_deref().unwrap().contains("\"failed\""), "{record:?}");
+    assert_eq!(state, HostState::Failed);
+    assert_eq!(writes, 1);
+    assert_eq!(r, Some((false, 1)));
+    assert_eq!(runs, 1);
+}
+
+/// An ambiguous (applied) start while the fleet stays enabled: the run starts once
+/// (on the next pass), the marker is consistent, the host ends upgraded.
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_start_then_still_enabled_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty::new(&m);
+    store.f.ambiguous_starts.store(1, Ordering::SeqCst);
+    let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)));
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(10).await;
+    let s = Schema::default();
+    let marker_during = get(&m, s.run(&host())).await;
+    let (during, _) = state_of(&m).await;
+    sleep(3600).await;
+    let marker = get(&m, s.run(&host())).await;
+    let record = get(&m, s.agent(&host())).await;
+    let (state, reason) = state_of(&m).await;
+    let r = result(&m).await;
+    stop(d).await;
+    eprintln!(
+        "during: marker {marker_during:?}, {during:?}; after: marker {marker:?}, record {record:?}, state {state:?} ({reason:?}), calls {:?}, result {r:?}",
+        steps.calls()
+    );
+    assert_eq!(store.f.ambiguous_starts.load(Ordering::SeqCst), 0);
+    assert!(marker_during.is_some(), "the run holds its marker");
+    assert_eq!(steps.calls().len(), 2, "configure and validate, once");
+    assert!(marker.is_none());
+    assert!(record.as_deref().unwrap().contains("\"idle\""));
+    assert_eq!(state, HostState::Upgraded);
+    assert_eq!(r, Some((true, 1)));
+}
+
+/// Three failures of v2 with a graceful restart between the second and the third:
+/// the results say attempts 1, 2, 3, and each retry waits its backoff (10, 20 min).
+#[tokio::test(start_paused = true)]
+async fn attempts_count_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty::new(&m);
+    let fail = || Outcome::Failure("validation failed".into());
+    let steps = Arc::new(
+        ScriptedSteps::new()
+            .taking(Duration::from_secs(20), Duration::from_secs(5))
+            .validate_outcomes([fail(), fail(), fail()]),
+    );
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(60).await;
+    let r1 = (configures(&steps), result(&m).await);
+    sleep(11 * 60).await;
+    let r2 = (configures(&steps), result(&m).await);
+    stop(d).await;
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(15 * 60).await;
+    let early = configures(&steps);
+    sleep(10 * 60).await;
+    let r3 = (configures(&steps), result(&m).await);
+    stop(d).await;
+    eprintln!("r1 {r1:?} r2 {r2:?} runs 15 min after restart {early} r3 {r3:?}");
+    assert_eq!(r1, (1, Some((false, 1))));
+    assert_eq!(r2, (2, Some((false, 2))));
+    assert_eq!(early, 2, "the 2nd failure's 20 min backoff survived the restart");
+    assert_eq!(r3, (3, Some((false, 3))));
+}
+
+/// The same with a kill while the 2nd failure's report is on the wire: the
+/// successor reports attempt 2, waits its 20 min, and the next run is attempt 3.
+#[tokio::test(start_paused = true)]
+async fn attempts_count_across_a_kill_at_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let first = Faulty::new(&m);
+    let fail = || Outcome::Failure("validation failed".into());
+    let steps = Arc::new(
+        ScriptedSteps::new()
+            .taking(Duration::from_secs(20), Duration::from_secs(5))
+            .validate_outcomes([fail(), fail(), fail()]),
+    );
+    let d = start(dir.path(), &first, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(60).await;
+    let r1 = result(&m).await;
+    first.f.hang_reports.store(true, Ordering::SeqCst);
+    sleep(11 * 60).await;
+    assert_eq!(configures(&steps), 2);
+    kill(d, &first).await;
+    let second = Faulty::new(&m);
+    let d = start(dir.path(), &second, steps.clone());
+    sleep(60).await;
+    let r2 = result(&m).await;
+    sleep(14 * 60).await;
+    let early = configures(&steps);
+    sleep(10 * 60).await;
+    let r3 = (configures(&steps), result(&m).await);
+    stop(d).await;
+    eprintln!("r1 {r1:?} r2 {r2:?} runs 15 min after restart {early} r3 {r3:?}");
+    assert_eq!(r1, Some((false, 1)));
+    assert_eq!(r2, Some((false, 2)));
+    assert_eq!(early, 2);
+    assert_eq!(r3, (3, Some((false, 3))));
+}
+
+/// Killed while a failure's report is on the wire; before the successor starts,
+/// the operator writes the enable key again ("retry now"). The successor reports
+/// the failure and retries at once, as attempt 2. (What the fleet view says in
+/// between is printed.)
+#[tokio::test(start_paused = true)]
+async fn an_enable_write_between_a_kill_and_the_restart_retries_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let first = Faulty::new(&m);
+    let steps = Arc::new(failing_validation());
+    let d = start(dir.path(), &first, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    first.f.hang_reports.store(true, Ordering::SeqCst);
+    sleep(30).await;
+    assert_eq!(steps.calls().len(), 2);
+    kill(d, &first).await;
+    let s = Schema::default();
+    m.put(&s.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
+    let second = Faulty::new(&m);
+    let d = start(dir.path(), &second, steps.clone());
+    sleep(10).await;
+    let (during, why) = state_of(&m).await;
+    let runs_during = configures(&steps);
+    sleep(60).await;
+    let r = result(&m).await;
+    let (after, _) = state_of(&m).await;
+    stop(d).await;
+    eprintln!(
+        "10 s after restart: {runs_during} runs, state {during:?} ({why:?}); after: result {r:?}, {after:?}"
+    );
+    assert_eq!(runs_during, 2, "retried at once");
+    assert_eq!(r, Some((true, 2)));
+    assert_eq!(after, HostState::Upgraded);
+}
+
+/// The version file cannot be written (its temporary path is a directory): a
+/// validated success becomes a failure, reported as attempt 1, with the failure's
+/// backoff (no run again within 5 min).
+#[tokio::test(start_paused = true)]
+async fn an_unwritable_version_file_fails_the_run_with_a_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("version.tmp-jio")).unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty::new(&m);
+    let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)));
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(5 * 60).await;
+    let s = Schema::default();
+    let r = result(&m).await;
+    let (state, _) = state_of(&m).await;
+    let marker = get(&m, s.run(&host())).await;
+    let j = journal(dir.path());
+    let runs = configures(&steps);
+    stop(d).await;
+    eprintln!(
+        "runs {runs}, result {r:?}, state {state:?}, marker {marker:?}, journal failure {} last_run {}",
+        j["failure"], j["last_run"]
+    );
+    assert_eq!(runs, 1);
+    assert_eq!(r, Some((false, 1)));
+    assert_eq!(state, HostState::Failed);
+    assert!(marker.is_none());
+    assert_eq!(j["failure"]["attempts"], 1);
+    assert_eq!(j["last_run"]["result"], "failed");
+}
+
+/// The same, killed while that failure's report is on the wire: the successor
+/// keeps the backoff.
+#[tokio::test(start_paused = true)]
+async fn an_unwritable_version_file_then_a_kill_at_the_report_keeps_the_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("version.tmp-jio")).unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let first = Faulty::new(&m);
+    let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)));
+    let d = start(dir.path(), &first, steps.clone());
+    sleep(5).await;
+    first.f.hang_reports.store(true, Ordering::SeqCst);
+    go_v2(&m).await;
+    sleep(30).await;
+    kill(d, &first).await;
+    let second = Faulty::new(&m);
+    let d = start(dir.path(), &second, steps.clone());
+    sleep(5 * 60).await;
+    let r = result(&m).await;
+    let runs = configures(&steps);
+    let (state, _) = state_of(&m).await;
+    stop(d).await;
+    eprintln!("runs {runs}, result {r:?}, state {state:?}");
+    assert_eq!(runs, 1);
+    assert_eq!(r, Some((false, 1)));
+    assert_eq!(state, HostState::Failed);
+}
+
+/// the backoff, and the host is `failed`.
+#[tokio::test(start_paused = true)]
+async fn a_kill_after_the_report_lands_before_the_marker_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let first = Faulty::new(&m);
+    let steps = Arc::new(failing_validation());
+    let d = start(dir.path(), &first, steps.clone());
+    sleep(5).await;
+    first.f.fail_reports.store(true, Ordering::SeqCst);
+    first.f.fail_marker_deletes.store(true, Ordering::SeqCst);
+    go_v2(&m).await;
+    sleep(30).await;
+    first.f.fail_reports.store(false, Ordering::SeqCst);
+    sleep(60).await;
+    let s = Schema::default();
+    let landed = result(&m).await;
+    let marker_mid = get(&m, s.run(&host())).await;
+    kill(d, &first).await;
+    let second = Faulty::new(&m);
+    let d = start(dir.path(), &second, steps.clone());
+    sleep(5 * 60).await;
+    let marker = get(&m, s.run(&host())).await;
+    let (state, _) = state_of(&m).await;
+    let runs = configures(&steps);
+    let writes = first.f.status_writes.load(Ordering::SeqCst) + second.f.status_writes.load(Ordering::SeqCst);
+    stop(d).await;
+    eprintln!(
+        "landed {landed:?} marker then {marker_mid:?}; after restart: marker {marker:?}, state {state:?}, runs {runs}, status writes {writes}"
+    );
+    assert_eq!(landed, Some((false, 1)));
+    assert!(marker_mid.is_some());
+    assert!(marker.is_none());
+    assert_eq!(state, HostState::Failed);
+    assert_eq!(runs, 1);
+    assert_eq!(writes, 1);
+}
+
+/// Stopped during validation (an interrupted run): the configure step's own report
+/// hangs and the agent is killed. The successor reports it, removes the marker,
+/// runs the upgrade again (an interrupted run is no failure: attempt 1) and ends
+/// upgraded.
+#[tokio::test(start_paused = true)]
+async fn a_kill_during_the_configure_report_of_an_interrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let first = Faulty::new(&m);
+    let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(30)));
+    let d = start(dir.path(), &first, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(25).await;
+    assert_eq!(steps.calls().len(), 2, "validating");
+    first.f.hang_reports.store(true, Ordering::SeqCst);
+    d.stop.send(true).unwrap();
+    sleep(10).await;
+    assert!(!d.task.is_finished(), "hung on the configure report");
+    let j0 = journal(dir.path());
+    kill(d, &first).await;
+    let second = Faulty::new(&m);
+    let d = start(dir.path(), &second, steps.clone());
+    sleep(5 * 60).await;
+    let s = Schema::default();
+    let marker = get(&m, s.run(&host())).await;
+    let (state, _) = state_of(&m).await;
+    let r = result(&m).await;
+    let runs = configures(&steps);
+    let j = journal(dir.path());
+    stop(d).await;
+    eprintln!(
+        "at the kill: in_progress {} unreported {}; after: marker {marker:?} state {state:?} result {r:?} runs {runs}, failure {}",
+        j0["in_progress"].is_object(),
+        j0["unreported"].as_array().map(|a| a.len()).unwrap_or(0),
+        j["failure"]
+    );
+    assert!(marker.is_none());
+    assert_eq!(runs, 2);
+    assert_eq!(r, Some((true, 1)));
+    assert_eq!(state, HostState::Upgraded);
 }
