@@ -183,12 +183,9 @@ impl Uploader {
             remove(&meta, &log);
             return Attempt::Done;
         };
-        let txn = Txn::new()
-            .when(Compare::ModRevision(key.clone(), entry.revision))
-            .then(Op::put(key.clone(), url.clone()));
-        match self.store.txn(txn).await {
-            Ok(TxnOutcome::Committed(_)) => tracing::info!(key = %key, %url, "run log uploaded and linked"),
-            Ok(TxnOutcome::Lost(_)) => {
+        match link(&self.store, &key, entry.revision, &url).await {
+            Ok(true) => tracing::info!(key = %key, %url, "run log uploaded and linked"),
+            Ok(false) => {
                 tracing::info!(key = %key, %url, "run log uploaded; its status entry was replaced meanwhile, so it is not linked")
             }
             Err(e) => return Attempt::Failed(e.to_string()),
@@ -265,6 +262,32 @@ impl Uploader {
     }
 }
 
+/// Writes `url` into the status leaf `key` if it is still the entry the report
+/// wrote at `revision`; whether it did. A leaf whose mod revision is before
+/// `revision` is that entry too: a store that skips a write of a key's current
+/// value (Consul ≥ 1.6) left it as it was, so it is fenced on what it holds.
+async fn link(
+    store: &DynStore,
+    key: &Key,
+    revision: Revision,
+    url: &str,
+) -> Result<bool, jio_common::store::StoreError> {
+    let mut expect = revision;
+    for _ in 0..2 {
+        let txn = Txn::new()
+            .when(Compare::ModRevision(key.clone(), expect))
+            .then(Op::put(key.clone(), url.to_string()));
+        if let TxnOutcome::Committed(_) = store.txn(txn).await? {
+            return Ok(true);
+        }
+        match store.get(key).await? {
+            Some(kv) if kv.mod_revision < revision => expect = kv.mod_revision,
+            _ => return Ok(false),
+        }
+    }
+    Ok(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +308,38 @@ mod tests {
         let q = queued(d.path());
         assert_eq!(q.len(), MAX_QUEUED);
         assert!(q[0].0.ends_with("000003.json"), "{:?}", q[0]);
+    }
+
+    /// On Consul a report that wrote a status leaf's current value again left its
+    /// mod revision where it was: the log is still linked to it. A leaf replaced
+    /// after the report is not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leaf_consul_kept_as_it_was_is_still_linked() {
+        use jio_common::store::{ConsulStore, StoreUrl};
+        let server = jio_tests::consul::ConsulServer::start(Default::default()).await;
+        let url = StoreUrl::parse(&server.url()).unwrap();
+        let store: DynStore = Arc::new(ConsulStore::new(&url, Duration::from_secs(2)).unwrap());
+        let leaf = Key::new("/status/validated/success/v2/h1").unwrap();
+        let other = Key::new("/results/h1").unwrap();
+        let first = store.put(&leaf, "", None).await.unwrap();
+        let report = Txn::new()
+            .then(Op::put(leaf.clone(), ""))
+            .then(Op::put(other.clone(), "second run"));
+        let TxnOutcome::Committed(second) = store.txn(report).await.unwrap() else {
+            panic!("an unconditional transaction")
+        };
+        let kept = store.get(&leaf).await.unwrap().unwrap().mod_revision;
+        assert_eq!(kept, first, "Consul skipped the same-value write");
+        assert!(second > first);
+        assert!(link(&store, &leaf, second, "https://swift/log").await.unwrap());
+        assert_eq!(
+            store.get(&leaf).await.unwrap().unwrap().value,
+            "https://swift/log"
+        );
+        // Replaced after the report (a later run): not linked.
+        let later = store.put(&leaf, "", None).await.unwrap();
+        assert!(!link(&store, &leaf, second, "https://swift/old").await.unwrap());
+        assert_eq!(store.get(&leaf).await.unwrap().unwrap().mod_revision, later);
     }
 
     #[test]

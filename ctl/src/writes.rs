@@ -51,11 +51,35 @@ pub fn holder() -> LockRecord {
     }
 }
 
-/// The plan epoch's bump, recording who wrote.
+/// The plan epoch's bump, recording who wrote. Every bump writes a new value (a
+/// `bump` number that goes up by one from a random start in each process): a store
+/// that skips a write of a key's current value (Consul ≥ 1.6) would otherwise leave
+/// the epoch's mod revision where it was, and the next chunk of a plan, fenced on
+/// the revision this one returned, would find it lost.
 pub fn epoch_put(schema: &Schema) -> Op {
+    #[derive(serde::Serialize)]
+    struct Epoch {
+        #[serde(flatten)]
+        by: LockRecord,
+        bump: u64,
+    }
+    static BUMPS: std::sync::OnceLock<std::sync::atomic::AtomicU64> = std::sync::OnceLock::new();
+    let bumps = BUMPS.get_or_init(|| {
+        use std::hash::{BuildHasher as _, Hasher as _};
+        // The standard library seeds this from the OS's randomness.
+        std::sync::atomic::AtomicU64::new(
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish(),
+        )
+    });
+    let epoch = Epoch {
+        by: holder(),
+        bump: bumps.fetch_add(1, Ordering::SeqCst),
+    };
     Op::put(
         schema.lock(EPOCH),
-        serde_json::to_string(&holder()).unwrap_or_default(),
+        serde_json::to_string(&epoch).unwrap_or_default(),
     )
 }
 

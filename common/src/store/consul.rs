@@ -420,6 +420,11 @@ impl Inner {
                     .flatten()
                     .filter_map(|r| r["KV"]["ModifyIndex"].as_u64())
                     .max();
+                // Consul answers a write transaction without `X-Consul-Index`: the
+                // revision is the highest `ModifyIndex` in the results (a changed
+                // key's is the transaction's own; a skipped same-value write shows
+                // its old one), or, when there are none (only deletes), the index
+                // read after it.
                 let rev = match (a.index, from_results) {
                     (Some(i), _) => i,
                     (None, Some(m)) => m,

@@ -324,7 +324,9 @@ pub trait Store: Send + Sync + 'static {
     async fn list(&self, prefix: &Key) -> Result<Listing>;
 
     /// Writes `value`, bound to `lease` when given (the key is deleted when the lease
-    /// ends). Fails with `LeaseNotFound` when the lease has already ended.
+    /// ends). Fails with `LeaseNotFound` when the lease has already ended. Consul
+    /// (≥ 1.6) skips a write of a key's current value: its mod revision does not
+    /// move, no watch sees it, and the revision returned is the key's as it was.
     async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> Result<Revision>;
 
     /// Deletes one key; returns whether it existed. Deleting a missing key is not an
@@ -336,6 +338,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies `txn` atomically. A failed compare is `Ok(TxnOutcome::Lost)`, not an
     /// error. `Ambiguous` means the outcome is unknown: re-read, then decide again.
+    /// `Committed(r)`: every key the transaction changed has mod revision `r`. On
+    /// Consul a put of a key's current value leaves that key at its old revision
+    /// (see `put`): a caller that fences later writes on a key it wrote must write a
+    /// value that differs each time (the plan epoch does), or read the key back.
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome>;
 
     /// Grants a lease of at least `ttl` (a store may round a short TTL up).

@@ -228,7 +228,8 @@ fn entry_json(key: &str, e: &Entry) -> Value {
 async fn kv(shared: &Shared, req: &Request, key: &str) -> Response {
     let recurse = req.query.contains_key("recurse");
     let cas = req.query.get("cas").and_then(|c| c.parse::<u64>().ok());
-    let answer = |ok: bool, st: &State| resp(200, if ok { "true" } else { "false" }, Some(st.index));
+    // Consul answers KV writes without `X-Consul-Index` (a write has no query meta).
+    let answer = |ok: bool, _: &State| resp(200, if ok { "true" } else { "false" }, None);
     match req.method.as_str() {
         "GET" => read(shared, req, key, recurse).await,
         "PUT" => {
@@ -331,15 +332,26 @@ fn txn(shared: &Shared, req: &Request) -> Response {
         Ok(results) => {
             let results: Vec<Value> = results
                 .iter()
-                .map(|(k, e)| json!({"KV": entry_json(k, e)}))
+                .map(|r| {
+                    let mut kv = entry_json(&r.key, &r.entry);
+                    if !r.value {
+                        kv["Value"] = Value::Null;
+                    }
+                    json!({"KV": kv})
+                })
                 .collect();
-            let i = st.index;
+            // A transaction that writes has no query meta: no `X-Consul-Index`
+            // (a read-only one answers with the index it read at).
+            let read_only = ops
+                .iter()
+                .all(|op| op.verb == "get" || op.verb.starts_with("check-"));
+            let index = read_only.then_some(st.index);
             drop(st);
             shared.changed.notify_waiters();
             resp(
                 200,
                 json!({"Results": results, "Errors": null}).to_string(),
-                Some(i),
+                index,
             )
         }
     }
@@ -356,23 +368,22 @@ fn session(shared: &Shared, req: &Request, rest: &str) -> Response {
         };
         let delete = body["Behavior"].as_str() == Some("delete");
         let id = st.create_session(ttl, delete, Instant::now());
-        return resp(200, json!({ "ID": id }).to_string(), Some(st.index));
+        return resp(200, json!({ "ID": id }).to_string(), None);
     }
     if let Some(id) = rest.strip_prefix("renew/") {
         return match st.renew(id, Instant::now()) {
             Some(ttl) => {
                 let ttl = format!("{}s", ttl.as_secs());
-                resp(200, json!([{"ID": id, "TTL": ttl}]).to_string(), Some(st.index))
+                resp(200, json!([{"ID": id, "TTL": ttl}]).to_string(), None)
             }
-            None => resp(404, format!("Session id '{id}' not found"), Some(st.index)),
+            None => resp(404, format!("Session id '{id}' not found"), None),
         };
     }
     if let Some(id) = rest.strip_prefix("destroy/") {
         st.expire(Instant::now(), Some(id));
-        let i = st.index;
         drop(st);
         shared.changed.notify_waiters();
-        return resp(200, "true", Some(i));
+        return resp(200, "true", None);
     }
     resp(404, "unknown session endpoint", None)
 }

@@ -6,12 +6,22 @@
 //! What it implements, as documented:
 //! - `GET /v1/kv/<key>[?recurse][&keys]` → JSON entries (`CreateIndex`,
 //!   `ModifyIndex`, `LockIndex`, `Key`, `Flags`, base64 `Value`, `Session`), 404 when
-//!   nothing matches; `X-Consul-Index` on every answer.
+//!   nothing matches; `X-Consul-Index` on every read.
 //! - `PUT /v1/kv/<key>[?cas=N][&acquire=S][&release=S]` → `true`/`false`;
 //!   `cas=0` means "only if absent". `DELETE /v1/kv/<key>[?recurse][&cas=N]`.
 //! - `PUT /v1/txn`: up to 64 operations (`set`, `cas`, `get`, `delete`, `delete-tree`,
 //!   `delete-cas`, `check-index`, `check-not-exists`, `lock`), all or nothing: 200
 //!   with `Results`, 409 with `Errors` when an operation fails, 413 above 64.
+//!   `Results` as Consul 1.8+ gives them (`state/txn.go`): a `get` its entry with the
+//!   value; `set`, `cas`, `lock` and `check-index` the entry without the value; the
+//!   deletes and `check-not-exists` nothing.
+//! - A write of a key's current value (and, for `lock`, by the session that holds
+//!   it) is skipped, as Consul ≥ 1.6 does: `ModifyIndex` stays, no blocking query
+//!   wakes, a transaction's result shows the old index (≥ 1.8; 1.6 and 1.7 showed
+//!   the new one), and a transaction that changed nothing leaves the index as it was.
+//! - Writes (KV `PUT`/`DELETE`, a transaction that writes, session create, renew
+//!   and destroy) answer without `X-Consul-Index`: they carry no query meta. A
+//!   read-only transaction answers with it.
 //! - Sessions: `PUT /v1/session/create` (`TTL` from 10s to 86400s, `Behavior`
 //!   `release` or `delete`), `/v1/session/renew/<id>` (404 when unknown),
 //!   `/v1/session/destroy/<id>`. A session not renewed is invalidated after up to

@@ -73,11 +73,23 @@ impl State {
         }
     }
 
-    pub(super) fn set(&mut self, key: &str, value: Vec<u8>, at: u64) {
+    /// Writes `value`; whether anything changed. A write of the key's current value
+    /// (and, for a lock, by its current session) is skipped, as Consul ≥ 1.6 does
+    /// (`kvsSetTxn`: an entry equal to the existing one is not written): its
+    /// `ModifyIndex` does not move and no blocking query wakes.
+    pub(super) fn set(&mut self, key: &str, value: Vec<u8>, at: u64) -> bool {
+        self.set_as(key, value, at, None)
+    }
+
+    /// `set`, by `lock` (`Some(session)`): the entry is equal only if that session
+    /// already holds it.
+    fn set_as(&mut self, key: &str, value: Vec<u8>, at: u64, lock: Option<&str>) -> bool {
         match self.kv.get_mut(key) {
+            Some(e) if e.value == value && lock.is_none_or(|s| e.session.as_deref() == Some(s)) => false,
             Some(e) => {
                 e.value = value;
                 e.modify = at;
+                true
             }
             None => {
                 self.tombstones.remove(key);
@@ -92,6 +104,7 @@ impl State {
                         session: None,
                     },
                 );
+                true
             }
         }
     }
@@ -139,6 +152,15 @@ pub(super) struct TxnOp {
     pub session: String,
 }
 
+/// One entry of a transaction's `Results`.
+#[derive(Debug, Clone)]
+pub(super) struct TxnResult {
+    pub key: String,
+    pub entry: Entry,
+    /// Whether the answer carries the value (only a `get`'s does).
+    pub value: bool,
+}
+
 /// Why a transaction failed: the operation and what Consul says.
 pub(super) type TxnError = (usize, String);
 
@@ -178,8 +200,10 @@ impl State {
             return Ok(false);
         }
         let Some(sid) = acquire else {
-            let at = self.bump();
-            self.set(key, value, at);
+            let at = self.index + 1;
+            if self.set(key, value, at) {
+                self.index = at;
+            }
             return Ok(true);
         };
         if !self.sessions.contains_key(sid) {
@@ -192,19 +216,24 @@ impl State {
         {
             return Ok(false);
         }
-        let at = self.bump();
-        self.set(key, value, at);
-        self.take_lock(key, sid);
+        let at = self.index + 1;
+        if self.set_as(key, value, at, Some(sid)) | self.take_lock(key, sid, at) {
+            self.index = at;
+        }
         Ok(true)
     }
 
-    fn take_lock(&mut self, key: &str, sid: &str) {
+    /// `sid` takes the lock on `key` (written at `at`); whether it changed hands.
+    fn take_lock(&mut self, key: &str, sid: &str, at: u64) -> bool {
         if let Some(e) = self.kv.get_mut(key)
             && e.session.as_deref() != Some(sid)
         {
             e.session = Some(sid.to_string());
             e.lock_index += 1;
+            e.modify = at;
+            return true;
         }
+        false
     }
 
     /// `DELETE /v1/kv/<key>[?recurse][&cas]`: whether the compare held.
@@ -224,9 +253,12 @@ impl State {
         true
     }
 
-    /// `PUT /v1/txn`: every operation at one index, or none. Returns the entries
-    /// the operations return (`get`, and the writes).
-    pub(super) fn txn(&mut self, ops: &[TxnOp]) -> Result<Vec<(String, Entry)>, TxnError> {
+    /// `PUT /v1/txn`: every operation at one index, or none. Returns what Consul
+    /// (≥ 1.8, `state/txn.go`) returns per operation: `get` its entry with the
+    /// value; `set`, `cas`, `lock` and `check-index` the entry without its value
+    /// (a skipped same-value write shows the old `ModifyIndex`); the deletes and
+    /// `check-not-exists` nothing. The index moves only if something changed.
+    pub(super) fn txn(&mut self, ops: &[TxnOp]) -> Result<Vec<TxnResult>, TxnError> {
         let mut work = self.clone();
         let at = work.index + 1;
         let mut results = Vec::new();
@@ -236,12 +268,13 @@ impl State {
             let key = op.key.as_str();
             let cur = work.kv.get(key).cloned();
             let at_index = |e: &Option<Entry>| e.as_ref().map(|e| e.modify);
+            let mut result = None;
             match op.verb.as_str() {
-                "set" => work.set(key, op.value.clone(), at),
+                "set" => wrote |= work.set(key, op.value.clone(), at),
                 "cas" if at_index(&cur).unwrap_or(0) != op.index => {
                     return fail(format!("failed to set key \"{key}\", index is stale"));
                 }
-                "cas" => work.set(key, op.value.clone(), at),
+                "cas" => wrote |= work.set(key, op.value.clone(), at),
                 "lock" => {
                     let sid = op.session.as_str();
                     if !work.sessions.contains_key(sid) {
@@ -254,19 +287,19 @@ impl State {
                     {
                         return fail(format!("failed to lock key \"{key}\", lock is already held"));
                     }
-                    work.set(key, op.value.clone(), at);
-                    work.take_lock(key, sid);
+                    wrote |= work.set_as(key, op.value.clone(), at, Some(sid)) | work.take_lock(key, sid, at);
                 }
                 "get" => match cur {
-                    Some(e) => results.push((key.to_string(), e)),
+                    Some(e) => result = Some((e, true)),
                     None => return fail(format!("key \"{key}\" doesn't exist")),
                 },
                 "check-index" if at_index(&cur) != Some(op.index) => {
                     let now = at_index(&cur).unwrap_or(0);
                     return fail(format!("current modify index {now} != {}", op.index));
                 }
+                "check-index" => result = cur.map(|e| (e, false)),
                 "check-not-exists" if cur.is_some() => return fail(format!("key \"{key}\" exists")),
-                "check-index" | "check-not-exists" => {}
+                "check-not-exists" => {}
                 "delete" => wrote |= work.delete_key(key, at),
                 "delete-cas" if at_index(&cur) != Some(op.index) => {
                     return fail(format!("failed to delete key \"{key}\", index is stale"));
@@ -280,10 +313,14 @@ impl State {
                 other => return fail(format!("unknown KV verb \"{other}\"")),
             }
             if matches!(op.verb.as_str(), "set" | "cas" | "lock") {
-                wrote = true;
-                if let Some(e) = work.kv.get(key) {
-                    results.push((key.to_string(), e.clone()));
-                }
+                result = work.kv.get(key).cloned().map(|e| (e, false));
+            }
+            if let Some((entry, value)) = result {
+                results.push(TxnResult {
+                    key: key.to_string(),
+                    entry,
+                    value,
+                });
             }
         }
         if wrote {
@@ -361,8 +398,36 @@ mod tests {
         assert_eq!((st.index, st.kv.contains_key("b")), (before, false));
         let got = st.txn(&[op("set", "b", 0), op("delete", "a", 0)]).unwrap();
         assert_eq!(st.index, before + 1);
-        assert_eq!(got[0].1.modify, before + 1);
+        assert_eq!(got[0].entry.modify, before + 1);
+        assert!(!got[0].value, "a write's result carries no value");
         assert!(!st.kv.contains_key("a") && st.query_index("a", false) == before + 1);
+    }
+
+    #[test]
+    fn a_same_value_write_is_skipped() {
+        let mut st = State::new();
+        assert_eq!(st.put("k", b"1".to_vec(), None, None), Ok(true));
+        let (index, modify) = (st.index, st.kv["k"].modify);
+        assert_eq!(st.put("k", b"1".to_vec(), None, None), Ok(true));
+        assert_eq!((st.index, st.kv["k"].modify), (index, modify));
+        // In a transaction: the result shows the old index; a get carries the
+        // value, a check-index its entry, a delete nothing.
+        let got = st
+            .txn(&[
+                TxnOp {
+                    value: b"1".to_vec(),
+                    ..op("set", "k", 0)
+                },
+                op("check-index", "k", modify),
+                op("get", "k", 0),
+                op("delete", "missing", 0),
+            ])
+            .unwrap();
+        assert_eq!(st.index, index, "nothing changed");
+        let shape: Vec<(u64, bool)> = got.iter().map(|r| (r.entry.modify, r.value)).collect();
+        assert_eq!(shape, [(modify, false), (modify, false), (modify, true)]);
+        assert_eq!(st.put("k", b"2".to_vec(), None, None), Ok(true));
+        assert_eq!(st.kv["k"].modify, index + 1);
     }
 
     #[test]
