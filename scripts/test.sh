@@ -21,6 +21,7 @@ NEEDED=(
   "debootstrap:debootstrap"
   "systemd-analyze:systemd"
   "protoc:protobuf-compiler"
+  "python3:python3"
 )
 
 missing=()
@@ -30,6 +31,10 @@ for entry in "${NEEDED[@]}"; do
     missing+=("$pkg")
   fi
 done
+# The Consul test server is checked by py-consul in a virtualenv (tests/tests/consul_client.rs).
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=("python3-venv")
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   # shellcheck disable=SC2207
   missing=($(printf '%s\n' "${missing[@]}" | sort -u))

@@ -50,9 +50,11 @@ enum Kind {
 
 async fn fleet(url: &str, names: &[&str], kind: Kind) -> Fleet {
     let s = open(url).await;
-    s.put(&Schema::default().current_version(), "v1", None)
-        .await
-        .unwrap();
+    // Set by the test when the agents' credentials may not (Consul's agent token).
+    let current = Schema::default().current_version();
+    if s.get(&current).await.unwrap().is_none() {
+        s.put(&current, "v1", None).await.unwrap();
+    }
     let work = tempfile::tempdir().unwrap();
     let mut puppets = Vec::new();
     let mut hosts = Vec::new();
@@ -537,13 +539,44 @@ async fn next_json(
     serde_json::from_str(&line).unwrap()
 }
 
+/// On Consul with ACLs on: the agents hold a token with the README's `jio-agent`
+/// policy, `jioctl` a management token. Every agent's write is within its policy
+/// (a denied one would fail its run), and the rollout survives every session
+/// expiring midway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollout_on_consul_survives_sessions_expiring_midway() {
-    use jio_tests::consul::{ConsulOptions, ConsulServer, expire_session};
-    let server = ConsulServer::start(ConsulOptions::default()).await;
-    let url = server.url();
+    use jio_tests::consul::{AclToken, ConsulOptions, ConsulServer, expire_session};
+    let server = ConsulServer::start(ConsulOptions {
+        token: Some("operator-7e1c-secret".into()),
+        tokens: vec![AclToken::jio_agent("agent-5b2a-secret")],
+        ..ConsulOptions::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_url = |name: &str, secret: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, secret).unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        format!("{}?token_file={}", server.url(), f.display())
+    };
+    let url = token_url("operator.token", "operator-7e1c-secret");
+    let agents_url = token_url("agent.token", "agent-5b2a-secret");
     let s = open(&url).await;
-    let f = fleet(&url, &EIGHT, Kind::Fake).await;
+    // The agent token may not move the fleet.
+    let agent_store = open(&agents_url).await;
+    let err = agent_store
+        .put(&Schema::default().current_version(), "v9", None)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Permission denied (writing /current_version"),
+        "{err}"
+    );
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let f = fleet(&agents_url, &EIGHT, Kind::Fake).await;
     let (path, rules) = rolling_rules();
     let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
     let driver = jioctl(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use jio_common::keys::Key;
-use jio_common::store::{ConsulStore, DynStore, ErrorKind, Op, StoreUrl, Txn, WatchEvent};
+use jio_common::store::{Compare, ConsulStore, DynStore, ErrorKind, Op, StoreUrl, Txn, WatchEvent};
 use jio_tests::consul::{ConsulOptions, ConsulServer, ConsulTls, reset_index};
 use jio_tests::pki::Pki;
 
@@ -85,7 +85,7 @@ async fn acl_token_denied_is_a_clear_error_without_the_token() {
     let server = ConsulServer::start(ConsulOptions {
         token: Some("s3cret-acl-token".into()),
         datacenter: Some("bom1".into()),
-        tls: None,
+        ..ConsulOptions::default()
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -97,15 +97,19 @@ async fn acl_token_denied_is_a_clear_error_without_the_token() {
         std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     }
 
-    for url in [
-        server.url(),
-        format!("{}?token_file={}", server.url(), wrong.display()),
+    // No token (the anonymous token may do nothing), and a token Consul does not know.
+    for (url, said) in [
+        (server.url(), "Permission denied"),
+        (
+            format!("{}?token_file={}", server.url(), wrong.display()),
+            "ACL not found",
+        ),
     ] {
         let err = client(&url).ping().await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
         let msg = err.to_string();
         assert!(
-            msg.contains("Permission denied") && msg.contains(&server.addr().to_string()),
+            msg.contains(said) && msg.contains(&server.addr().to_string()),
             "{msg}"
         );
         assert!(
@@ -146,6 +150,7 @@ async fn consul_over_tls_with_client_certificates() {
             key: pki.server.key.clone(),
             client_ca: Some(pki.ca.clone()),
         }),
+        ..ConsulOptions::default()
     })
     .await;
     let token = dir.path().join("consul.token");
@@ -204,4 +209,74 @@ async fn consul_over_tls_with_client_certificates() {
     ))
     .unwrap_err();
     assert!(err.to_string().contains("need TLS: use consuls://"), "{err}");
+}
+
+/// A token with the `jio-agent` policy (README): what it may not write is a
+/// refusal naming the key, in a transaction too (Consul answers 409 there, which
+/// must never read as a lost compare, or a driver would replan forever), and
+/// nothing of the transaction is written.
+#[tokio::test]
+async fn acl_denials_name_the_key_and_are_never_lost_compares() {
+    use jio_tests::consul::AclToken;
+    let server = ConsulServer::start(ConsulOptions {
+        token: Some("operator-secret-1".into()),
+        tokens: vec![AclToken::jio_agent("agent-secret-2")],
+        ..ConsulOptions::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = |name: &str, secret: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, secret).unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        client(&format!("{}?token_file={}", server.url(), f.display()))
+    };
+    let operator = token("operator.token", "operator-secret-1");
+    let agent = token("agent.token", "agent-secret-2");
+    operator.put(&k("/current_version"), "v1", None).await.unwrap();
+    // Within its policy.
+    agent
+        .put(&k("/status/validated/success/v1/h1"), "", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        agent.get(&k("/current_version")).await.unwrap().unwrap().value,
+        "v1"
+    );
+    // A plain write outside it.
+    let err = agent.put(&k("/current_version"), "v9", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
+    assert!(
+        err.to_string()
+            .contains("Permission denied (writing /current_version with this ACL token)"),
+        "{err}"
+    );
+    // A transaction: one allowed write, two denied ones.
+    let txn = Txn::new()
+        .when(Compare::ModRevision(k("/current_version"), 0))
+        .then(Op::put(k("/status/validated/success/v1/h2"), ""))
+        .then(Op::put(k("/config_state/enable_puppet/global"), "true"))
+        .then(Op::Delete(k("/locks/epoch")));
+    let err = agent.txn(txn).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("writing /config_state/enable_puppet/global, /locks/epoch"),
+        "{msg}"
+    );
+    assert!(!msg.contains("secret"), "{msg}");
+    assert!(
+        agent
+            .get(&k("/status/validated/success/v1/h2"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A delete it may not make is a refusal, not "there was nothing to delete".
+    let err = agent.delete(&k("/current_version")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
+    assert_eq!(
+        operator.get(&k("/current_version")).await.unwrap().unwrap().value,
+        "v1"
+    );
 }

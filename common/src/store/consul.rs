@@ -215,6 +215,15 @@ impl Inner {
                 return Err(Failure::Unknown(reason));
             }
         };
+        // Rate limits (429; 503 "rate limit exceeded" for writes) refuse before
+        // anything is applied: another try is safe, on another server if there is one.
+        if status == 429 || (status == 503 && String::from_utf8_lossy(&body).contains("rate limit")) {
+            fail_over(&format!("HTTP {status}"));
+            return Err(Failure::NotSent(format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&body).trim()
+            )));
+        }
         if status >= 500 && !is_api_error(&body) {
             fail_over(&format!("HTTP {status}"));
             return Err(Failure::Unknown(format!(
@@ -273,10 +282,15 @@ impl Inner {
             Err(Failure::Refused(message)) => return Err(StoreError::Denied { url, op, message }),
         };
         if answer.status == 403 || answer.status == 401 {
+            let doing = if method == reqwest::Method::GET {
+                "reading"
+            } else {
+                "writing"
+            };
             return Err(StoreError::Denied {
                 url,
                 op,
-                message: String::from_utf8_lossy(&answer.body).trim().to_string(),
+                message: denied_message(&answer.body, doing, path),
             });
         }
         Ok(answer)
@@ -401,6 +415,14 @@ impl Inner {
             ));
         }
         let body = serde_json::to_vec(&ops).unwrap_or_default();
+        let keys: Vec<(bool, String)> = ops
+            .iter()
+            .map(|op| {
+                let verb = op["KV"]["Verb"].as_str().unwrap_or("");
+                let write = !(verb == "get" || verb.starts_with("check-"));
+                (write, format!("/{}", op["KV"]["Key"].as_str().unwrap_or("")))
+            })
+            .collect();
         let a = self
             .call(
                 "transaction",
@@ -434,6 +456,40 @@ impl Inner {
             }
             409 => {
                 let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+                // ACL denials come back as 409 too, one error per operation refused:
+                // a refusal, never a lost compare.
+                let denied: Vec<&(bool, String)> = v["Errors"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| {
+                        e["What"]
+                            .as_str()
+                            .is_some_and(|w| w.to_ascii_lowercase().contains("permission denied"))
+                    })
+                    .filter_map(|e| keys.get(e["OpIndex"].as_u64()? as usize))
+                    .collect();
+                if !denied.is_empty() {
+                    let list = |write: bool| {
+                        let ks: Vec<&str> = denied
+                            .iter()
+                            .filter(|(w, _)| *w == write)
+                            .map(|(_, k)| k.as_str())
+                            .collect();
+                        ks.join(", ")
+                    };
+                    let parts: Vec<String> = [(true, "writing"), (false, "reading")]
+                        .into_iter()
+                        .map(|(w, doing)| (doing, list(w)))
+                        .filter(|(_, ks)| !ks.is_empty())
+                        .map(|(doing, ks)| format!("{doing} {ks}"))
+                        .collect();
+                    return Err(StoreError::Denied {
+                        url: self.url.clone(),
+                        op: "transaction",
+                        message: format!("Permission denied ({} with this ACL token)", parts.join("; ")),
+                    });
+                }
                 let what = v["Errors"][0]["What"]
                     .as_str()
                     .unwrap_or("a check failed")
@@ -468,6 +524,20 @@ impl Inner {
 
 fn kv_path(key: &str) -> String {
     format!("/v1/kv/{}", crate::encode::path(key))
+}
+
+/// A 401/403 answer as one line: Consul's words, and the key (or endpoint) of `path`.
+fn denied_message(body: &[u8], doing: &str, path: &str) -> String {
+    let said = String::from_utf8_lossy(body).trim().to_string();
+    let said = if said.is_empty() {
+        "Permission denied".to_string()
+    } else {
+        said
+    };
+    match path.strip_prefix("/v1/kv/") {
+        Some(key) => format!("{said} ({doing} /{key} with this ACL token)"),
+        None => format!("{said} ({path} with this ACL token)"),
+    }
 }
 
 /// Consul answers API errors in plain text; a 500 that says why is not a transport failure.

@@ -11,8 +11,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::Shared;
 use super::state::{Entry, InvalidSession, MAX_TXN_OPS, State, TxnOp};
+use super::{Access, AclToken, Shared};
 
 pub(super) struct Request {
     method: String,
@@ -113,6 +113,8 @@ struct Response {
     status: u16,
     body: Vec<u8>,
     index: Option<u64>,
+    /// ACLs left entries out of the answer (`X-Consul-Results-Filtered-By-ACLs`).
+    filtered: bool,
 }
 
 fn resp(status: u16, body: impl Into<Vec<u8>>, index: Option<u64>) -> Response {
@@ -120,7 +122,69 @@ fn resp(status: u16, body: impl Into<Vec<u8>>, index: Option<u64>) -> Response {
         status,
         body: body.into(),
         index,
+        filtered: false,
     }
+}
+
+fn permission_denied() -> Response {
+    resp(403, "Permission denied", None)
+}
+
+/// Whose request it is, under ACLs.
+enum Who<'a> {
+    /// ACLs are off, or a management token.
+    All,
+    /// A token with rules.
+    Token(&'a AclToken),
+    /// No token: the anonymous token, which may do nothing.
+    Anonymous,
+}
+
+impl Who<'_> {
+    fn may(&self, key: &str, want: Access) -> bool {
+        match self {
+            Who::All => true,
+            Who::Token(t) => t.access(key) >= want,
+            Who::Anonymous => false,
+        }
+    }
+
+    /// Sessions: any known token.
+    fn may_use_sessions(&self) -> bool {
+        !matches!(self, Who::Anonymous)
+    }
+}
+
+/// The request's token (`X-Consul-Token`, `Authorization: Bearer`, `?token=`), as
+/// Consul resolves it: an unknown one is 403 `ACL not found`.
+fn who<'a>(shared: &'a Shared, req: &Request) -> Result<Who<'a>, Response> {
+    let opts = &shared.opts;
+    if opts.token.is_none() && opts.tokens.is_empty() {
+        return Ok(Who::All);
+    }
+    let bearer = req
+        .headers
+        .get("authorization")
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string());
+    let given = req
+        .headers
+        .get("x-consul-token")
+        .cloned()
+        .or(bearer)
+        .or_else(|| req.query.get("token").cloned())
+        .filter(|t| !t.is_empty());
+    let Some(t) = given else {
+        return Ok(Who::Anonymous);
+    };
+    if opts.token.as_ref() == Some(&t) {
+        return Ok(Who::All);
+    }
+    opts.tokens
+        .iter()
+        .find(|x| x.secret == t)
+        .map(Who::Token)
+        .ok_or_else(|| resp(403, "ACL not found", None))
 }
 
 pub(super) async fn serve_connection<S>(stream: S, shared: Arc<Shared>) -> std::io::Result<()>
@@ -152,6 +216,9 @@ where
         if let Some(i) = r.index {
             head.push_str(&format!("X-Consul-Index: {i}\r\nX-Consul-KnownLeader: true\r\n"));
         }
+        if r.filtered {
+            head.push_str("X-Consul-Results-Filtered-By-ACLs: true\r\n");
+        }
         head.push_str("\r\n");
         wr.write_all(head.as_bytes()).await?;
         wr.write_all(&r.body).await?;
@@ -171,12 +238,13 @@ fn parse_wait(s: Option<&String>) -> Duration {
 }
 
 async fn handle(shared: &Shared, req: Request) -> Response {
-    if let Some(t) = &shared.opts.token {
-        let given = req.headers.get("x-consul-token").or(req.query.get("token"));
-        if given != Some(t) {
-            return resp(403, "Permission denied", None);
-        }
+    if req.path == "/v1/status/leader" {
+        return resp(200, "\"127.0.0.1:8300\"", None);
     }
+    let who = match who(shared, &req) {
+        Ok(w) => w,
+        Err(refused) => return refused,
+    };
     let dc = shared.opts.datacenter.clone().unwrap_or_else(|| "dc1".into());
     if let Some(asked) = req.query.get("dc")
         && *asked != dc
@@ -185,15 +253,15 @@ async fn handle(shared: &Shared, req: Request) -> Response {
     }
     let path = req.path.clone();
     if let Some(key) = path.strip_prefix("/v1/kv/") {
-        return kv(shared, &req, key).await;
+        return kv(shared, &req, key, &who).await;
     }
     if path == "/v1/txn" && req.method == "PUT" {
-        return txn(shared, &req);
-    }
-    if path == "/v1/status/leader" {
-        return resp(200, "\"127.0.0.1:8300\"", None);
+        return txn(shared, &req, &who);
     }
     if let Some(rest) = path.strip_prefix("/v1/session/") {
+        if !who.may_use_sessions() {
+            return permission_denied();
+        }
         return session(shared, &req, rest);
     }
     if let Some(rest) = path.strip_prefix("/__test/") {
@@ -225,13 +293,24 @@ fn entry_json(key: &str, e: &Entry) -> Value {
     v
 }
 
-async fn kv(shared: &Shared, req: &Request, key: &str) -> Response {
-    let recurse = req.query.contains_key("recurse");
+async fn kv(shared: &Shared, req: &Request, key: &str, who: &Who<'_>) -> Response {
+    // `?keys` lists the keys under the prefix, with or without `?recurse`.
+    let recurse =
+        req.query.contains_key("recurse") || (req.method == "GET" && req.query.contains_key("keys"));
+    let writable = |st: &State| {
+        who.may(key, Access::Write)
+            && (!recurse || st.read(key, true).iter().all(|(k, _)| who.may(k, Access::Write)))
+    };
+    match req.method.as_str() {
+        "GET" if !recurse && !who.may(key, Access::Read) => return permission_denied(),
+        "PUT" | "DELETE" if !writable(&shared.state()) => return permission_denied(),
+        _ => {}
+    }
     let cas = req.query.get("cas").and_then(|c| c.parse::<u64>().ok());
     // Consul answers KV writes without `X-Consul-Index` (a write has no query meta).
     let answer = |ok: bool, _: &State| resp(200, if ok { "true" } else { "false" }, None);
     match req.method.as_str() {
-        "GET" => read(shared, req, key, recurse).await,
+        "GET" => read(shared, req, key, recurse, who).await,
         "PUT" => {
             let mut st = shared.state();
             let acquire = req.query.get("acquire").map(String::as_str);
@@ -261,7 +340,7 @@ async fn kv(shared: &Shared, req: &Request, key: &str) -> Response {
 }
 
 /// A read, blocking while `?index=` is what the query would return and `wait` lasts.
-async fn read(shared: &Shared, req: &Request, key: &str, recurse: bool) -> Response {
+async fn read(shared: &Shared, req: &Request, key: &str, recurse: bool, who: &Who<'_>) -> Response {
     let wait = parse_wait(req.query.get("wait"));
     let min_index = req
         .query
@@ -275,27 +354,35 @@ async fn read(shared: &Shared, req: &Request, key: &str, recurse: bool) -> Respo
             let st = shared.state();
             let idx = st.query_index(key, recurse);
             if min_index == 0 || idx != min_index || tokio::time::Instant::now() >= deadline {
-                let entries: Vec<Value> = st
-                    .read(key, recurse)
+                let all = st.read(key, recurse);
+                let entries: Vec<Value> = all
                     .iter()
+                    .filter(|(k, _)| who.may(k, Access::Read))
                     .map(|(k, e)| entry_json(k, e))
                     .collect();
+                let filtered = entries.len() < all.len();
                 if entries.is_empty() {
-                    return resp(404, "", Some(idx));
+                    return Response {
+                        filtered,
+                        ..resp(404, "", Some(idx))
+                    };
                 }
                 let body = if req.query.contains_key("keys") {
                     json!(entries.iter().map(|e| e["Key"].clone()).collect::<Vec<_>>())
                 } else {
                     json!(entries)
                 };
-                return resp(200, body.to_string(), Some(idx));
+                return Response {
+                    filtered,
+                    ..resp(200, body.to_string(), Some(idx))
+                };
             }
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
 }
 
-fn txn(shared: &Shared, req: &Request) -> Response {
+fn txn(shared: &Shared, req: &Request, who: &Who<'_>) -> Response {
     let ops: Vec<Value> = match serde_json::from_slice(&req.body) {
         Ok(Value::Array(a)) => a,
         _ => return resp(400, "Failed to parse body: expected a list of operations", None),
@@ -324,6 +411,24 @@ fn txn(shared: &Shared, req: &Request) -> Response {
         })
         .collect();
     let mut st = shared.state();
+    // Every operation's rights are checked before anything runs, as Consul does:
+    // each one refused is an error of its own, and nothing is written.
+    let denied: Vec<Value> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| {
+            let write = !(op.verb == "get" || op.verb.starts_with("check-"));
+            let want = if write { Access::Write } else { Access::Read };
+            let tree_ok =
+                op.verb != "delete-tree" || st.read(&op.key, true).iter().all(|(k, _)| who.may(k, want));
+            !(who.may(&op.key, want) && tree_ok)
+        })
+        .map(|(i, _)| json!({"OpIndex": i, "What": "Permission denied"}))
+        .collect();
+    if !denied.is_empty() {
+        let body = json!({"Results": null, "Errors": denied});
+        return resp(409, body.to_string(), None);
+    }
     match st.txn(&ops) {
         Err((i, what)) => {
             let body = json!({"Results": null, "Errors": [{"OpIndex": i, "What": what}]});
@@ -360,21 +465,39 @@ fn txn(shared: &Shared, req: &Request) -> Response {
 fn session(shared: &Shared, req: &Request, rest: &str) -> Response {
     let mut st = shared.state();
     if rest == "create" && req.method == "PUT" {
+        // Consul decodes the body's field names without regard to case (`ttl`,
+        // `TTL`), as Go's JSON decoder does.
         let body: Value = serde_json::from_slice(&req.body).unwrap_or(json!({}));
-        let ttl = match body["TTL"].as_str().map(jio_common::duration::parse) {
+        let field = |name: &str| {
+            body.as_object()
+                .and_then(|o| o.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)))
+                .map(|(_, v)| v.clone())
+                .unwrap_or(Value::Null)
+        };
+        let ttl = match field("TTL").as_str().map(jio_common::duration::parse) {
             Some(Ok(d)) if d >= Duration::from_secs(10) && d <= Duration::from_secs(86_400) => d,
             Some(_) => return resp(500, "Invalid Session TTL: must be between 10s and 24h0m0s", None),
             None => Duration::from_secs(86_400),
         };
-        let delete = body["Behavior"].as_str() == Some("delete");
+        let delete = field("Behavior").as_str() == Some("delete");
         let id = st.create_session(ttl, delete, Instant::now());
         return resp(200, json!({ "ID": id }).to_string(), None);
     }
     if let Some(id) = rest.strip_prefix("renew/") {
         return match st.renew(id, Instant::now()) {
-            Some(ttl) => {
-                let ttl = format!("{}s", ttl.as_secs());
-                resp(200, json!([{"ID": id, "TTL": ttl}]).to_string(), None)
+            // The whole session, as Consul answers a renewal.
+            Some((ttl, delete)) => {
+                let session = json!([{
+                    "ID": id,
+                    "Name": "",
+                    "Node": "test-server",
+                    "LockDelay": 0,
+                    "Behavior": if delete { "delete" } else { "release" },
+                    "TTL": format!("{}s", ttl.as_secs()),
+                    "NodeChecks": [],
+                    "ServiceChecks": null,
+                }]);
+                resp(200, session.to_string(), None)
             }
             None => resp(404, format!("Session id '{id}' not found"), None),
         };

@@ -29,13 +29,21 @@
 //! - Blocking queries: `?index=N&wait=D` answers when the index of what the query
 //!   reads exceeds N (the greatest ModifyIndex under the prefix, or a deletion there),
 //!   or when `wait` (default 5m, at most 10m) passes.
-//! - `X-Consul-Token` (or `?token=`): with an ACL token configured, anything else is
-//!   403 `Permission denied`. `?dc=` other than the server's datacenter: 500
-//!   `No path to datacenter`. `GET /v1/status/leader`.
+//! - ACLs (`ConsulOptions::token`, `tokens`): the token from `X-Consul-Token`,
+//!   `Authorization: Bearer` or `?token=`. A management token may do anything; a
+//!   token with `key_prefix` rules (`AclToken`) is checked per key, as Consul does:
+//!   a read or write of a key it may not is 403 `Permission denied`; a `?recurse`
+//!   read (blocking or not) is filtered to what it may read, with
+//!   `X-Consul-Results-Filtered-By-ACLs: true` when something was left out
+//!   (Consul ≥ 1.13); an operation of a transaction it may not do fails the whole
+//!   transaction with 409 and `Errors` (`Permission denied`, one per operation). No
+//!   token: the anonymous token, which may do nothing. An unknown token: 403
+//!   `ACL not found`. `GET /v1/status/leader` needs no token.
+//! - `?dc=` other than the server's datacenter: 500 `No path to datacenter`.
 //!
 //! Differences, on purpose or out of scope: one node and no Raft (every read is
-//! consistent); the index is one counter for all writes; `wait` has no jitter; ACL is
-//! one token with full rights, not policies; no `flags` on txn ops.
+//! consistent); the index is one counter for all writes; `wait` has no jitter; ACL
+//! rules cover keys only (any known token may use sessions); no `flags` on txn ops.
 //! HTTPS (`ConsulOptions::tls`): the server's certificate, and optionally a CA that
 //! every client certificate must chain to (Consul's `verify_incoming`); a refused
 //! handshake drops the connection.
@@ -58,12 +66,67 @@ use self::state::State;
 /// Settings of the test server.
 #[derive(Clone, Debug, Default)]
 pub struct ConsulOptions {
-    /// When set, every request must carry this ACL token.
+    /// When set (or when `tokens` is not empty), ACLs are on: this token has every
+    /// right (a management token), a request without a token is the anonymous
+    /// token's (no right, as with `default_policy = "deny"`), and an unknown token
+    /// is refused with 403 `ACL not found`.
     pub token: Option<String>,
+    /// Further tokens, each with its `key_prefix` rules.
+    pub tokens: Vec<AclToken>,
     /// The datacenter name (default `dc1`).
     pub datacenter: Option<String>,
     /// HTTPS, as Consul's `https` port with `verify_incoming` when `client_ca` is set.
     pub tls: Option<ConsulTls>,
+}
+
+/// An ACL token and its rules on keys: the rule of the longest matching
+/// `key_prefix` decides, as in Consul's ACL policies; no matching rule denies.
+/// Sessions may be created and renewed with any known token.
+#[derive(Clone, Debug)]
+pub struct AclToken {
+    pub secret: String,
+    /// `(key_prefix, access)`, the prefix without the leading `/`.
+    pub rules: Vec<(String, Access)>,
+}
+
+/// What a `key_prefix` rule allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    Deny,
+    Read,
+    Write,
+}
+
+impl AclToken {
+    /// A token with the README's `jio-agent` policy: read everything, write only
+    /// what an agent writes (`packaging/etcd-roles.sh`'s split, for Consul).
+    pub fn jio_agent(secret: &str) -> AclToken {
+        let mut rules = vec![(String::new(), Access::Read)];
+        for p in [
+            "status/",
+            "running/",
+            "hosts/",
+            "agents/",
+            "active_roles/",
+            "runs/",
+            "results/",
+        ] {
+            rules.push((p.to_string(), Access::Write));
+        }
+        AclToken {
+            secret: secret.to_string(),
+            rules,
+        }
+    }
+
+    /// The access this token has to `key` (without the leading `/`).
+    pub fn access(&self, key: &str) -> Access {
+        self.rules
+            .iter()
+            .filter(|(prefix, _)| key.starts_with(prefix.as_str()))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map_or(Access::Deny, |(_, a)| *a)
+    }
 }
 
 /// The server's certificate, and the CA its clients' certificates must chain to.

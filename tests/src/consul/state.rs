@@ -238,8 +238,11 @@ impl State {
 
     /// `DELETE /v1/kv/<key>[?recurse][&cas]`: whether the compare held.
     pub(super) fn delete(&mut self, key: &str, recurse: bool, cas: Option<u64>) -> bool {
+        // `kvsDeleteCASTxn`: a compare on a key that is not there holds (there is
+        // nothing to delete); on one at another index it fails.
         if let Some(cas) = cas
-            && self.kv.get(key).map_or(0, |e| e.modify) != cas
+            && let Some(e) = self.kv.get(key)
+            && e.modify != cas
         {
             return false;
         }
@@ -353,10 +356,10 @@ impl State {
     }
 
     /// `PUT /v1/session/renew/<id>`: its TTL, or `None` when it is unknown.
-    pub(super) fn renew(&mut self, id: &str, now: Instant) -> Option<Duration> {
+    pub(super) fn renew(&mut self, id: &str, now: Instant) -> Option<(Duration, bool)> {
         let s = self.sessions.get_mut(id)?;
         s.deadline = now + s.ttl * 2;
-        Some(s.ttl)
+        Some((s.ttl, s.delete))
     }
 
     /// The test control: the index moves backwards, as a snapshot restore does.
@@ -442,7 +445,7 @@ mod tests {
             st.put("lock", vec![], None, Some("nobody")),
             Err(InvalidSession("nobody".into()))
         );
-        assert_eq!(st.renew(&sid, now), Some(Duration::from_secs(10)));
+        assert_eq!(st.renew(&sid, now), Some((Duration::from_secs(10), true)));
         // Not renewed for twice its TTL: invalidated, its key deleted.
         assert!(st.expire(now + Duration::from_secs(21), None));
         assert!(!st.kv.contains_key("lock") && st.renew(&sid, now).is_none());
