@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use jio_common::keys::Key;
-use jio_common::store::{Compare, ConsulStore, DynStore, ErrorKind, Op, StoreUrl, Txn, WatchEvent};
-use jio_tests::consul::{ConsulOptions, ConsulServer, ConsulTls, reset_index};
+use jio_common::store::{
+    Compare, ConsulStore, DynStore, ErrorKind, Op, StoreUrl, Txn, TxnOutcome, WatchEvent,
+};
+use jio_tests::consul::{ConsulOptions, ConsulServer, ConsulTls, control, expire_session, reset_index};
 use jio_tests::pki::Pki;
 
 fn client(url: &str) -> DynStore {
@@ -220,7 +222,16 @@ async fn acl_denials_name_the_key_and_are_never_lost_compares() {
     use jio_tests::consul::AclToken;
     let server = ConsulServer::start(ConsulOptions {
         token: Some("operator-secret-1".into()),
-        tokens: vec![AclToken::jio_agent("agent-secret-2")],
+        tokens: vec![
+            AclToken::jio_agent("agent-secret-2"),
+            AclToken {
+                secret: "partial-secret-3".into(),
+                rules: vec![
+                    (String::new(), jio_tests::consul::Access::Write),
+                    ("runs/".into(), jio_tests::consul::Access::Deny),
+                ],
+            },
+        ],
         ..ConsulOptions::default()
     })
     .await;
@@ -279,4 +290,105 @@ async fn acl_denials_name_the_key_and_are_never_lost_compares() {
         operator.get(&k("/current_version")).await.unwrap().unwrap().value,
         "v1"
     );
+    // A token that may not read part of what it lists: Consul filters the list;
+    // a partial fleet is refused, never used.
+    operator.put(&k("/runs/h1"), "{}", None).await.unwrap();
+    let partial = token("partial.token", "partial-secret-3");
+    assert_eq!(partial.list(&k("/hosts/")).await.unwrap().kvs.len(), 0);
+    let err = partial.list(&k("/")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
+    assert!(err.to_string().contains("left out keys under /"), "{err}");
+}
+
+/// Our sessions are TTL-only and have no lock-delay. A session made as Consul makes
+/// one by default is bound to the node's `serfHealth` check (one server failing
+/// ends it, with every key it holds) and keeps its keys from being locked again for
+/// 15 s: both are shown on the same server, so the test cannot pass by the server
+/// not modelling them.
+#[tokio::test]
+async fn sessions_outlive_a_failed_node_and_free_their_locks_at_once() {
+    let server = ConsulServer::start(ConsulOptions::default()).await;
+    let s = client(&server.url());
+    let base = format!("http://{}", server.addr());
+    let http = reqwest::Client::new();
+    let ours = s.grant_lease(Duration::from_secs(10)).await.unwrap();
+    s.put(&k("/agents/h1"), "idle", Some(&ours.id)).await.unwrap();
+    let default_session = |body: &'static str| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            http.put(format!("{base}/v1/session/create"))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let made = default_session(r#"{"TTL":"10s","Behavior":"delete"}"#).await;
+    let id = made.json::<serde_json::Value>().await.unwrap()["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let took = http
+        .put(format!("{base}/v1/kv/locks/other?acquire={id}"))
+        .body("x")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(took, "true");
+    // The node's check turns critical.
+    control(&server, "node/fail").await;
+    assert!(
+        s.get(&k("/agents/h1")).await.unwrap().is_some(),
+        "our session survives"
+    );
+    assert!(
+        s.get(&k("/locks/other")).await.unwrap().is_none(),
+        "a default session ended with the node, and its key with it"
+    );
+    let refused = default_session(r#"{"TTL":"10s"}"#).await;
+    assert_eq!(refused.status().as_u16(), 500);
+    assert!(refused.text().await.unwrap().contains("serfHealth"));
+    let second = s.grant_lease(Duration::from_secs(10)).await.unwrap();
+    // The default session's key is under its 15 s lock-delay.
+    let lock = |key: &str, lease: &jio_common::store::LeaseId| {
+        Txn::new().when(Compare::Absent(k(key))).then(Op::Put {
+            key: k(key),
+            value: "mine".into(),
+            lease: Some(lease.clone()),
+        })
+    };
+    assert!(matches!(
+        s.txn(lock("/locks/other", &second.id)).await.unwrap(),
+        TxnOutcome::Lost(_)
+    ));
+    // Ours has none: its key can be locked again at once.
+    expire_session(&server, &ours.id.0).await;
+    assert!(s.get(&k("/agents/h1")).await.unwrap().is_none());
+    assert!(s.txn(lock("/agents/h1", &second.id)).await.unwrap().committed());
+    control(&server, "node/pass").await;
+}
+
+/// A server electing a leader holds requests for up to 7 s (`rpc_hold_timeout`):
+/// a transaction waits it out instead of coming back not confirmed. Rate limits
+/// (429) refuse before anything is applied: retried, a transaction too.
+#[tokio::test]
+async fn an_election_is_waited_out_and_rate_limits_are_retried() {
+    let server = ConsulServer::start(ConsulOptions::default()).await;
+    let url = StoreUrl::parse(&server.url()).unwrap();
+    let s: DynStore = Arc::new(ConsulStore::new(&url, Duration::from_secs(10)).unwrap());
+    control(&server, "hold/5000").await;
+    let started = std::time::Instant::now();
+    let put = Txn::new().then(Op::put(k("/current_version"), "v2"));
+    assert!(s.txn(put).await.unwrap().committed());
+    assert!(started.elapsed() >= Duration::from_secs(5));
+    control(&server, "hold/0").await;
+    control(&server, "throttle/3").await;
+    s.put(&k("/current_version"), "v3", None).await.unwrap();
+    control(&server, "throttle/2").await;
+    let put = Txn::new().then(Op::put(k("/current_version"), "v4"));
+    assert!(s.txn(put).await.unwrap().committed());
+    assert_eq!(s.get(&k("/current_version")).await.unwrap().unwrap().value, "v4");
 }

@@ -47,7 +47,12 @@ use crate::secret::Secret;
 pub const CONSUL_MAX_TXN_OPS: usize = 64;
 /// Consul's shortest session TTL.
 pub const CONSUL_MIN_TTL: Duration = Duration::from_secs(10);
-const BLOCK_WAIT: &str = "30s";
+/// How long a watch's blocking query asks Consul to wait.
+const BLOCK_WAIT: Duration = Duration::from_secs(30);
+/// One request's limit: longer than the 7 s (`rpc_hold_timeout`) a Consul server
+/// holds a request while it elects a leader, so an election is waited out instead
+/// of turning a transaction into one that was sent and not confirmed.
+const CONSUL_REQUEST_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// A client of one Consul datacenter.
 #[derive(Clone)]
@@ -86,6 +91,9 @@ struct Answer {
     status: u16,
     index: Option<u64>,
     body: Vec<u8>,
+    /// `X-Consul-Results-Filtered-By-ACLs`: entries the token may not read were
+    /// left out (Consul ≥ 1.13).
+    filtered: bool,
 }
 
 enum Failure {
@@ -138,7 +146,7 @@ impl ConsulStore {
                 tls: tls.clone(),
                 token,
                 datacenter: datacenter.clone(),
-                request_timeout: Duration::from_secs(3),
+                request_timeout: CONSUL_REQUEST_TIMEOUT,
                 retry_budget,
             }),
         })
@@ -146,7 +154,7 @@ impl ConsulStore {
 }
 
 impl Inner {
-    /// One request to the current endpoint. `timeout` None: no limit (blocking queries).
+    /// One request to the current endpoint, within `timeout` when given.
     async fn attempt(
         &self,
         method: reqwest::Method,
@@ -207,6 +215,10 @@ impl Inner {
             .get("x-consul-index")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok());
+        let filtered = resp
+            .headers()
+            .get("x-consul-results-filtered-by-acls")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let body = match resp.bytes().await {
             Ok(b) => b.to_vec(),
             Err(e) => {
@@ -231,7 +243,12 @@ impl Inner {
                 String::from_utf8_lossy(&body).trim()
             )));
         }
-        Ok(Answer { status, index, body })
+        Ok(Answer {
+            status,
+            index,
+            body,
+            filtered,
+        })
     }
 
     /// A request with retries across endpoints. `idempotent`: may be repeated when it
@@ -355,7 +372,7 @@ impl Inner {
         &self,
         op: &'static str,
         prefix: &str,
-        block: Option<(u64, &str)>,
+        block: Option<u64>,
     ) -> Result<(Vec<KeyValue>, u64)> {
         let mut query = vec![("recurse", String::new())];
         let a = match block {
@@ -363,18 +380,21 @@ impl Inner {
                 self.call(op, reqwest::Method::GET, &kv_path(prefix), &query, None, true)
                     .await?
             }
-            Some((index, wait)) => {
+            Some(index) => {
                 query.push(("index", index.to_string()));
-                query.push(("wait", wait.to_string()));
+                query.push(("wait", format!("{}s", BLOCK_WAIT.as_secs())));
+                // Consul answers within the wait plus up to a sixteenth of it (its
+                // jitter); a server that says nothing for longer is gone.
+                let limit = BLOCK_WAIT + BLOCK_WAIT / 16 + self.request_timeout;
                 match self
-                    .attempt(reqwest::Method::GET, &kv_path(prefix), &query, None, None)
+                    .attempt(reqwest::Method::GET, &kv_path(prefix), &query, None, Some(limit))
                     .await
                 {
                     Ok(a) if a.status == 403 => {
                         return Err(StoreError::Denied {
                             url: self.url.clone(),
                             op,
-                            message: String::from_utf8_lossy(&a.body).trim().to_string(),
+                            message: denied_message(&a.body, "reading", &kv_path(prefix)),
                         });
                     }
                     Ok(a) => a,
@@ -395,6 +415,18 @@ impl Inner {
                 }
             }
         };
+        if a.filtered {
+            // A partial fleet is never used: a driver would count fewer hosts in
+            // flight than there are.
+            return Err(StoreError::Denied {
+                url: self.url.clone(),
+                op,
+                message: format!(
+                    "Consul left out keys under /{prefix} that this ACL token may not read; \
+                     a partial listing is not used (the token needs read on every key under it)"
+                ),
+            });
+        }
         let kvs = self.entries(op, &a)?;
         Ok((kvs, a.index.unwrap_or(0).max(1)))
     }
@@ -677,7 +709,17 @@ impl Store for ConsulStore {
 
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         let ttl = ttl.max(CONSUL_MIN_TTL);
-        let body = json!({"Name": "jio", "TTL": ttl_string(ttl), "Behavior": "delete", "LockDelay": "0s"});
+        // TTL-only (`NodeChecks: []`, Consul ≥ 1.7): without it a session inherits
+        // the `serfHealth` check of the server that created it, and one server's
+        // restart would end every liveness record and the rollout lock at once.
+        // No lock-delay: a lock whose session ended may be taken again at once.
+        let body = json!({
+            "Name": "jio",
+            "TTL": ttl_string(ttl),
+            "Behavior": "delete",
+            "LockDelay": "0s",
+            "NodeChecks": [],
+        });
         let a = self
             .inner
             .call(
@@ -767,7 +809,7 @@ async fn watch_task(
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let answer = tokio::select! {
-            a = inner.list_raw("watch", ckey(&prefix), Some((index, BLOCK_WAIT))) => a,
+            a = inner.list_raw("watch", ckey(&prefix), Some(index)) => a,
             _ = tx.closed() => return,
         };
         let (kvs, new_index) = match answer {

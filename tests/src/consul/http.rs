@@ -11,7 +11,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::state::{Entry, InvalidSession, MAX_TXN_OPS, State, TxnOp};
+use super::state::{Entry, InvalidSession, MAX_TXN_OPS, NewSession, State, TxnOp};
 use super::{Access, AclToken, Shared};
 
 pub(super) struct Request {
@@ -238,6 +238,20 @@ fn parse_wait(s: Option<&String>) -> Duration {
 }
 
 async fn handle(shared: &Shared, req: Request) -> Response {
+    use std::sync::atomic::Ordering;
+    if !req.path.starts_with("/__test/") {
+        let hold = shared.hold_ms.load(Ordering::SeqCst);
+        if hold > 0 {
+            tokio::time::sleep(Duration::from_millis(hold)).await;
+        }
+        if shared
+            .throttle
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return resp(429, "rate limit exceeded, try again later", None);
+        }
+    }
     if req.path == "/v1/status/leader" {
         return resp(200, "\"127.0.0.1:8300\"", None);
     }
@@ -270,6 +284,12 @@ async fn handle(shared: &Shared, req: Request) -> Response {
             st.reset_index(n);
         } else if let Some(id) = rest.strip_prefix("expire/") {
             st.expire(Instant::now(), Some(id));
+        } else if let Some(how) = rest.strip_prefix("node/") {
+            st.set_node_failed(how == "fail", Instant::now());
+        } else if let Some(ms) = rest.strip_prefix("hold/").and_then(|n| n.parse::<u64>().ok()) {
+            shared.hold_ms.store(ms, Ordering::SeqCst);
+        } else if let Some(n) = rest.strip_prefix("throttle/").and_then(|n| n.parse::<u64>().ok()) {
+            shared.throttle.store(n, Ordering::SeqCst);
         }
         drop(st);
         shared.changed.notify_waiters();
@@ -480,8 +500,27 @@ fn session(shared: &Shared, req: &Request, rest: &str) -> Response {
             None => Duration::from_secs(86_400),
         };
         let delete = field("Behavior").as_str() == Some("delete");
-        let id = st.create_session(ttl, delete, Instant::now());
-        return resp(200, json!({ "ID": id }).to_string(), None);
+        // Without `NodeChecks` (or the older `Checks`), the node's `serfHealth`.
+        let checks = match (field("NodeChecks"), field("Checks")) {
+            (Value::Array(c), _) | (Value::Null, Value::Array(c)) => c,
+            _ => vec![json!("serfHealth")],
+        };
+        let lock_delay = match &field("LockDelay") {
+            Value::String(d) => jio_common::duration::parse(d).unwrap_or(Duration::from_secs(15)),
+            // A number is nanoseconds.
+            Value::Number(n) => Duration::from_nanos(n.as_u64().unwrap_or(0)),
+            _ => Duration::from_secs(15),
+        };
+        let new = NewSession {
+            ttl,
+            delete,
+            node_check: checks.iter().any(|c| c == "serfHealth"),
+            lock_delay,
+        };
+        return match st.create_session(&new, Instant::now()) {
+            Ok(id) => resp(200, json!({ "ID": id }).to_string(), None),
+            Err(why) => resp(500, why, None),
+        };
     }
     if let Some(id) = rest.strip_prefix("renew/") {
         return match st.renew(id, Instant::now()) {

@@ -47,9 +47,20 @@
 //! HTTPS (`ConsulOptions::tls`): the server's certificate, and optionally a CA that
 //! every client certificate must chain to (Consul's `verify_incoming`); a refused
 //! handshake drops the connection.
+//! - Sessions bound to the node's `serfHealth` check unless created with
+//!   `NodeChecks: []` (or the older `Checks: []`): the node failing invalidates them,
+//!   and creating one while it is failed is 500 `Check 'serfHealth' is in critical
+//!   state`. `LockDelay` (default 15s): the keys of an ended session cannot be
+//!   locked by another for that long (`acquire` answers `false`, a transaction's
+//!   `lock` fails).
+//!
 //! Test controls (not Consul API): `PUT /__test/index/<n>` moves the index backwards,
 //! as a restore from a snapshot does; `PUT /__test/expire/<session>` invalidates a
-//! session at once, as a failed node check does.
+//! session at once; `PUT /__test/node/fail` (`/pass`) turns the node's `serfHealth`
+//! check critical (passing); `PUT /__test/hold/<ms>` holds every answer that long,
+//! as a server electing a leader does (up to 7 s, `rpc_hold_timeout`);
+//! `PUT /__test/throttle/<n>` refuses the next n requests with 429, as Consul's
+//! rate limit does.
 
 mod http;
 mod state;
@@ -177,6 +188,10 @@ struct Shared {
     state: Mutex<State>,
     changed: Notify,
     opts: ConsulOptions,
+    /// Test control: every answer is held this long (a leader election).
+    hold_ms: std::sync::atomic::AtomicU64,
+    /// Test control: this many next requests are refused with 429.
+    throttle: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -234,6 +249,8 @@ impl ConsulServer {
             state: Mutex::new(State::new()),
             changed: Notify::new(),
             opts,
+            hold_ms: Default::default(),
+            throttle: Default::default(),
         });
         let connections = Arc::new(Mutex::new(Vec::new()));
         let accept = accept_loop(listener, shared.clone(), connections.clone());
@@ -326,6 +343,16 @@ pub async fn expire_session(server: &ConsulServer, id: &str) {
     let req = format!(
         "PUT /__test/expire/{id} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+}
+
+/// Sends one test control (`PUT /__test/<what>`) to the server.
+pub async fn control(server: &ConsulServer, what: &str) {
+    let mut s = TcpStream::connect(server.addr()).await.expect("connect");
+    let req =
+        format!("PUT /__test/{what} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.expect("write");
     let mut buf = Vec::new();
     let _ = s.read_to_end(&mut buf).await;

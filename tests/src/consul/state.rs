@@ -24,6 +24,20 @@ struct Session {
     ttl: Duration,
     deadline: Instant,
     delete: bool,
+    /// Bound to the node's `serfHealth` check (a session created without
+    /// `NodeChecks: []`): invalidated when the node fails.
+    node_check: bool,
+    /// After the session ends, its keys cannot be locked again for this long.
+    lock_delay: Duration,
+}
+
+/// What `PUT /v1/session/create` asks for.
+#[derive(Debug, Clone)]
+pub(super) struct NewSession {
+    pub ttl: Duration,
+    pub delete: bool,
+    pub node_check: bool,
+    pub lock_delay: Duration,
 }
 
 #[derive(Default, Clone)]
@@ -34,6 +48,10 @@ pub(super) struct State {
     tombstones: BTreeMap<String, u64>,
     sessions: HashMap<String, Session>,
     next_session: u64,
+    /// The node's `serfHealth` check is critical.
+    node_failed: bool,
+    /// Keys under lock-delay, until when.
+    lock_delays: HashMap<String, Instant>,
 }
 
 impl State {
@@ -121,7 +139,7 @@ impl State {
             return false;
         }
         for (id, delete) in dead {
-            self.sessions.remove(&id);
+            let lock_delay = self.sessions.remove(&id).map_or(Duration::ZERO, |s| s.lock_delay);
             let held: Vec<String> = self
                 .kv
                 .iter()
@@ -129,6 +147,9 @@ impl State {
                 .map(|(k, _)| k.clone())
                 .collect();
             for k in held {
+                if !lock_delay.is_zero() {
+                    self.lock_delays.insert(k.clone(), now + lock_delay);
+                }
                 let at = self.bump();
                 if delete {
                     self.delete_key(&k, at);
@@ -213,6 +234,7 @@ impl State {
             .kv
             .get(key)
             .is_some_and(|e| e.session.as_ref().is_some_and(|s| s != sid))
+            || self.lock_delayed(key, Instant::now())
         {
             return Ok(false);
         }
@@ -290,6 +312,9 @@ impl State {
                     {
                         return fail(format!("failed to lock key \"{key}\", lock is already held"));
                     }
+                    if work.lock_delayed(key, Instant::now()) {
+                        return fail(format!("failed to lock key \"{key}\" due to lock delay"));
+                    }
                     wrote |= work.set_as(key, op.value.clone(), at, Some(sid)) | work.take_lock(key, sid, at);
                 }
                 "get" => match cur {
@@ -334,8 +359,18 @@ impl State {
     }
 
     /// `PUT /v1/session/create`: a new session invalidated after twice its TTL
-    /// (Consul: up to twice) unless renewed.
-    pub(super) fn create_session(&mut self, ttl: Duration, delete: bool, now: Instant) -> String {
+    /// (Consul: up to twice) unless renewed. One bound to the node's check cannot
+    /// be created while the check is critical (Consul's words are the error).
+    pub(super) fn create_session(&mut self, new: &NewSession, now: Instant) -> Result<String, String> {
+        if new.node_check && self.node_failed {
+            return Err("Check 'serfHealth' is in critical state".into());
+        }
+        let NewSession {
+            ttl,
+            delete,
+            node_check,
+            lock_delay,
+        } = new.clone();
         self.next_session += 1;
         let id = format!(
             "{:08x}-0000-4000-8000-{:012x}",
@@ -349,10 +384,34 @@ impl State {
                 ttl,
                 deadline,
                 delete,
+                node_check,
+                lock_delay,
             },
         );
         self.bump();
-        id
+        Ok(id)
+    }
+
+    /// The test control: the node's `serfHealth` check turns critical (`true`),
+    /// which invalidates every session bound to it, or passes again.
+    pub(super) fn set_node_failed(&mut self, failed: bool, now: Instant) {
+        self.node_failed = failed;
+        if failed {
+            let bound: Vec<String> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.node_check)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in bound {
+                self.expire(now, Some(&id));
+            }
+        }
+    }
+
+    /// Whether `key` is under a lock-delay at `now`.
+    pub(super) fn lock_delayed(&self, key: &str, now: Instant) -> bool {
+        self.lock_delays.get(key).is_some_and(|until| *until > now)
     }
 
     /// `PUT /v1/session/renew/<id>`: its TTL, or `None` when it is unknown.
@@ -439,7 +498,13 @@ mod tests {
         assert_eq!(st.put("k", b"1".to_vec(), Some(0), None), Ok(true));
         assert_eq!(st.put("k", b"2".to_vec(), Some(0), None), Ok(false));
         let now = Instant::now();
-        let sid = st.create_session(Duration::from_secs(10), true, now);
+        let new = NewSession {
+            ttl: Duration::from_secs(10),
+            delete: true,
+            node_check: false,
+            lock_delay: Duration::ZERO,
+        };
+        let sid = st.create_session(&new, now).unwrap();
         assert_eq!(st.put("lock", vec![], None, Some(&sid)), Ok(true));
         assert_eq!(
             st.put("lock", vec![], None, Some("nobody")),
