@@ -300,6 +300,64 @@ async fn acl_denials_name_the_key_and_are_never_lost_compares() {
     assert!(err.to_string().contains("left out keys under /"), "{err}");
 }
 
+/// The next watch event, within 10 s.
+async fn next_event(w: &mut jio_common::store::WatchStream) -> WatchEvent {
+    tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .expect("a watch event within 10 s")
+        .expect("the watch goes on")
+        .expect("no watch error")
+}
+
+/// Consul reaps deletion records (tombstones) about 15 minutes after a delete, so
+/// the index of a prefix whose newest change was a delete goes down. A watch
+/// waiting on the higher index still sees the next write at once (its index passes
+/// the one waited on: nothing is missed); when its wait runs out first, it starts
+/// again from the whole current state, a `Reset` whose revision is lower than the
+/// events before it. What consumes it: the agent's view drops everything and the
+/// next pass reads; `jioctl`'s driver reads the whole fleet again.
+#[tokio::test]
+async fn reaped_tombstones_lower_the_index_and_no_event_is_missed() {
+    let server = ConsulServer::start(ConsulOptions {
+        max_wait: Some(Duration::from_secs(3)),
+        ..ConsulOptions::default()
+    })
+    .await;
+    let s = client(&server.url());
+    s.put(&k("/runs/a"), "1", None).await.unwrap();
+    let mut w = s.watch(&k("/runs/"), 0).await.unwrap();
+    s.put(&k("/runs/b"), "1", None).await.unwrap();
+    assert!(matches!(next_event(&mut w).await, WatchEvent::Put(kv) if kv.key.as_str() == "/runs/b"));
+    assert!(s.delete(&k("/runs/b")).await.unwrap());
+    let deleted = match next_event(&mut w).await {
+        WatchEvent::Delete { key, revision } if key.as_str() == "/runs/b" => revision,
+        other => panic!("{other:?}"),
+    };
+    // Reaped, then written at once: the write is an event like any other.
+    control(&server, "reap").await;
+    s.put(&k("/runs/c"), "1", None).await.unwrap();
+    match next_event(&mut w).await {
+        WatchEvent::Put(kv) if kv.key.as_str() == "/runs/c" => assert!(kv.mod_revision > deleted),
+        other => panic!("{other:?}"),
+    }
+    // Deleted and reaped with nothing written after: the wait runs out on a lower
+    // index.
+    assert!(s.delete(&k("/runs/c")).await.unwrap());
+    let deleted = next_event(&mut w).await.revision();
+    control(&server, "reap").await;
+    match next_event(&mut w).await {
+        WatchEvent::Reset { kvs, revision } => {
+            assert!(revision < deleted, "{revision} < {deleted}");
+            let keys: Vec<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+            assert_eq!(keys, ["/runs/a"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // And it goes on from there.
+    s.put(&k("/runs/d"), "1", None).await.unwrap();
+    assert!(matches!(next_event(&mut w).await, WatchEvent::Put(kv) if kv.key.as_str() == "/runs/d"));
+}
+
 /// Our sessions are TTL-only and have no lock-delay. A session made as Consul makes
 /// one by default is bound to the node's `serfHealth` check (one server failing
 /// ends it, with every key it holds) and keeps its keys from being locked again for

@@ -284,6 +284,8 @@ async fn handle(shared: &Shared, req: Request) -> Response {
             st.reset_index(n);
         } else if let Some(id) = rest.strip_prefix("expire/") {
             st.expire(Instant::now(), Some(id));
+        } else if rest == "reap" {
+            st.reap_tombstones();
         } else if let Some(how) = rest.strip_prefix("node/") {
             st.set_node_failed(how == "fail", Instant::now());
         } else if let Some(ms) = rest.strip_prefix("hold/").and_then(|n| n.parse::<u64>().ok()) {
@@ -361,19 +363,27 @@ async fn kv(shared: &Shared, req: &Request, key: &str, who: &Who<'_>) -> Respons
 
 /// A read, blocking while `?index=` is what the query would return and `wait` lasts.
 async fn read(shared: &Shared, req: &Request, key: &str, recurse: bool, who: &Who<'_>) -> Response {
-    let wait = parse_wait(req.query.get("wait"));
+    let wait = parse_wait(req.query.get("wait")).min(shared.opts.max_wait.unwrap_or(Duration::MAX));
     let min_index = req
         .query
         .get("index")
         .and_then(|i| i.parse::<u64>().ok())
         .unwrap_or(0);
     let deadline = tokio::time::Instant::now() + wait;
+    let restores = shared.state().restores;
     loop {
         let notified = shared.changed.notified();
         {
             let st = shared.state();
             let idx = st.query_index(key, recurse);
-            if min_index == 0 || idx != min_index || tokio::time::Instant::now() >= deadline {
+            // Consul answers once the index passes `min_index`, at a restore, or
+            // when the wait runs out: an index that went down (tombstones reaped)
+            // is seen only then.
+            if min_index == 0
+                || idx > min_index
+                || st.restores != restores
+                || tokio::time::Instant::now() >= deadline
+            {
                 let all = st.read(key, recurse);
                 let entries: Vec<Value> = all
                     .iter()

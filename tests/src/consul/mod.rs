@@ -28,7 +28,7 @@
 //!   twice its TTL (here: exactly twice); its locks are released or its keys deleted.
 //! - Blocking queries: `?index=N&wait=D` answers when the index of what the query
 //!   reads exceeds N (the greatest ModifyIndex under the prefix, or a deletion there),
-//!   or when `wait` (default 5m, at most 10m) passes.
+//!   when `wait` (default 5m, at most 10m) passes, or at a snapshot restore.
 //! - ACLs (`ConsulOptions::token`, `tokens`): the token from `X-Consul-Token`,
 //!   `Authorization: Bearer` or `?token=`. A management token may do anything; a
 //!   token with `key_prefix` rules (`AclToken`) is checked per key, as Consul does:
@@ -56,7 +56,10 @@
 //!
 //! Test controls (not Consul API): `PUT /__test/index/<n>` moves the index backwards,
 //! as a restore from a snapshot does; `PUT /__test/expire/<session>` invalidates a
-//! session at once; `PUT /__test/node/fail` (`/pass`) turns the node's `serfHealth`
+//! session at once; `PUT /__test/reap` reaps the tombstones, as Consul's tombstone GC
+//! does about 15 minutes after a delete (a prefix's index may then go down, seen by
+//! a blocking query when its wait runs out, or when the index passes the one it
+//! asked for); `PUT /__test/node/fail` (`/pass`) turns the node's `serfHealth`
 //! check critical (passing); `PUT /__test/hold/<ms>` holds every answer that long,
 //! as a server electing a leader does (up to 7 s, `rpc_hold_timeout`);
 //! `PUT /__test/throttle/<n>` refuses the next n requests with 429, as Consul's
@@ -84,6 +87,9 @@ pub struct ConsulOptions {
     pub token: Option<String>,
     /// Further tokens, each with its `key_prefix` rules.
     pub tokens: Vec<AclToken>,
+    /// Blocking queries wait at most this long, whatever `wait` asks (a test of what
+    /// follows a wait running out need not last 30 s).
+    pub max_wait: Option<Duration>,
     /// The datacenter name (default `dc1`).
     pub datacenter: Option<String>,
     /// HTTPS, as Consul's `https` port with `verify_incoming` when `client_ca` is set.

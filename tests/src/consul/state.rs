@@ -52,6 +52,8 @@ pub(super) struct State {
     node_failed: bool,
     /// Keys under lock-delay, until when.
     lock_delays: HashMap<String, Instant>,
+    /// Snapshot restores so far (each wakes every blocking query).
+    pub(super) restores: u64,
 }
 
 impl State {
@@ -409,6 +411,13 @@ impl State {
         }
     }
 
+    /// The test control: the tombstones are reaped, as Consul's tombstone GC does
+    /// about 15 minutes after a delete; the index of a prefix whose newest change
+    /// was a delete goes back to its newest live entry's.
+    pub(super) fn reap_tombstones(&mut self) {
+        self.tombstones.clear();
+    }
+
     /// Whether `key` is under a lock-delay at `now`.
     pub(super) fn lock_delayed(&self, key: &str, now: Instant) -> bool {
         self.lock_delays.get(key).is_some_and(|until| *until > now)
@@ -421,8 +430,10 @@ impl State {
         Some((s.ttl, s.delete))
     }
 
-    /// The test control: the index moves backwards, as a snapshot restore does.
+    /// The test control: the index moves backwards, as a snapshot restore does (a
+    /// restore also wakes every blocking query: `restores` counts them).
     pub(super) fn reset_index(&mut self, n: u64) {
+        self.restores += 1;
         self.index = n;
         for e in self.kv.values_mut() {
             e.modify = e.modify.min(n);
