@@ -429,6 +429,21 @@ async fn sessions_outlive_a_failed_node_and_free_their_locks_at_once() {
     control(&server, "node/pass").await;
 }
 
+/// A value over Consul's 512 KiB is refused with one line naming the key, and
+/// nothing is written.
+#[tokio::test]
+async fn a_value_over_512_kib_is_refused_naming_the_key() {
+    let server = ConsulServer::start(ConsulOptions::default()).await;
+    let s = client(&server.url());
+    let big = "x".repeat(600 * 1024);
+    let err = s.put(&k("/rollouts/r1"), &big, None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("/rollouts/r1") && msg.contains("512 KiB"), "{msg}");
+    assert!(msg.len() < 400, "one line: {msg}");
+    assert!(s.get(&k("/rollouts/r1")).await.unwrap().is_none());
+}
+
 /// A server electing a leader holds requests for up to 7 s (`rpc_hold_timeout`):
 /// a transaction waits it out instead of coming back not confirmed. Rate limits
 /// (429) refuse before anything is applied: retried, a transaction too.

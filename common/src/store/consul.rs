@@ -528,6 +528,23 @@ impl Inner {
                     .to_string();
                 Ok(Err(what))
             }
+            413 => {
+                let written: Vec<&str> = keys.iter().filter(|(w, _)| *w).map(|(_, k)| k.as_str()).collect();
+                let shown = written.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+                let more = written.len().saturating_sub(3);
+                Err(self.rejected(
+                    "transaction",
+                    format!(
+                        "{} (writing {shown}{}): Consul takes at most 512 KiB per value and per transaction",
+                        String::from_utf8_lossy(&a.body).trim(),
+                        if more > 0 {
+                            format!(" and {more} more")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                ))
+            }
             _ => Err(self.rejected(
                 "transaction",
                 format!("HTTP {}: {}", a.status, String::from_utf8_lossy(&a.body).trim()),

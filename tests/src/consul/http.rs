@@ -333,6 +333,7 @@ async fn kv(shared: &Shared, req: &Request, key: &str, who: &Who<'_>) -> Respons
     let answer = |ok: bool, _: &State| resp(200, if ok { "true" } else { "false" }, None);
     match req.method.as_str() {
         "GET" => read(shared, req, key, recurse, who).await,
+        "PUT" if req.body.len() > MAX_BODY => too_large(req.body.len()),
         "PUT" => {
             let mut st = shared.state();
             let acquire = req.query.get("acquire").map(String::as_str);
@@ -412,7 +413,22 @@ async fn read(shared: &Shared, req: &Request, key: &str, recurse: bool, who: &Wh
     }
 }
 
+/// Consul's limit on a KV value (`kv_max_value_size`) and on a transaction's body
+/// (`txn_max_req_len`): 512 KiB each.
+const MAX_BODY: usize = 512 * 1024;
+
+fn too_large(n: usize) -> Response {
+    resp(
+        413,
+        format!("Request body({n} bytes) too large, max size: {MAX_BODY} bytes"),
+        None,
+    )
+}
+
 fn txn(shared: &Shared, req: &Request, who: &Who<'_>) -> Response {
+    if req.body.len() > MAX_BODY {
+        return too_large(req.body.len());
+    }
     let ops: Vec<Value> = match serde_json::from_slice(&req.body) {
         Ok(Value::Array(a)) => a,
         _ => return resp(400, "Failed to parse body: expected a list of operations", None),
