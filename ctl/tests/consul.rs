@@ -1,6 +1,10 @@
 //! jioctl's fenced apply on Consul (the Consul API test server: no Consul server can
 //! be installed here), whose transactions hold at most 64 operations.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,4 +39,26 @@ async fn a_plan_of_150_writes_is_split_into_transactions_consul_takes() {
     lock.release().await;
     let written = s.list(&schema.enable_level_prefix(false)).await.expect("list");
     assert_eq!(written.kvs.len(), 150);
+}
+
+/// Rewriting an enable key with `true` is the operator's "retry now" for a failed
+/// host: its agent sees the key's mod revision move. Consul skips a write of the
+/// value a key already holds, so `jioctl enable-puppet true` makes it move anyway
+/// (etcd moves it by itself).
+#[tokio::test]
+async fn rewriting_true_moves_the_enable_key_on_consul() {
+    let server = ConsulServer::start(ConsulOptions::default()).await;
+    let url = StoreUrl::parse(&server.url()).expect("consul URL");
+    let s: DynStore = Arc::new(ConsulStore::new(&url, Duration::from_secs(2)).expect("client"));
+    let key = Key::new("/config_state/enable_puppet/host/compute1").expect("key");
+    s.put(&key, "true", None).await.expect("put");
+    let before = s.get(&key).await.expect("get").expect("key").mod_revision;
+    let out = common::jioctl(&server.url(), &["enable-puppet", "true", "--host", "compute1"])
+        .output()
+        .await
+        .expect("jioctl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let after = s.get(&key).await.expect("get").expect("key");
+    assert_eq!(after.value, "true");
+    assert!(after.mod_revision > before, "{} > {before}", after.mod_revision);
 }

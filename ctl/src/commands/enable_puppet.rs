@@ -78,9 +78,23 @@ impl EnablePuppet {
             )
             .await?;
         } else {
-            writes::write(&store, ctx.schema(), vec![op])
+            let written = writes::write(&store, ctx.schema(), vec![op])
                 .await
                 .context("writing the enable key")?;
+            // Rewriting `true` is the operator's "retry now" for a failed host, which
+            // its agent sees as the key's mod revision moving. Consul skips a write of
+            // a key's current value, so the revision stays: say it again in two
+            // steps (a moment of `false` holds nothing back that was moving).
+            if self.value == Some(true)
+                && let Some(kv) = store.get(&key).await.context("reading the enable key back")?
+                && kv.mod_revision < written
+            {
+                for b in [false, true] {
+                    writes::write(&store, ctx.schema(), vec![Op::put(key.clone(), format_bool(b))])
+                        .await
+                        .context("writing the enable key")?;
+                }
+            }
         }
         match self.value {
             Some(b) if !self.delete => println!("{key} = {b}"),
