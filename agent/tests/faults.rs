@@ -338,23 +338,13 @@ async fn a_runs_marker_stays_until_its_report_lands() {
     let dir = tempfile::tempdir().unwrap();
     let m = MemoryStore::new();
     setup(&m).await;
-    let store = Faulty {
-        inner: m.clone(),
-        f: Arc::default(),
-    };
-    let steps = Arc::new(
-        ScriptedSteps::new()
-            .taking(Duration::from_secs(20), Duration::from_secs(5))
-            .validate_outcomes([Outcome::Failure("validation failed".into())]),
-    );
+    let store = Faulty::new(&m);
+    let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &store, steps.clone());
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(5).await;
     let s = Schema::default();
-    m.put(&s.enable(&EnableLevel::Global), "true", None)
-        .await
-        .unwrap();
-    m.put(&s.current_version(), "v2", None).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(steps.calls().len(), 1, "the run started");
     assert!(get(&m, s.run(&host())).await.is_some(), "run marker written");
     // A pause disables the fleet; the run goes on. The store will not take
@@ -363,7 +353,7 @@ async fn a_runs_marker_stays_until_its_report_lands() {
         .await
         .unwrap();
     store.f.fail_reports.store(true, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    sleep(30).await;
     assert_eq!(steps.calls().len(), 2, "configure and validate ran");
     let failure = s.status(
         Step::Validated,
@@ -379,14 +369,10 @@ async fn a_runs_marker_stays_until_its_report_lands() {
     let record = get(&m, s.agent(&host())).await;
     let (state, reason) = state_of(&m).await;
     store.f.fail_reports.store(false, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    sleep(60).await;
     assert!(get(&m, failure).await.is_some(), "the report landed at last");
     let (after, _) = state_of(&m).await;
-    d.stop.send(true).unwrap();
-    let _ = d.task.await;
-    eprintln!(
-        "while the report was pending: marker {marker:?}, record {record:?}, state {state:?} ({reason:?}); after: {after:?}"
-    );
+    stop(d).await;
     assert_eq!(after, HostState::Failed);
     assert!(
         state.in_flight(),
@@ -403,19 +389,12 @@ async fn an_ambiguous_start_does_not_leave_the_host_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let m = MemoryStore::new();
     setup(&m).await;
-    let store = Faulty {
-        inner: m.clone(),
-        f: Arc::default(),
-    };
+    let store = Faulty::new(&m);
     store.f.ambiguous_starts.store(1, Ordering::SeqCst);
     let steps = Arc::new(ScriptedSteps::new());
     let d = start(dir.path(), &store, steps.clone());
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let s = Schema::default();
-    m.put(&s.enable(&EnableLevel::Global), "true", None)
-        .await
-        .unwrap();
-    m.put(&s.current_version(), "v2", None).await.unwrap();
+    sleep(5).await;
+    go_v2(&m).await;
     // The start is applied, the agent hears Ambiguous and backs off (200 ms);
     // meanwhile a pause disables the fleet.
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -424,16 +403,15 @@ async fn an_ambiguous_start_does_not_leave_the_host_in_flight() {
         0,
         "the start was tried"
     );
+    let s = Schema::default();
     m.put(&s.enable(&EnableLevel::Global), "false", None)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3 * 3600)).await;
+    sleep(3 * 3600).await;
     let marker = get(&m, s.run(&host())).await;
     let record = get(&m, s.agent(&host())).await;
     let (state, reason) = state_of(&m).await;
-    d.stop.send(true).unwrap();
-    let _ = d.task.await;
-    eprintln!("3 h later: marker {marker:?}, record {record:?}, state {state:?} ({reason:?})");
+    stop(d).await;
     assert!(steps.calls().is_empty(), "nothing ran");
     assert!(
         marker.is_none() && !record.as_deref().unwrap_or("").contains("upgrading"),
@@ -451,49 +429,27 @@ async fn a_restart_after_a_kill_at_the_report_keeps_the_failures_backoff() {
     let dir = tempfile::tempdir().unwrap();
     let m = MemoryStore::new();
     setup(&m).await;
-    let first = Faulty {
-        inner: m.clone(),
-        f: Arc::default(),
-    };
-    let steps = Arc::new(
-        ScriptedSteps::new()
-            .taking(Duration::from_secs(20), Duration::from_secs(5))
-            .validate_outcomes([Outcome::Failure("validation failed".into())]),
-    );
+    let first = Faulty::new(&m);
+    let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &first, steps.clone());
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let s = Schema::default();
-    m.put(&s.enable(&EnableLevel::Global), "true", None)
-        .await
-        .unwrap();
+    sleep(5).await;
     first.f.hang_reports.store(true, Ordering::SeqCst);
-    m.put(&s.current_version(), "v2", None).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    go_v2(&m).await;
+    sleep(30).await;
     assert_eq!(steps.calls().len(), 2, "configure and validate ran");
     // Killed while its report is on the wire.
-    d.task.abort();
-    let _ = d.task.await;
-    first.f.dead.store(true, Ordering::SeqCst);
-    drop(d.stop);
-    let second = Faulty {
-        inner: m.clone(),
-        f: Arc::default(),
-    };
+    kill(d, &first).await;
+    let second = Faulty::new(&m);
     let d = start(dir.path(), &second, steps.clone());
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    let result = get(&m, s.result(&host())).await;
-    d.stop.send(true).unwrap();
-    let _ = d.task.await;
-    let configures = steps
-        .calls()
-        .iter()
-        .filter(|(st, _)| *st == Step::Configured)
-        .count();
-    eprintln!("configure steps: {configures}; result: {result:?}");
+    sleep(60).await;
+    let result = result(&m).await;
+    stop(d).await;
     assert_eq!(
-        configures, 1,
+        configures(&steps),
+        1,
         "the failed v2 was run again within a minute of the restart (retry interval 10 min); result {result:?}"
     );
+    assert_eq!(result, Some((false, 1)), "the successor reported the failure");
 }
 
 /// The store goes away just before a lease renewal is due and comes back before the

@@ -553,14 +553,8 @@ async fn rollout_on_consul_survives_sessions_expiring_midway() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let token_url = |name: &str, secret: &str| {
-        let f = dir.path().join(name);
-        std::fs::write(&f, secret).unwrap();
-        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-        format!("{}?token_file={}", server.url(), f.display())
-    };
-    let url = token_url("operator.token", "operator-7e1c-secret");
-    let agents_url = token_url("agent.token", "agent-5b2a-secret");
+    let url = server.url_with_token(dir.path(), "operator.token", "operator-7e1c-secret");
+    let agents_url = server.url_with_token(dir.path(), "agent.token", "agent-5b2a-secret");
     let s = open(&url).await;
     // The agent token may not move the fleet.
     let agent_store = open(&agents_url).await;

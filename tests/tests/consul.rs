@@ -236,12 +236,7 @@ async fn acl_denials_name_the_key_and_are_never_lost_compares() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let token = |name: &str, secret: &str| {
-        let f = dir.path().join(name);
-        std::fs::write(&f, secret).unwrap();
-        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-        client(&format!("{}?token_file={}", server.url(), f.display()))
-    };
+    let token = |name: &str, secret: &str| client(&server.url_with_token(dir.path(), name, secret));
     let operator = token("operator.token", "operator-secret-1");
     let agent = token("agent.token", "agent-secret-2");
     operator.put(&k("/current_version"), "v1", None).await.unwrap();

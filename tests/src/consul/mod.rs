@@ -305,6 +305,16 @@ impl ConsulServer {
         ));
     }
 
+    /// `url()` with `secret` as its ACL token, from a file written (mode 0600) in
+    /// `dir` under `name`.
+    pub fn url_with_token(&self, dir: &std::path::Path, name: &str, secret: &str) -> String {
+        use std::os::unix::fs::PermissionsExt as _;
+        let f = dir.join(name);
+        std::fs::write(&f, secret).expect("token file");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("token file mode");
+        format!("{}?token_file={}", self.url(), f.display())
+    }
+
     /// `consul://127.0.0.1:PORT` (`consuls://` with TLS).
     pub fn url(&self) -> String {
         let scheme = if self.shared.opts.tls.is_some() {
