@@ -340,10 +340,32 @@ impl Agent {
             since: self.clock.unix_now(),
             pid: std::process::id(),
         };
+        let marker_key = self.cfg.schema.run(&self.cfg.hostname);
         let marker = Op::put(
-            self.cfg.schema.run(&self.cfg.hostname),
+            marker_key.clone(),
             serde_json::to_string(&record).unwrap_or_default(),
         );
+        // Where a compare that a key is absent needs the right to write it (Consul),
+        // those keys are read after the write instead: the marker is in the store
+        // before the read, so whoever writes one of them after the read finds the
+        // host in flight, as after a fenced start on etcd.
+        let (compares, absent): (Vec<Compare>, Vec<jio_common::keys::Key>) =
+            if self.store.absent_compare_needs_write() {
+                let (absent, kept): (Vec<Compare>, Vec<Compare>) = compares
+                    .into_iter()
+                    .partition(|c| matches!(c, Compare::Absent(_) | Compare::ModRevision(_, 0)));
+                let keys = absent
+                    .into_iter()
+                    .filter_map(|c| match c {
+                        Compare::Absent(k) | Compare::ModRevision(k, _) => Some(k),
+                        Compare::Value(..) => None,
+                    })
+                    .collect();
+                (kept, keys)
+            } else {
+                (compares, Vec::new())
+            };
+        let before = l.current();
         let started = match l
             .commit(state, Some(version.clone()), compares, vec![marker])
             .await
@@ -360,6 +382,22 @@ impl Agent {
             }
         };
         self.run_marker |= started;
+        if started && !absent.is_empty() {
+            let still_absent = self.store.get_many(&absent).await;
+            if !matches!(&still_absent, Ok(kvs) if kvs.iter().all(Option::is_none)) {
+                // Written since the decision read it absent (or unknown): no run.
+                if let Some(l) = &self.liveness {
+                    l.set(before.0, before.1);
+                }
+                if self.store.delete(&marker_key).await.is_ok() {
+                    self.run_marker = false;
+                }
+                return match still_absent {
+                    Err(e) => Err(e.into()),
+                    Ok(_) => Ok(false),
+                };
+            }
+        }
         Ok(started)
     }
 

@@ -66,6 +66,12 @@ impl Liveness {
         }
     }
 
+    /// The record as this agent means it now: its state and version.
+    pub fn current(&self) -> (AgentState, Option<Version>) {
+        let r = self.record.borrow();
+        (r.state, r.version.clone())
+    }
+
     /// Updates the record (written at once when it changed).
     pub fn set(&self, state: AgentState, version: Option<Version>) {
         self.record.send_if_modified(|r| {

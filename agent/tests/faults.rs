@@ -892,3 +892,82 @@ async fn a_kill_during_the_configure_report_of_an_interrupted_run() {
     assert_eq!(r, Some((true, 1)));
     assert_eq!(state, HostState::Upgraded);
 }
+
+/// On Consul a compare that a key is absent needs the right to write it, which the
+/// `jio-agent` policy does not give on holds, enable keys or the current rollout:
+/// the agent writes its start, then reads those keys. A hold written between the
+/// decision's read and the start is found: no run, the run marker is removed and
+/// the liveness record is as before. (Against the Consul API test server, with the
+/// policy's token; real Consul refuses such a start outright with 409.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_consul_a_hold_written_before_the_start_is_found_after_it() {
+    use jio_common::store::{ConsulStore, StoreUrl};
+    use jio_tests::consul::{AclToken, ConsulOptions, ConsulServer};
+    let server = ConsulServer::start(ConsulOptions {
+        token: Some("operator-secret-9".into()),
+        tokens: vec![AclToken::jio_agent("agent-secret-8")],
+        ..ConsulOptions::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |name: &str, secret: &str| -> DynStore {
+        let url = StoreUrl::parse(&server.url_with_token(dir.path(), name, secret)).unwrap();
+        Arc::new(ConsulStore::new(&url, Duration::from_secs(5)).unwrap())
+    };
+    let operator = open("operator.token", "operator-secret-9");
+    let store = open("agent.token", "agent-secret-8");
+    let s = Schema::default();
+    operator.put(&s.current_version(), "v2", None).await.unwrap();
+    let cfg = config(dir.path());
+    let (_stop, stop_rx) = watch::channel(false);
+    let steps = Arc::new(ScriptedSteps::new());
+    let mut agent = Agent::new(cfg.clone(), store.clone(), stop_rx)
+        .unwrap()
+        .with_steps(steps.clone());
+    agent.set_liveness(jio_agent::liveness::Liveness::start(
+        store.clone(),
+        s.agent(&host()),
+        cfg.lease_ttl,
+        jio_common::values::AgentState::Idle,
+        Some(v("v1")),
+    ));
+    let obs = agent.observe(false).await.unwrap();
+    operator
+        .put(
+            &s.hold(&jio_common::keys::HoldTarget::Host(host())),
+            r#"{"reason":"disk","at":1}"#,
+            None,
+        )
+        .await
+        .unwrap();
+    let result = agent.act(&obs).await.unwrap();
+    assert_eq!(result, jio_agent::agent::PassResult::Raced);
+    assert!(steps.calls().is_empty(), "nothing ran");
+    assert!(
+        store.get(&s.run(&host())).await.unwrap().is_none(),
+        "no run marker left"
+    );
+    let record = async || store.get(&s.agent(&host())).await.unwrap().map(|kv| kv.value);
+    for _ in 0..50 {
+        if record().await.is_some_and(|r| r.contains("\"idle\"")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        record().await.unwrap().contains("\"idle\""),
+        "{:?}",
+        record().await
+    );
+    // With the hold gone, the same decision starts and runs.
+    operator
+        .delete(&s.hold(&jio_common::keys::HoldTarget::Host(host())))
+        .await
+        .unwrap();
+    let obs = agent.observe(false).await.unwrap();
+    let ran = agent.act(&obs).await.unwrap();
+    assert!(matches!(ran, jio_agent::agent::PassResult::Ran { .. }), "{ran:?}");
+    if let Some(l) = agent.take_liveness() {
+        l.stop().await;
+    }
+}

@@ -257,7 +257,8 @@ async fn acl_denials_name_the_key_and_are_never_lost_compares() {
             .contains("Permission denied (writing /current_version with this ACL token)"),
         "{err}"
     );
-    // A transaction: one allowed write, two denied ones.
+    // A transaction: one allowed write, two denied ones, and a compare that a key
+    // is absent, which Consul checks as a write (`check-not-exists`).
     let txn = Txn::new()
         .when(Compare::ModRevision(k("/current_version"), 0))
         .then(Op::put(k("/status/validated/success/v1/h2"), ""))
@@ -267,7 +268,7 @@ async fn acl_denials_name_the_key_and_are_never_lost_compares() {
     assert_eq!(err.kind(), ErrorKind::Denied, "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains("writing /config_state/enable_puppet/global, /locks/epoch"),
+        msg.contains("writing /current_version, /config_state/enable_puppet/global, /locks/epoch"),
         "{msg}"
     );
     assert!(!msg.contains("secret"), "{msg}");
@@ -328,12 +329,20 @@ async fn reaped_tombstones_lower_the_index_and_no_event_is_missed() {
         WatchEvent::Delete { key, revision } if key.as_str() == "/runs/b" => revision,
         other => panic!("{other:?}"),
     };
-    // Reaped, then written at once: the write is an event like any other.
+    // Reaped, then written at once: the write is an event like any other (on a
+    // slow machine the wait may run out first: a reset, then the write).
     control(&server, "reap").await;
     s.put(&k("/runs/c"), "1", None).await.unwrap();
-    match next_event(&mut w).await {
-        WatchEvent::Put(kv) if kv.key.as_str() == "/runs/c" => assert!(kv.mod_revision > deleted),
-        other => panic!("{other:?}"),
+    loop {
+        match next_event(&mut w).await {
+            WatchEvent::Put(kv) if kv.key.as_str() == "/runs/c" => {
+                assert!(kv.mod_revision > deleted);
+                break;
+            }
+            WatchEvent::Reset { kvs, .. } if kvs.iter().any(|kv| kv.key.as_str() == "/runs/c") => break,
+            WatchEvent::Reset { .. } => {}
+            other => panic!("{other:?}"),
+        }
     }
     // Deleted and reaped with nothing written after: the wait runs out on a lower
     // index.

@@ -229,7 +229,12 @@ impl Inner {
         };
         // Rate limits (429; 503 "rate limit exceeded" for writes) refuse before
         // anything is applied: another try is safe, on another server if there is one.
-        if status == 429 || (status == 503 && String::from_utf8_lossy(&body).contains("rate limit")) {
+        // So does a server without a leader (500 `No cluster leader`).
+        let said = String::from_utf8_lossy(&body);
+        if status == 429
+            || (status == 503 && said.contains("rate limit"))
+            || (status >= 500 && said.contains("No cluster leader"))
+        {
             fail_over(&format!("HTTP {status}"));
             return Err(Failure::NotSent(format!(
                 "HTTP {status}: {}",
@@ -432,10 +437,13 @@ impl Inner {
     }
 
     /// Applies Consul txn operations; `Ok(None)` when a check failed (nothing written).
+    /// `revision`: the caller wants the transaction's revision (a transaction that
+    /// puts nothing then costs a read of the index after it); otherwise 0.
     async fn apply(
         &self,
         ops: Vec<Value>,
         idempotent: bool,
+        revision: bool,
     ) -> Result<std::result::Result<Revision, String>> {
         if ops.len() > CONSUL_MAX_TXN_OPS {
             return Err(self.rejected(
@@ -450,10 +458,17 @@ impl Inner {
         let keys: Vec<(bool, String)> = ops
             .iter()
             .map(|op| {
+                // What Consul checks the token for: read for `get` and
+                // `check-index`, write for the rest (`check-not-exists` too).
                 let verb = op["KV"]["Verb"].as_str().unwrap_or("");
-                let write = !(verb == "get" || verb.starts_with("check-"));
+                let write = !matches!(verb, "get" | "check-index" | "check-session");
                 (write, format!("/{}", op["KV"]["Key"].as_str().unwrap_or("")))
             })
+            .collect();
+        let puts: Vec<String> = ops
+            .iter()
+            .filter(|op| matches!(op["KV"]["Verb"].as_str(), Some("set" | "cas" | "lock")))
+            .filter_map(|op| op["KV"]["Key"].as_str().map(str::to_string))
             .collect();
         let a = self
             .call(
@@ -468,21 +483,29 @@ impl Inner {
         match a.status {
             200 => {
                 let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+                // Only what the transaction put counts: a `check-index` or `get`
+                // result shows the index the key had before it.
                 let from_results = v["Results"]
                     .as_array()
                     .into_iter()
                     .flatten()
+                    .filter(|r| {
+                        r["KV"]["Key"]
+                            .as_str()
+                            .is_some_and(|k| puts.iter().any(|p| p.as_str() == k))
+                    })
                     .filter_map(|r| r["KV"]["ModifyIndex"].as_u64())
                     .max();
                 // Consul answers a write transaction without `X-Consul-Index`: the
-                // revision is the highest `ModifyIndex` in the results (a changed
+                // revision is the highest `ModifyIndex` of the keys it put (a changed
                 // key's is the transaction's own; a skipped same-value write shows
                 // its old one), or, when there are none (only deletes), the index
                 // read after it.
                 let rev = match (a.index, from_results) {
                     (Some(i), _) => i,
                     (None, Some(m)) => m,
-                    (None, None) => self.index().await?,
+                    (None, None) if revision => self.index().await?,
+                    (None, None) => 0,
                 };
                 Ok(Ok(rev as Revision))
             }
@@ -613,6 +636,10 @@ impl Store for ConsulStore {
         CONSUL_MAX_TXN_OPS
     }
 
+    fn absent_compare_needs_write(&self) -> bool {
+        true
+    }
+
     async fn ping(&self) -> Result<Revision> {
         Ok(self.inner.index().await? as Revision)
     }
@@ -643,7 +670,7 @@ impl Store for ConsulStore {
             op["Verb"] = json!("lock");
             op["Session"] = json!(l.0);
         }
-        match self.inner.apply(vec![json!({ "KV": op })], true).await? {
+        match self.inner.apply(vec![json!({ "KV": op })], true, true).await? {
             Ok(rev) => Ok(rev),
             Err(what) if session_invalid(&what) => Err(StoreError::LeaseNotFound {
                 url: self.inner.url.clone(),
@@ -659,7 +686,7 @@ impl Store for ConsulStore {
             json!({"KV": {"Verb": "get", "Key": ckey(key)}}),
             json!({"KV": {"Verb": "delete", "Key": ckey(key)}}),
         ];
-        Ok(self.inner.apply(ops, true).await?.is_ok())
+        Ok(self.inner.apply(ops, true, false).await?.is_ok())
     }
 
     async fn delete_prefix(&self, prefix: &Key) -> Result<u64> {
@@ -669,7 +696,7 @@ impl Store for ConsulStore {
         }
         let ops = vec![json!({"KV": {"Verb": "delete-tree", "Key": ckey(prefix)}})];
         self.inner
-            .apply(ops, true)
+            .apply(ops, true, false)
             .await?
             .map_err(|w| self.inner.rejected("delete prefix", w))?;
         Ok(kvs.len() as u64)
@@ -714,7 +741,7 @@ impl Store for ConsulStore {
                 Op::DeletePrefix(p) => json!({"KV": {"Verb": "delete-tree", "Key": ckey(p)}}),
             });
         }
-        match self.inner.apply(ops, false).await? {
+        match self.inner.apply(ops, false, true).await? {
             Ok(rev) => Ok(TxnOutcome::Committed(rev)),
             Err(what) if session_invalid(&what) => Err(StoreError::LeaseNotFound {
                 url: self.inner.url.clone(),

@@ -85,6 +85,12 @@ impl Store for CountingStore {
     fn url(&self) -> &str {
         self.inner.url()
     }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+    fn absent_compare_needs_write(&self) -> bool {
+        self.inner.absent_compare_needs_write()
+    }
     async fn ping(&self) -> Result<Revision> {
         self.tick("ping");
         self.inner.ping().await

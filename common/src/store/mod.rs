@@ -300,6 +300,15 @@ pub trait Store: Send + Sync + 'static {
         128
     }
 
+    /// Whether a compare that a key is absent (`Compare::Absent`, or
+    /// `ModRevision(k, 0)`) needs the right to write that key. Consul checks its
+    /// `check-not-exists` as a write (`kvsPreApply`), so an agent whose token may
+    /// only read the keys it fences on (holds, enable keys, the current rollout, the
+    /// rollout lock) fences on their absence by reading them after its write.
+    fn absent_compare_needs_write(&self) -> bool {
+        false
+    }
+
     /// Checks that the store answers; returns its current revision.
     async fn ping(&self) -> Result<Revision>;
 

@@ -7,7 +7,7 @@ use clap::Args;
 use jio_common::gate::KeyState;
 use jio_common::keys::EnableLevel;
 use jio_common::names::{HostName, Role};
-use jio_common::store::Op;
+use jio_common::store::{Compare, Op, Txn, TxnOutcome};
 use jio_common::values::format_bool;
 
 use crate::context::{Access, Context};
@@ -85,14 +85,35 @@ impl EnablePuppet {
             // its agent sees as the key's mod revision moving. Consul skips a write of
             // a key's current value, so the revision stays: say it again in two
             // steps (a moment of `false` holds nothing back that was moving).
+            // Both writes are fenced on the plan epoch (every jioctl write bumps it)
+            // and the first on the key: an emergency stop or any other write that
+            // comes in between wins, and this says so.
             if self.value == Some(true)
                 && let Some(kv) = store.get(&key).await.context("reading the enable key back")?
                 && kv.mod_revision < written
             {
+                let epoch = ctx.schema().lock(jio_common::fleet::EPOCH);
+                let mut expect = written;
                 for b in [false, true] {
-                    writes::write(&store, ctx.schema(), vec![Op::put(key.clone(), format_bool(b))])
-                        .await
-                        .context("writing the enable key")?;
+                    let mut txn = Txn::new()
+                        .when(Compare::ModRevision(epoch.clone(), expect))
+                        .then(Op::put(key.clone(), format_bool(b)))
+                        .then(writes::epoch_put(ctx.schema()));
+                    if !b {
+                        txn = txn.when(Compare::ModRevision(key.clone(), kv.mod_revision));
+                    }
+                    match store.txn(txn).await.context("writing the enable key")? {
+                        TxnOutcome::Committed(r) => expect = r,
+                        TxnOutcome::Lost(_) => {
+                            let left = if b { "false" } else { "true, as it was" };
+                            return Err(Failure::new(
+                                crate::exit::FAILED,
+                                format!(
+                                    "{key} was rewritten as false then true so that a failed host's agent sees it (the store skips a write of the value a key holds), but another write came in between: the key is left {left}; check `jioctl status` and write it again if still wanted"
+                                ),
+                            ));
+                        }
+                    }
                 }
             }
         }

@@ -457,14 +457,20 @@ fn txn(shared: &Shared, req: &Request, who: &Who<'_>) -> Response {
         })
         .collect();
     let mut st = shared.state();
-    // Every operation's rights are checked before anything runs, as Consul does:
-    // each one refused is an error of its own, and nothing is written.
+    // Every operation's rights are checked before anything runs, as Consul's
+    // `kvsPreApply` does: `check-index` (and `check-session`) need read, a `get` is
+    // filtered on the way out instead, and everything else (`check-not-exists`
+    // included) needs write. Each one refused is an error of its own, and nothing
+    // is written.
     let denied: Vec<Value> = ops
         .iter()
         .enumerate()
         .filter(|(_, op)| {
-            let write = !(op.verb == "get" || op.verb.starts_with("check-"));
-            let want = if write { Access::Write } else { Access::Read };
+            let want = match op.verb.as_str() {
+                "get" => return false,
+                "check-index" | "check-session" => Access::Read,
+                _ => Access::Write,
+            };
             let tree_ok =
                 op.verb != "delete-tree" || st.read(&op.key, true).iter().all(|(k, _)| who.may(k, want));
             !(who.may(&op.key, want) && tree_ok)
@@ -483,6 +489,7 @@ fn txn(shared: &Shared, req: &Request, who: &Who<'_>) -> Response {
         Ok(results) => {
             let results: Vec<Value> = results
                 .iter()
+                .filter(|r| who.may(&r.key, Access::Read))
                 .map(|r| {
                     let mut kv = entry_json(&r.key, &r.entry);
                     if !r.value {
