@@ -279,6 +279,16 @@ async fn setup(m: &MemoryStore) {
     .unwrap();
 }
 
+/// A state directory, the store (v1 desired, compute1 registered) and a fault
+/// wrapper over it.
+async fn scene() -> (tempfile::TempDir, MemoryStore, Faulty) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryStore::new();
+    setup(&m).await;
+    let store = Faulty::new(&m);
+    (dir, m, store)
+}
+
 /// Enables the fleet and moves it to v2.
 async fn go_v2(m: &MemoryStore) {
     let s = Schema::default();
@@ -335,10 +345,7 @@ async fn sleep(s: u64) {
 /// `failed`. (Before the fix the next pass deleted the marker first: `pending`.)
 #[tokio::test(start_paused = true)]
 async fn a_runs_marker_stays_until_its_report_lands() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let store = Faulty::new(&m);
+    let (dir, m, store) = scene().await;
     let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &store, steps.clone());
     sleep(5).await;
@@ -386,10 +393,7 @@ async fn a_runs_marker_stays_until_its_report_lands() {
 /// flight for good. (Before the fix both stayed until the agent restarted.)
 #[tokio::test(start_paused = true)]
 async fn an_ambiguous_start_does_not_leave_the_host_in_flight() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let store = Faulty::new(&m);
+    let (dir, m, store) = scene().await;
     store.f.ambiguous_starts.store(1, Ordering::SeqCst);
     let steps = Arc::new(ScriptedSteps::new());
     let d = start(dir.path(), &store, steps.clone());
@@ -426,10 +430,7 @@ async fn an_ambiguous_start_does_not_leave_the_host_in_flight() {
 /// the report had landed, and the successor retried at once.)
 #[tokio::test(start_paused = true)]
 async fn a_restart_after_a_kill_at_the_report_keeps_the_failures_backoff() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let first = Faulty::new(&m);
+    let (dir, m, first) = scene().await;
     let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &first, steps.clone());
     sleep(5).await;
@@ -493,10 +494,7 @@ async fn a_renewal_missed_in_an_outage_is_made_as_soon_as_the_store_is_back() {
 /// retry after 10 min is attempt 2).
 #[tokio::test(start_paused = true)]
 async fn an_ambiguous_end_of_a_failed_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let store = Faulty::new(&m);
+    let (dir, m, store) = scene().await;
     store.f.ambiguous_ends.store(1, Ordering::SeqCst);
     let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &store, steps.clone());
@@ -534,10 +532,7 @@ async fn an_ambiguous_end_of_a_failed_run() {
 /// ran once.
 #[tokio::test(start_paused = true)]
 async fn an_ambiguous_end_of_a_successful_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let store = Faulty::new(&m);
+    let (dir, m, store) = scene().await;
     store.f.ambiguous_ends.store(1, Ordering::SeqCst);
     let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)));
     let d = start(dir.path(), &store, steps.clone());
@@ -568,10 +563,7 @@ async fn an_ambiguous_end_of_a_successful_run() {
 /// marker stays while the report is pending, then both settle.
 #[tokio::test(start_paused = true)]
 async fn an_ambiguous_unapplied_end_of_a_failed_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let store = Faulty::new(&m);
+    let (dir, m, store) = scene().await;
     store.f.ambiguous_ends_lost.store(1, Ordering::SeqCst);
     let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &store, steps.clone());
@@ -602,10 +594,7 @@ async fn an_ambiguous_unapplied_end_of_a_failed_run() {
 /// (on the next pass), the marker is consistent, the host ends upgraded.
 #[tokio::test(start_paused = true)]
 async fn an_ambiguous_start_then_still_enabled_runs_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let store = Faulty::new(&m);
+    let (dir, m, store) = scene().await;
     store.f.ambiguous_starts.store(1, Ordering::SeqCst);
     let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(5)));
     let d = start(dir.path(), &store, steps.clone());
@@ -638,10 +627,7 @@ async fn an_ambiguous_start_then_still_enabled_runs_once() {
 /// the results say attempts 1, 2, 3, and each retry waits its backoff (10, 20 min).
 #[tokio::test(start_paused = true)]
 async fn attempts_count_across_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let store = Faulty::new(&m);
+    let (dir, m, store) = scene().await;
     let fail = || Outcome::Failure("validation failed".into());
     let steps = Arc::new(
         ScriptedSteps::new()
@@ -673,10 +659,7 @@ async fn attempts_count_across_a_restart() {
 /// successor reports attempt 2, waits its 20 min, and the next run is attempt 3.
 #[tokio::test(start_paused = true)]
 async fn attempts_count_across_a_kill_at_the_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let first = Faulty::new(&m);
+    let (dir, m, first) = scene().await;
     let fail = || Outcome::Failure("validation failed".into());
     let steps = Arc::new(
         ScriptedSteps::new()
@@ -714,10 +697,7 @@ async fn attempts_count_across_a_kill_at_the_report() {
 /// between is printed.)
 #[tokio::test(start_paused = true)]
 async fn an_enable_write_between_a_kill_and_the_restart_retries_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let first = Faulty::new(&m);
+    let (dir, m, first) = scene().await;
     let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &first, steps.clone());
     sleep(5).await;
@@ -813,10 +793,7 @@ async fn an_unwritable_version_file_then_a_kill_at_the_report_keeps_the_backoff(
 /// the backoff, and the host is `failed`.
 #[tokio::test(start_paused = true)]
 async fn a_kill_after_the_report_lands_before_the_marker_delete() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let first = Faulty::new(&m);
+    let (dir, m, first) = scene().await;
     let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &first, steps.clone());
     sleep(5).await;
@@ -855,10 +832,7 @@ async fn a_kill_after_the_report_lands_before_the_marker_delete() {
 /// upgraded.
 #[tokio::test(start_paused = true)]
 async fn a_kill_during_the_configure_report_of_an_interrupted_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = MemoryStore::new();
-    setup(&m).await;
-    let first = Faulty::new(&m);
+    let (dir, m, first) = scene().await;
     let steps = Arc::new(ScriptedSteps::new().taking(Duration::from_secs(20), Duration::from_secs(30)));
     let d = start(dir.path(), &first, steps.clone());
     sleep(5).await;
