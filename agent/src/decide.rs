@@ -278,7 +278,7 @@ pub fn decide(o: &Observation) -> Decision {
     }
     if let Some(f) = &o.failure
         && f.version == desired
-        && f.gate_revisions == o.gate_revisions
+        && !retry_now(f, o.gate_revisions)
     {
         let until = f.at + backoff(o.retry_interval, f.attempts).as_secs();
         if o.now < until {
@@ -291,6 +291,16 @@ pub fn decide(o: &Observation) -> Decision {
     Decision::Upgrade {
         version: desired,
         why,
+    }
+}
+
+/// Whether the enable keys (their mod revisions `gate`) say "retry now" to the
+/// failure `f`: one written after its report landed, or, before it is known to have
+/// landed, any write since the run was decided.
+fn retry_now(f: &Failure, gate: [Revision; 3]) -> bool {
+    match f.reported {
+        Some(reported) => gate.iter().any(|rev| *rev > reported),
+        None => f.gate_revisions != gate,
     }
 }
 
@@ -370,6 +380,7 @@ pub fn failure_after(
                 _ => 1,
             },
             gate_revisions,
+            reported: None,
         }),
     }
 }
@@ -389,6 +400,7 @@ mod tests {
             at,
             attempts,
             gate_revisions: [0, 5, 0],
+            reported: None,
         }
     }
 
@@ -569,6 +581,7 @@ mod tests {
             at,
             attempts,
             gate_revisions: revs,
+            reported: None,
         };
         let base = obs(Some("v2"), Some("v1"), true, Level::Host);
         let cases = [
@@ -598,6 +611,31 @@ mod tests {
             if !upgrade {
                 assert!(matches!(d, Decision::Backoff { .. }));
             }
+        }
+        // Once the failure's report landed (at revision 20), only a key written
+        // after it retries at once: one written during the run (revision 6, after
+        // the decision read 5) does not.
+        let reported = |revs| Failure {
+            reported: Some(20),
+            ..fail("v2", 10_000, 1, revs)
+        };
+        for (f, gate, upgrade) in [
+            (reported([0, 5, 0]), [0, 5, 0], false),
+            (reported([0, 5, 0]), [0, 6, 0], false), // written during the run
+            (reported([0, 5, 0]), [21, 5, 0], true), // the host key, after the report
+            (reported([0, 5, 0]), [0, 5, 22], true), // the global key, after it
+            (reported([0, 5, 0]), [0, 0, 0], false), // the role key deleted
+        ] {
+            let mut o = base.clone();
+            o.failure = Some(f.clone());
+            o.gate_revisions = gate;
+            o.now = 10_001;
+            let d = decide(&o);
+            assert_eq!(
+                matches!(d, Decision::Upgrade { .. }),
+                upgrade,
+                "{f:?} {gate:?}: {d:?}"
+            );
         }
         // A failed first converge backs off too.
         let mut o = obs(Some("v2"), None, false, Level::Global);

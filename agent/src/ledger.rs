@@ -152,6 +152,15 @@ impl Ledger {
             if r.step == Step::Validated && r.ok {
                 self.running_versions = Some(vec![r.version.clone()]);
             }
+            // A run's failed report is in the store: from now on only an enable key
+            // written after it retries it at once (see `Failure::reported`).
+            if !r.ok
+                && r.result.is_some()
+                && let Some(f) = self.journal.failure.as_mut()
+                && f.version == r.version
+            {
+                f.reported = Some(revision);
+            }
             tracing::info!(version = %r.version, step = r.step.as_str(), ok = r.ok, "reported");
             self.queue_log(&r, revision);
             self.journal.unreported.remove(0);

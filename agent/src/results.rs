@@ -342,6 +342,7 @@ mod tests {
             at: 1,
             attempts,
             gate_revisions: [0; 3],
+            reported: None,
         };
         assert_eq!(attempt(None, &v("v2")), 1);
         assert_eq!(attempt(Some(&f("v2", 1)), &v("v2")), 2);

@@ -199,9 +199,16 @@ pub struct Failure {
     pub at: u64,
     /// Consecutive failures at this version.
     pub attempts: u32,
-    /// Mod revisions of the host, role and global enable keys when it failed; any
-    /// write to one of them (even of the same value) counts as a new decision.
+    /// Mod revisions of the host, role and global enable keys the failed run was
+    /// decided on; until the failure is in the store, any write to one of them
+    /// (even of the same value) counts as a new decision.
     pub gate_revisions: [Revision; 3],
+    /// The revision at which the failure's report landed. From then on only an
+    /// enable key written after it counts as a new decision ("retry now"), as
+    /// `jioctl status` counts a host as retrying: a write made while the run was
+    /// still going, or before its failure was reported, is not one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported: Option<Revision>,
 }
 
 /// The journal file's content.

@@ -692,11 +692,12 @@ async fn attempts_count_across_a_kill_at_the_report() {
 }
 
 /// Killed while a failure's report is on the wire; before the successor starts,
-/// the operator writes the enable key again ("retry now"). The successor reports
-/// the failure and retries at once, as attempt 2. (What the fleet view says in
-/// between is printed.)
+/// the operator writes the enable key. That write came before the failure was in
+/// the store, so it is not a "retry now" for it (`jioctl status` shows the host
+/// failed, not retrying): the successor reports the failure and backs off. An
+/// enable write after the report retries at once, as attempt 2.
 #[tokio::test(start_paused = true)]
-async fn an_enable_write_between_a_kill_and_the_restart_retries_at_once() {
+async fn an_enable_write_before_the_failure_is_reported_does_not_retry_it() {
     let (dir, m, first) = scene().await;
     let steps = Arc::new(failing_validation());
     let d = start(dir.path(), &first, steps.clone());
@@ -712,19 +713,49 @@ async fn an_enable_write_between_a_kill_and_the_restart_retries_at_once() {
         .unwrap();
     let second = Faulty::new(&m);
     let d = start(dir.path(), &second, steps.clone());
-    sleep(10).await;
-    let (during, why) = state_of(&m).await;
-    let runs_during = configures(&steps);
+    sleep(60).await;
+    let (state, why) = state_of(&m).await;
+    assert_eq!(configures(&steps), 1, "no retry at once: {state:?} ({why:?})");
+    assert_eq!(state, HostState::Failed, "{why:?}");
+    assert_eq!(result(&m).await, Some((false, 1)));
+    // Re-enabled after the failure landed: "retry now".
+    m.put(&s.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
     sleep(60).await;
     let r = result(&m).await;
     let (after, _) = state_of(&m).await;
     stop(d).await;
-    eprintln!(
-        "10 s after restart: {runs_during} runs, state {during:?} ({why:?}); after: result {r:?}, {after:?}"
-    );
-    assert_eq!(runs_during, 2, "retried at once");
+    assert_eq!(configures(&steps), 2, "retried at once");
     assert_eq!(r, Some((true, 2)));
     assert_eq!(after, HostState::Upgraded);
+}
+
+/// The operator writes the enable key while a run goes on, and the run then
+/// fails: a write made before the failure is not a "retry now" for it. The agent
+/// backs off, and `jioctl status` agrees (failed, not retrying).
+#[tokio::test(start_paused = true)]
+async fn an_enable_write_during_a_failing_run_does_not_retry_it() {
+    let (dir, m, store) = scene().await;
+    let steps = Arc::new(failing_validation());
+    let d = start(dir.path(), &store, steps.clone());
+    sleep(5).await;
+    go_v2(&m).await;
+    sleep(10).await;
+    assert_eq!(configures(&steps), 1, "running");
+    let s = Schema::default();
+    m.put(&s.enable(&EnableLevel::Global), "true", None)
+        .await
+        .unwrap();
+    sleep(60).await;
+    let (state, why) = state_of(&m).await;
+    stop(d).await;
+    assert_eq!(
+        configures(&steps),
+        1,
+        "retried at once after a failure that followed the write"
+    );
+    assert_eq!(state, HostState::Failed, "{why:?}");
 }
 
 /// The version file cannot be written (its temporary path is a directory): a
