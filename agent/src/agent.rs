@@ -492,7 +492,7 @@ impl Agent {
                 (run_dir, Step::Configured, failed, ended)
             }
         };
-        let result = self.record(&version, started, ended, step, &outcome, run_dir, obs);
+        let result = self.record(&version, ended, step, &outcome, &run_dir);
         Ok(PassResult::Ran { version, result })
     }
 
@@ -528,29 +528,18 @@ impl Agent {
     /// Records how a run ended (pure transitions of the journal, then one save)
     /// unless its last report already did, and says so in the log and the liveness
     /// record.
-    #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
         version: &Version,
-        started: u64,
         ended: u64,
         step: Step,
         outcome: &Outcome,
-        run_dir: std::path::PathBuf,
-        obs: &Observation,
+        run_dir: &std::path::Path,
     ) -> RunResult {
-        let close = RunClose {
-            version: version.clone(),
-            started,
-            ended,
-            step,
-            run_dir,
-            gate_revisions: obs.gate_revisions,
-            previous: self.ledger.journal.failure.clone(),
-        };
         // A run still in progress here was not closed by a report (it was
         // interrupted); `prepare_run` failing left none, and its report closed it.
         if self.ledger.journal.in_progress.is_some() {
+            let close = self.run_close(version, step, run_dir, ended);
             close.apply(&mut self.ledger.journal, outcome);
             self.ledger.save();
         }
@@ -569,6 +558,20 @@ impl Agent {
             RunResult::Interrupted => tracing::warn!(%version, "upgrade interrupted; it will run again"),
         }
         result
+    }
+
+    /// How the journal closes the run going on, which ended at `ended` after `step`.
+    fn run_close(&self, version: &Version, step: Step, run_dir: &std::path::Path, ended: u64) -> RunClose {
+        let (started, gate_revisions) = self.run_begun;
+        RunClose {
+            version: version.clone(),
+            started,
+            ended,
+            step,
+            run_dir: run_dir.to_path_buf(),
+            gate_revisions,
+            previous: self.ledger.journal.failure.clone(),
+        }
     }
 
     /// Creates the run's directory and records the run in the journal. Without
@@ -669,16 +672,7 @@ impl Agent {
             marker: self.cfg.schema.run(&self.cfg.hostname),
             whole_run,
         });
-        let (started, gate_revisions) = self.run_begun;
-        let close = RunClose {
-            version: version.clone(),
-            started,
-            ended,
-            step,
-            run_dir: run_dir.to_path_buf(),
-            gate_revisions,
-            previous: self.ledger.journal.failure.clone(),
-        };
+        let close = self.run_close(version, step, run_dir, ended);
         let reported = self
             .ledger
             .report_ending(

@@ -236,10 +236,7 @@ impl Inner {
             || (status >= 500 && said.contains("No cluster leader"))
         {
             fail_over(&format!("HTTP {status}"));
-            return Err(Failure::NotSent(format!(
-                "HTTP {status}: {}",
-                String::from_utf8_lossy(&body).trim()
-            )));
+            return Err(Failure::NotSent(format!("HTTP {status}: {}", said.trim())));
         }
         if status >= 500 && !is_api_error(&body) {
             fail_over(&format!("HTTP {status}"));
