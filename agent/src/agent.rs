@@ -24,6 +24,8 @@ use crate::state::{Journal, LastRun, RunResult, RunStart};
 use crate::steps::{CommandSteps, StepCtx, StepRunner};
 use crate::{report, results, rundir};
 
+mod tasks;
+
 /// What a pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PassResult {
@@ -70,6 +72,10 @@ pub struct Agent {
     view: observe::View,
     /// The run this pass ended was ended by a transaction the view took in.
     view_took_end: bool,
+    /// The services' task files, as read at the start of the pass.
+    services: crate::services::Services,
+    /// The catalog last published (`None`: nothing published by this agent yet).
+    published: Option<jio_common::compose::Catalog>,
 }
 
 impl Agent {
@@ -135,6 +141,8 @@ impl Agent {
             rollout_cache: None,
             view: observe::View::default(),
             view_took_end: false,
+            services: crate::services::Services::default(),
+            published: None,
         })
     }
 
@@ -230,6 +238,7 @@ impl Agent {
             retry_interval: self.cfg.retry_interval,
             now: self.clock.unix_now(),
             rollout_cache: &mut cache,
+            services: &self.services,
         };
         let subject = Subject {
             schema: &self.cfg.schema,
@@ -261,6 +270,7 @@ impl Agent {
             return Ok(PassResult::Reported);
         }
         self.clear_run_marker().await?;
+        self.load_services().await?;
         // A pass that may check health reads the lock and the result afresh (the
         // view does not follow them); so does a pass after one that wrote or failed.
         let read =
@@ -291,6 +301,11 @@ impl Agent {
         }
         let result = match decision {
             Decision::Upgrade { version, why } => self.upgrade(version, why, obs).await?,
+            Decision::Tasks {
+                version,
+                phase,
+                services,
+            } => self.tasks(version, phase, services, obs).await?,
             Decision::HealthCheck { version } => self.check_health(version, obs, false).await?,
             Decision::SoakCheck { version } => self.check_health(version, obs, true).await?,
             Decision::Repair { version } => self.repair(version, obs).await?,
@@ -571,6 +586,7 @@ impl Agent {
             run_dir: run_dir.to_path_buf(),
             gate_revisions,
             previous: self.ledger.journal.failure.clone(),
+            phase: None,
         }
     }
 
@@ -975,5 +991,28 @@ fn log_decision(d: &Decision, obs: &Observation) {
         Decision::SoakCheck { version } => {
             tracing::debug!(%version, "the health check of the min_healthy_time soak is due")
         }
+        Decision::Tasks {
+            version,
+            phase,
+            services,
+        } => tracing::info!(
+            %version,
+            phase,
+            services = %services.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+            "composable rollout: the phase is granted; running its tasks"
+        ),
+        Decision::AwaitingPhase { version, granted } => tracing::info!(
+            %version,
+            granted = granted.as_deref().unwrap_or("nothing"),
+            "composable rollout: waiting for the driver to grant a phase with work for this host"
+        ),
+        Decision::LeftBehind {
+            version,
+            failed,
+            granted,
+        } => tracing::warn!(
+            %version,
+            "composable rollout: a task failed in {failed} and {granted} is granted now: this host stays behind (a new rollout retries it)"
+        ),
     }
 }

@@ -367,6 +367,10 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
     exit::OK
 }
 
+fn service_list(s: &[jio_common::names::Service]) -> String {
+    s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+}
+
 fn decision_text(d: &Decision) -> String {
     match d {
         Decision::Report => "report earlier results".into(),
@@ -417,6 +421,22 @@ fn decision_text(d: &Decision) -> String {
             jio_common::plan::when(*check_at)
         ),
         Decision::SoakCheck { version } => format!("the soak's health check of {version} is due"),
+        Decision::Tasks {
+            version,
+            phase,
+            services,
+        } => format!("run {phase} of {} (rollout to {version})", service_list(services)),
+        Decision::AwaitingPhase { version, granted } => match granted {
+            Some(p) => format!("idle: {p} is granted to this role and this host has nothing left in it (rollout to {version}); waiting for the next phase"),
+            None => format!("idle: the composable rollout to {version} has granted no phase to this role yet"),
+        },
+        Decision::LeftBehind {
+            version,
+            failed,
+            granted,
+        } => format!(
+            "left behind in the rollout to {version}: a task failed in {failed}, and {granted} is granted now (retry with a new rollout)"
+        ),
     }
 }
 

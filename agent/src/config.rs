@@ -39,6 +39,10 @@ pub struct Config {
     pub validation_command: Vec<String>,
     pub validation_dir: PathBuf,
     pub validation_timeout: Duration,
+    /// Where the services' upgrade task files are (composable rollouts).
+    pub services_dir: PathBuf,
+    /// A task's timeout when its file gives none.
+    pub task_timeout: Duration,
     pub retry_interval: Duration,
     pub health_interval: Duration,
     pub resync_interval: Duration,
@@ -68,6 +72,8 @@ pub struct FileConfig {
     pub validation_command: Option<Vec<String>>,
     pub validation_dir: Option<PathBuf>,
     pub validation_timeout: Option<String>,
+    pub services_dir: Option<PathBuf>,
+    pub task_timeout: Option<String>,
     pub retry_interval: Option<String>,
     pub health_interval: Option<String>,
     pub resync_interval: Option<String>,
@@ -91,6 +97,8 @@ pub const SCALAR_KEYS: &[&str] = &[
     "puppet_timeout",
     "validation_dir",
     "validation_timeout",
+    "services_dir",
+    "task_timeout",
     "retry_interval",
     "health_interval",
     "resync_interval",
@@ -300,6 +308,7 @@ struct Timing {
     pre_command: Duration,
     puppet: Duration,
     validation: Duration,
+    task: Duration,
     retry: Duration,
     health: Duration,
     resync: Duration,
@@ -313,6 +322,7 @@ fn timing(src: &mut Sources<'_>, file: &mut FileConfig) -> Timing {
         pre_command: src.duration("pre_command_timeout", file.pre_command_timeout.take(), "30m"),
         puppet: src.duration("puppet_timeout", file.puppet_timeout.take(), "30m"),
         validation: src.duration("validation_timeout", file.validation_timeout.take(), "10m"),
+        task: src.duration("task_timeout", file.task_timeout.take(), "30m"),
         retry: src.duration("retry_interval", file.retry_interval.take(), "10m"),
         health: src.duration("health_interval", file.health_interval.take(), "10m"),
         resync: src.duration("resync_interval", file.resync_interval.take(), "5m"),
@@ -324,6 +334,7 @@ fn timing(src: &mut Sources<'_>, file: &mut FileConfig) -> Timing {
         ("puppet_timeout", t.puppet),
         ("pre_command_timeout", t.pre_command),
         ("validation_timeout", t.validation),
+        ("task_timeout", t.task),
         ("retry_interval", t.retry),
         ("resync_interval", t.resync),
         ("store_retry", t.store_retry),
@@ -411,6 +422,11 @@ fn build(
         file.validation_dir.take(),
         "/usr/lib/jiocloud/tests",
     );
+    let services_dir = src.path(
+        "services_dir",
+        file.services_dir.take(),
+        "/usr/lib/jiocloud/services",
+    );
     let swift = file.swift.take().and_then(|settings| {
         jio_common::swift::SwiftClient::new(settings)
             .map(std::sync::Arc::new)
@@ -433,6 +449,8 @@ fn build(
         validation_command,
         validation_dir,
         validation_timeout: t.validation,
+        services_dir,
+        task_timeout: t.task,
         retry_interval: t.retry,
         health_interval: t.health,
         resync_interval: t.resync,

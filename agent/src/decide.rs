@@ -60,6 +60,27 @@ pub struct Observation {
     pub rollout_revision: Revision,
     /// The host's last run result (`/results/<host>`), when there is a readable one.
     pub result: Option<HostResult>,
+    /// What a composable rollout asks of this host.
+    pub compose: ComposeFacts,
+}
+
+/// What the active composable rollout asks of this host (`active` false: the
+/// active rollout, if any, is not composable).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ComposeFacts {
+    pub active: bool,
+    /// The phase granted to the host's role, for the active rollout.
+    pub grant: Option<jio_common::compose::Grant>,
+    /// The host's services with tasks left in the granted phase.
+    pub left: Vec<jio_common::names::Service>,
+    /// The finalize step is granted to this host, for the active rollout.
+    pub finalize: bool,
+    /// The services with finalize tasks left on this host.
+    pub finalize_left: Vec<jio_common::names::Service>,
+    /// Mod revisions of the role's grant and the finalize grant (0: absent).
+    pub grant_revisions: [Revision; 2],
+    /// The phase in which a task of this host failed, in the active rollout.
+    pub failed_phase: Option<String>,
 }
 
 /// A hold on the host or its role, as read.
@@ -214,6 +235,27 @@ pub enum Decision {
     SoakCheck {
         version: Version,
     },
+    /// A composable rollout's phase is granted and enabled: run the tasks left of
+    /// `services` in it (`phase` `finalize`: the finalize tasks).
+    Tasks {
+        version: Version,
+        phase: String,
+        services: Vec<jio_common::names::Service>,
+    },
+    /// A composable rollout is active and no phase with work for this host is
+    /// granted to it: it waits for the driver.
+    AwaitingPhase {
+        version: Version,
+        /// What is granted (its phase), if anything.
+        granted: Option<String>,
+    },
+    /// A later phase is granted, but a task of this host failed in `failed`: it
+    /// stays behind in this rollout.
+    LeftBehind {
+        version: Version,
+        failed: String,
+        granted: String,
+    },
 }
 
 /// The longest wait between retries, as a multiple of the retry interval.
@@ -236,6 +278,9 @@ pub fn decide(o: &Observation) -> Decision {
     let Some(desired) = o.desired.clone() else {
         return Decision::NoDesiredVersion;
     };
+    if o.compose.active && o.local.is_some() {
+        return composable(o, desired);
+    }
     if o.local.as_ref() == Some(&desired) {
         return health(o, desired);
     }
@@ -292,6 +337,106 @@ pub fn decide(o: &Observation) -> Decision {
         version: desired,
         why,
     }
+}
+
+/// The decision under a composable rollout (the host converged once before): a
+/// granted phase with tasks left runs them, the `puppet` phase upgrades as usual,
+/// and nothing else starts (a host up to date keeps its health checks).
+fn composable(o: &Observation, desired: Version) -> Decision {
+    let c = &o.compose;
+    let (phase, services) = if c.finalize && !c.finalize_left.is_empty() {
+        ("finalize".to_string(), c.finalize_left.clone())
+    } else {
+        match &c.grant {
+            Some(g) if g.phase == "puppet" => {
+                if o.local.as_ref() == Some(&desired) {
+                    return health(o, desired);
+                }
+                if let Some(failed) = &c.failed_phase {
+                    return Decision::LeftBehind {
+                        version: desired,
+                        failed: failed.clone(),
+                        granted: g.phase.clone(),
+                    };
+                }
+                return upgrade(o, desired, Why::Enabled(o.gate.level));
+            }
+            Some(g) if !c.left.is_empty() => (g.phase.clone(), c.left.clone()),
+            other => {
+                if o.local.as_ref() == Some(&desired) {
+                    return health(o, desired);
+                }
+                return Decision::AwaitingPhase {
+                    version: desired,
+                    granted: other.as_ref().map(|g| g.phase.clone()),
+                };
+            }
+        }
+    };
+    if let Some(failed) = &c.failed_phase
+        && failed != &phase
+    {
+        return Decision::LeftBehind {
+            version: desired,
+            failed: failed.clone(),
+            granted: phase,
+        };
+    }
+    match upgrade(o, desired.clone(), Why::Enabled(o.gate.level)) {
+        Decision::Upgrade { version, .. } => Decision::Tasks {
+            version,
+            phase,
+            services,
+        },
+        other => other,
+    }
+}
+
+/// An upgrade (or a step) that would start: the gate, a hold, the rollout's
+/// record and windows, and a failure's backoff may still keep it.
+fn upgrade(o: &Observation, desired: Version, why: Why) -> Decision {
+    if let Some(reason) = &o.gate.blocked {
+        return Decision::Blocked {
+            reason: reason.clone(),
+        };
+    }
+    if !o.gate.enabled {
+        return Decision::Disabled {
+            version: desired,
+            level: o.gate.level,
+        };
+    }
+    if let Some(hold) = &o.hold {
+        return Decision::Held {
+            version: desired,
+            hold: hold.clone(),
+        };
+    }
+    if let Some(reason) = &o.rollout.unusable {
+        return Decision::RolloutUnusable {
+            version: desired,
+            reason: reason.clone(),
+        };
+    }
+    if let WindowState::Closed { opens_at } = o.rollout.window {
+        return Decision::OutsideWindow {
+            version: desired,
+            opens_at,
+        };
+    }
+    if let Some(f) = &o.failure
+        && f.version == desired
+        && !retry_now(f, o.gate_revisions)
+    {
+        let until = f.at + backoff(o.retry_interval, f.attempts).as_secs();
+        if o.now < until {
+            return Decision::Backoff {
+                version: desired,
+                until,
+            };
+        }
+    }
+    Decision::Upgrade { version: desired, why }
 }
 
 /// Whether the enable keys (their mod revisions `gate`) say "retry now" to the
@@ -428,6 +573,7 @@ mod tests {
             rollout: RolloutFacts::default(),
             rollout_revision: 0,
             result: None,
+            compose: ComposeFacts::default(),
         }
     }
 
@@ -910,6 +1056,8 @@ mod tests {
             version: v(version),
             ok,
             step: None,
+            service: None,
+            task: None,
             exit_code: None,
             message: None,
             run_dir: None,

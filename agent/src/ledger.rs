@@ -149,7 +149,7 @@ impl Ledger {
                 }
                 None => crate::report::commit(&self.store, ops).await?,
             };
-            if r.step == Step::Validated && r.ok {
+            if r.step == Step::Validated && r.ok && r.task.is_none() {
                 self.running_versions = Some(vec![r.version.clone()]);
             }
             // A run's failed report is in the store: from now on only an enable key
@@ -179,12 +179,15 @@ impl Ledger {
         } else {
             KeyOutcome::Failure
         };
+        let key = match &r.task {
+            Some(t) => self
+                .schema
+                .step_status(&t.rollout, &t.phase, &t.service, outcome, &self.host),
+            None => self.schema.status(r.step, outcome, &r.version, &self.host),
+        };
         let entry = uploads::Entry {
             object: object.clone(),
-            key: self
-                .schema
-                .status(r.step, outcome, &r.version, &self.host)
-                .to_string(),
+            key: key.to_string(),
             revision,
             result: r.result.as_ref().map(|res| uploads::ResultLink {
                 key: self.schema.result(&self.host).to_string(),
@@ -212,7 +215,7 @@ impl Ledger {
     fn settle_local_version(&mut self, i: usize) -> Option<String> {
         let vf = self.version_file.clone();
         let r = self.journal.unreported.get_mut(i)?;
-        if r.step != Step::Validated || !r.ok {
+        if r.step != Step::Validated || !r.ok || r.task.is_some() {
             return None;
         }
         if matches!(state::read_local_version(&vf), Ok(Some(v)) if v == r.version) {
@@ -274,11 +277,44 @@ impl Ledger {
         end: Option<&RunEnd<'_>>,
         close: Option<&RunClose>,
     ) -> Reported {
+        self.report_of(version, step, None, outcome, run_dir, result, end, close)
+            .await
+    }
+
+    /// Like `report_ending`, for one service's step of a composable rollout.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn report_task(
+        &mut self,
+        version: &Version,
+        task: state::TaskRef,
+        outcome: &Outcome,
+        run_dir: &Path,
+        result: Option<jio_common::values::HostResult>,
+        end: Option<&RunEnd<'_>>,
+        close: Option<&RunClose>,
+    ) -> Reported {
+        self.report_of(version, Step::Configured, Some(task), outcome, run_dir, result, end, close)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn report_of(
+        &mut self,
+        version: &Version,
+        step: Step,
+        task: Option<state::TaskRef>,
+        outcome: &Outcome,
+        run_dir: &Path,
+        result: Option<jio_common::values::HostResult>,
+        end: Option<&RunEnd<'_>>,
+        close: Option<&RunClose>,
+    ) -> Reported {
         let whole_run = end.is_some_and(|e| e.whole_run);
         let mut r = self
-            .pending_report(version, step, outcome, run_dir, whole_run)
+            .pending_report(version, step, task.as_ref(), outcome, run_dir, whole_run)
             .await;
         r.result = result;
+        r.task = task;
         self.journal.unreported.push(r);
         if let Some(c) = close {
             c.apply(&mut self.journal, outcome);
@@ -308,6 +344,7 @@ impl Ledger {
         &self,
         version: &Version,
         step: Step,
+        task: Option<&state::TaskRef>,
         outcome: &Outcome,
         run_dir: &Path,
         whole_run: bool,
@@ -326,20 +363,27 @@ impl Ledger {
             log: None,
             object: None,
             result: None,
+            task: None,
+        };
+        // What the log is of: the step, or the service's step.
+        let what = match task {
+            Some(t) => format!("{} {}", t.phase, t.service),
+            None => step.as_str().to_string(),
         };
         if self.logs {
             let header = format!(
-                "jio-agent run log: host {}, version {version}, {} {}{}, run {}",
+                "jio-agent run log: host {}, version {version}, {what} {}{}, run {}",
                 self.host,
-                step.as_str(),
                 if r.ok { "success" } else { "failure" },
                 reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                 run_dir.display()
             );
             // Up to a few times 16 MiB of output: copied off the async workers.
             let (state_dir, dir) = (self.state_dir.clone(), run_dir.to_path_buf());
-            let composed = tokio::task::spawn_blocking(move || {
-                compose_log(&state_dir, step, whole_run, at, &header, &dir)
+            let prefix = task.map(|t| format!("task-{}-{}-", t.phase, t.service));
+            let composed = tokio::task::spawn_blocking(move || match prefix {
+                Some(p) => compose_task_log(&state_dir, &p, at, &header, &dir),
+                None => compose_log(&state_dir, step, whole_run, at, &header, &dir),
             })
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
@@ -350,7 +394,7 @@ impl Ledger {
                         "{}/{version}/{}-{}.log",
                         self.host,
                         utc_stamp(at),
-                        step.as_str()
+                        what.replace(' ', "-")
                     ));
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot compose the run log; it will not be uploaded"),
@@ -394,6 +438,21 @@ fn compose_log(
     uploads::compose(state_dir, &id, header, &files)
 }
 
+/// One file holding a service step's task outputs (`<prefix>*` in the run
+/// directory, in the order the tasks ran), for upload.
+fn compose_task_log(state_dir: &Path, prefix: &str, at: u64, header: &str, run_dir: &Path) -> std::io::Result<PathBuf> {
+    let mut names: Vec<String> = std::fs::read_dir(run_dir)?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    let files: Vec<PathBuf> = names.iter().map(|n| run_dir.join(n)).collect();
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!("{}-{seq:06}-{}-{}", utc_stamp(at), std::process::id(), prefix.trim_end_matches('-'));
+    uploads::compose(state_dir, &id, header, &files)
+}
+
 /// The configure step's output files: the pre-commands' then Puppet's.
 fn configure_logs(run_dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(run_dir)
@@ -430,6 +489,8 @@ pub struct RunClose {
     pub gate_revisions: [jio_common::store::Revision; 3],
     /// The journal's failure before the run (applying twice counts once).
     pub previous: Option<state::Failure>,
+    /// A composable rollout's phase (`pre-1`, `finalize`): the last run's step.
+    pub phase: Option<String>,
 }
 
 impl RunClose {
@@ -450,7 +511,7 @@ impl RunClose {
             started: self.started,
             finished: self.ended,
             result,
-            step: self.step.as_str().into(),
+            step: self.phase.clone().unwrap_or_else(|| self.step.as_str().into()),
             reason,
             run_dir: self.run_dir.clone(),
         });

@@ -18,6 +18,7 @@ pub mod report;
 pub mod results;
 pub mod rundir;
 pub mod runner;
+pub mod services;
 pub mod state;
 pub mod steps;
 pub mod uploads;

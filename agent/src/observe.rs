@@ -19,7 +19,7 @@ use jio_common::store::{Compare, DynStore, KeyValue, Op, Revision, StoreError, W
 use jio_common::values::{HostResult, parse_json, parse_version};
 use jio_common::window;
 
-use crate::decide::{Health, Hold, Observation, RolloutFacts};
+use crate::decide::{ComposeFacts, Health, Hold, Observation, RolloutFacts};
 use crate::error::AgentError;
 use crate::state::{self, Journal};
 
@@ -55,7 +55,27 @@ impl Subject<'_> {
         keys.extend(self.gate_keys());
         keys.extend(self.hold_keys());
         keys.push(self.schema.current_rollout());
+        keys.extend(self.grant_keys());
         keys
+    }
+
+    /// The phase granted to the host's role and the finalize grant (composable
+    /// rollouts), in that order.
+    fn grant_keys(&self) -> [Key; 2] {
+        [self.schema.grant(self.role), self.schema.finalize_grant()]
+    }
+
+    /// The fence of a composable rollout's step: the start's, and the grants still
+    /// as read.
+    pub fn task_fence(&self, obs: &Observation) -> Vec<Compare> {
+        let mut c = self.start_fence(obs);
+        c.extend(
+            self.grant_keys()
+                .into_iter()
+                .zip(obs.compose.grant_revisions)
+                .map(|(k, rev)| Compare::ModRevision(k, rev)),
+        );
+        c
     }
 
     /// The compares on what every run decided on: the desired version and the
@@ -117,6 +137,8 @@ pub struct Memory<'a> {
     pub now: u64,
     /// The active rollout's parsed rules, by its id (see `RolloutCache`).
     pub rollout_cache: &'a mut RolloutCache,
+    /// The services' task files as read for this pass.
+    pub services: &'a crate::services::Services,
 }
 
 /// The active rollout's id and parsed rules, kept between passes: a record's rules
@@ -249,6 +271,7 @@ pub async fn observe(
     keys.extend(who.hold_keys());
     keys.push(who.schema.current_rollout());
     keys.push(who.schema.result(who.host));
+    keys.extend(who.grant_keys());
     let got = match view.values(&keys).filter(|_| !read) {
         Some(got) => got,
         None => {
@@ -262,8 +285,8 @@ pub async fn observe(
             got
         }
     };
-    let [desired, h, r, g, lock, host_hold, role_hold, current, result] =
-        <[_; 9]>::try_from(got).map_err(|_| {
+    let [desired, h, r, g, lock, host_hold, role_hold, current, result, grant, finalize] =
+        <[_; 11]>::try_from(got).map_err(|_| {
             AgentError::Store(StoreError::Rejected {
                 url: store.url().to_string(),
                 op: "get",
@@ -299,6 +322,14 @@ pub async fn observe(
         None => RolloutFacts::default(),
         Some(cur) => rollout_facts(store, who, cur, mem.now, mem.rollout_cache).await?,
     };
+    let compose = compose_facts(
+        who,
+        &rollout,
+        mem.rollout_cache.as_ref().map(|(_, r)| r),
+        [&grant, &finalize],
+        mem.journal,
+        mem.services,
+    );
     Ok(Observation {
         desired,
         desired_invalid,
@@ -320,7 +351,78 @@ pub async fn observe(
         // An unreadable result is overwritten by the next run; until then there is
         // no soak to check.
         result: result.as_ref().and_then(|kv| parse_json::<HostResult>(kv).ok()),
+        compose,
     })
+}
+
+/// What a composable rollout asks of this host: the phase granted to its role (or
+/// the finalize step granted to it) for the active rollout, and which of its
+/// services have tasks left in it (by its task files and its journal).
+fn compose_facts(
+    who: Subject<'_>,
+    rollout: &RolloutFacts,
+    rules: Option<&Rules>,
+    grants: [&Option<KeyValue>; 2],
+    journal: &Journal,
+    services: &crate::services::Services,
+) -> ComposeFacts {
+    use jio_common::compose::{FinalizeGrant, Grant, When};
+    let grant_revisions = grants.map(|kv| kv.as_ref().map_or(0, |kv| kv.mod_revision));
+    let mut f = ComposeFacts {
+        grant_revisions,
+        ..ComposeFacts::default()
+    };
+    let (Some(id), Some(c)) = (&rollout.id, rules.and_then(|r| r.compose.as_ref())) else {
+        return f;
+    };
+    f.active = true;
+    let mine = c.services_of(who.role);
+    let done = |phase: &str, s: &jio_common::names::Service| {
+        journal
+            .tasks
+            .as_ref()
+            .is_some_and(|t| &t.rollout == id && t.finished.contains(&format!("{phase}/{s}")))
+    };
+    // Left in a step: a service whose file has tasks there (or cannot be read:
+    // running it says why) and that did not finish it.
+    let left = |when: When, step: u32, phase: &str, among: &mut dyn Iterator<Item = &jio_common::names::Service>| {
+        among
+            .filter(|s| match services.get(s) {
+                Ok(file) => !file.tasks_at(when, step).is_empty(),
+                Err(_) => true,
+            })
+            .filter(|s| !done(phase, s))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    if let Some(g) = grants[0].as_ref().and_then(|kv| parse_json::<Grant>(kv).ok())
+        && &g.rollout == id
+    {
+        if let Some(when) = g.when() {
+            let granted: Vec<&jio_common::names::Service> =
+                mine.iter().filter(|s| g.services.contains(s)).collect();
+            f.left = left(when, g.step(), &g.phase, &mut granted.into_iter());
+        }
+        f.grant = Some(g);
+    }
+    if let Some(g) = grants[1].as_ref().and_then(|kv| parse_json::<FinalizeGrant>(kv).ok())
+        && &g.rollout == id
+        && &g.host == who.host
+    {
+        let all = c.all_services();
+        let with_finalize: Vec<&jio_common::names::Service> = all
+            .into_iter()
+            .filter(|s| services.get(s).is_ok_and(|f| !f.tasks_at(When::Finalize, 0).is_empty()))
+            .collect();
+        f.finalize_left = left(When::Finalize, 0, "finalize", &mut with_finalize.into_iter());
+        f.finalize = true;
+    }
+    f.failed_phase = journal
+        .tasks
+        .as_ref()
+        .filter(|t| &t.rollout == id)
+        .and_then(|t| t.failed.clone());
+    f
 }
 
 /// What the rollout `/rollouts/current` (as read: `cur`) names says for this host at

@@ -25,6 +25,17 @@ pub fn report_ops(schema: &Schema, host: &HostName, r: &PendingReport) -> Vec<Op
 /// The ops that put `r` in place of the host's other status entries for its version.
 pub fn status_ops(schema: &Schema, host: &HostName, r: &PendingReport) -> Vec<Op> {
     let outcome = if r.ok { Outcome::Success } else { Outcome::Failure };
+    if let Some(t) = &r.task {
+        // A service's step: its entry in place of the other one.
+        let other = if r.ok { Outcome::Failure } else { Outcome::Success };
+        return vec![
+            Op::put(
+                schema.step_status(&t.rollout, &t.phase, &t.service, outcome, host),
+                r.link.clone(),
+            ),
+            Op::Delete(schema.step_status(&t.rollout, &t.phase, &t.service, other, host)),
+        ];
+    }
     let mut ops = vec![Op::put(
         schema.status(r.step, outcome, &r.version, host),
         r.link.clone(),
@@ -85,7 +96,7 @@ pub async fn ops(
     known: Option<&[Version]>,
 ) -> Result<Vec<Op>, StoreError> {
     let mut ops = report_ops(schema, host, r);
-    if r.step == Step::Validated && r.ok {
+    if r.step == Step::Validated && r.ok && r.task.is_none() {
         let others = match known {
             Some(k) => k.to_vec(),
             None => running_versions_of(store, schema, host).await?,
@@ -243,6 +254,7 @@ mod tests {
             log: None,
             object: None,
             result: None,
+            task: None,
         };
         assert_eq!(
             keys(&report_ops(&s, &h(), &r)),
@@ -262,6 +274,8 @@ mod tests {
             version: v("v2"),
             ok: false,
             step: Some("validated".into()),
+            service: None,
+            task: None,
             exit_code: Some(1),
             message: Some("validation exited 1".into()),
             run_dir: Some("/runs/1".into()),
@@ -281,6 +295,7 @@ mod tests {
             log: None,
             object: None,
             result: Some(result.clone()),
+            task: None,
         };
         let ops = keys(&report_ops(&s, &h(), &r));
         assert_eq!(ops[0], "put /status/validated/failure/v2/compute1=http://swift/x");

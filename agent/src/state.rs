@@ -7,6 +7,7 @@
 
 use std::fs::File;
 use std::io::Write as _;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use jio_common::keys::Step;
@@ -173,6 +174,36 @@ pub struct PendingReport {
     /// run's last step, or of a failed soak).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<jio_common::values::HostResult>,
+    /// A service's step of a composable rollout (then `step` is unused): its
+    /// status entry is `/status/steps/<rollout>/<phase>/<service>/...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskRef>,
+}
+
+/// Which service's step a report is of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub rollout: String,
+    /// `pre-<k>`, `post-<k>` or `finalize`.
+    pub phase: String,
+    pub service: jio_common::names::Service,
+}
+
+/// What this host did of a composable rollout's steps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskJournal {
+    /// The rollout (its id): anything else is forgotten when another begins.
+    pub rollout: String,
+    /// Tasks that succeeded: `<phase>/<service>/<task name>`.
+    #[serde(default)]
+    pub done: BTreeSet<String>,
+    /// Services whose step succeeded: `<phase>/<service>`.
+    #[serde(default)]
+    pub finished: BTreeSet<String>,
+    /// The phase a task of this host failed in (cleared when that phase passes):
+    /// no later phase runs meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 mod step_serde {
@@ -219,6 +250,9 @@ pub struct Journal {
     pub last_run: Option<LastRun>,
     pub failure: Option<Failure>,
     pub unreported: Vec<PendingReport>,
+    /// A composable rollout's steps done on this host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TaskJournal>,
 }
 
 impl Journal {
@@ -293,6 +327,7 @@ mod tests {
                 log: None,
                 object: None,
                 result: None,
+                task: None,
             }],
             ..Journal::default()
         };

@@ -491,6 +491,7 @@ fn upgrade_args(version: &str, rules: &str) -> jioctl::upgrade::Args {
         json: false,
         quiet: true,
         timeout: None,
+        stages: Vec::new(),
     }
 }
 

@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use crate::compose::{Catalog, FinalizeGrant, Grant, StepStatus};
 use crate::gate::{self, Gate, GateKeys, KeyState};
 use crate::keys::{EnableLevel, HoldTarget, Key, Outcome, Parsed, Schema, Step};
-use crate::names::{HostName, Role, Version};
+use crate::names::{HostName, Role, Service, Version};
 use crate::roles::RolePattern;
 use crate::rollout::{RolloutId, RolloutRecord};
 use crate::store::{DynStore, KeyValue, LeaseId, Revision, StoreError};
@@ -114,6 +115,15 @@ pub struct Snapshot {
     /// The role of a host that has not registered: from its name, by this rule
     /// (the default is the agent's; `jioctl` sets its configured one).
     pub role_pattern: RolePattern,
+    /// Each host's service catalog (`/hosts/<host>/services`), or why it cannot be
+    /// read (naming the key).
+    pub catalogs: BTreeMap<HostName, Result<Catalog, String>>,
+    /// The phase granted to each role (`/steps/roles/<role>`), readable ones.
+    pub grants: BTreeMap<Role, Grant>,
+    /// The finalize grant (`/steps/finalize`), when readable.
+    pub finalize_grant: Option<FinalizeGrant>,
+    /// The step statuses of the active rollout: (phase, service, host) → status.
+    pub step_statuses: BTreeMap<(String, Service, HostName), StepStatus>,
 }
 
 impl Snapshot {
@@ -201,6 +211,7 @@ impl Snapshot {
             schema.current_rollout(),
             schema.drivers(),
             schema.holds(),
+            schema.steps(),
         ];
         let mut early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
         let record = Snapshot::rollout_record_key(schema, &early[2].kvs);
@@ -224,6 +235,14 @@ impl Snapshot {
             }
         }
         second.extend(record);
+        // The active rollout's step statuses (composable rollouts), with the other
+        // reports of the agents.
+        let current_id = early[2]
+            .kvs
+            .iter()
+            .find(|kv| kv.key == schema.current_rollout())
+            .and_then(|kv| RolloutId::parse(kv.value.trim()));
+        second.extend(current_id.map(|id| schema.step_statuses(id.as_str())));
         early.insert(0, locks);
         let mut late = futures_util::future::try_join_all(second.iter().map(|p| store.list(p))).await?;
         // The results after the versions: an agent reports a run's running version
@@ -279,6 +298,8 @@ pub struct LiveSnapshot {
     failures: BTreeMap<Key, (Version, HostName, Step, String, Revision)>,
     current_rollout: Option<KeyValue>,
     records: BTreeMap<String, KeyValue>,
+    /// Step statuses of every rollout read (the active one's are picked when settled).
+    step_statuses: BTreeMap<Key, (String, String, Service, HostName, StepStatus)>,
     /// The rollout or the failures must be worked out again.
     unsettled: bool,
 }
@@ -430,6 +451,41 @@ impl LiveSnapshot {
                 }
                 Err(e) => self.problem(&kv.key, e.to_string()),
             },
+            Some(Parsed::Catalog(h)) => {
+                let cat = parse_json::<Catalog>(kv).map_err(|e| e.to_string());
+                if let Err(e) = &cat {
+                    self.problem(&kv.key, e.clone());
+                }
+                self.snap.catalogs.insert(h, cat);
+            }
+            Some(Parsed::Grant(role)) => match parse_json::<Grant>(kv) {
+                Ok(g) => {
+                    self.snap.grants.insert(role, g);
+                }
+                Err(e) => self.problem(&kv.key, format!("{e} (no driver writes such a grant: its hosts run no phase)")),
+            },
+            Some(Parsed::FinalizeGrant) => match parse_json::<FinalizeGrant>(kv) {
+                Ok(g) => self.snap.finalize_grant = Some(g),
+                Err(e) => self.problem(&kv.key, e.to_string()),
+            },
+            Some(Parsed::StepStatus(id, phase, service, outcome, h)) => {
+                let value = crate::values::text(kv).map(str::to_string).unwrap_or_else(|e| e.to_string());
+                self.step_statuses.insert(
+                    kv.key.clone(),
+                    (
+                        id,
+                        phase,
+                        service,
+                        h,
+                        StepStatus {
+                            outcome,
+                            value,
+                            revision: kv.mod_revision,
+                        },
+                    ),
+                );
+                self.unsettled = true;
+            }
             None if kv.key.starts_with(&schema.holds()) => self.problem(
                 &kv.key,
                 format!(
@@ -509,6 +565,16 @@ impl LiveSnapshot {
             Some(Parsed::Driver(name)) => {
                 s.drivers.remove(name);
             }
+            Some(Parsed::Catalog(h)) => {
+                s.catalogs.remove(h);
+            }
+            Some(Parsed::Grant(role)) => {
+                s.grants.remove(role);
+            }
+            Some(Parsed::FinalizeGrant) => s.finalize_grant = None,
+            Some(Parsed::StepStatus(..)) => {
+                self.unsettled |= self.step_statuses.remove(key).is_some();
+            }
             _ => {}
         }
     }
@@ -530,6 +596,18 @@ impl LiveSnapshot {
                     if v == cur {
                         s.failures.insert(h.clone(), (*step, link.clone()));
                         s.failure_revisions.insert(h.clone(), *rev);
+                    }
+                }
+            }
+            // A service's step on a host has one entry; should both be there (a
+            // writer other than the agent), the newer one counts.
+            s.step_statuses.clear();
+            let id = self.current_rollout.as_ref().map(|kv| kv.value.trim().to_string());
+            for (rid, phase, service, h, st) in self.step_statuses.values() {
+                if Some(rid) == id.as_ref() {
+                    let k = (phase.clone(), service.clone(), h.clone());
+                    if s.step_statuses.get(&k).is_none_or(|old| old.revision < st.revision) {
+                        s.step_statuses.insert(k, st.clone());
                     }
                 }
             }

@@ -134,6 +134,15 @@ pub enum Parsed {
     Hold(HoldTarget),
     /// `/results/<host>`: how the host's last run ended.
     Result(HostName),
+    /// `/hosts/<host>/services`: the host's service catalog (composable rollouts).
+    Catalog(HostName),
+    /// `/steps/roles/<role>`: the phase granted to the role's hosts.
+    Grant(Role),
+    /// `/steps/finalize`: the host that runs the finalize tasks.
+    FinalizeGrant,
+    /// `/status/steps/<rollout>/<phase>/<service>/<outcome>/<host>`: one service's
+    /// step on one host (the rollout id and the phase as written).
+    StepStatus(String, String, crate::names::Service, Outcome, HostName),
 }
 
 /// What a hold keeps out: one host, or every host of a role.
@@ -165,6 +174,8 @@ const ROLLOUTS: &str = "/rollouts/";
 const DRIVERS: &str = "/drivers/";
 const HOLDS: &str = "/holds/";
 const RESULTS: &str = "/results/";
+const STEPS: &str = "/steps/";
+const STEP_STATUS: &str = "/status/steps/";
 
 /// The prefixes, under the namespace, that an agent writes: all the `jio-agent`
 /// etcd role of `packaging/etcd-roles.sh` may write (and the Consul policy of the
@@ -408,6 +419,54 @@ impl Schema {
         self.key(&[RESULTS, h.as_str()])
     }
 
+    /// A host's service catalog (`compose::Catalog`, JSON), written by its agent.
+    pub fn catalog(&self, h: &HostName) -> Key {
+        self.key(&[HOSTS, h.as_str(), "/services"])
+    }
+
+    /// Prefix of the phase grants of composable rollouts (written by the driver).
+    pub fn steps(&self) -> Key {
+        self.key(&[STEPS])
+    }
+
+    /// The phase granted to the hosts of `role` (`compose::Grant`, JSON).
+    pub fn grant(&self, role: &Role) -> Key {
+        self.key(&[STEPS, "roles/", role.as_str()])
+    }
+
+    /// The host that runs the finalize tasks (`compose::FinalizeGrant`, JSON).
+    pub fn finalize_grant(&self) -> Key {
+        self.key(&[STEPS, "finalize"])
+    }
+
+    /// Prefix of the step statuses of the rollout `id`.
+    pub fn step_statuses(&self, id: &str) -> Key {
+        self.key(&[STEP_STATUS, id, "/"])
+    }
+
+    /// One service's step (`pre-1`, `post-3`, `finalize`) on one host, in rollout `id`.
+    pub fn step_status(
+        &self,
+        id: &str,
+        phase: &str,
+        service: &crate::names::Service,
+        outcome: Outcome,
+        h: &HostName,
+    ) -> Key {
+        self.key(&[
+            STEP_STATUS,
+            id,
+            "/",
+            phase,
+            "/",
+            service.as_str(),
+            "/",
+            per_version_outcome(outcome),
+            "/",
+            h.as_str(),
+        ])
+    }
+
     /// Parses a key of this schema back into its parts; `None` for keys outside the
     /// schema or with invalid names (another tool's keys are ignored, not errors).
     pub fn parse(&self, key: &Key) -> Option<Parsed> {
@@ -432,6 +491,34 @@ impl Schema {
                 "host" => Some(Parsed::Enable(EnableLevel::Host(HostName::new(name).ok()?))),
                 _ => None,
             };
+        }
+        if let Some(r) = rest.strip_prefix(STEP_STATUS) {
+            let [id, phase, service, o, h] = split_n::<5>(r)?;
+            let outcome = match o {
+                "success" => Outcome::Success,
+                "failure" => Outcome::Failure,
+                _ => return None,
+            };
+            crate::compose::parse_phase(phase)?;
+            return Some(Parsed::StepStatus(
+                id.to_string(),
+                phase.to_string(),
+                crate::names::Service::new(service).ok()?,
+                outcome,
+                HostName::new(h).ok()?,
+            ));
+        }
+        if let Some(r) = rest.strip_prefix(STEPS) {
+            if r == "finalize" {
+                return Some(Parsed::FinalizeGrant);
+            }
+            let role = r.strip_prefix("roles/")?;
+            return Some(Parsed::Grant(Role::new(role).ok()?));
+        }
+        if let Some(r) = rest.strip_prefix(HOSTS)
+            && let Some(h) = r.strip_suffix("/services")
+        {
+            return Some(Parsed::Catalog(HostName::new(h).ok()?));
         }
         if let Some(r) = rest.strip_prefix(STATUS) {
             if let Some(p) = r.strip_prefix("provisioned/") {

@@ -154,6 +154,11 @@ name_type!(
     Interface,
     "interface"
 );
+name_type!(
+    /// A service of a composable rollout (`nova_compute`): the stem of its task file.
+    Service,
+    "service"
+);
 
 #[cfg(test)]
 mod tests {

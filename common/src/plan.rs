@@ -30,6 +30,9 @@ pub struct Context<'a> {
     /// The rollout being driven: its start, pause and canary phase. `None` plans as
     /// the original tool did (no canary phase, no soak window of its own).
     pub rollout: Option<&'a RolloutRecord>,
+    /// Admit by host keys only, never by opening a role key (a composable
+    /// rollout's phase: a role key would also start hosts left behind).
+    pub host_keys_only: bool,
 }
 
 /// Why a host is where it is, for people (`text`) and programs (`code`, `at`).
@@ -650,7 +653,8 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
             // canary phase limits it: open the role keys, clear their host keys.
             // (A role key would override the invalid key that blocks a host, start
             // a held or lost one, or start hosts outside a window.)
-            let all_fit = held == 0
+            let all_fit = !cx.host_keys_only
+                && held == 0
                 && lost == 0
                 && blocked == 0
                 && windows.is_empty()
@@ -1241,6 +1245,7 @@ mod tests {
             &Context {
                 now,
                 rollout: Some(&rec),
+                host_keys_only: false,
             },
         )
     }
@@ -1407,6 +1412,7 @@ mod tests {
             &Context {
                 now: 2010,
                 rollout: Some(&rec),
+                host_keys_only: false,
             },
         );
         assert_eq!(code(&p, "cp1"), Some(ReasonCode::Lost));
@@ -1455,6 +1461,7 @@ mod tests {
                 &Context {
                     now,
                     rollout: Some(&rec),
+                    host_keys_only: false,
                 },
             )
         };

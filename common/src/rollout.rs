@@ -132,6 +132,10 @@ pub struct RolloutRecord {
     /// `canary_soak` counts from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canaries_done_at: Option<u64>,
+    /// A composable rollout's stages started so far, in order (`jioctl upgrade
+    /// --stage`); empty: every stage (or not a composable rollout).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<String>,
 }
 
 /// A change the rollout's state does not allow, naming both.
@@ -161,6 +165,7 @@ impl RolloutRecord {
             changes: vec![change("running", by, now, None)],
             promoted: None,
             canaries_done_at: None,
+            stages: Vec::new(),
         }
     }
 

@@ -100,6 +100,8 @@ pub struct Rules {
     pub min_healthy_time: Option<Duration>,
     /// `windows`: when hosts may start (none: at any time).
     pub windows: Vec<Window>,
+    /// `roles_data`, `stages`, `finalize`: a composable rollout (seed 004).
+    pub compose: Option<crate::compose::Compose>,
 }
 
 /// The default `progress_deadline`.
@@ -119,6 +121,7 @@ impl Default for Rules {
             canary_soak: None,
             min_healthy_time: None,
             windows: Vec::new(),
+            compose: None,
         }
     }
 }
@@ -134,6 +137,9 @@ const TOP_KEYS: &[&str] = &[
     "canary_soak",
     "min_healthy_time",
     "windows",
+    "roles_data",
+    "stages",
+    "finalize",
 ];
 
 /// A count, or a percentage written as a string (`"25%"`, 1 to 100).
@@ -369,6 +375,7 @@ impl Rules {
                 other => errors.push(format!("windows: {other} must be a non-empty list of windows")),
             }
         }
+        rules.compose = crate::compose::Compose::parse(text, &top, &mut errors);
         if let Some(cycle) = find_cycle(&rules.order) {
             errors.push(format!("role_order has a cycle: {}", cycle.join(" -> ")));
         }
@@ -518,6 +525,9 @@ impl Rules {
                 "role_order has a cycle between groups: {}",
                 c.join(" -> ")
             ));
+        }
+        if let Some(c) = &self.compose {
+            c.resolve(roles, &mut errors, &mut warnings);
         }
         if !errors.is_empty() {
             return Err(RulesError(errors));

@@ -159,9 +159,16 @@ pub struct HostResult {
     pub version: Version,
     /// `true`: configured and validated.
     pub ok: bool,
-    /// The step that failed (`configured` or `validated`).
+    /// The step that failed (`configured` or `validated`; in a composable
+    /// rollout also `pre-<k>`, `post-<k>` or `finalize`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
+    /// The service whose task failed (composable rollouts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// The task that failed (composable rollouts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
     /// The failed command's exit code (none when it timed out or could not start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,

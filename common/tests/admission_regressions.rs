@@ -94,6 +94,7 @@ fn plan_of(snap: &Snapshot, rules: &str, rec: &RolloutRecord, now: u64) -> (Plan
         &Context {
             now,
             rollout: Some(rec),
+            host_keys_only: false,
         },
     );
     (p, hosts)

@@ -280,6 +280,7 @@ fn run(inp: &Input) -> (Plan, RolloutRecord) {
     let cx = Context {
         now: NOW,
         rollout: Some(&rec),
+        host_keys_only: false,
     };
     (plan(&snap, &statuses, &resolved, &cx), rec)
 }

@@ -120,11 +120,13 @@ pub enum Started {
 /// the desired version (with every enable key reset, when the version changes), the
 /// end of a replaced rollout and the clearing of an old emergency stop go in one
 /// transaction. `read` gives a fresh snapshot.
+#[allow(clippy::too_many_arguments)]
 pub async fn start<F, Fut>(
     store: &DynStore,
     schema: &Schema,
     version: &Version,
     rules: &serde_json::Value,
+    stages: &[String],
     now: impl Fn() -> u64,
     read: F,
 ) -> Result<Started, ChangeError>
@@ -134,10 +136,29 @@ where
 {
     let digest = rollout::digest(rules);
     let by = by();
+    let order = jio_common::rules::Rules::parse(&rules.to_string())
+        .ok()
+        .and_then(|r| r.compose)
+        .map(|c| c.stage_names())
+        .unwrap_or_default();
     for _ in 0..ATTEMPTS {
         let snap = read().await?;
         let replaces = match begin(&snap, version, &digest) {
-            Begin::Follow(r) => return Ok(Started::Follow(Box::new(r))),
+            Begin::Follow(r) => {
+                let Some(wider) = staged(&order, &r.stages, stages)? else {
+                    return Ok(Started::Follow(Box::new(r)));
+                };
+                // The same rollout goes on with more stages: its record says so,
+                // compared on what was read.
+                let cur = snap.rollout.as_ref();
+                let mut rec = r.clone();
+                rec.stages = wider;
+                let compares = compares_on(schema, cur);
+                if apply(store, schema, compares, vec![record_put(schema, &rec)]).await? {
+                    return Ok(Started::Follow(Box::new(rec)));
+                }
+                continue;
+            }
             Begin::Create { replaces } => replaces,
         };
         let ids = record_ids(store, schema).await?;
@@ -155,6 +176,9 @@ where
             &by,
             t,
         );
+        if let Some(st) = staged(&order, &[], stages)? {
+            record.stages = st;
+        }
         let mut stamp = t;
         while ids.contains(&record.id) {
             stamp += 1;
@@ -220,6 +244,48 @@ where
         }
     }
     Err(ChangeError::Moving)
+}
+
+/// The stages a composable rollout has after `jioctl upgrade --stage requested`
+/// (`order`: the rules' stages; `started`: the record's, empty when every stage
+/// is): `None` when nothing changes. A stage may start only once every stage
+/// written before it has started (or starts with it).
+fn staged(order: &[String], started: &[String], requested: &[String]) -> Result<Option<Vec<String>>, ChangeError> {
+    if order.is_empty() {
+        return Ok(None);
+    }
+    let all = started.is_empty() && requested.is_empty();
+    let have: Vec<&String> = if started.is_empty() && !all {
+        // A new rollout: nothing started yet.
+        Vec::new()
+    } else {
+        started.iter().collect()
+    };
+    let want: Vec<String> = order
+        .iter()
+        .filter(|s| requested.is_empty() || requested.contains(s) || have.contains(s))
+        .cloned()
+        .collect();
+    if let Some(pos) = order.iter().rposition(|s| want.contains(s)) {
+        let missing: Vec<&String> = order[..pos].iter().filter(|s| !want.contains(s)).collect();
+        if !missing.is_empty() {
+            return Err(ChangeError::Unusable(format!(
+                "--stage {}: stage {} comes first in the rules and is not started (give --stage {} too, or first)",
+                requested.join(","),
+                missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                missing[0]
+            )));
+        }
+    }
+    if want.len() == order.len() && started.is_empty() {
+        // Every stage: the record says nothing (as a rollout without --stage).
+        return Ok(None);
+    }
+    let want = if want.len() == order.len() { Vec::new() } else { want };
+    if want == started {
+        return Ok(None);
+    }
+    Ok(Some(want))
 }
 
 /// An operator's change of the current rollout.
@@ -422,6 +488,8 @@ pub fn end_ops(schema: &Schema, ended: &RolloutRecord, disarm: bool) -> Vec<Op> 
     }
     ops.push(record_put(schema, ended));
     ops.push(Op::Delete(schema.current_rollout()));
+    // A composable rollout's phase grants end with it.
+    ops.push(Op::DeletePrefix(schema.steps()));
     ops
 }
 
@@ -622,6 +690,7 @@ mod tests {
             &schema,
             &v("v2"),
             &rules,
+            &[],
             || now,
             || Snapshot::read(store, &schema),
         )

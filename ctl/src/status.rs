@@ -41,6 +41,11 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
     if let Some(p) = &adm.problem {
         out.insert("rules_problem".into(), json!(p));
     }
+    if let Some(c) = &adm.composed {
+        let (stages, finalize) = stages_json(c);
+        out.insert("stages".into(), stages);
+        out.insert("finalize".into(), finalize);
+    }
     out.insert("lock".into(), json!(snap.lock));
     out.insert("rollout".into(), rollout_json(snap));
     out.insert("drivers".into(), json!(snap.drivers));
@@ -105,6 +110,9 @@ pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str, now: u64) -> 
         s.push_str(&line);
         s.push('\n');
     }
+    if let Some(c) = &adm.composed {
+        s.push_str(&crate::render::stages(c));
+    }
     table(&mut s, hosts);
     explained(&mut s, hosts, &adm.reasons);
     s
@@ -133,6 +141,8 @@ fn window_line(p: &Plan) -> Option<String> {
 pub struct Admission {
     pub reasons: BTreeMap<HostName, Reason>,
     pub plan: Option<Plan>,
+    /// A composable rollout's stages and finalize step, as its driver sees them.
+    pub composed: Option<jio_common::compose::Composed>,
     /// The rollout's rules cannot be used for this fleet: why.
     pub problem: Option<String>,
 }
@@ -173,6 +183,7 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
                     return Admission {
                         reasons: BTreeMap::new(),
                         plan: None,
+                        composed: None,
                         problem,
                     };
                 }
@@ -182,9 +193,15 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
     let cx = PlanContext {
         now,
         rollout: if problem.is_some() { None } else { active },
+        host_keys_only: false,
     };
     let plan = plan::plan(snap, &hosts, &resolved, &cx);
     let mut reasons = plan.reasons.clone();
+    let composed = if problem.is_some() { None } else { composed(snap, &resolved, now) };
+    if let Some(c) = &composed {
+        // A composable rollout: each host's reason is its phase's.
+        reasons = c.plan.reasons.clone();
+    }
     for r in reasons.values_mut().filter(|r| r.code == ReasonCode::Admitted) {
         match (&unusable, active) {
             (Some(why), _) => {
@@ -202,8 +219,36 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
     Admission {
         reasons,
         plan: if problem.is_some() { None } else { Some(plan) },
+        composed,
         problem,
     }
+}
+
+/// The active composable rollout as its driver plans it now (`None`: no active
+/// rollout, or not a composable one).
+pub fn composed(
+    snap: &Snapshot,
+    resolved: &jio_common::rules::Resolved,
+    now: u64,
+) -> Option<jio_common::compose::Composed> {
+    let r = snap.rollout.as_ref()?.ok()?;
+    if !r.state.active() {
+        return None;
+    }
+    let rules = Rules::parse(&r.rules.to_string()).ok()?;
+    let c = rules.compose.as_ref()?;
+    let cx = PlanContext {
+        now,
+        rollout: Some(r),
+        host_keys_only: true,
+    };
+    Some(jio_common::compose::plan(snap, c, resolved, &cx))
+}
+
+/// A composable rollout's stages for JSON: `[{"name", "roles", "state", "phase",
+/// "taking_part", "finished", "phases", "hosts", "left_behind"}]`, and its finalize step.
+fn stages_json(c: &jio_common::compose::Composed) -> (Value, Value) {
+    (json!(c.stages), json!(c.finalize))
 }
 
 /// The version, the store, the lock holder, an emergency stop and the problems.
@@ -288,11 +333,13 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
             let cx = jio_common::plan::Context {
                 now: jio_common::time::unix_now(),
                 rollout: Some(r),
+                host_keys_only: false,
             };
             jio_common::rules::plan(snap, &hosts, &resolved, &cx)
         });
+    let composable = jio_common::rules::Rules::parse(&r.rules.to_string()).is_ok_and(|r| r.compose.is_some());
     match plan {
-        Ok(p) if jio_common::rules::waits_forever(&hosts, &p) && r.state.name() != "paused" => {
+        Ok(p) if !composable && jio_common::rules::waits_forever(&hosts, &p) && r.state.name() != "paused" => {
             out.push(format!(
                 "waiting forever: {}",
                 crate::render::waiting_line_forever(&hosts, &p)

@@ -72,6 +72,8 @@ pub struct Args {
     pub quiet: bool,
     /// `--timeout`: give up (exit `TIMED_OUT`) when the rollout has not finished by then.
     pub timeout: Option<Duration>,
+    /// `--stage`: the stages of a composable rollout to start (empty: every stage).
+    pub stages: Vec<String>,
 }
 
 /// Runs a rollout in-process (for programs that embed it), with the default role
@@ -107,7 +109,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
     }
     let clock: DynClock = std::sync::Arc::new(SystemClock);
     let started = tokio::select! {
-        s = rollouts::start(store, schema, &args.version, &args.rules_json, || clock.unix_now(), read) => s,
+        s = rollouts::start(store, schema, &args.version, &args.rules_json, &args.stages, || clock.unix_now(), read) => s,
         sig = interrupted() => return Err(Failure::new(
             signal_code(sig),
             format!("{sig}: stopped before the rollout was recorded; nothing was written"),
@@ -134,6 +136,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
             *r
         }
         Err(rollouts::ChangeError::Store(e)) => return Err(e.into()),
+        Err(rollouts::ChangeError::Unusable(e)) => return Err(Failure::usage(e)),
         Err(e) => return Err(Failure::new(exit::SOFTWARE, e.to_string())),
     };
     follow(store, schema, role_pattern, &record, args.mode, &args).await
@@ -270,6 +273,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
     let cx = jio_common::plan::Context {
         now: jio_common::time::unix_now(),
         rollout: None,
+        host_keys_only: false,
     };
     let first = rules::plan(&snap, &hosts, resolved, &cx);
     let waves = waves::simulate(&snap, resolved);
@@ -801,6 +805,7 @@ impl Driver<'_> {
         let cx = jio_common::plan::Context {
             now: self.o.clock.unix_now(),
             rollout: Some(rec),
+            host_keys_only: false,
         };
         Ok((rules::plan(snap, hosts, &resolved, &cx), rules, resolved))
     }
@@ -812,6 +817,9 @@ impl Driver<'_> {
         rec: &RolloutRecord,
         now: u64,
     ) -> Result<PassOutcome, PassError> {
+        if self.rules_of(rec).is_ok_and(|r| r.compose.is_some()) {
+            return self.compose_pass(snap, hosts, rec, now).await;
+        }
         let (plan, rules, resolved) = self.plan_of(snap, hosts, rec).map_err(PassError::Rules)?;
         if self.o.verbose {
             println!("pass at revision {}:", snap.revision);
@@ -970,6 +978,169 @@ impl Driver<'_> {
         }
     }
 
+    /// A composable rollout's pass: move a stage's phase on, admit the phase's
+    /// hosts, grant the finalize step, or end the rollout; otherwise wait.
+    async fn compose_pass(
+        &mut self,
+        snap: &Snapshot,
+        hosts: &[HostStatus],
+        rec: &RolloutRecord,
+        now: u64,
+    ) -> Result<PassOutcome, PassError> {
+        let rules = self.rules_of(rec).map_err(PassError::Rules)?;
+        let Some(c) = rules.compose.as_ref() else {
+            return Ok(PassOutcome::Replan);
+        };
+        let roles = hosts.iter().map(|h| h.role.clone()).collect();
+        let resolved = rules.resolve(&roles).map_err(PassError::Rules)?;
+        let cx = jio_common::plan::Context {
+            now,
+            rollout: Some(rec),
+            host_keys_only: true,
+        };
+        let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
+        if self.o.verbose {
+            println!("pass at revision {}:", snap.revision);
+            print!("{}", render::stages(&composed));
+            print!("{}", render::plan_table(&composed.plan));
+        }
+        if self.clock.0.as_ref() != Some(&rec.id) {
+            self.clock = (Some(rec.id.clone()), ProgressClock::default());
+        }
+        let progressed = self.clock.1.note(composed.progress, now);
+        self.wake_at = composed.plan.wake_at;
+        self.progress.update(hosts);
+        if composed.writes() {
+            let ops = writes::compose_ops(self.schema, &composed);
+            if let Some(end) = self.fenced(ops, snap).await? {
+                return Ok(end);
+            }
+            for (_, g) in composed.grants.iter().take(1) {
+                let services = if g.services.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({})",
+                        g.services.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                    )
+                };
+                self.note(&format!("stage {}: phase {}{services} begins", g.stage, g.phase));
+            }
+            if let Some(f) = &composed.finalize_grant {
+                self.note(&format!("finalize: granted to {}", f.host));
+            }
+            if composed.grants.is_empty()
+                && let Some(a) = render::admitted(&composed.plan)
+            {
+                self.note(&a);
+            }
+            return Ok(PassOutcome::Continue { waiting: None });
+        }
+        let by = "jioctl";
+        let end = |failed: &std::collections::BTreeMap<String, String>| rec.finish(failed.clone(), by, now);
+        match &composed.standing {
+            jio_common::compose::Standing::Finished { failed }
+            | jio_common::compose::Standing::Stopped { failed } => {
+                let stopped = matches!(composed.standing, jio_common::compose::Standing::Stopped { .. });
+                let Ok(mut ended) = end(failed) else {
+                    return Ok(PassOutcome::Replan);
+                };
+                if !composed.plan.held.is_empty()
+                    && let Some(ch) = ended.changes.last_mut()
+                {
+                    ch.reason = Some(format!(
+                        "held back (still at their version): {}",
+                        jio_common::values::host_list(&composed.plan.held)
+                    ));
+                }
+                if let Some(end) = self
+                    .fenced(rollouts::end_ops(self.schema, &ended, true), snap)
+                    .await?
+                {
+                    return Ok(end);
+                }
+                self.note(&format!(
+                    "rollout {} to {} {}{}",
+                    rec.id,
+                    rec.version,
+                    ended.state.name(),
+                    if stopped {
+                        format!(
+                            ": {} host(s) failed, more than max_failures {}",
+                            failed.len(),
+                            resolved.max_failures.of(hosts.len(), false)
+                        )
+                    } else {
+                        String::new()
+                    }
+                ));
+                for (h, why) in failed {
+                    self.note(&format!("  {h}: {why}"));
+                }
+                Ok(PassOutcome::Finished { failed: failed.len() })
+            }
+            jio_common::compose::Standing::StagesDone { not_started } => {
+                // Waiting for an operator by design: not stuck.
+                self.clock.1.since = now;
+                let line = format!(
+                    "every started stage is done; not started: {} (`jioctl upgrade {} --stage {}` continues this rollout)",
+                    not_started.join(", "),
+                    rec.version,
+                    not_started.first().map_or("", |s| s.as_str())
+                );
+                if self.o.target.is_some() {
+                    self.note(&line);
+                    return Ok(PassOutcome::StagesDone(not_started.clone()));
+                }
+                Ok(PassOutcome::Continue { waiting: Some(line) })
+            }
+            jio_common::compose::Standing::Moving => {
+                let line = render::compose_waiting(&composed);
+                match next::deadline(rec, &self.clock.1, progressed, rules.progress_deadline, now) {
+                    Deadline::Stuck => {
+                        let holding = composed
+                            .plan
+                            .reasons
+                            .iter()
+                            .filter(|(_, r)| !matches!(r.code, jio_common::plan::ReasonCode::WaitingFor))
+                            .map(|(h, r)| (h.to_string(), r.text.clone()))
+                            .collect();
+                        let Ok(stuck) = rec.stuck(holding, by, now) else {
+                            return Ok(PassOutcome::Replan);
+                        };
+                        if let Some(end) = self
+                            .fenced(rollouts::update_ops(self.schema, &stuck), snap)
+                            .await?
+                        {
+                            return Ok(end);
+                        }
+                        self.note(&format!(
+                            "rollout {} is stuck: nothing finished within its progress_deadline ({}); waiting for: {line}",
+                            rec.id,
+                            jio_common::duration::format(rules.progress_deadline)
+                        ));
+                        Ok(PassOutcome::Replan)
+                    }
+                    Deadline::Unstuck => {
+                        if let Some(r) = rec.unstuck(by, now)
+                            && let Some(end) =
+                                self.fenced(rollouts::update_ops(self.schema, &r), snap).await?
+                        {
+                            return Ok(end);
+                        }
+                        self.note(&format!("rollout {} moves again", rec.id));
+                        Ok(PassOutcome::Replan)
+                    }
+                    Deadline::Due(t) => {
+                        self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
+                        Ok(PassOutcome::Continue { waiting: Some(line) })
+                    }
+                    Deadline::None => Ok(PassOutcome::Continue { waiting: Some(line) }),
+                }
+            }
+        }
+    }
+
     async fn apply(&mut self, snap: &Snapshot, plan: &Plan) -> Result<PassOutcome, StoreError> {
         let ops = writes::plan_ops(self.schema, plan);
         if let Some(end) = self.fenced(ops, snap).await? {
@@ -1089,6 +1260,16 @@ impl Driver<'_> {
             self.finish().await?;
         }
         match ending {
+            Ending::StagesDone(left) => {
+                if !self.o.quiet {
+                    eprintln!(
+                        "jioctl: the stages of rollout {id} started so far are done; not started: {} (`jioctl upgrade {v} --stage {}` continues this rollout)",
+                        left.join(", "),
+                        left.first().map_or("", |s| s.as_str())
+                    );
+                }
+                Ok(())
+            }
             Ending::Applied | Ending::Finished { .. } => {
                 if code == exit::OK {
                     Ok(())

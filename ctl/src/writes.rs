@@ -151,6 +151,37 @@ pub fn plan_ops(schema: &Schema, plan: &Plan) -> Vec<Op> {
     ops
 }
 
+/// A composable rollout's pass, in a safe order: the enable keys of a stage
+/// whose phase moves on are deleted before its new grant is written (a prefix of
+/// the chunks never leaves a host enabled under a phase it was not admitted to),
+/// then the phase's admissions, then the finalize grant before its host's key.
+pub fn compose_ops(schema: &Schema, c: &jio_common::compose::Composed) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for h in &c.reset_hosts {
+        ops.push(Op::Delete(schema.enable(&EnableLevel::Host(h.clone()))));
+    }
+    for r in &c.reset_roles {
+        ops.push(Op::Delete(schema.enable(&EnableLevel::Role(r.clone()))));
+    }
+    for (role, g) in &c.grants {
+        ops.push(Op::put(schema.grant(role), serde_json::to_string(g).unwrap_or_default()));
+    }
+    if c.grants.is_empty() {
+        ops.extend(plan_ops(schema, &c.plan));
+    }
+    if let Some(f) = &c.finalize_grant {
+        ops.push(Op::put(
+            schema.finalize_grant(),
+            serde_json::to_string(f).unwrap_or_default(),
+        ));
+        ops.push(Op::put(
+            schema.enable(&EnableLevel::Host(f.host.clone())),
+            format_bool(true),
+        ));
+    }
+    ops
+}
+
 /// What became of a fenced write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced {

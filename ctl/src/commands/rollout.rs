@@ -202,6 +202,7 @@ async fn undo(ctx: &Context, detach: bool) -> Outcome {
         json: ctx.json,
         quiet: false,
         timeout: None,
+        stages: Vec::new(),
     };
     crate::upgrade::follow(
         &store,
@@ -218,18 +219,24 @@ async fn status(ctx: &Context) -> Outcome {
     let store = ctx.open(Access::Read).await?;
     let snap = ctx.snapshot_warned(&store).await?;
     let hosts = fleet::classify(&snap);
+    let now = jio_common::time::unix_now();
+    let composed = crate::status::admission(&snap, now).composed;
     if ctx.json {
         let last = match &snap.rollout {
             Some(_) => None,
             None => rollouts::last_record(&store, ctx.schema()).await?,
         };
-        let j = serde_json::json!({
+        let mut j = serde_json::json!({
             "rollout": crate::status::rollout_json(&snap),
             "last": last,
             "lock": snap.lock,
             "drivers": snap.drivers,
             "progress": crate::progress::counts(&hosts),
         });
+        if let Some(c) = &composed {
+            j["stages"] = serde_json::json!(c.stages);
+            j["finalize"] = serde_json::json!(c.finalize);
+        }
         println!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
@@ -263,6 +270,9 @@ async fn status(ctx: &Context) -> Outcome {
             );
         }
         say_driver(&snap, r);
+    }
+    if let Some(c) = &composed {
+        print!("{}", crate::render::stages(c));
     }
     for (role, c) in crate::progress::counts(&hosts) {
         println!("{}", crate::progress::plain_line(&role, &c));

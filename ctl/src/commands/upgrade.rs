@@ -39,11 +39,15 @@ pub struct Upgrade {
     /// Give up following (exit 5) when the rollout has not finished by then (e.g. 30m); the rollout itself goes on
     #[arg(long, value_parser = duration, conflicts_with_all = ["once", "detach"])]
     timeout: Option<Duration>,
+    /// A composable rollout: start (or continue the active rollout with) only these stages of the rules (repeat it, or give a comma-separated list); without it, every stage
+    #[arg(long, value_delimiter = ',')]
+    stage: Vec<String>,
 }
 
 impl Upgrade {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let (rules, rules_json) = load_rules(self.instructions, self.instructions_file)?;
+        check_stages(&rules, &self.stage)?;
         let store = ctx
             .open(if self.noop { Access::Read } else { Access::Write })
             .await?;
@@ -62,6 +66,7 @@ impl Upgrade {
             json: ctx.json,
             quiet: false,
             timeout: self.timeout,
+            stages: self.stage,
         };
         crate::upgrade::rollout(&store, ctx.schema(), &ctx.config.role_pattern, args).await
     }
@@ -87,6 +92,29 @@ pub fn load_rules(
     // Parsed strictly above, so it is one JSON object.
     let json = serde_json::from_str(&text).map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
     Ok((rules, json))
+}
+
+/// `--stage` names stages of the rules (which must be composable).
+fn check_stages(rules: &Rules, stages: &[String]) -> Result<(), Failure> {
+    if stages.is_empty() {
+        return Ok(());
+    }
+    let Some(c) = &rules.compose else {
+        return Err(Failure::usage(format!(
+            "--stage {}: the rules have no roles_data: stages belong to a composable rollout",
+            stages.join(",")
+        )));
+    };
+    let names = c.stage_names();
+    for s in stages {
+        if !names.contains(s) {
+            return Err(Failure::usage(format!(
+                "--stage {s}: the rules have no such stage (stages: {})",
+                names.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A duration as `30s`, `10m`, `2h`.

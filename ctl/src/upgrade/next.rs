@@ -250,6 +250,8 @@ pub enum PassOutcome {
     },
     /// Nothing pending or upgrading (the rollout was recorded done or failed).
     Finished { failed: usize },
+    /// A composable rollout's started stages are done; these are not started.
+    StagesDone(Vec<String>),
     /// Hosts are moving; `waiting` says on what, when nothing was admitted.
     Continue { waiting: Option<String> },
 }
@@ -299,6 +301,8 @@ pub enum Ending {
     Finished {
         failed: usize,
     },
+    /// The stages this composable rollout was started with are done; these are not.
+    StagesDone(Vec<String>),
     /// Stopped on failures.
     Stopped {
         failures: Vec<(HostName, KeyStep, String)>,
@@ -317,7 +321,7 @@ impl Ending {
     /// The documented exit code.
     pub fn code(&self) -> u8 {
         match self {
-            Ending::Applied | Ending::Finished { failed: 0 } => exit::OK,
+            Ending::Applied | Ending::Finished { failed: 0 } | Ending::StagesDone(_) => exit::OK,
             Ending::Finished { .. } | Ending::Stopped { .. } => exit::FAILED,
             Ending::Ended(r) => match r.as_deref().map(|r| &r.state) {
                 Some(RolloutState::Done) => exit::OK,
@@ -335,7 +339,7 @@ impl Ending {
     /// Whether the final status is shown.
     pub fn shows_status(&self) -> bool {
         match self {
-            Ending::Applied | Ending::Finished { .. } => true,
+            Ending::Applied | Ending::Finished { .. } | Ending::StagesDone(_) => true,
             Ending::Ended(r) => matches!(
                 r.as_deref().map(|r| &r.state),
                 Some(RolloutState::Done | RolloutState::Failed { .. })
@@ -392,6 +396,8 @@ pub fn next(observed: &Observed, s: &DriverState) -> Next {
                 failures: failures.clone(),
             }),
             PassOutcome::Finished { failed } => Next::End(Ending::Finished { failed: *failed }),
+            PassOutcome::StagesDone(_) if s.daemon => Next::Wait,
+            PassOutcome::StagesDone(left) => Next::End(Ending::StagesDone(left.clone())),
             PassOutcome::Continue { .. } if s.daemon => Next::Wait,
             PassOutcome::Continue { .. } if !s.follow => Next::End(Ending::Applied),
             PassOutcome::Continue { .. } if s.deadline_passed => Next::End(Ending::TimedOut(During::Waiting)),

@@ -1,0 +1,1458 @@
+//! Composable service upgrades (seed 004): the vocabulary both tools share, and
+//! the pure planner of a composable rollout.
+//!
+//! A composable rollout's rules carry a roles-data document (role → services), the
+//! stages (role lists, in the order written) and the finalize rule. Each host's
+//! agent publishes the catalog of its task files (`/hosts/<host>/services`): which
+//! services it has, at which `pre` and `post` steps they have tasks, what they run
+//! `after`, and whether they have finalize tasks. From those, a stage is a sequence
+//! of phases: its `pre` steps, `puppet`, its `post` steps, each step split by
+//! dependency level. The driver grants one phase at a time per stage
+//! (`/steps/roles/<role>`), admits the hosts taking part under the rolling rules,
+//! and grants the next phase only when every host taking part has finished the
+//! current one. Nothing here does I/O or reads the clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::fleet::{HostState, HostStatus, Snapshot, classify};
+use crate::keys::{Outcome, Step};
+use crate::names::{HostName, Role, Service};
+use crate::plan::{self, Context, Plan, Reason, ReasonCode};
+use crate::rules::Resolved;
+
+/// The composable part of the rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compose {
+    /// `roles_data`: role → the services it runs, roles in the order written.
+    pub roles_data: Vec<(Role, Vec<Service>)>,
+    /// `stages`: stage → its roles, in the order written (empty: one stage `all`).
+    pub stages: Vec<(String, Vec<Role>)>,
+    /// `finalize.role`: whose first healthy host runs the finalize tasks.
+    pub finalize_role: Option<Role>,
+}
+
+/// The name of the one stage of a composable rollout without `stages`.
+pub const ALL: &str = "all";
+
+impl Compose {
+    /// The services `role` runs (none when roles-data does not list it).
+    pub fn services_of(&self, role: &Role) -> &[Service] {
+        self.roles_data
+            .iter()
+            .find(|(r, _)| r == role)
+            .map_or(&[], |(_, s)| s.as_slice())
+    }
+
+    /// Every service of the roles-data document.
+    pub fn all_services(&self) -> BTreeSet<&Service> {
+        self.roles_data.iter().flat_map(|(_, s)| s.iter()).collect()
+    }
+
+    /// The stages with their roles, for a fleet with `roles`: without `stages`, one
+    /// stage `all` holding every role.
+    pub fn stages_for(&self, roles: &BTreeSet<Role>) -> Vec<(String, Vec<Role>)> {
+        if self.stages.is_empty() {
+            vec![(ALL.to_string(), roles.iter().cloned().collect())]
+        } else {
+            self.stages.clone()
+        }
+    }
+
+    /// The names of every stage, in order.
+    pub fn stage_names(&self) -> Vec<String> {
+        if self.stages.is_empty() {
+            vec![ALL.to_string()]
+        } else {
+            self.stages.iter().map(|(s, _)| s.clone()).collect()
+        }
+    }
+
+    /// The stage `role` belongs to.
+    pub fn stage_of(&self, role: &Role) -> Option<String> {
+        if self.stages.is_empty() {
+            return Some(ALL.to_string());
+        }
+        self.stages
+            .iter()
+            .find(|(_, roles)| roles.contains(role))
+            .map(|(s, _)| s.clone())
+    }
+
+    /// The role whose first healthy host runs the finalize tasks: `finalize.role`,
+    /// else the first role of the first stage, else the first role of roles-data.
+    pub fn finalize_role(&self) -> Option<Role> {
+        self.finalize_role
+            .clone()
+            .or_else(|| self.stages.first().and_then(|(_, r)| r.first().cloned()))
+            .or_else(|| self.roles_data.first().map(|(r, _)| r.clone()))
+    }
+
+    /// Parses `roles_data`, `stages` and `finalize` of the rules' JSON `top` (the
+    /// order of `stages` and `roles_data` from `text`, as written). `None` without
+    /// `roles_data` (then `stages` and `finalize` are errors).
+    pub fn parse(text: &str, top: &serde_json::Map<String, Value>, errors: &mut Vec<String>) -> Option<Compose> {
+        let order = key_order(text);
+        let Some(rd) = top.get("roles_data") else {
+            for k in ["stages", "finalize"] {
+                if top.contains_key(k) {
+                    errors.push(format!("{k} is given without roles_data: it is part of a composable rollout"));
+                }
+            }
+            return None;
+        };
+        let mut c = Compose {
+            roles_data: Vec::new(),
+            stages: Vec::new(),
+            finalize_role: None,
+        };
+        match rd {
+            Value::Object(o) => {
+                for r in ordered(o, &order.roles_data) {
+                    let path = format!("roles_data.{r}");
+                    let Ok(role) = Role::new(r.as_str()) else {
+                        errors.push(format!("{path}: {}", Role::new(r.as_str()).unwrap_err()));
+                        continue;
+                    };
+                    let mut services: Vec<Service> = Vec::new();
+                    match &o[&r] {
+                        Value::Array(a) => {
+                            for s in a {
+                                match s.as_str().map(Service::new) {
+                                    Some(Ok(s)) if services.contains(&s) => {
+                                        errors.push(format!("{path}: service {s} is listed twice"))
+                                    }
+                                    Some(Ok(s)) => services.push(s),
+                                    Some(Err(e)) => errors.push(format!("{path}: {e}")),
+                                    None => errors.push(format!("{path}: {s} is not a service name")),
+                                }
+                            }
+                        }
+                        other => errors.push(format!("{path}: {other} must be a list of service names")),
+                    }
+                    c.roles_data.push((role, services));
+                }
+                if o.is_empty() {
+                    errors.push("roles_data: {} names no role".into());
+                }
+            }
+            other => errors.push(format!("roles_data: {other} must be an object of roles")),
+        }
+        if let Some(st) = top.get("stages") {
+            match st {
+                Value::Object(o) if !o.is_empty() => {
+                    let mut seen: BTreeMap<Role, String> = BTreeMap::new();
+                    for s in ordered(o, &order.stages) {
+                        let path = format!("stages.{s}");
+                        if let Err(e) = Role::new(s.as_str()) {
+                            errors.push(format!("{path}: invalid stage name: {}", e.rule));
+                            continue;
+                        }
+                        let mut roles = Vec::new();
+                        match &o[&s] {
+                            Value::Array(a) if !a.is_empty() => {
+                                for r in a {
+                                    match r.as_str().map(Role::new) {
+                                        Some(Ok(r)) => {
+                                            if let Some(other) = seen.insert(r.clone(), s.clone()) {
+                                                errors.push(format!(
+                                                    "{path}: role {r} is already in stage {other}: a role belongs to one stage"
+                                                ));
+                                            } else {
+                                                roles.push(r);
+                                            }
+                                        }
+                                        Some(Err(e)) => errors.push(format!("{path}: {e}")),
+                                        None => errors.push(format!("{path}: {r} is not a role")),
+                                    }
+                                }
+                            }
+                            other => errors.push(format!("{path}: {other} must be a non-empty list of roles")),
+                        }
+                        c.stages.push((s.clone(), roles));
+                    }
+                }
+                other => errors.push(format!(
+                    "stages: {other} must be an object of stages (stage name → its roles)"
+                )),
+            }
+        }
+        if let Some(f) = top.get("finalize") {
+            match f {
+                Value::Object(o) => {
+                    for (k, v) in o {
+                        match (k.as_str(), v.as_str()) {
+                            ("role", Some(r)) => match Role::new(r) {
+                                Ok(r) => c.finalize_role = Some(r),
+                                Err(e) => errors.push(format!("finalize.role: {e}")),
+                            },
+                            ("role", None) => errors.push(format!("finalize.role: {v} must be a role name")),
+                            (other, _) => errors.push(format!("finalize: unknown key {other:?} (allowed: role)")),
+                        }
+                    }
+                }
+                other => errors.push(format!("finalize: {other} must be an object such as {{\"role\": \"controller\"}}")),
+            }
+        }
+        for k in ["canary", "canary_soak", "min_healthy_time"] {
+            if top.contains_key(k) {
+                errors.push(format!(
+                    "{k} cannot be used with roles_data: a composable rollout moves every host of a stage in lockstep"
+                ));
+            }
+        }
+        Some(c)
+    }
+
+    /// Checks the document against the fleet's roles: every role in one stage, the
+    /// finalize role present. Problems are errors; names without hosts are warnings.
+    pub fn resolve(&self, roles: &BTreeSet<Role>, errors: &mut Vec<String>, warnings: &mut Vec<String>) {
+        if !self.stages.is_empty() {
+            for r in roles {
+                if self.stage_of(r).is_none() {
+                    errors.push(format!(
+                        "stages: role {r} has hosts but is in no stage (stages: {})",
+                        self.stage_names().join(", ")
+                    ));
+                }
+            }
+            for (s, rs) in &self.stages {
+                for r in rs.iter().filter(|r| !roles.contains(*r)) {
+                    warnings.push(format!("stages.{s} names role {r}, which has no hosts"));
+                }
+            }
+        }
+        for (r, _) in &self.roles_data {
+            if !roles.contains(r) {
+                warnings.push(format!("roles_data names role {r}, which has no hosts"));
+            }
+        }
+        if let Some(r) = self.finalize_role()
+            && !roles.contains(&r)
+        {
+            errors.push(format!("finalize.role: role {r} has no hosts to run the finalize tasks"));
+        }
+    }
+}
+
+/// The order in which `roles_data` and `stages` name their keys in the text.
+#[derive(Default)]
+struct KeyOrder {
+    roles_data: Vec<String>,
+    stages: Vec<String>,
+}
+
+fn key_order(text: &str) -> KeyOrder {
+    struct Keys(Vec<String>);
+    impl<'de> Deserialize<'de> for Keys {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Keys, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Keys;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Keys, A::Error> {
+                    let mut keys = Vec::new();
+                    while let Some(k) = m.next_key::<String>()? {
+                        m.next_value::<serde::de::IgnoredAny>()?;
+                        keys.push(k);
+                    }
+                    Ok(Keys(keys))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    #[derive(Deserialize)]
+    struct Top {
+        #[serde(default)]
+        roles_data: Option<Keys>,
+        #[serde(default)]
+        stages: Option<Keys>,
+    }
+    match serde_json::from_str::<Top>(text) {
+        Ok(t) => KeyOrder {
+            roles_data: t.roles_data.map(|k| k.0).unwrap_or_default(),
+            stages: t.stages.map(|k| k.0).unwrap_or_default(),
+        },
+        Err(_) => KeyOrder::default(),
+    }
+}
+
+/// The keys of `o` in the order `order` gives (any it misses after, sorted).
+fn ordered(o: &serde_json::Map<String, Value>, order: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = order.iter().filter(|k| o.contains_key(*k)).cloned().collect();
+    out.dedup();
+    for k in o.keys() {
+        if !out.contains(k) {
+            out.push(k.clone());
+        }
+    }
+    out
+}
+
+/// When a task runs, relative to the host's Puppet run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum When {
+    Pre,
+    Post,
+    Finalize,
+}
+
+impl When {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            When::Pre => "pre",
+            When::Post => "post",
+            When::Finalize => "finalize",
+        }
+    }
+}
+
+/// What one service's task file says, as its host publishes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSteps {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<Service>,
+    /// Steps with `pre` tasks, ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre: Vec<u32>,
+    /// Steps with `post` tasks, ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post: Vec<u32>,
+    /// It has finalize tasks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finalize: bool,
+}
+
+impl ServiceSteps {
+    /// Whether it has tasks at `step` of `when`.
+    pub fn has(&self, when: When, step: u32) -> bool {
+        match when {
+            When::Pre => self.pre.contains(&step),
+            When::Post => self.post.contains(&step),
+            When::Finalize => self.finalize,
+        }
+    }
+}
+
+/// A host's service catalog, `/hosts/<host>/services`, written by its agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Catalog {
+    /// The directory of its task files.
+    pub dir: String,
+    pub services: BTreeMap<Service, ServiceSteps>,
+    /// Task files that cannot be used, by service: why (naming the file).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub problems: BTreeMap<Service, String>,
+    /// The directory itself cannot be read: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One phase of a stage. Phases sort in the order they run.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PhaseKey {
+    /// 0: pre, 1: puppet, 2: post.
+    pub rank: u8,
+    pub step: u32,
+    /// The dependency level of its services (`after`).
+    pub level: u32,
+}
+
+/// A phase: a step (or the Puppet run) and the services whose tasks run in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    pub key: PhaseKey,
+    /// Empty for `puppet`.
+    pub services: Vec<Service>,
+}
+
+impl Phase {
+    pub fn puppet() -> Phase {
+        Phase {
+            key: PhaseKey {
+                rank: 1,
+                step: 0,
+                level: 0,
+            },
+            services: Vec::new(),
+        }
+    }
+
+    pub fn is_puppet(&self) -> bool {
+        self.key.rank == 1
+    }
+
+    pub fn when(&self) -> Option<When> {
+        match self.key.rank {
+            0 => Some(When::Pre),
+            2 => Some(When::Post),
+            _ => None,
+        }
+    }
+
+    /// `pre-1`, `puppet`, `post-3`: the name in grants and status keys.
+    pub fn name(&self) -> String {
+        phase_name(self.when(), self.key.step)
+    }
+
+    /// The name and its services, for people.
+    pub fn describe(&self) -> String {
+        if self.is_puppet() {
+            "puppet".into()
+        } else {
+            format!(
+                "{} ({})",
+                self.name(),
+                self.services.iter().map(Service::as_str).collect::<Vec<_>>().join(", ")
+            )
+        }
+    }
+}
+
+/// The name of a phase of `when` (`None`: puppet) at `step`.
+pub fn phase_name(when: Option<When>, step: u32) -> String {
+    match when {
+        None => "puppet".into(),
+        Some(When::Finalize) => "finalize".into(),
+        Some(w) => format!("{}-{step}", w.as_str()),
+    }
+}
+
+/// Parses a phase name (`pre-2`, `puppet`, `post-3`, `finalize`).
+pub fn parse_phase(s: &str) -> Option<(Option<When>, u32)> {
+    match s {
+        "puppet" => return Some((None, 0)),
+        "finalize" => return Some((Some(When::Finalize), 0)),
+        _ => {}
+    }
+    let (w, n) = s.split_once('-')?;
+    let when = match w {
+        "pre" => When::Pre,
+        "post" => When::Post,
+        _ => return None,
+    };
+    let n: u32 = n.parse().ok().filter(|n| *n > 0)?;
+    (n.to_string() == *n.to_string()).then_some((Some(when), n))
+}
+
+/// The phase granted to a role's hosts: `/steps/roles/<role>`, written by the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    pub rollout: String,
+    pub stage: String,
+    /// `pre-<k>`, `puppet` or `post-<k>`.
+    pub phase: String,
+    /// The services whose tasks run in it (empty for `puppet`).
+    #[serde(default)]
+    pub services: Vec<Service>,
+    /// Its place among the stage's phases (dependency level of its services).
+    #[serde(default)]
+    pub level: u32,
+}
+
+impl Grant {
+    /// Its phase's sort key (`None`: not a phase name).
+    pub fn key(&self) -> Option<PhaseKey> {
+        let (when, step) = parse_phase(&self.phase)?;
+        let rank = match when {
+            Some(When::Pre) => 0,
+            None => 1,
+            Some(When::Post) => 2,
+            Some(When::Finalize) => return None,
+        };
+        Some(PhaseKey {
+            rank,
+            step,
+            level: self.level,
+        })
+    }
+
+    pub fn when(&self) -> Option<When> {
+        parse_phase(&self.phase).and_then(|(w, _)| w)
+    }
+
+    pub fn step(&self) -> u32 {
+        parse_phase(&self.phase).map_or(0, |(_, s)| s)
+    }
+
+    fn of(rollout: &str, stage: &str, p: &Phase) -> Grant {
+        Grant {
+            rollout: rollout.to_string(),
+            stage: stage.to_string(),
+            phase: p.name(),
+            services: p.services.clone(),
+            level: p.key.level,
+        }
+    }
+}
+
+/// The host that runs the finalize tasks: `/steps/finalize`, written by the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinalizeGrant {
+    pub rollout: String,
+    pub host: HostName,
+}
+
+/// One service's step on one host, from `/status/steps/<rollout>/<phase>/<service>/...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepStatus {
+    pub outcome: Outcome,
+    /// The log link, or the reason.
+    pub value: String,
+    pub revision: crate::store::Revision,
+}
+
+/// Each service's dependency level: 0 for a service that runs after nothing, else
+/// one more than the highest level of the services it runs after. An error names a
+/// cycle.
+pub fn levels(graph: &BTreeMap<Service, BTreeSet<Service>>) -> Result<BTreeMap<Service, u32>, String> {
+    fn visit(
+        s: &Service,
+        graph: &BTreeMap<Service, BTreeSet<Service>>,
+        stack: &mut Vec<Service>,
+        out: &mut BTreeMap<Service, u32>,
+    ) -> Result<u32, String> {
+        if let Some(l) = out.get(s) {
+            return Ok(*l);
+        }
+        if let Some(pos) = stack.iter().position(|x| x == s) {
+            let mut c: Vec<&str> = stack[pos..].iter().map(Service::as_str).collect();
+            c.push(s.as_str());
+            return Err(format!("the services' `after` form a cycle: {}", c.join(" -> ")));
+        }
+        stack.push(s.clone());
+        let mut level = 0;
+        for d in graph.get(s).into_iter().flatten() {
+            level = level.max(visit(d, graph, stack, out)? + 1);
+        }
+        stack.pop();
+        out.insert(s.clone(), level);
+        Ok(level)
+    }
+    let mut out = BTreeMap::new();
+    for s in graph.keys() {
+        visit(s, graph, &mut Vec::new(), &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The `after` graph of the rollout's services, from every host's catalog (an
+/// `after` naming a service the rollout does not run is no constraint).
+pub fn graph(c: &Compose, snap: &Snapshot) -> BTreeMap<Service, BTreeSet<Service>> {
+    let all = c.all_services();
+    let mut g: BTreeMap<Service, BTreeSet<Service>> = all.iter().map(|s| ((*s).clone(), BTreeSet::new())).collect();
+    for cat in snap.catalogs.values().filter_map(|c| c.as_ref().ok()) {
+        for (s, steps) in &cat.services {
+            if let Some(deps) = g.get_mut(s) {
+                deps.extend(steps.after.iter().filter(|d| all.contains(d) && *d != s).cloned());
+            }
+        }
+    }
+    g
+}
+
+/// A host's services with their steps, as its catalog says: `Err` when it cannot
+/// take part (no catalog, a service without a usable task file), naming why.
+fn host_services(
+    c: &Compose,
+    snap: &Snapshot,
+    h: &HostName,
+    role: &Role,
+) -> Result<Vec<(Service, ServiceSteps)>, String> {
+    let services = c.services_of(role);
+    if services.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cat = match snap.catalogs.get(h) {
+        None => {
+            return Err(format!(
+                "no service catalog (/hosts/{h}/services): its agent has not published its task files (an agent older than composable rollouts?)"
+            ));
+        }
+        Some(Err(e)) => return Err(e.clone()),
+        Some(Ok(cat)) => cat,
+    };
+    if let Some(e) = &cat.error {
+        return Err(e.clone());
+    }
+    let mut out = Vec::new();
+    for s in services {
+        if let Some(p) = cat.problems.get(s) {
+            return Err(format!("service {s}: {p}"));
+        }
+        match cat.services.get(s) {
+            Some(steps) => out.push((s.clone(), steps.clone())),
+            None => {
+                return Err(format!(
+                    "service {s} (roles_data for role {role}) has no task file on it ({}/{s}.toml)",
+                    cat.dir
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The phases of a stage whose hosts run `services` (host → its services and
+/// steps): every `pre` step in ascending order, split by dependency level, then
+/// `puppet`, then the `post` steps likewise.
+pub fn sequence(
+    hosts: &BTreeMap<HostName, Vec<(Service, ServiceSteps)>>,
+    levels: &BTreeMap<Service, u32>,
+) -> Vec<Phase> {
+    let mut by: BTreeMap<PhaseKey, BTreeSet<Service>> = BTreeMap::new();
+    for services in hosts.values() {
+        for (s, steps) in services {
+            let level = levels.get(s).copied().unwrap_or(0);
+            for (rank, list) in [(0u8, &steps.pre), (2u8, &steps.post)] {
+                for step in list {
+                    by.entry(PhaseKey {
+                        rank,
+                        step: *step,
+                        level,
+                    })
+                    .or_default()
+                    .insert(s.clone());
+                }
+            }
+        }
+    }
+    by.insert(Phase::puppet().key, BTreeSet::new());
+    by.into_iter()
+        .map(|(key, services)| Phase {
+            key,
+            services: services.into_iter().collect(),
+        })
+        .collect()
+}
+
+/// A stage as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StageView {
+    pub name: String,
+    pub roles: Vec<Role>,
+    /// `not_started`, `waiting` (an earlier stage is not done), `blocked` (a host
+    /// cannot take part), `running`, `done`.
+    pub state: &'static str,
+    /// The phase going on (`running`): its name and services.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Hosts taking part in that phase, and how many finished it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taking_part: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished: Option<usize>,
+    /// Its phases, in order.
+    pub phases: Vec<String>,
+    /// Hosts of the stage.
+    pub hosts: usize,
+    /// Hosts left behind (failed, or held while their phase went on).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub left_behind: BTreeMap<HostName, String>,
+}
+
+/// The finalize step as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FinalizeView {
+    /// `waiting` (stages not done), `running`, `done`, `failed`, `none` (no task).
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostName>,
+    pub services: Vec<Service>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// How the rollout stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// A stage moves (admit, or wait for hosts in flight).
+    Moving,
+    /// Every started stage is done; these stages are not started.
+    StagesDone { not_started: Vec<String> },
+    /// Every stage and the finalize step are done: the rollout ends (failed when
+    /// hosts failed or were left behind failing).
+    Finished { failed: BTreeMap<String, String> },
+    /// More failures than `max_failures`.
+    Stopped { failed: BTreeMap<String, String> },
+}
+
+/// What a driver's pass does in a composable rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Composed {
+    /// Admissions of the phase going on (host keys only) and a reason for every
+    /// host that is not done.
+    pub plan: Plan,
+    pub stages: Vec<StageView>,
+    pub finalize: FinalizeView,
+    /// Grants to write (the phase moved on), by role; the enable keys of
+    /// `reset_hosts` and `reset_roles` are deleted in the same transaction.
+    pub grants: Vec<(Role, Grant)>,
+    pub reset_hosts: Vec<HostName>,
+    pub reset_roles: Vec<Role>,
+    /// The finalize grant to write, with its host's enable key set to true.
+    pub finalize_grant: Option<FinalizeGrant>,
+    pub standing: Standing,
+    /// Host-phases finished so far (the progress deadline counts from a change).
+    pub progress: usize,
+    /// The statuses the plan was made on (the phase's hosts), for the progress view.
+    pub hosts: Vec<HostStatus>,
+}
+
+impl Composed {
+    /// Whether the pass writes anything.
+    pub fn writes(&self) -> bool {
+        !self.plan.is_empty() || !self.grants.is_empty() || self.finalize_grant.is_some()
+    }
+}
+
+fn reason(code: ReasonCode, text: String) -> Reason {
+    Reason { code, text, at: None }
+}
+
+/// A host's progress in one task phase: done, failed (the status's value and
+/// revision), or neither.
+enum Progress {
+    Done,
+    Failed(String, crate::store::Revision),
+    Open,
+}
+
+fn task_progress(snap: &Snapshot, h: &HostName, phase: &str, services: &[&Service]) -> Progress {
+    let mut done = true;
+    for s in services {
+        match snap.step_statuses.get(&(phase.to_string(), (*s).clone(), h.clone())) {
+            Some(st) if st.outcome == Outcome::Success => {}
+            Some(st) => return Progress::Failed(format!("service {s}: {}", st.value), st.revision),
+            None => done = false,
+        }
+    }
+    if done { Progress::Done } else { Progress::Open }
+}
+
+/// Plans one pass of the composable rollout `cx.rollout` (whose rules hold `c`),
+/// resolved as `r`. Pure.
+pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Composed {
+    let all = classify(snap);
+    let mut out = Composed {
+        plan: Plan::default(),
+        stages: Vec::new(),
+        finalize: FinalizeView {
+            state: "waiting",
+            host: None,
+            services: Vec::new(),
+            reason: None,
+        },
+        grants: Vec::new(),
+        reset_hosts: Vec::new(),
+        reset_roles: Vec::new(),
+        finalize_grant: None,
+        standing: Standing::Moving,
+        progress: 0,
+        hosts: Vec::new(),
+    };
+    let Some(rec) = cx.rollout else {
+        return out;
+    };
+    let id = rec.id.to_string();
+    let Some(cur) = snap.current.clone() else {
+        return out;
+    };
+    let roles: BTreeSet<Role> = all.iter().map(|h| h.role.clone()).collect();
+    let stages = c.stages_for(&roles);
+    let started: Vec<String> = if rec.stages.is_empty() {
+        c.stage_names()
+    } else {
+        rec.stages.clone()
+    };
+    let total = all.len();
+    let max_failures = r.max_failures.of(total, false);
+    let lv = match levels(&graph(c, snap)) {
+        Ok(l) => l,
+        Err(e) => {
+            for h in &all {
+                out.plan.reasons.insert(
+                    h.host.clone(),
+                    reason(ReasonCode::Blocked, format!("blocked: {e} (fix the task files' `after`)")),
+                );
+            }
+            out.stages = stages
+                .iter()
+                .map(|(s, roles)| StageView {
+                    name: s.clone(),
+                    roles: roles.clone(),
+                    state: "waiting",
+                    phase: None,
+                    taking_part: None,
+                    finished: None,
+                    phases: Vec::new(),
+                    hosts: 0,
+                    left_behind: BTreeMap::new(),
+                })
+                .collect();
+            return out;
+        }
+    };
+    let mut failed_all: BTreeMap<String, String> = BTreeMap::new();
+    let mut active: Option<usize> = None;
+    let mut earlier_not_done: Option<String> = None;
+    let mut not_started: Vec<String> = Vec::new();
+    for (si, (stage, stage_roles)) in stages.iter().enumerate() {
+        let members: Vec<&HostStatus> = all.iter().filter(|h| stage_roles.contains(&h.role)).collect();
+        let mut view = StageView {
+            name: stage.clone(),
+            roles: stage_roles.clone(),
+            state: "not_started",
+            phase: None,
+            taking_part: None,
+            finished: None,
+            phases: Vec::new(),
+            hosts: members.len(),
+            left_behind: BTreeMap::new(),
+        };
+        // Each member's services, or why it cannot take part.
+        let mut services: BTreeMap<HostName, Vec<(Service, ServiceSteps)>> = BTreeMap::new();
+        let mut blocked: BTreeMap<HostName, String> = BTreeMap::new();
+        for h in &members {
+            match host_services(c, snap, &h.host, &h.role) {
+                Ok(s) => {
+                    services.insert(h.host.clone(), s);
+                }
+                Err(e) => {
+                    blocked.insert(h.host.clone(), e);
+                }
+            }
+        }
+        let seq = sequence(&services, &lv);
+        view.phases = seq.iter().map(Phase::describe).collect();
+        if !started.contains(stage) {
+            not_started.push(stage.clone());
+            for h in &members {
+                out.plan.reasons.insert(
+                    h.host.clone(),
+                    reason(
+                        ReasonCode::WaitingFor,
+                        format!(
+                            "stage {stage} is not started (`jioctl upgrade {} --stage {stage}`)",
+                            rec.version
+                        ),
+                    ),
+                );
+            }
+            out.stages.push(view);
+            continue;
+        }
+        if active.is_some() || earlier_not_done.is_some() {
+            view.state = "waiting";
+            let before = earlier_not_done.clone().unwrap_or_default();
+            for h in &members {
+                out.plan.reasons.insert(
+                    h.host.clone(),
+                    reason(ReasonCode::WaitingFor, format!("waiting for stage {before} to be done")),
+                );
+            }
+            out.stages.push(view);
+            continue;
+        }
+        // A member that cannot take part (no catalog, a task file missing or
+        // invalid) holds the whole stage until it is fixed or held.
+        blocked.retain(|h, _| {
+            all.iter()
+                .find(|s| &s.host == h)
+                .is_none_or(|s| snap.hold_of(&s.host, &s.role).is_none())
+        });
+        if !blocked.is_empty() {
+            view.state = "blocked";
+            active = Some(si);
+            earlier_not_done = Some(stage.clone());
+            let names = blocked.keys().map(HostName::as_str).collect::<Vec<_>>().join(", ");
+            for h in &members {
+                let text = match blocked.get(&h.host) {
+                    Some(why) => format!("blocked: {why}"),
+                    None => format!("stage {stage} waits for blocked host(s) {names} (fix their task files, or hold them)"),
+                };
+                let code = if blocked.contains_key(&h.host) { ReasonCode::Blocked } else { ReasonCode::WaitingFor };
+                out.plan.reasons.insert(h.host.clone(), reason(code, text));
+            }
+            out.stages.push(view);
+            continue;
+        }
+        // The stage's grant (its roles' grants are written together).
+        let grant = stage_roles
+            .iter()
+            .filter_map(|r| snap.grants.get(r))
+            .find(|g| g.rollout == id && &g.stage == stage)
+            .cloned();
+        let granted = grant.as_ref().and_then(Grant::key);
+        // Walk the phases: the first one not finished (at or after the grant) is
+        // the current one; hosts that did not finish an earlier one stay behind.
+        let mut left: BTreeMap<HostName, String> = BTreeMap::new();
+        for h in &members {
+            if !services.contains_key(&h.host) {
+                // Held and unable to take part: it stays behind.
+                left.insert(h.host.clone(), "held, and it cannot take part (see its task files)".into());
+            }
+        }
+        let mut current: Option<(usize, Vec<HostName>)> = None;
+        for (pi, phase) in seq.iter().enumerate() {
+            let takes_part = |h: &HostName| -> bool {
+                if left.contains_key(h) {
+                    return false;
+                }
+                if phase.is_puppet() {
+                    return true;
+                }
+                let when = phase.when().unwrap_or(When::Pre);
+                services.get(h).is_some_and(|ss| {
+                    ss.iter()
+                        .any(|(s, st)| phase.services.contains(s) && st.has(when, phase.key.step))
+                })
+            };
+            let part: Vec<HostName> = members
+                .iter()
+                .map(|h| h.host.clone())
+                .filter(|h| takes_part(h))
+                .collect();
+            let name = phase.name();
+            let mut open = Vec::new();
+            for h in &part {
+                let progress = phase_progress(snap, &cur, h, phase, &services);
+                match progress {
+                    Progress::Done => out.progress += 1,
+                    Progress::Failed(..) => {
+                        out.progress += 1;
+                        open.push(h.clone());
+                    }
+                    Progress::Open => open.push(h.clone()),
+                }
+            }
+            let past = granted.as_ref().is_some_and(|g| phase.key < *g);
+            if past {
+                for h in open {
+                    let why = match phase_progress(snap, &cur, &h, phase, &services) {
+                        Progress::Failed(why, _) => {
+                            let text = failed_text(snap, &h, &name, &why);
+                            failed_all.insert(h.to_string(), text.clone());
+                            text
+                        }
+                        _ => format!("did not finish phase {} (held or lost while it went on)", phase.describe()),
+                    };
+                    left.insert(h, why);
+                }
+                continue;
+            }
+            // Finished: everyone taking part is done, failed, or held and idle.
+            let settled = open.iter().all(|h| match phase_progress(snap, &cur, h, phase, &services) {
+                Progress::Failed(_, rev) => !retrying(snap, h, rev),
+                _ => {
+                    let st = all.iter().find(|s| &s.host == h);
+                    st.is_some_and(|s| snap.hold_of(&s.host, &s.role).is_some() && s.state == HostState::Pending)
+                }
+            });
+            if open.is_empty() || (settled && granted.as_ref() == Some(&phase.key)) {
+                for h in open {
+                    let why = match phase_progress(snap, &cur, &h, phase, &services) {
+                        Progress::Failed(why, _) => {
+                            let text = failed_text(snap, &h, &name, &why);
+                            failed_all.insert(h.to_string(), text.clone());
+                            text
+                        }
+                        _ => format!("held while phase {} went on", phase.describe()),
+                    };
+                    left.insert(h, why);
+                }
+                continue;
+            }
+            current = Some((pi, part));
+            break;
+        }
+        view.left_behind = left.clone();
+        let Some((pi, part)) = current else {
+            view.state = "done";
+            for h in &members {
+                if let Some(why) = left.get(&h.host) {
+                    let code = if why.starts_with("blocked") {
+                        ReasonCode::Blocked
+                    } else if why.starts_with("held") {
+                        ReasonCode::Held
+                    } else {
+                        ReasonCode::Failed
+                    };
+                    out.plan.reasons.insert(h.host.clone(), reason(code, format!("left behind: {why}")));
+                    if code == ReasonCode::Held {
+                        out.plan.held.push(h.host.clone());
+                    }
+                }
+            }
+            out.stages.push(view);
+            continue;
+        };
+        let phase = &seq[pi];
+        view.state = "running";
+        view.phase = Some(phase.describe());
+        view.taking_part = Some(part.len());
+        active = Some(si);
+        earlier_not_done = Some(stage.clone());
+        let want = Grant::of(&id, stage, phase);
+        if grant.as_ref() != Some(&want) {
+            // The phase moves on: the grant, and every enable key of the stage
+            // reset, in one transaction; the next pass admits.
+            for role in stage_roles {
+                out.grants.push((role.clone(), want.clone()));
+                if snap.role_keys.contains_key(role) {
+                    out.reset_roles.push(role.clone());
+                }
+            }
+            for h in &members {
+                if snap.host_keys.contains_key(&h.host) {
+                    out.reset_hosts.push(h.host.clone());
+                }
+                out.plan.reasons.insert(
+                    h.host.clone(),
+                    reason(
+                        ReasonCode::WaitingFor,
+                        format!("stage {stage} moves on to phase {}", phase.describe()),
+                    ),
+                );
+            }
+            view.finished = Some(0);
+            out.stages.push(view);
+            continue;
+        }
+        // Plan the phase: its hosts (done ones as upgraded), and any other host
+        // whose agent runs something (it holds its slot).
+        let ps = phase_snapshot(snap, &cur, phase, &part, &services);
+        let statuses = classify(&ps);
+        let hosts: Vec<HostStatus> = statuses
+            .into_iter()
+            .filter(|h| part.contains(&h.host) || (h.state == HostState::Upgrading && !part.contains(&h.host) && running(snap, &h.host)))
+            .collect();
+        view.finished = Some(
+            hosts
+                .iter()
+                .filter(|h| part.contains(&h.host) && h.state == HostState::Upgraded)
+                .count(),
+        );
+        let pcx = Context {
+            host_keys_only: true,
+            ..*cx
+        };
+        let mut p = plan::plan(&ps, &hosts, r, &pcx);
+        // Failures count across the rollout, not just in this phase.
+        let failed_here: Vec<&HostStatus> = hosts.iter().filter(|h| h.state == HostState::Failed).collect();
+        for h in &failed_here {
+            if let Progress::Failed(why, _) = phase_progress(snap, &cur, &h.host, phase, &services) {
+                failed_all.insert(h.host.to_string(), failed_text(snap, &h.host, &phase.name(), &why));
+            } else {
+                failed_all.insert(h.host.to_string(), format!("failed at {}", phase.name()));
+            }
+        }
+        if failed_all.len() as u64 > max_failures && !p.stopped_on_failures {
+            p.stopped_on_failures = true;
+            for h in std::mem::take(&mut p.enable_hosts) {
+                p.reasons.insert(
+                    h,
+                    reason(
+                        ReasonCode::StoppedOnFailures,
+                        format!(
+                            "stopped: {} failed host(s), more than max_failures {max_failures}",
+                            failed_all.len()
+                        ),
+                    ),
+                );
+            }
+        }
+        for h in &members {
+            if let Some(why) = left.get(&h.host) {
+                let code = if why.starts_with("blocked") {
+                    ReasonCode::Blocked
+                } else {
+                    ReasonCode::Failed
+                };
+                p.reasons.insert(h.host.clone(), reason(code, format!("left behind: {why}")));
+            } else if !part.contains(&h.host) {
+                p.reasons.insert(
+                    h.host.clone(),
+                    reason(
+                        ReasonCode::WaitingFor,
+                        format!(
+                            "no task in phase {}: waits for the stage's other hosts ({} of {} finished)",
+                            phase.describe(),
+                            view.finished.unwrap_or(0),
+                            part.len()
+                        ),
+                    ),
+                );
+            } else if p.reasons.get(&h.host).is_none()
+                && hosts.iter().any(|s| s.host == h.host && s.state == HostState::Upgraded)
+            {
+                p.reasons.insert(
+                    h.host.clone(),
+                    reason(
+                        ReasonCode::WaitingFor,
+                        format!(
+                            "finished phase {}: waits for the stage's other hosts ({} of {} finished)",
+                            phase.describe(),
+                            view.finished.unwrap_or(0),
+                            part.len()
+                        ),
+                    ),
+                );
+            }
+        }
+        // Keep the reasons of other stages already given.
+        for (h, why) in std::mem::take(&mut out.plan.reasons) {
+            p.reasons.entry(h).or_insert(why);
+        }
+        out.plan = p;
+        out.hosts = hosts;
+        out.stages.push(view);
+    }
+    if active.is_some() {
+        if out.plan.stopped_on_failures {
+            out.standing = Standing::Stopped { failed: failed_all };
+        }
+        return out;
+    }
+    if !not_started.is_empty() {
+        if failed_all.len() as u64 > max_failures {
+            out.standing = Standing::Stopped { failed: failed_all };
+        } else {
+            out.standing = Standing::StagesDone { not_started };
+        }
+        return out;
+    }
+    // Every stage is done: the finalize step.
+    finalize(snap, c, &all, &id, &cur, &mut out, failed_all, max_failures);
+    out
+}
+
+/// Whether the host's agent runs something (its record or its run marker).
+fn running(snap: &Snapshot, h: &HostName) -> bool {
+    snap.runs.contains_key(h) || matches!(snap.agents.get(h), Some(Some(a)) if a.state.running()) || matches!(snap.agents.get(h), Some(None))
+}
+
+/// An enable key of a host that failed at revision `rev` was written after it,
+/// and lets it run: it retries (as its agent decides).
+fn retrying(snap: &Snapshot, h: &HostName, rev: crate::store::Revision) -> bool {
+    use crate::keys::EnableLevel;
+    let role = snap.role_of(h);
+    snap.gate(h, &role).enabled
+        && [EnableLevel::Host(h.clone()), EnableLevel::Role(role), EnableLevel::Global]
+            .iter()
+            .any(|l| snap.enable_revisions.get(l).is_some_and(|r| *r > rev))
+}
+
+/// A host's progress in `phase`.
+fn phase_progress(
+    snap: &Snapshot,
+    cur: &crate::names::Version,
+    h: &HostName,
+    phase: &Phase,
+    services: &BTreeMap<HostName, Vec<(Service, ServiceSteps)>>,
+) -> Progress {
+    if phase.is_puppet() {
+        if let Some((step, link)) = snap.failures.get(h) {
+            let rev = snap.failure_revisions.get(h).copied().unwrap_or(0);
+            return Progress::Failed(format!("{} failed: {link}", step.as_str()), rev);
+        }
+        return if snap.running.get(h).is_some_and(|v| v.contains(cur)) {
+            Progress::Done
+        } else {
+            Progress::Open
+        };
+    }
+    let when = phase.when().unwrap_or(When::Pre);
+    let mine: Vec<&Service> = services
+        .get(h)
+        .map(|ss| {
+            ss.iter()
+                .filter(|(s, st)| phase.services.contains(s) && st.has(when, phase.key.step))
+                .map(|(s, _)| s)
+                .collect()
+        })
+        .unwrap_or_default();
+    task_progress(snap, h, &phase.name(), &mine)
+}
+
+/// A failed host's reason: its result's service, task, exit code and log.
+fn failed_text(snap: &Snapshot, h: &HostName, phase: &str, why: &str) -> String {
+    let res = snap.results.get(h).filter(|r| !r.ok);
+    match res {
+        Some(r) if r.step.as_deref() == Some(phase) => {
+            let mut t = format!("failed at {phase}");
+            if let Some(s) = &r.service {
+                t.push_str(&format!(", service {s}"));
+            }
+            if let Some(task) = &r.task {
+                t.push_str(&format!(", task {task:?}"));
+            }
+            if let Some(c) = r.exit_code {
+                t.push_str(&format!(", exit {c}"));
+            }
+            if let Some(m) = &r.message {
+                t.push_str(&format!(": {}", m.lines().next().unwrap_or_default()));
+            }
+            match (&r.log, &r.run_dir) {
+                (Some(l), _) => t.push_str(&format!(" (log: {l})")),
+                (None, Some(d)) => t.push_str(&format!(" (logs on the host in {d})")),
+                _ => {}
+            }
+            t
+        }
+        _ => format!("failed at {phase}: {why}"),
+    }
+}
+
+/// The snapshot as the phase's planning sees it: a host that finished the phase is
+/// at the version, one that did not is not, a failed one has its failure.
+fn phase_snapshot(
+    snap: &Snapshot,
+    cur: &crate::names::Version,
+    phase: &Phase,
+    part: &[HostName],
+    services: &BTreeMap<HostName, Vec<(Service, ServiceSteps)>>,
+) -> Snapshot {
+    let mut ps = snap.clone();
+    if phase.is_puppet() {
+        return ps;
+    }
+    ps.failures.clear();
+    ps.failure_revisions.clear();
+    for h in part {
+        match phase_progress(snap, cur, h, phase, services) {
+            Progress::Done => {
+                ps.running.entry(h.clone()).or_default().insert(cur.clone());
+            }
+            Progress::Failed(why, rev) => {
+                if let Some(v) = ps.running.get_mut(h) {
+                    v.remove(cur);
+                }
+                ps.failures.insert(h.clone(), (Step::Configured, why));
+                ps.failure_revisions.insert(h.clone(), rev);
+            }
+            Progress::Open => {
+                if let Some(v) = ps.running.get_mut(h) {
+                    v.remove(cur);
+                }
+            }
+        }
+    }
+    ps
+}
+
+/// The finalize step, once every stage is done.
+#[allow(clippy::too_many_arguments)]
+fn finalize(
+    snap: &Snapshot,
+    c: &Compose,
+    all: &[HostStatus],
+    id: &str,
+    cur: &crate::names::Version,
+    out: &mut Composed,
+    mut failed: BTreeMap<String, String>,
+    max_failures: u64,
+) {
+    if failed.len() as u64 > max_failures {
+        out.finalize.state = "waiting";
+        out.finalize.reason = Some("not run: more hosts failed than max_failures".into());
+        out.standing = Standing::Stopped { failed };
+        return;
+    }
+    let services = c.all_services();
+    // Services whose files declare finalize tasks, on any host.
+    let mut declared: BTreeMap<Service, Vec<HostName>> = BTreeMap::new();
+    for (h, cat) in &snap.catalogs {
+        if let Ok(cat) = cat {
+            for (s, st) in &cat.services {
+                if st.finalize && services.contains(s) {
+                    declared.entry(s.clone()).or_default().push(h.clone());
+                }
+            }
+        }
+    }
+    if declared.is_empty() {
+        out.finalize.state = "none";
+        out.standing = Standing::Finished { failed };
+        return;
+    }
+    let role = c.finalize_role();
+    let granted = snap
+        .finalize_grant
+        .as_ref()
+        .filter(|g| g.rollout == id)
+        .map(|g| g.host.clone());
+    let healthy = |h: &HostStatus| {
+        Some(&h.role) == role.as_ref()
+            && h.state == HostState::Upgraded
+            && snap.agents.contains_key(&h.host)
+            && snap.hold_of(&h.host, &h.role).is_none()
+            && !failed.contains_key(h.host.as_str())
+            && snap.catalogs.get(&h.host).is_some_and(|c| c.is_ok())
+    };
+    let host = granted.clone().or_else(|| all.iter().find(|h| healthy(h)).map(|h| h.host.clone()));
+    let Some(host) = host else {
+        out.finalize.state = "waiting";
+        let text = format!(
+            "finalize waits for a healthy host of role {} (upgraded, alive, not held)",
+            role.as_ref().map_or("-", |r| r.as_str())
+        );
+        out.finalize.reason = Some(text);
+        return;
+    };
+    out.finalize.host = Some(host.clone());
+    let cat = snap.catalogs.get(&host).and_then(|c| c.as_ref().ok());
+    let mine: Vec<Service> = cat
+        .map(|c| {
+            c.services
+                .iter()
+                .filter(|(s, st)| st.finalize && services.contains(s))
+                .map(|(s, _)| s.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.finalize.services = mine.clone();
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|(s, _)| !mine.contains(s))
+        .map(|(s, hs)| {
+            format!(
+                "service {s} declares finalize tasks on {}, but the finalize host {host} has none for it",
+                crate::values::host_list(hs)
+            )
+        })
+        .collect();
+    if !missing.is_empty() {
+        let why = format!(
+            "finalize cannot run every service's finalize tasks: {} (install its task file on the hosts of role {})",
+            missing.join("; "),
+            role.as_ref().map_or("-", |r| r.as_str())
+        );
+        out.finalize.state = "failed";
+        out.finalize.reason = Some(why.clone());
+        failed.insert(host.to_string(), why);
+        out.standing = Standing::Finished { failed };
+        return;
+    }
+    let refs: Vec<&Service> = mine.iter().collect();
+    match task_progress(snap, &host, "finalize", &refs) {
+        Progress::Done => {
+            out.finalize.state = "done";
+            out.standing = Standing::Finished { failed };
+        }
+        Progress::Failed(why, _) => {
+            out.finalize.state = "failed";
+            let text = failed_text(snap, &host, "finalize", &why);
+            out.finalize.reason = Some(text.clone());
+            failed.insert(host.to_string(), text);
+            out.standing = Standing::Finished { failed };
+        }
+        Progress::Open => {
+            out.finalize.state = "running";
+            let _ = cur;
+            let enabled = snap.gate(&host, &snap.role_of(&host)).enabled;
+            if granted.is_none() || !enabled {
+                out.finalize_grant = Some(FinalizeGrant {
+                    rollout: id.to_string(),
+                    host: host.clone(),
+                });
+            }
+            out.plan.reasons.insert(
+                host.clone(),
+                reason(
+                    ReasonCode::Upgrading,
+                    format!(
+                        "running the finalize tasks of {}",
+                        mine.iter().map(Service::as_str).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(n: &str) -> Service {
+        Service::new(n).unwrap()
+    }
+
+    #[test]
+    fn phases_have_names_that_parse_back() {
+        for (name, want) in [
+            ("pre-1", Some((Some(When::Pre), 1))),
+            ("post-12", Some((Some(When::Post), 12))),
+            ("puppet", Some((None, 0))),
+            ("finalize", Some((Some(When::Finalize), 0))),
+            ("pre-0", None),
+            ("pre-01", None),
+            ("mid-1", None),
+            ("pre-", None),
+        ] {
+            assert_eq!(parse_phase(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn levels_follow_after_and_name_a_cycle() {
+        let mut g: BTreeMap<Service, BTreeSet<Service>> = BTreeMap::new();
+        g.insert(s("keystone"), BTreeSet::new());
+        g.insert(s("nova_api"), [s("keystone")].into());
+        g.insert(s("nova_compute"), [s("nova_api")].into());
+        g.insert(s("glance"), [s("keystone")].into());
+        let l = levels(&g).unwrap();
+        assert_eq!(l[&s("keystone")], 0);
+        assert_eq!(l[&s("nova_api")], 1);
+        assert_eq!(l[&s("glance")], 1);
+        assert_eq!(l[&s("nova_compute")], 2);
+        g.insert(s("keystone"), [s("nova_compute")].into());
+        let e = levels(&g).unwrap_err();
+        assert!(e.contains("cycle") && e.contains("keystone"), "{e}");
+    }
+
+    #[test]
+    fn a_stage_runs_pre_steps_then_puppet_then_post_steps_split_by_level() {
+        let steps = |pre: &[u32], post: &[u32]| ServiceSteps {
+            after: Vec::new(),
+            pre: pre.to_vec(),
+            post: post.to_vec(),
+            finalize: false,
+        };
+        let mut hosts = BTreeMap::new();
+        hosts.insert(
+            HostName::new("ctl1").unwrap(),
+            vec![(s("keystone"), steps(&[1], &[3])), (s("nova_api"), steps(&[1, 2], &[]))],
+        );
+        hosts.insert(HostName::new("cp1").unwrap(), vec![(s("nova_compute"), steps(&[1, 2], &[3, 4]))]);
+        let mut lv = BTreeMap::new();
+        lv.insert(s("keystone"), 0);
+        lv.insert(s("nova_api"), 1);
+        lv.insert(s("nova_compute"), 0);
+        let seq = sequence(&hosts, &lv);
+        let names: Vec<String> = seq.iter().map(Phase::describe).collect();
+        assert_eq!(
+            names,
+            vec![
+                "pre-1 (keystone, nova_compute)",
+                "pre-1 (nova_api)",
+                "pre-2 (nova_compute)",
+                "pre-2 (nova_api)",
+                "puppet",
+                "post-3 (keystone, nova_compute)",
+                "post-4 (nova_compute)",
+            ]
+        );
+    }
+}
