@@ -439,8 +439,9 @@ pub fn parse_phase(s: &str) -> Option<(Option<When>, u32)> {
         "post" => When::Post,
         _ => return None,
     };
-    let n: u32 = n.parse().ok().filter(|n| *n > 0)?;
-    (n.to_string() == *n.to_string()).then_some((Some(when), n))
+    let step: u32 = n.parse().ok().filter(|s| *s > 0)?;
+    // One spelling per phase: `pre-1`, never `pre-01` or `pre-+1`.
+    (step.to_string() == n).then_some((Some(when), step))
 }
 
 /// The phase granted to a role's hosts: `/steps/roles/<role>`, written by the driver.
@@ -1003,6 +1004,29 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
         view.taking_part = Some(part.len());
         active = Some(si);
         earlier_not_done = Some(stage.clone());
+        if failed_all.len() as u64 > max_failures {
+            // Stopped on failures: no phase moves on, nothing is admitted.
+            out.plan.stopped_on_failures = true;
+            for h in &members {
+                if let Some(why) = left.get(&h.host) {
+                    out.plan.reasons.insert(h.host.clone(), reason(ReasonCode::Failed, why.clone()));
+                } else {
+                    out.plan.reasons.insert(
+                        h.host.clone(),
+                        reason(
+                            ReasonCode::StoppedOnFailures,
+                            format!(
+                                "stopped: {} failed host(s), more than max_failures {max_failures}",
+                                failed_all.len()
+                            ),
+                        ),
+                    );
+                }
+            }
+            out.stages.push(view);
+            out.standing = Standing::Stopped { failed: failed_all };
+            return out;
+        }
         let want = Grant::of(&id, stage, phase);
         if grant.as_ref() != Some(&want) {
             // The phase moves on: the grant, and every enable key of the stage
@@ -1384,9 +1408,268 @@ fn finalize(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::{Key, Schema};
+    use crate::rollout::RolloutRecord;
+    use crate::rules::Rules;
+    use crate::store::KeyValue;
 
     fn s(n: &str) -> Service {
         Service::new(n).unwrap()
+    }
+
+    fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
+        KeyValue {
+            key: Key::new(key).unwrap(),
+            value: value.into(),
+            create_revision: rev,
+            mod_revision: rev,
+            version: 1,
+            lease: None,
+            not_text: false,
+        }
+    }
+
+    const RULES: &str = r#"{
+        "roles_data": {"controller": ["keystone", "nova_api"], "compute": ["nova_compute"]},
+        "stages": {"controlplane": ["controller"], "compute": ["compute"]},
+        "rolling_rules": {"roles": {"compute": 1}}
+    }"#;
+
+    /// Two controllers (keystone, nova_api after keystone) and two computes.
+    struct Scene {
+        kvs: Vec<KeyValue>,
+        rec: RolloutRecord,
+        rev: i64,
+    }
+
+    impl Scene {
+        fn new(stages: &[&str]) -> Scene {
+            let mut rec = RolloutRecord::start(
+                crate::names::Version::new("v2").unwrap(),
+                None,
+                serde_json::from_str(RULES).unwrap(),
+                "t",
+                100,
+            );
+            rec.stages = stages.iter().map(|s| s.to_string()).collect();
+            let mut kvs = vec![
+                kv("/current_version", "v2", 1),
+                kv("/config_state/enable_puppet/global", "false", 1),
+                kv("/rollouts/current", rec.id.as_str(), 1),
+                kv(&format!("/rollouts/{}", rec.id), &serde_json::to_string(&rec).unwrap(), 1),
+            ];
+            let ctl = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]},"nova_api":{"after":["keystone"],"pre":[1]}}}"#;
+            let cp = r#"{"dir":"/s","services":{"nova_compute":{"pre":[1,2],"post":[3],"finalize":true}}}"#;
+            for (h, role, cat) in [("ctl1", "controller", ctl), ("ctl2", "controller", ctl), ("cp1", "compute", cp), ("cp2", "compute", cp)] {
+                kvs.push(kv(&format!("/hosts/{h}"), &format!(r#"{{"role":"{role}","agent_version":"1","first_seen":1}}"#), 1));
+                kvs.push(kv(&format!("/hosts/{h}/services"), cat, 1));
+                kvs.push(kv(&format!("/agents/{h}"), r#"{"state":"idle","version":"v1","since":1,"pid":1}"#, 1));
+                kvs.push(kv(&format!("/running/versions/v1/{h}"), "1", 1));
+            }
+            Scene { kvs, rec, rev: 10 }
+        }
+
+        fn put(&mut self, key: &str, value: &str) {
+            self.rev += 1;
+            self.kvs.retain(|k| k.key.as_str() != key);
+            self.kvs.push(kv(key, value, self.rev));
+        }
+
+        fn del(&mut self, key: &str) {
+            self.kvs.retain(|k| k.key.as_str() != key);
+        }
+
+        fn plan(&self) -> Composed {
+            let snap = Snapshot::from_kvs(&Schema::default(), &self.kvs);
+            let rules = Rules::parse(RULES).unwrap();
+            let roles = classify(&snap).into_iter().map(|h| h.role).collect();
+            let r = rules.resolve(&roles).unwrap();
+            let mut rec = self.rec.clone();
+            if let Some(cur) = snap.rollout.as_ref().and_then(|c| c.ok()) {
+                rec = cur.clone();
+            }
+            let cx = Context {
+                now: 200,
+                rollout: Some(&rec),
+                host_keys_only: true,
+            };
+            plan(&snap, rules.compose.as_ref().unwrap(), &r, &cx)
+        }
+
+        /// Writes what a pass decided, as the driver would.
+        fn apply(&mut self, c: &Composed) {
+            for h in &c.reset_hosts {
+                self.del(&format!("/config_state/enable_puppet/host/{h}"));
+            }
+            for (role, g) in &c.grants {
+                self.put(&format!("/steps/roles/{role}"), &serde_json::to_string(g).unwrap());
+            }
+            for h in &c.plan.enable_hosts {
+                self.put(&format!("/config_state/enable_puppet/host/{h}"), "true");
+            }
+            if let Some(f) = &c.finalize_grant {
+                self.put("/steps/finalize", &serde_json::to_string(f).unwrap());
+                self.put(&format!("/config_state/enable_puppet/host/{}", f.host), "true");
+            }
+        }
+
+        fn step_done(&mut self, phase: &str, service: &str, host: &str, ok: bool) {
+            let o = if ok { "success" } else { "failure" };
+            let id = self.rec.id.to_string();
+            self.put(&format!("/status/steps/{id}/{phase}/{service}/{o}/{host}"), "");
+        }
+    }
+
+    fn phase_of(c: &Composed, stage: &str) -> Option<String> {
+        c.stages.iter().find(|s| s.name == stage).and_then(|s| s.phase.clone())
+    }
+
+    fn enabled(c: &Composed) -> Vec<&str> {
+        c.plan.enable_hosts.iter().map(|h| h.as_str()).collect()
+    }
+
+    #[test]
+    fn a_stage_moves_phase_by_phase_and_only_when_every_host_finished() {
+        let mut sc = Scene::new(&["controlplane"]);
+        // First pass: the stage's first phase is granted, nothing admitted yet.
+        let c = sc.plan();
+        assert_eq!(c.grants.len(), 1, "{:?}", c.grants);
+        assert_eq!(c.grants[0].1.phase, "pre-1");
+        assert_eq!(c.grants[0].1.services, vec![s("keystone")]);
+        assert!(c.plan.enable_hosts.is_empty());
+        assert_eq!(c.plan.reasons[&HostName::new("cp1").unwrap()].code, ReasonCode::WaitingFor);
+        assert!(c.plan.reasons[&HostName::new("cp1").unwrap()].text.contains("stage compute is not started"));
+        sc.apply(&c);
+        // Then both controllers are admitted (no limit).
+        let c = sc.plan();
+        assert!(c.grants.is_empty());
+        assert_eq!(enabled(&c), vec!["ctl1", "ctl2"]);
+        sc.apply(&c);
+        // One finished: the phase does not move.
+        sc.step_done("pre-1", "keystone", "ctl1", true);
+        let c = sc.plan();
+        assert!(c.grants.is_empty() && c.plan.enable_hosts.is_empty());
+        assert_eq!(phase_of(&c, "controlplane").as_deref(), Some("pre-1 (keystone)"));
+        // Both: nova_api's step 1 comes next (it runs after keystone), the keys reset.
+        sc.step_done("pre-1", "keystone", "ctl2", true);
+        let c = sc.plan();
+        assert_eq!(c.grants[0].1.services, vec![s("nova_api")]);
+        assert_eq!(c.reset_hosts.len(), 2);
+        sc.apply(&c);
+        for p in [("pre-1", "nova_api")] {
+            let c = sc.plan();
+            assert_eq!(enabled(&c), vec!["ctl1", "ctl2"]);
+            sc.apply(&c);
+            sc.step_done(p.0, p.1, "ctl1", true);
+            sc.step_done(p.0, p.1, "ctl2", true);
+        }
+        // Puppet: done when the hosts are at the version.
+        let c = sc.plan();
+        assert_eq!(c.grants[0].1.phase, "puppet");
+        sc.apply(&c);
+        let c = sc.plan();
+        assert_eq!(enabled(&c), vec!["ctl1", "ctl2"]);
+        sc.apply(&c);
+        sc.put("/running/versions/v2/ctl1", "1");
+        sc.del("/running/versions/v1/ctl1");
+        let c = sc.plan();
+        assert!(c.grants.is_empty(), "ctl2 has not finished puppet");
+        sc.put("/running/versions/v2/ctl2", "1");
+        sc.del("/running/versions/v1/ctl2");
+        let c = sc.plan();
+        assert_eq!(c.grants[0].1.phase, "post-3");
+        sc.apply(&c);
+        sc.apply(&sc.plan());
+        sc.step_done("post-3", "keystone", "ctl1", true);
+        sc.step_done("post-3", "keystone", "ctl2", true);
+        // The stage is done; compute is not started.
+        let c = sc.plan();
+        assert_eq!(c.standing, Standing::StagesDone { not_started: vec!["compute".into()] });
+        assert!(!c.writes());
+    }
+
+    #[test]
+    fn the_limit_holds_within_a_phase_and_a_failure_stops_the_rollout() {
+        let mut sc = Scene::new(&[]);
+        // Skip the control plane: mark its steps done and its hosts upgraded.
+        for h in ["ctl1", "ctl2"] {
+            sc.step_done("pre-1", "keystone", h, true);
+            sc.step_done("pre-1", "nova_api", h, true);
+            sc.step_done("post-3", "keystone", h, true);
+            sc.put(&format!("/running/versions/v2/{h}"), "1");
+            sc.del(&format!("/running/versions/v1/{h}"));
+        }
+        let c = sc.plan();
+        assert_eq!(phase_of(&c, "controlplane"), None);
+        assert_eq!(c.grants.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(), vec!["compute"]);
+        sc.apply(&c);
+        // compute: 1 at a time.
+        let c = sc.plan();
+        assert_eq!(enabled(&c), vec!["cp1"]);
+        sc.apply(&c);
+        assert!(sc.plan().plan.enable_hosts.is_empty());
+        sc.step_done("pre-1", "nova_compute", "cp1", true);
+        let c = sc.plan();
+        assert_eq!(enabled(&c), vec!["cp2"]);
+        sc.apply(&c);
+        sc.step_done("pre-1", "nova_compute", "cp2", false);
+        let c = sc.plan();
+        assert!(matches!(c.standing, Standing::Stopped { .. }), "{:?}", c.standing);
+        let Standing::Stopped { failed } = c.standing else { unreachable!() };
+        assert!(failed["cp2"].contains("failed at pre-1"), "{failed:?}");
+    }
+
+    #[test]
+    fn a_host_without_its_task_file_blocks_its_stage() {
+        let mut sc = Scene::new(&["controlplane"]);
+        sc.put("/hosts/ctl2/services", r#"{"dir":"/s","services":{"keystone":{"pre":[1]}}}"#);
+        let c = sc.plan();
+        assert!(c.grants.is_empty() && !c.writes());
+        let why = &c.plan.reasons[&HostName::new("ctl2").unwrap()];
+        assert_eq!(why.code, ReasonCode::Blocked);
+        assert!(why.text.contains("nova_api") && why.text.contains("/s/nova_api.toml"), "{}", why.text);
+        assert!(c.plan.reasons[&HostName::new("ctl1").unwrap()].text.contains("waits for blocked host(s) ctl2"));
+    }
+
+    #[test]
+    fn finalize_runs_once_on_the_first_healthy_host_after_everything() {
+        let mut sc = Scene::new(&[]);
+        for h in ["ctl1", "ctl2", "cp1", "cp2"] {
+            sc.put(&format!("/running/versions/v2/{h}"), "1");
+            sc.del(&format!("/running/versions/v1/{h}"));
+        }
+        for h in ["ctl1", "ctl2"] {
+            for (p, sv) in [("pre-1", "keystone"), ("pre-1", "nova_api"), ("post-3", "keystone")] {
+                sc.step_done(p, sv, h, true);
+            }
+        }
+        // nova_compute declares finalize tasks on the computes only: the finalize
+        // host (a controller) cannot run them, which fails the rollout, named.
+        for h in ["cp1", "cp2"] {
+            for p in ["pre-1", "pre-2", "post-3"] {
+                sc.step_done(p, "nova_compute", h, true);
+            }
+        }
+        let c = sc.plan();
+        assert_eq!(c.finalize.state, "failed", "{:?}", c.finalize);
+        assert!(c.finalize.reason.as_ref().unwrap().contains("nova_compute"));
+        // With the file on the controllers too, finalize is granted to ctl1 alone.
+        let ctl = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]},"nova_api":{"after":["keystone"],"pre":[1]},"nova_compute":{"finalize":true}}}"#;
+        sc.put("/hosts/ctl1/services", ctl);
+        sc.put("/hosts/ctl2/services", ctl);
+        let c = sc.plan();
+        assert_eq!(c.finalize_grant.as_ref().map(|g| g.host.as_str()), Some("ctl1"));
+        sc.apply(&c);
+        let c = sc.plan();
+        assert!(c.finalize_grant.is_none() && c.standing == Standing::Moving);
+        sc.step_done("finalize", "nova_compute", "ctl1", true);
+        let c = sc.plan();
+        assert_eq!(c.standing, Standing::Finished { failed: BTreeMap::new() });
+        // A failed finalize fails the rollout.
+        sc.step_done("finalize", "nova_compute", "ctl1", false);
+        sc.del(&format!("/status/steps/{}/finalize/nova_compute/success/ctl1", sc.rec.id));
+        let c = sc.plan();
+        assert!(matches!(&c.standing, Standing::Finished { failed } if failed.contains_key("ctl1")), "{:?}", c.standing);
     }
 
     #[test]

@@ -275,6 +275,16 @@ impl Snapshot {
             .find_map(|t| self.holds.get(&t).map(|r| (t, r.as_ref())))
     }
 
+    /// The active composable rollout's failed steps: (host, phase, service, the
+    /// log link or the reason).
+    pub fn step_failures(&self) -> Vec<(HostName, String, Service, String)> {
+        self.step_statuses
+            .iter()
+            .filter(|(_, st)| st.outcome == crate::keys::Outcome::Failure)
+            .map(|((phase, s, h), st)| (h.clone(), phase.clone(), s.clone(), st.value.clone()))
+            .collect()
+    }
+
     /// The host's gate (host → role → global).
     pub fn gate(&self, h: &HostName, role: &Role) -> Gate {
         gate::decide(&GateKeys {

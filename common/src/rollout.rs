@@ -402,8 +402,21 @@ fn change(state: &str, by: &str, at: u64, reason: Option<String>) -> Change {
 /// A short, stable digest of rules JSON (FNV-1a over its canonical text: keys
 /// sorted, no spaces), to tell two rule sets apart at a glance.
 pub fn digest(rules: &serde_json::Value) -> String {
+    // Over the keys in sorted order: the same rules in another order (or as kept
+    // before `serde_json` kept the order written) are the same rules.
+    fn canonical(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(o) => {
+                let mut keys: Vec<&String> = o.keys().collect();
+                keys.sort();
+                serde_json::Value::Object(keys.into_iter().map(|k| (k.clone(), canonical(&o[k]))).collect())
+            }
+            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(canonical).collect()),
+            other => other.clone(),
+        }
+    }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in rules.to_string().bytes() {
+    for b in canonical(rules).to_string().bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }

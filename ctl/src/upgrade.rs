@@ -269,6 +269,60 @@ async fn detached(store: &DynStore, schema: &Schema, record: &RolloutRecord, arg
 
 fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
     let snap = waves::as_if_started(snap, &args.version);
+    if let Some(c) = &args.rules.compose {
+        // A composable rollout: its stages and their phases, from the hosts'
+        // catalogs as they are now.
+        let mut rec = jio_common::rollout::RolloutRecord::start(
+            args.version.clone(),
+            None,
+            args.rules_json.clone(),
+            "noop",
+            jio_common::time::unix_now(),
+        );
+        rec.stages = args.stages.clone();
+        let cx = jio_common::plan::Context {
+            now: jio_common::time::unix_now(),
+            rollout: Some(&rec),
+            host_keys_only: true,
+        };
+        let composed = jio_common::compose::plan(&snap, c, resolved, &cx);
+        if args.json {
+            let j = serde_json::json!({
+                "version": args.version,
+                "stages": composed.stages,
+                "finalize": composed.finalize,
+            });
+            println!("{}", serde_json::to_string_pretty(&j)?);
+        } else {
+            println!("composable rollout to {} (noop: nothing written):", args.version);
+            for st in &composed.stages {
+                println!(
+                    "stage {} ({}): {}",
+                    st.name,
+                    st.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", "),
+                    if args.stages.is_empty() || args.stages.contains(&st.name) {
+                        "starts"
+                    } else {
+                        "not started by this command"
+                    }
+                );
+                for p in &st.phases {
+                    println!("  {p}");
+                }
+            }
+            let blocked: Vec<String> = composed
+                .plan
+                .reasons
+                .iter()
+                .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
+                .map(|(h, r)| format!("{h}: {}", r.text))
+                .collect();
+            for b in blocked {
+                println!("blocked: {b}");
+            }
+        }
+        return Ok(());
+    }
     let hosts = fleet::classify(&snap);
     let cx = jio_common::plan::Context {
         now: jio_common::time::unix_now(),

@@ -22,6 +22,8 @@ impl GetFailures {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let store = ctx.open(Access::Read).await?;
         let snap = ctx.snapshot_warned(&store).await?;
+        // A composable rollout's failed steps count too.
+        let steps = snap.step_failures();
         if ctx.json {
             println!("{}", as_json(&snap));
         } else if self.hosts {
@@ -33,17 +35,22 @@ impl GetFailures {
                     describe_entry(value)
                 );
             }
+            for (h, phase, service, value) in &steps {
+                println!("{h}\t{}\t{phase} {service}\t{}", snap.role_of(h), describe_entry(value));
+            }
         } else {
             let mut by_role: BTreeMap<String, usize> = BTreeMap::new();
-            for h in snap.failures.keys() {
+            let failed: std::collections::BTreeSet<&jio_common::names::HostName> =
+                snap.failures.keys().chain(steps.iter().map(|(h, ..)| h)).collect();
+            for h in &failed {
                 *by_role.entry(snap.role_of(h).to_string()).or_default() += 1;
             }
-            println!("{} failed host(s)", snap.failures.len());
+            println!("{} failed host(s)", failed.len());
             for (r, n) in by_role {
                 println!("  {r}: {n}");
             }
         }
-        if snap.failures.is_empty() {
+        if snap.failures.is_empty() && steps.is_empty() {
             Ok(())
         } else {
             Err(Failure::quiet(exit::FAILED))
@@ -52,15 +59,21 @@ impl GetFailures {
 }
 
 fn as_json(snap: &Snapshot) -> serde_json::Value {
-    let v: BTreeMap<&str, serde_json::Value> = snap
+    let mut v: BTreeMap<String, serde_json::Value> = snap
         .failures
         .iter()
         .map(|(h, (step, link))| {
             (
-                h.as_str(),
+                h.to_string(),
                 json!({"role": snap.role_of(h), "step": step.as_str(), "link": link}),
             )
         })
         .collect();
+    for (h, phase, service, link) in snap.step_failures() {
+        let task = snap.results.get(&h).and_then(|r| r.task.clone());
+        v.entry(h.to_string()).or_insert_with(|| {
+            json!({"role": snap.role_of(&h), "step": phase, "service": service, "task": task, "link": link})
+        });
+    }
     json!(v)
 }
