@@ -4,9 +4,28 @@
 # Needs the Rust toolchain and protoc (etcd's gRPC client is generated at build
 # time: installed through apt when run as root); uses Puppet when it is installed, else
 # examples/fake-puppet.sh. Cleans up every process it started, also on Ctrl-C.
+#
+# With --composable, the rollout is a composable one (issue 17) under
+# examples/composable/rules.json: its roles_data gives each role its services, whose
+# task files (examples/composable/services/) the agents read from `services_dir`.
+# It runs in two stages of the same rollout, `--stage controlplane` (controllers and
+# storage hosts) then `--stage compute`, each host of a stage moving through the
+# services' pre steps, its Puppet run and the post steps in lockstep, and ends with
+# the finalize tasks on controller1. Every task is examples/composable/task.sh, which
+# logs its start and end to one file, printed at the end. FAIL_TASK=HOST-SERVICE-STEP
+# (e.g. compute3-nova_compute-post-3) makes that task fail, to see a failed step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+
+COMPOSABLE=0
+for arg in "$@"; do
+  case $arg in
+    --composable) COMPOSABLE=1 ;;
+    -h|--help) echo "usage: $0 [--composable]"; exit 0 ;;
+    *) echo "usage: $0 [--composable]" >&2; exit 64 ;;
+  esac
+done
 
 HOSTS=(controller1 controller2 compute1 compute2 compute3 compute4 stmon1 stmonwithosd1)
 FROM=${FROM_VERSION:-v1}
@@ -29,6 +48,7 @@ BIN=$ROOT/target/debug
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/jio-local-fleet.XXXXXX")
 PIDS=()
+# shellcheck disable=SC2317 # run by the EXIT trap, which shellcheck does not follow
 cleanup() {
   trap - EXIT INT TERM
   if [ ${#PIDS[@]} -gt 0 ]; then
@@ -52,6 +72,31 @@ else
 fi
 
 toml_list() { local out="" a; for a in "$@"; do out+="\"${a//\"/\\\"}\", "; done; echo "[${out%, }]"; }
+
+if [ "$COMPOSABLE" -eq 1 ]; then
+  # A task file holds argument lists, which the agent runs without a shell, so it
+  # cannot say "task.sh of this checkout" or "the log of this run": the templates in
+  # examples/composable/services/ say @TASK@ and @LOG@, and the files the agents read
+  # are written here with this run's absolute paths (escaped for a TOML string).
+  RULES=$ROOT/examples/composable/rules.json
+  SERVICES=$WORK/services
+  TASKLOG=$WORK/tasks.log
+  toml_escape() { local s=${1//\\/\\\\}; printf '%s' "${s//\"/\\\"}"; }
+  task=$(toml_escape "$ROOT/examples/composable/task.sh")
+  log=$(toml_escape "$TASKLOG")
+  mkdir -p "$SERVICES"
+  for t in examples/composable/services/*.toml; do
+    text=$(<"$t")
+    text=${text//@TASK@/"$task"}
+    text=${text//@LOG@/"$log"}
+    printf '%s\n' "$text" > "$SERVICES/${t##*/}"
+  done
+  echo "==> composable: the agents read the task files of $(cd "$SERVICES" && echo *.toml) from $SERVICES"
+  if [ -n "${FAIL_TASK:-}" ]; then
+    : > "$WORK/fail-$FAIL_TASK"
+    echo "==> the task $FAIL_TASK will fail (FAIL_TASK)"
+  fi
+fi
 
 for h in "${HOSTS[@]}"; do
   d=$WORK/$h
@@ -78,6 +123,9 @@ puppet_command = $cmd
 lease_ttl = "5s"
 health_interval = "0"
 TOML
+  if [ "$COMPOSABLE" -eq 1 ]; then
+    printf 'services_dir = "%s"\ntask_timeout = "5m"\n' "$(toml_escape "$SERVICES")" >> "$d/agent.toml"
+  fi
 done
 
 echo "==> desired version $FROM; starting ${#HOSTS[@]} agents"
@@ -94,6 +142,33 @@ for _ in $(seq 1 600); do
 done
 "${JIOCTL[@]}" verify-hosts "$FROM" "${HOSTS[@]}" >/dev/null || {
   echo "hosts did not reach $FROM; agent logs are in $WORK" >&2; "${JIOCTL[@]}" status; exit 1; }
+
+if [ "$COMPOSABLE" -eq 1 ]; then
+  echo "==> composable rollout of $TO under examples/composable/rules.json:"
+  sed 's/^/    /' "$RULES"
+  status=0
+  echo "==> stage controlplane: controllers and storage hosts, step by step in lockstep"
+  "${JIOCTL[@]}" upgrade "$TO" --instructions-file "$RULES" --stage controlplane || status=$?
+  echo "==> status between the stages (the computes stay at $FROM, healthy)"
+  "${JIOCTL[@]}" status
+  if [ "$status" -eq 0 ]; then
+    echo "==> stage compute: the same rollout goes on"
+    "${JIOCTL[@]}" upgrade "$TO" --instructions-file "$RULES" --stage compute || status=$?
+  fi
+  echo "==> final status"
+  "${JIOCTL[@]}" status
+  "${JIOCTL[@]}" rollout status || true
+  echo "==> the task log, seconds from the first task: no host of a stage starts a step"
+  echo "    before every host of the stage has ended the one before (each host's Puppet"
+  echo "    run, not logged here, comes between its pre and post steps); finalize is last"
+  if [ -s "$TASKLOG" ]; then
+    awk '{ if (t0 == "") t0 = $NF; line = $1; for (i = 2; i < NF; i++) line = line " " $i
+           printf "    %7.2fs  %s\n", $NF - t0, line }' "$TASKLOG"
+  else
+    echo "    (no task ran)"
+  fi
+  exit $status
+fi
 
 echo "==> rolling out $TO under examples/rolling.json:"
 sed 's/^/    /' examples/rolling.json

@@ -577,7 +577,7 @@ fn host_services(
     let cat = match snap.catalogs.get(h) {
         None => {
             return Err(format!(
-                "no service catalog (/hosts/{h}/services): its agent has not published its task files (an agent older than composable rollouts?)"
+                "no service catalog (/hosts/{h}/services): its agent has published no task files (its services_dir does not exist, or the agent is older than composable rollouts)"
             ));
         }
         Some(Err(e)) => return Err(e.clone()),

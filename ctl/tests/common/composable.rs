@@ -596,7 +596,7 @@ impl Fleet {
         self.daemons[self.index(host)].as_ref().unwrap().id().unwrap()
     }
 
-    /// `kill -9` of the host's agent; whatever it runs is left running.
+    /// `kill -9` of the host's agent (the test signals nothing else).
     pub async fn kill_agent(&mut self, host: &str) {
         let i = self.index(host);
         let mut c = self.daemons[i].take().unwrap();
