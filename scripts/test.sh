@@ -68,4 +68,6 @@ echo "==> packages: build, lintian, install/upgrade/purge in a throwaway root"
 packaging/test-debs.sh
 echo "==> the quick start: ./examples/local-fleet.sh"
 ./examples/local-fleet.sh
+echo "==> the quick start's composable rollout: ./examples/local-fleet.sh --composable"
+./examples/local-fleet.sh --composable
 echo "==> all tests passed"

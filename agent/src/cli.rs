@@ -427,8 +427,12 @@ fn decision_text(d: &Decision) -> String {
             services,
         } => format!("run {phase} of {} (rollout to {version})", service_list(services)),
         Decision::AwaitingPhase { version, granted } => match granted {
-            Some(p) => format!("idle: {p} is granted to this role and this host has nothing left in it (rollout to {version}); waiting for the next phase"),
-            None => format!("idle: the composable rollout to {version} has granted no phase to this role yet"),
+            Some(p) => format!(
+                "idle: {p} is granted to this role and this host has nothing left in it (rollout to {version}); waiting for the next phase"
+            ),
+            None => {
+                format!("idle: the composable rollout to {version} has granted no phase to this role yet")
+            }
         },
         Decision::LeftBehind {
             version,

@@ -436,7 +436,10 @@ fn upgrade(o: &Observation, desired: Version, why: Why) -> Decision {
             };
         }
     }
-    Decision::Upgrade { version: desired, why }
+    Decision::Upgrade {
+        version: desired,
+        why,
+    }
 }
 
 /// Whether the enable keys (their mod revisions `gate`) say "retry now" to the

@@ -293,8 +293,17 @@ impl Ledger {
         end: Option<&RunEnd<'_>>,
         close: Option<&RunClose>,
     ) -> Reported {
-        self.report_of(version, Step::Configured, Some(task), outcome, run_dir, result, end, close)
-            .await
+        self.report_of(
+            version,
+            Step::Configured,
+            Some(task),
+            outcome,
+            run_dir,
+            result,
+            end,
+            close,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -440,7 +449,13 @@ fn compose_log(
 
 /// One file holding a service step's task outputs (`<prefix>*` in the run
 /// directory, in the order the tasks ran), for upload.
-fn compose_task_log(state_dir: &Path, prefix: &str, at: u64, header: &str, run_dir: &Path) -> std::io::Result<PathBuf> {
+fn compose_task_log(
+    state_dir: &Path,
+    prefix: &str,
+    at: u64,
+    header: &str,
+    run_dir: &Path,
+) -> std::io::Result<PathBuf> {
     let mut names: Vec<String> = std::fs::read_dir(run_dir)?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .filter(|n| n.starts_with(prefix))
@@ -449,7 +464,12 @@ fn compose_task_log(state_dir: &Path, prefix: &str, at: u64, header: &str, run_d
     let files: Vec<PathBuf> = names.iter().map(|n| run_dir.join(n)).collect();
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id = format!("{}-{seq:06}-{}-{}", utc_stamp(at), std::process::id(), prefix.trim_end_matches('-'));
+    let id = format!(
+        "{}-{seq:06}-{}-{}",
+        utc_stamp(at),
+        std::process::id(),
+        prefix.trim_end_matches('-')
+    );
     uploads::compose(state_dir, &id, header, &files)
 }
 

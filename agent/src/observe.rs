@@ -285,14 +285,25 @@ pub async fn observe(
             got
         }
     };
-    let [desired, h, r, g, lock, host_hold, role_hold, current, result, grant, finalize] =
-        <[_; 11]>::try_from(got).map_err(|_| {
-            AgentError::Store(StoreError::Rejected {
-                url: store.url().to_string(),
-                op: "get",
-                message: "the store answered a different number of keys".into(),
-            })
-        })?;
+    let [
+        desired,
+        h,
+        r,
+        g,
+        lock,
+        host_hold,
+        role_hold,
+        current,
+        result,
+        grant,
+        finalize,
+    ] = <[_; 11]>::try_from(got).map_err(|_| {
+        AgentError::Store(StoreError::Rejected {
+            url: store.url().to_string(),
+            op: "get",
+            message: "the store answered a different number of keys".into(),
+        })
+    })?;
     let mut states: [KeyState; 3] = Default::default();
     let mut revs: [Revision; 3] = [0; 3];
     for (i, kv) in [h, r, g].into_iter().enumerate() {
@@ -385,16 +396,17 @@ fn compose_facts(
     };
     // Left in a step: a service whose file has tasks there (or cannot be read:
     // running it says why) and that did not finish it.
-    let left = |when: When, step: u32, phase: &str, among: &mut dyn Iterator<Item = &jio_common::names::Service>| {
-        among
-            .filter(|s| match services.get(s) {
-                Ok(file) => !file.tasks_at(when, step).is_empty(),
-                Err(_) => true,
-            })
-            .filter(|s| !done(phase, s))
-            .cloned()
-            .collect::<Vec<_>>()
-    };
+    let left =
+        |when: When, step: u32, phase: &str, among: &mut dyn Iterator<Item = &jio_common::names::Service>| {
+            among
+                .filter(|s| match services.get(s) {
+                    Ok(file) => !file.tasks_at(when, step).is_empty(),
+                    Err(_) => true,
+                })
+                .filter(|s| !done(phase, s))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
     if let Some(g) = grants[0].as_ref().and_then(|kv| parse_json::<Grant>(kv).ok())
         && &g.rollout == id
     {
@@ -405,14 +417,20 @@ fn compose_facts(
         }
         f.grant = Some(g);
     }
-    if let Some(g) = grants[1].as_ref().and_then(|kv| parse_json::<FinalizeGrant>(kv).ok())
+    if let Some(g) = grants[1]
+        .as_ref()
+        .and_then(|kv| parse_json::<FinalizeGrant>(kv).ok())
         && &g.rollout == id
         && &g.host == who.host
     {
         let all = c.all_services();
         let with_finalize: Vec<&jio_common::names::Service> = all
             .into_iter()
-            .filter(|s| services.get(s).is_ok_and(|f| !f.tasks_at(When::Finalize, 0).is_empty()))
+            .filter(|s| {
+                services
+                    .get(s)
+                    .is_ok_and(|f| !f.tasks_at(When::Finalize, 0).is_empty())
+            })
             .collect();
         f.finalize_left = left(When::Finalize, 0, "finalize", &mut with_finalize.into_iter());
         f.finalize = true;

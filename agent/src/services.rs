@@ -47,7 +47,12 @@ impl ServiceFile {
 
     fn steps(&self) -> ServiceSteps {
         let collect = |w: When| {
-            let set: BTreeSet<u32> = self.tasks.iter().filter(|t| t.when == w).map(|t| t.step).collect();
+            let set: BTreeSet<u32> = self
+                .tasks
+                .iter()
+                .filter(|t| t.when == w)
+                .map(|t| t.step)
+                .collect();
             set.into_iter().collect()
         };
         ServiceSteps {
@@ -177,7 +182,11 @@ pub fn parse(service: &Service, path: &Path, text: &str) -> Result<ServiceFile, 
     let doc: FileDoc = toml::from_str(text).map_err(|e| {
         format!(
             "{file}: {}",
-            e.to_string().lines().filter(|l| !l.trim().is_empty()).collect::<Vec<_>>().join(" ")
+            e.to_string()
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
         )
     })?;
     let mut errors = Vec::new();
@@ -211,7 +220,9 @@ pub fn parse(service: &Service, path: &Path, text: &str) -> Result<ServiceFile, 
             Some("post") => When::Post,
             Some("finalize") => When::Finalize,
             Some(other) => {
-                errors.push(format!("{label}: when = {other:?} (allowed: pre, post, finalize)"));
+                errors.push(format!(
+                    "{label}: when = {other:?} (allowed: pre, post, finalize)"
+                ));
                 continue;
             }
             None => {
@@ -223,7 +234,10 @@ pub fn parse(service: &Service, path: &Path, text: &str) -> Result<ServiceFile, 
             (When::Finalize, s) => s.unwrap_or(0),
             (_, Some(s)) if s > 0 => s,
             (_, _) => {
-                errors.push(format!("{label}: step must be a number from 1 for a {} task", when.as_str()));
+                errors.push(format!(
+                    "{label}: step must be a number from 1 for a {} task",
+                    when.as_str()
+                ));
                 continue;
             }
         };
@@ -276,9 +290,10 @@ pub fn in_order(services: &[Service], files: &Services) -> Vec<Service> {
         let pos = left
             .iter()
             .position(|s| {
-                files.files.get(s).is_none_or(|f| {
-                    f.after.iter().all(|a| !left.contains(a) || out.contains(a))
-                })
+                files
+                    .files
+                    .get(s)
+                    .is_none_or(|f| f.after.iter().all(|a| !left.contains(a) || out.contains(a)))
             })
             .unwrap_or(0);
         out.push(left.remove(pos));
@@ -336,31 +351,64 @@ command = ["crudini", "--del", "/etc/nova/nova.conf", "upgrade_levels", "compute
         let names: Vec<&str> = f.tasks.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(
             names,
-            ["RPC pin nova-compute", "stop nova-compute", "db sync", "start nova-compute", "unpin RPC"]
+            [
+                "RPC pin nova-compute",
+                "stop nova-compute",
+                "db sync",
+                "start nova-compute",
+                "unpin RPC"
+            ]
         );
         assert_eq!(f.tasks_at(When::Pre, 2)[0].name, "stop nova-compute");
         assert!(f.tasks_at(When::Pre, 2)[0].idempotent);
-        assert_eq!(f.tasks_at(When::Post, 3)[0].timeout, Some(Duration::from_secs(1200)));
+        assert_eq!(
+            f.tasks_at(When::Post, 3)[0].timeout,
+            Some(Duration::from_secs(1200))
+        );
         let steps = f.steps();
-        assert_eq!((steps.pre, steps.post, steps.finalize), (vec![1, 2], vec![3, 4], true));
+        assert_eq!(
+            (steps.pre, steps.post, steps.finalize),
+            (vec![1, 2], vec![3, 4], true)
+        );
     }
 
     #[test]
     fn bad_files_name_the_file_and_the_task() {
         let cases = [
             ("x = 1", "unknown field"),
-            ("[[task]]\nstep = 1\nwhen = \"pre\"\ncommand = [\"a\"]", "task 1: name is missing"),
-            ("[[task]]\nname = \"a\"\nwhen = \"pre\"\ncommand = [\"a\"]", "task \"a\": step must be a number from 1"),
-            ("[[task]]\nname = \"a\"\nstep = 0\nwhen = \"post\"\ncommand = [\"a\"]", "step must be a number from 1"),
-            ("[[task]]\nname = \"a\"\nstep = 1\nwhen = \"during\"\ncommand = [\"a\"]", "when = \"during\""),
-            ("[[task]]\nname = \"a\"\nstep = 1\nwhen = \"pre\"\ncommand = []", "command must be a non-empty"),
-            ("[[task]]\nname = \"a\"\nstep = 1\nwhen = \"pre\"\ncommand = \"rm -rf /\"", "invalid type"),
+            (
+                "[[task]]\nstep = 1\nwhen = \"pre\"\ncommand = [\"a\"]",
+                "task 1: name is missing",
+            ),
+            (
+                "[[task]]\nname = \"a\"\nwhen = \"pre\"\ncommand = [\"a\"]",
+                "task \"a\": step must be a number from 1",
+            ),
+            (
+                "[[task]]\nname = \"a\"\nstep = 0\nwhen = \"post\"\ncommand = [\"a\"]",
+                "step must be a number from 1",
+            ),
+            (
+                "[[task]]\nname = \"a\"\nstep = 1\nwhen = \"during\"\ncommand = [\"a\"]",
+                "when = \"during\"",
+            ),
+            (
+                "[[task]]\nname = \"a\"\nstep = 1\nwhen = \"pre\"\ncommand = []",
+                "command must be a non-empty",
+            ),
+            (
+                "[[task]]\nname = \"a\"\nstep = 1\nwhen = \"pre\"\ncommand = \"rm -rf /\"",
+                "invalid type",
+            ),
             (
                 "[[task]]\nname = \"a\"\nstep = 1\nwhen = \"pre\"\ncommand = [\"a\"]\n[[task]]\nname = \"a\"\nstep = 2\nwhen = \"pre\"\ncommand = [\"b\"]",
                 "two tasks have this name",
             ),
             ("after = [\"svc\"]", "after names the service itself"),
-            ("[[task]]\nname = \"a\"\nstep = 1\nwhen = \"pre\"\ncommand = [\"a\"]\ntimeout = \"soon\"", "timeout"),
+            (
+                "[[task]]\nname = \"a\"\nstep = 1\nwhen = \"pre\"\ncommand = [\"a\"]\ntimeout = \"soon\"",
+                "timeout",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(&svc("svc"), Path::new("/d/svc.toml"), text).unwrap_err();
@@ -377,7 +425,11 @@ command = ["crudini", "--del", "/etc/nova/nova.conf", "upgrade_levels", "compute
         let d = tempfile::tempdir().unwrap();
         assert_eq!(load(&d.path().join("none")).catalog(), None);
         std::fs::write(d.path().join("nova_compute.toml"), NOVA).unwrap();
-        std::fs::write(d.path().join("keystone.toml"), "[[task]]\nname = \"k\"\nstep = 1\nwhen = \"pre\"\ncommand = [\"true\"]\n").unwrap();
+        std::fs::write(
+            d.path().join("keystone.toml"),
+            "[[task]]\nname = \"k\"\nstep = 1\nwhen = \"pre\"\ncommand = [\"true\"]\n",
+        )
+        .unwrap();
         std::fs::write(d.path().join("broken.toml"), "[[task]]\nname = 3").unwrap();
         std::fs::write(d.path().join("README"), "not a task file").unwrap();
         let s = load(d.path());

@@ -5,9 +5,9 @@
 //! agent died is found at the next start, and results that could not reach the store
 //! stay here until they do.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write as _;
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use jio_common::keys::Step;

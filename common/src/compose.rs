@@ -93,12 +93,18 @@ impl Compose {
     /// Parses `roles_data`, `stages` and `finalize` of the rules' JSON `top` (the
     /// order of `stages` and `roles_data` from `text`, as written). `None` without
     /// `roles_data` (then `stages` and `finalize` are errors).
-    pub fn parse(text: &str, top: &serde_json::Map<String, Value>, errors: &mut Vec<String>) -> Option<Compose> {
+    pub fn parse(
+        text: &str,
+        top: &serde_json::Map<String, Value>,
+        errors: &mut Vec<String>,
+    ) -> Option<Compose> {
         let order = key_order(text);
         let Some(rd) = top.get("roles_data") else {
             for k in ["stages", "finalize"] {
                 if top.contains_key(k) {
-                    errors.push(format!("{k} is given without roles_data: it is part of a composable rollout"));
+                    errors.push(format!(
+                        "{k} is given without roles_data: it is part of a composable rollout"
+                    ));
                 }
             }
             return None;
@@ -112,9 +118,12 @@ impl Compose {
             Value::Object(o) => {
                 for r in ordered(o, &order.roles_data) {
                     let path = format!("roles_data.{r}");
-                    let Ok(role) = Role::new(r.as_str()) else {
-                        errors.push(format!("{path}: {}", Role::new(r.as_str()).unwrap_err()));
-                        continue;
+                    let role = match Role::new(r.as_str()) {
+                        Ok(role) => role,
+                        Err(e) => {
+                            errors.push(format!("{path}: {e}"));
+                            continue;
+                        }
                     };
                     let mut services: Vec<Service> = Vec::new();
                     match &o[&r] {
@@ -169,7 +178,9 @@ impl Compose {
                                     }
                                 }
                             }
-                            other => errors.push(format!("{path}: {other} must be a non-empty list of roles")),
+                            other => {
+                                errors.push(format!("{path}: {other} must be a non-empty list of roles"))
+                            }
                         }
                         c.stages.push((s.clone(), roles));
                     }
@@ -189,11 +200,15 @@ impl Compose {
                                 Err(e) => errors.push(format!("finalize.role: {e}")),
                             },
                             ("role", None) => errors.push(format!("finalize.role: {v} must be a role name")),
-                            (other, _) => errors.push(format!("finalize: unknown key {other:?} (allowed: role)")),
+                            (other, _) => {
+                                errors.push(format!("finalize: unknown key {other:?} (allowed: role)"))
+                            }
                         }
                     }
                 }
-                other => errors.push(format!("finalize: {other} must be an object such as {{\"role\": \"controller\"}}")),
+                other => errors.push(format!(
+                    "finalize: {other} must be an object such as {{\"role\": \"controller\"}}"
+                )),
             }
         }
         for k in ["canary", "canary_soak", "min_healthy_time"] {
@@ -232,7 +247,9 @@ impl Compose {
         if let Some(r) = self.finalize_role()
             && !roles.contains(&r)
         {
-            errors.push(format!("finalize.role: role {r} has no hosts to run the finalize tasks"));
+            errors.push(format!(
+                "finalize.role: role {r} has no hosts to run the finalize tasks"
+            ));
         }
     }
 }
@@ -411,7 +428,11 @@ impl Phase {
             format!(
                 "{} ({})",
                 self.name(),
-                self.services.iter().map(Service::as_str).collect::<Vec<_>>().join(", ")
+                self.services
+                    .iter()
+                    .map(Service::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         }
     }
@@ -551,7 +572,8 @@ pub fn levels(graph: &BTreeMap<Service, BTreeSet<Service>>) -> Result<BTreeMap<S
 /// `after` naming a service the rollout does not run is no constraint).
 pub fn graph(c: &Compose, snap: &Snapshot) -> BTreeMap<Service, BTreeSet<Service>> {
     let all = c.all_services();
-    let mut g: BTreeMap<Service, BTreeSet<Service>> = all.iter().map(|s| ((*s).clone(), BTreeSet::new())).collect();
+    let mut g: BTreeMap<Service, BTreeSet<Service>> =
+        all.iter().map(|s| ((*s).clone(), BTreeSet::new())).collect();
     for cat in snap.catalogs.values().filter_map(|c| c.as_ref().ok()) {
         for (s, steps) in &cat.services {
             if let Some(deps) = g.get_mut(s) {
@@ -732,7 +754,10 @@ enum Progress {
 fn task_progress(snap: &Snapshot, h: &HostName, phase: &str, services: &[&Service]) -> Progress {
     let mut done = true;
     for s in services {
-        match snap.step_statuses.get(&(phase.to_string(), (*s).clone(), h.clone())) {
+        match snap
+            .step_statuses
+            .get(&(phase.to_string(), (*s).clone(), h.clone()))
+        {
             Some(st) if st.outcome == Outcome::Success => {}
             Some(st) => return Progress::Failed(format!("service {s}: {}", st.value), st.revision),
             None => done = false,
@@ -784,7 +809,10 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             for h in &all {
                 out.plan.reasons.insert(
                     h.host.clone(),
-                    reason(ReasonCode::Blocked, format!("blocked: {e} (fix the task files' `after`)")),
+                    reason(
+                        ReasonCode::Blocked,
+                        format!("blocked: {e} (fix the task files' `after`)"),
+                    ),
                 );
             }
             out.stages = stages
@@ -859,7 +887,10 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             for h in &members {
                 out.plan.reasons.insert(
                     h.host.clone(),
-                    reason(ReasonCode::WaitingFor, format!("waiting for stage {before} to be done")),
+                    reason(
+                        ReasonCode::WaitingFor,
+                        format!("waiting for stage {before} to be done"),
+                    ),
                 );
             }
             out.stages.push(view);
@@ -876,13 +907,23 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             view.state = "blocked";
             active = Some(si);
             earlier_not_done = Some(stage.clone());
-            let names = blocked.keys().map(HostName::as_str).collect::<Vec<_>>().join(", ");
+            let names = blocked
+                .keys()
+                .map(HostName::as_str)
+                .collect::<Vec<_>>()
+                .join(", ");
             for h in &members {
                 let text = match blocked.get(&h.host) {
                     Some(why) => format!("blocked: {why}"),
-                    None => format!("stage {stage} waits for blocked host(s) {names} (fix their task files, or hold them)"),
+                    None => format!(
+                        "stage {stage} waits for blocked host(s) {names} (fix their task files, or hold them)"
+                    ),
                 };
-                let code = if blocked.contains_key(&h.host) { ReasonCode::Blocked } else { ReasonCode::WaitingFor };
+                let code = if blocked.contains_key(&h.host) {
+                    ReasonCode::Blocked
+                } else {
+                    ReasonCode::WaitingFor
+                };
                 out.plan.reasons.insert(h.host.clone(), reason(code, text));
             }
             out.stages.push(view);
@@ -901,7 +942,10 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
         for h in &members {
             if !services.contains_key(&h.host) {
                 // Held and unable to take part: it stays behind.
-                left.insert(h.host.clone(), "held, and it cannot take part (see its task files)".into());
+                left.insert(
+                    h.host.clone(),
+                    "held, and it cannot take part (see its task files)".into(),
+                );
             }
         }
         let mut current: Option<(usize, Vec<HostName>)> = None;
@@ -946,20 +990,27 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
                             failed_all.insert(h.to_string(), text.clone());
                             text
                         }
-                        _ => format!("did not finish phase {} (held or lost while it went on)", phase.describe()),
+                        _ => format!(
+                            "did not finish phase {} (held or lost while it went on)",
+                            phase.describe()
+                        ),
                     };
                     left.insert(h, why);
                 }
                 continue;
             }
             // Finished: everyone taking part is done, failed, or held and idle.
-            let settled = open.iter().all(|h| match phase_progress(snap, &cur, h, phase, &services) {
-                Progress::Failed(_, rev) => !retrying(snap, h, rev),
-                _ => {
-                    let st = all.iter().find(|s| &s.host == h);
-                    st.is_some_and(|s| snap.hold_of(&s.host, &s.role).is_some() && s.state == HostState::Pending)
-                }
-            });
+            let settled = open
+                .iter()
+                .all(|h| match phase_progress(snap, &cur, h, phase, &services) {
+                    Progress::Failed(_, rev) => !retrying(snap, h, rev),
+                    _ => {
+                        let st = all.iter().find(|s| &s.host == h);
+                        st.is_some_and(|s| {
+                            snap.hold_of(&s.host, &s.role).is_some() && s.state == HostState::Pending
+                        })
+                    }
+                });
             if open.is_empty() || (settled && granted.as_ref() == Some(&phase.key)) {
                 for h in open {
                     let why = match phase_progress(snap, &cur, &h, phase, &services) {
@@ -989,7 +1040,9 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
                     } else {
                         ReasonCode::Failed
                     };
-                    out.plan.reasons.insert(h.host.clone(), reason(code, format!("left behind: {why}")));
+                    out.plan
+                        .reasons
+                        .insert(h.host.clone(), reason(code, format!("left behind: {why}")));
                     if code == ReasonCode::Held {
                         out.plan.held.push(h.host.clone());
                     }
@@ -1009,7 +1062,9 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             out.plan.stopped_on_failures = true;
             for h in &members {
                 if let Some(why) = left.get(&h.host) {
-                    out.plan.reasons.insert(h.host.clone(), reason(ReasonCode::Failed, why.clone()));
+                    out.plan
+                        .reasons
+                        .insert(h.host.clone(), reason(ReasonCode::Failed, why.clone()));
                 } else {
                     out.plan.reasons.insert(
                         h.host.clone(),
@@ -1059,7 +1114,10 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
         let statuses = classify(&ps);
         let hosts: Vec<HostStatus> = statuses
             .into_iter()
-            .filter(|h| part.contains(&h.host) || (h.state == HostState::Upgrading && !part.contains(&h.host) && running(snap, &h.host)))
+            .filter(|h| {
+                part.contains(&h.host)
+                    || (h.state == HostState::Upgrading && !part.contains(&h.host) && running(snap, &h.host))
+            })
             .collect();
         view.finished = Some(
             hosts
@@ -1076,7 +1134,10 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
         let failed_here: Vec<&HostStatus> = hosts.iter().filter(|h| h.state == HostState::Failed).collect();
         for h in &failed_here {
             if let Progress::Failed(why, _) = phase_progress(snap, &cur, &h.host, phase, &services) {
-                failed_all.insert(h.host.to_string(), failed_text(snap, &h.host, &phase.name(), &why));
+                failed_all.insert(
+                    h.host.to_string(),
+                    failed_text(snap, &h.host, &phase.name(), &why),
+                );
             } else {
                 failed_all.insert(h.host.to_string(), format!("failed at {}", phase.name()));
             }
@@ -1103,7 +1164,8 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
                 } else {
                     ReasonCode::Failed
                 };
-                p.reasons.insert(h.host.clone(), reason(code, format!("left behind: {why}")));
+                p.reasons
+                    .insert(h.host.clone(), reason(code, format!("left behind: {why}")));
             } else if !part.contains(&h.host) {
                 p.reasons.insert(
                     h.host.clone(),
@@ -1117,8 +1179,10 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
                         ),
                     ),
                 );
-            } else if p.reasons.get(&h.host).is_none()
-                && hosts.iter().any(|s| s.host == h.host && s.state == HostState::Upgraded)
+            } else if !p.reasons.contains_key(&h.host)
+                && hosts
+                    .iter()
+                    .any(|s| s.host == h.host && s.state == HostState::Upgraded)
             {
                 p.reasons.insert(
                     h.host.clone(),
@@ -1163,7 +1227,9 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
 
 /// Whether the host's agent runs something (its record or its run marker).
 fn running(snap: &Snapshot, h: &HostName) -> bool {
-    snap.runs.contains_key(h) || matches!(snap.agents.get(h), Some(Some(a)) if a.state.running()) || matches!(snap.agents.get(h), Some(None))
+    snap.runs.contains_key(h)
+        || matches!(snap.agents.get(h), Some(Some(a)) if a.state.running())
+        || matches!(snap.agents.get(h), Some(None))
 }
 
 /// An enable key of a host that failed at revision `rev` was written after it,
@@ -1172,9 +1238,13 @@ fn retrying(snap: &Snapshot, h: &HostName, rev: crate::store::Revision) -> bool 
     use crate::keys::EnableLevel;
     let role = snap.role_of(h);
     snap.gate(h, &role).enabled
-        && [EnableLevel::Host(h.clone()), EnableLevel::Role(role), EnableLevel::Global]
-            .iter()
-            .any(|l| snap.enable_revisions.get(l).is_some_and(|r| *r > rev))
+        && [
+            EnableLevel::Host(h.clone()),
+            EnableLevel::Role(role),
+            EnableLevel::Global,
+        ]
+        .iter()
+        .any(|l| snap.enable_revisions.get(l).is_some_and(|r| *r > rev))
 }
 
 /// A host's progress in `phase`.
@@ -1324,7 +1394,9 @@ fn finalize(
             && !failed.contains_key(h.host.as_str())
             && snap.catalogs.get(&h.host).is_some_and(|c| c.is_ok())
     };
-    let host = granted.clone().or_else(|| all.iter().find(|h| healthy(h)).map(|h| h.host.clone()));
+    let host = granted
+        .clone()
+        .or_else(|| all.iter().find(|h| healthy(h)).map(|h| h.host.clone()));
     let Some(host) = host else {
         out.finalize.state = "waiting";
         let text = format!(
@@ -1456,14 +1528,31 @@ mod tests {
                 kv("/current_version", "v2", 1),
                 kv("/config_state/enable_puppet/global", "false", 1),
                 kv("/rollouts/current", rec.id.as_str(), 1),
-                kv(&format!("/rollouts/{}", rec.id), &serde_json::to_string(&rec).unwrap(), 1),
+                kv(
+                    &format!("/rollouts/{}", rec.id),
+                    &serde_json::to_string(&rec).unwrap(),
+                    1,
+                ),
             ];
             let ctl = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]},"nova_api":{"after":["keystone"],"pre":[1]}}}"#;
             let cp = r#"{"dir":"/s","services":{"nova_compute":{"pre":[1,2],"post":[3],"finalize":true}}}"#;
-            for (h, role, cat) in [("ctl1", "controller", ctl), ("ctl2", "controller", ctl), ("cp1", "compute", cp), ("cp2", "compute", cp)] {
-                kvs.push(kv(&format!("/hosts/{h}"), &format!(r#"{{"role":"{role}","agent_version":"1","first_seen":1}}"#), 1));
+            for (h, role, cat) in [
+                ("ctl1", "controller", ctl),
+                ("ctl2", "controller", ctl),
+                ("cp1", "compute", cp),
+                ("cp2", "compute", cp),
+            ] {
+                kvs.push(kv(
+                    &format!("/hosts/{h}"),
+                    &format!(r#"{{"role":"{role}","agent_version":"1","first_seen":1}}"#),
+                    1,
+                ));
                 kvs.push(kv(&format!("/hosts/{h}/services"), cat, 1));
-                kvs.push(kv(&format!("/agents/{h}"), r#"{"state":"idle","version":"v1","since":1,"pid":1}"#, 1));
+                kvs.push(kv(
+                    &format!("/agents/{h}"),
+                    r#"{"state":"idle","version":"v1","since":1,"pid":1}"#,
+                    1,
+                ));
                 kvs.push(kv(&format!("/running/versions/v1/{h}"), "1", 1));
             }
             Scene { kvs, rec, rev: 10 }
@@ -1502,7 +1591,10 @@ mod tests {
                 self.del(&format!("/config_state/enable_puppet/host/{h}"));
             }
             for (role, g) in &c.grants {
-                self.put(&format!("/steps/roles/{role}"), &serde_json::to_string(g).unwrap());
+                self.put(
+                    &format!("/steps/roles/{role}"),
+                    &serde_json::to_string(g).unwrap(),
+                );
             }
             for h in &c.plan.enable_hosts {
                 self.put(&format!("/config_state/enable_puppet/host/{h}"), "true");
@@ -1521,7 +1613,10 @@ mod tests {
     }
 
     fn phase_of(c: &Composed, stage: &str) -> Option<String> {
-        c.stages.iter().find(|s| s.name == stage).and_then(|s| s.phase.clone())
+        c.stages
+            .iter()
+            .find(|s| s.name == stage)
+            .and_then(|s| s.phase.clone())
     }
 
     fn enabled(c: &Composed) -> Vec<&str> {
@@ -1537,8 +1632,15 @@ mod tests {
         assert_eq!(c.grants[0].1.phase, "pre-1");
         assert_eq!(c.grants[0].1.services, vec![s("keystone")]);
         assert!(c.plan.enable_hosts.is_empty());
-        assert_eq!(c.plan.reasons[&HostName::new("cp1").unwrap()].code, ReasonCode::WaitingFor);
-        assert!(c.plan.reasons[&HostName::new("cp1").unwrap()].text.contains("stage compute is not started"));
+        assert_eq!(
+            c.plan.reasons[&HostName::new("cp1").unwrap()].code,
+            ReasonCode::WaitingFor
+        );
+        assert!(
+            c.plan.reasons[&HostName::new("cp1").unwrap()]
+                .text
+                .contains("stage compute is not started")
+        );
         sc.apply(&c);
         // Then both controllers are admitted (no limit).
         let c = sc.plan();
@@ -1556,13 +1658,11 @@ mod tests {
         assert_eq!(c.grants[0].1.services, vec![s("nova_api")]);
         assert_eq!(c.reset_hosts.len(), 2);
         sc.apply(&c);
-        for p in [("pre-1", "nova_api")] {
-            let c = sc.plan();
-            assert_eq!(enabled(&c), vec!["ctl1", "ctl2"]);
-            sc.apply(&c);
-            sc.step_done(p.0, p.1, "ctl1", true);
-            sc.step_done(p.0, p.1, "ctl2", true);
-        }
+        let c = sc.plan();
+        assert_eq!(enabled(&c), vec!["ctl1", "ctl2"]);
+        sc.apply(&c);
+        sc.step_done("pre-1", "nova_api", "ctl1", true);
+        sc.step_done("pre-1", "nova_api", "ctl2", true);
         // Puppet: done when the hosts are at the version.
         let c = sc.plan();
         assert_eq!(c.grants[0].1.phase, "puppet");
@@ -1584,7 +1684,12 @@ mod tests {
         sc.step_done("post-3", "keystone", "ctl2", true);
         // The stage is done; compute is not started.
         let c = sc.plan();
-        assert_eq!(c.standing, Standing::StagesDone { not_started: vec!["compute".into()] });
+        assert_eq!(
+            c.standing,
+            Standing::StagesDone {
+                not_started: vec!["compute".into()]
+            }
+        );
         assert!(!c.writes());
     }
 
@@ -1601,7 +1706,10 @@ mod tests {
         }
         let c = sc.plan();
         assert_eq!(phase_of(&c, "controlplane"), None);
-        assert_eq!(c.grants.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(), vec!["compute"]);
+        assert_eq!(
+            c.grants.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+            vec!["compute"]
+        );
         sc.apply(&c);
         // compute: 1 at a time.
         let c = sc.plan();
@@ -1615,20 +1723,33 @@ mod tests {
         sc.step_done("pre-1", "nova_compute", "cp2", false);
         let c = sc.plan();
         assert!(matches!(c.standing, Standing::Stopped { .. }), "{:?}", c.standing);
-        let Standing::Stopped { failed } = c.standing else { unreachable!() };
+        let Standing::Stopped { failed } = c.standing else {
+            unreachable!()
+        };
         assert!(failed["cp2"].contains("failed at pre-1"), "{failed:?}");
     }
 
     #[test]
     fn a_host_without_its_task_file_blocks_its_stage() {
         let mut sc = Scene::new(&["controlplane"]);
-        sc.put("/hosts/ctl2/services", r#"{"dir":"/s","services":{"keystone":{"pre":[1]}}}"#);
+        sc.put(
+            "/hosts/ctl2/services",
+            r#"{"dir":"/s","services":{"keystone":{"pre":[1]}}}"#,
+        );
         let c = sc.plan();
         assert!(c.grants.is_empty() && !c.writes());
         let why = &c.plan.reasons[&HostName::new("ctl2").unwrap()];
         assert_eq!(why.code, ReasonCode::Blocked);
-        assert!(why.text.contains("nova_api") && why.text.contains("/s/nova_api.toml"), "{}", why.text);
-        assert!(c.plan.reasons[&HostName::new("ctl1").unwrap()].text.contains("waits for blocked host(s) ctl2"));
+        assert!(
+            why.text.contains("nova_api") && why.text.contains("/s/nova_api.toml"),
+            "{}",
+            why.text
+        );
+        assert!(
+            c.plan.reasons[&HostName::new("ctl1").unwrap()]
+                .text
+                .contains("waits for blocked host(s) ctl2")
+        );
     }
 
     #[test]
@@ -1639,7 +1760,11 @@ mod tests {
             sc.del(&format!("/running/versions/v1/{h}"));
         }
         for h in ["ctl1", "ctl2"] {
-            for (p, sv) in [("pre-1", "keystone"), ("pre-1", "nova_api"), ("post-3", "keystone")] {
+            for (p, sv) in [
+                ("pre-1", "keystone"),
+                ("pre-1", "nova_api"),
+                ("post-3", "keystone"),
+            ] {
                 sc.step_done(p, sv, h, true);
             }
         }
@@ -1664,12 +1789,24 @@ mod tests {
         assert!(c.finalize_grant.is_none() && c.standing == Standing::Moving);
         sc.step_done("finalize", "nova_compute", "ctl1", true);
         let c = sc.plan();
-        assert_eq!(c.standing, Standing::Finished { failed: BTreeMap::new() });
+        assert_eq!(
+            c.standing,
+            Standing::Finished {
+                failed: BTreeMap::new()
+            }
+        );
         // A failed finalize fails the rollout.
         sc.step_done("finalize", "nova_compute", "ctl1", false);
-        sc.del(&format!("/status/steps/{}/finalize/nova_compute/success/ctl1", sc.rec.id));
+        sc.del(&format!(
+            "/status/steps/{}/finalize/nova_compute/success/ctl1",
+            sc.rec.id
+        ));
         let c = sc.plan();
-        assert!(matches!(&c.standing, Standing::Finished { failed } if failed.contains_key("ctl1")), "{:?}", c.standing);
+        assert!(
+            matches!(&c.standing, Standing::Finished { failed } if failed.contains_key("ctl1")),
+            "{:?}",
+            c.standing
+        );
     }
 
     #[test]
@@ -1716,9 +1853,15 @@ mod tests {
         let mut hosts = BTreeMap::new();
         hosts.insert(
             HostName::new("ctl1").unwrap(),
-            vec![(s("keystone"), steps(&[1], &[3])), (s("nova_api"), steps(&[1, 2], &[]))],
+            vec![
+                (s("keystone"), steps(&[1], &[3])),
+                (s("nova_api"), steps(&[1, 2], &[])),
+            ],
         );
-        hosts.insert(HostName::new("cp1").unwrap(), vec![(s("nova_compute"), steps(&[1, 2], &[3, 4]))]);
+        hosts.insert(
+            HostName::new("cp1").unwrap(),
+            vec![(s("nova_compute"), steps(&[1, 2], &[3, 4]))],
+        );
         let mut lv = BTreeMap::new();
         lv.insert(s("keystone"), 0);
         lv.insert(s("nova_api"), 1);

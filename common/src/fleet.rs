@@ -472,14 +472,19 @@ impl LiveSnapshot {
                 Ok(g) => {
                     self.snap.grants.insert(role, g);
                 }
-                Err(e) => self.problem(&kv.key, format!("{e} (no driver writes such a grant: its hosts run no phase)")),
+                Err(e) => self.problem(
+                    &kv.key,
+                    format!("{e} (no driver writes such a grant: its hosts run no phase)"),
+                ),
             },
             Some(Parsed::FinalizeGrant) => match parse_json::<FinalizeGrant>(kv) {
                 Ok(g) => self.snap.finalize_grant = Some(g),
                 Err(e) => self.problem(&kv.key, e.to_string()),
             },
             Some(Parsed::StepStatus(id, phase, service, outcome, h)) => {
-                let value = crate::values::text(kv).map(str::to_string).unwrap_or_else(|e| e.to_string());
+                let value = crate::values::text(kv)
+                    .map(str::to_string)
+                    .unwrap_or_else(|e| e.to_string());
                 self.step_statuses.insert(
                     kv.key.clone(),
                     (
@@ -612,11 +617,17 @@ impl LiveSnapshot {
             // A service's step on a host has one entry; should both be there (a
             // writer other than the agent), the newer one counts.
             s.step_statuses.clear();
-            let id = self.current_rollout.as_ref().map(|kv| kv.value.trim().to_string());
+            let id = self
+                .current_rollout
+                .as_ref()
+                .map(|kv| kv.value.trim().to_string());
             for (rid, phase, service, h, st) in self.step_statuses.values() {
                 if Some(rid) == id.as_ref() {
                     let k = (phase.clone(), service.clone(), h.clone());
-                    if s.step_statuses.get(&k).is_none_or(|old| old.revision < st.revision) {
+                    if s.step_statuses
+                        .get(&k)
+                        .is_none_or(|old| old.revision < st.revision)
+                    {
                         s.step_statuses.insert(k, st.clone());
                     }
                 }

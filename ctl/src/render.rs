@@ -275,6 +275,111 @@ pub fn paused_line(r: &RolloutRecord, in_flight: usize) -> String {
     )
 }
 
+/// A composable rollout's stages and finalize step, one line each.
+pub fn stages(c: &jio_common::compose::Composed) -> String {
+    let mut out = String::new();
+    for s in &c.stages {
+        let roles: Vec<&str> = s.roles.iter().map(Role::as_str).collect();
+        out.push_str(&format!(
+            "stage {} ({}): {}",
+            s.name,
+            roles.join(", "),
+            s.state.replace('_', " ")
+        ));
+        if let Some(p) = &s.phase {
+            out.push_str(&format!(", phase {p}"));
+            if let (Some(done), Some(of)) = (s.finished, s.taking_part) {
+                out.push_str(&format!(": {done}/{of} hosts finished"));
+            }
+        }
+        if !s.left_behind.is_empty() {
+            out.push_str(&format!(
+                "; left behind: {}",
+                s.left_behind
+                    .keys()
+                    .map(|h| h.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        out.push('\n');
+    }
+    let f = &c.finalize;
+    if f.state != "none" {
+        out.push_str(&format!("finalize: {}", f.state));
+        if let Some(h) = &f.host {
+            out.push_str(&format!(" on {h}"));
+        }
+        if !f.services.is_empty() {
+            out.push_str(&format!(
+                " ({})",
+                f.services
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if let Some(r) = &f.reason {
+            out.push_str(&format!(": {r}"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// What a composable rollout waits for, in one line.
+pub fn compose_waiting(c: &jio_common::compose::Composed) -> String {
+    let mut parts: Vec<String> = c
+        .stages
+        .iter()
+        .filter(|s| s.state == "running" || s.state == "blocked")
+        .map(|s| {
+            format!(
+                "stage {} {}{}",
+                s.name,
+                s.phase
+                    .as_ref()
+                    .map_or_else(|| s.state.to_string(), |p| format!("phase {p}")),
+                match (s.finished, s.taking_part) {
+                    (Some(d), Some(of)) => format!(" ({d}/{of} finished)"),
+                    _ => String::new(),
+                }
+            )
+        })
+        .collect();
+    if c.stages.iter().all(|s| s.state == "done") {
+        parts.push(format!(
+            "finalize {}{}",
+            c.finalize.state,
+            c.finalize
+                .reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ));
+    }
+    let line = waiting_line(&c.hosts, &c.plan);
+    if line != "nothing" {
+        parts.push(line);
+    }
+    let blocked: Vec<String> = c
+        .plan
+        .reasons
+        .iter()
+        .filter(|(_, r)| r.code == ReasonCode::Blocked)
+        .map(|(h, r)| format!("{h} ({})", r.text))
+        .collect();
+    if !blocked.is_empty() {
+        parts.push(format!("blocked: {}", blocked.join(", ")));
+    }
+    if parts.is_empty() {
+        "nothing".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,86 +451,4 @@ mod tests {
             assert_eq!(action(&a), want);
         }
     }
-}
-
-/// A composable rollout's stages and finalize step, one line each.
-pub fn stages(c: &jio_common::compose::Composed) -> String {
-    let mut out = String::new();
-    for s in &c.stages {
-        let roles: Vec<&str> = s.roles.iter().map(Role::as_str).collect();
-        out.push_str(&format!("stage {} ({}): {}", s.name, roles.join(", "), s.state.replace('_', " ")));
-        if let Some(p) = &s.phase {
-            out.push_str(&format!(", phase {p}"));
-            if let (Some(done), Some(of)) = (s.finished, s.taking_part) {
-                out.push_str(&format!(": {done}/{of} hosts finished"));
-            }
-        }
-        if !s.left_behind.is_empty() {
-            out.push_str(&format!(
-                "; left behind: {}",
-                s.left_behind.keys().map(|h| h.as_str()).collect::<Vec<_>>().join(", ")
-            ));
-        }
-        out.push('\n');
-    }
-    let f = &c.finalize;
-    if f.state != "none" {
-        out.push_str(&format!("finalize: {}", f.state));
-        if let Some(h) = &f.host {
-            out.push_str(&format!(" on {h}"));
-        }
-        if !f.services.is_empty() {
-            out.push_str(&format!(
-                " ({})",
-                f.services.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-            ));
-        }
-        if let Some(r) = &f.reason {
-            out.push_str(&format!(": {r}"));
-        }
-        out.push('\n');
-    }
-    out
-}
-
-/// What a composable rollout waits for, in one line.
-pub fn compose_waiting(c: &jio_common::compose::Composed) -> String {
-    let mut parts: Vec<String> = c
-        .stages
-        .iter()
-        .filter(|s| s.state == "running" || s.state == "blocked")
-        .map(|s| {
-            format!(
-                "stage {} {}{}",
-                s.name,
-                s.phase.as_ref().map_or_else(|| s.state.to_string(), |p| format!("phase {p}")),
-                match (s.finished, s.taking_part) {
-                    (Some(d), Some(of)) => format!(" ({d}/{of} finished)"),
-                    _ => String::new(),
-                }
-            )
-        })
-        .collect();
-    if c.stages.iter().all(|s| s.state == "done") {
-        parts.push(format!(
-            "finalize {}{}",
-            c.finalize.state,
-            c.finalize.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
-        ));
-    }
-    let line = waiting_line(&c.hosts, &c.plan);
-    if line != "nothing" {
-        parts.push(line);
-    }
-    let blocked: Vec<String> = c
-        .plan
-        .reasons
-        .iter()
-        .filter(|(_, r)| r.code == ReasonCode::Blocked)
-        .map(|(h, r)| format!("{h} ({})", r.text))
-        .collect();
-    if !blocked.is_empty() {
-        parts.push(format!("blocked: {}", blocked.join(", ")));
-    }
-    if parts.is_empty() { "nothing".into() } else { parts.join("; ") }
 }

@@ -250,7 +250,11 @@ where
 /// (`order`: the rules' stages; `started`: the record's, empty when every stage
 /// is): `None` when nothing changes. A stage may start only once every stage
 /// written before it has started (or starts with it).
-fn staged(order: &[String], started: &[String], requested: &[String]) -> Result<Option<Vec<String>>, ChangeError> {
+fn staged(
+    order: &[String],
+    started: &[String],
+    requested: &[String],
+) -> Result<Option<Vec<String>>, ChangeError> {
     if order.is_empty() {
         return Ok(None);
     }
@@ -281,7 +285,11 @@ fn staged(order: &[String], started: &[String], requested: &[String]) -> Result<
         // Every stage: the record says nothing (as a rollout without --stage).
         return Ok(None);
     }
-    let want = if want.len() == order.len() { Vec::new() } else { want };
+    let want = if want.len() == order.len() {
+        Vec::new()
+    } else {
+        want
+    };
     if want == started {
         return Ok(None);
     }

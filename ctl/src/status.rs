@@ -197,7 +197,11 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
     };
     let plan = plan::plan(snap, &hosts, &resolved, &cx);
     let mut reasons = plan.reasons.clone();
-    let composed = if problem.is_some() { None } else { composed(snap, &resolved, now) };
+    let composed = if problem.is_some() {
+        None
+    } else {
+        composed(snap, &resolved, now)
+    };
     if let Some(c) = &composed {
         // A composable rollout: each host's reason is its phase's.
         reasons = c.plan.reasons.clone();
@@ -339,7 +343,9 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
         });
     let composable = jio_common::rules::Rules::parse(&r.rules.to_string()).is_ok_and(|r| r.compose.is_some());
     match plan {
-        Ok(p) if !composable && jio_common::rules::waits_forever(&hosts, &p) && r.state.name() != "paused" => {
+        Ok(p)
+            if !composable && jio_common::rules::waits_forever(&hosts, &p) && r.state.name() != "paused" =>
+        {
             out.push(format!(
                 "waiting forever: {}",
                 crate::render::waiting_line_forever(&hosts, &p)

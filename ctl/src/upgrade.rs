@@ -1075,7 +1075,11 @@ impl Driver<'_> {
                 } else {
                     format!(
                         " ({})",
-                        g.services.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                        g.services
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )
                 };
                 self.note(&format!("stage {}: phase {}{services} begins", g.stage, g.phase));

@@ -164,7 +164,10 @@ pub fn compose_ops(schema: &Schema, c: &jio_common::compose::Composed) -> Vec<Op
         ops.push(Op::Delete(schema.enable(&EnableLevel::Role(r.clone()))));
     }
     for (role, g) in &c.grants {
-        ops.push(Op::put(schema.grant(role), serde_json::to_string(g).unwrap_or_default()));
+        ops.push(Op::put(
+            schema.grant(role),
+            serde_json::to_string(g).unwrap_or_default(),
+        ));
     }
     if c.grants.is_empty() {
         ops.extend(plan_ops(schema, &c.plan));

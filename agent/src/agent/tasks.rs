@@ -109,7 +109,9 @@ impl Agent {
         let mut result = RunResult::Success;
         for (i, s) in order.iter().enumerate() {
             let last = i + 1 == order.len();
-            let ran = self.run_service(&version, &rollout, &phase, when, step, s, &run_dir).await;
+            let ran = self
+                .run_service(&version, &rollout, &phase, when, step, s, &run_dir)
+                .await;
             match ran {
                 Ran::Done => {
                     self.service_ended(&version, &rollout, &phase, s, Ran::Done, &run_dir, last)
@@ -309,7 +311,15 @@ impl Agent {
         };
         let reported = self
             .ledger
-            .report_task(version, task_ref, &outcome, run_dir, result, end.as_ref(), close.as_ref())
+            .report_task(
+                version,
+                task_ref,
+                &outcome,
+                run_dir,
+                result,
+                end.as_ref(),
+                close.as_ref(),
+            )
             .await;
         if let Some((revision, writes)) = &reported.ended {
             self.run_marker = false;

@@ -197,8 +197,14 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
                 t.push(format!(
                     "    step {}{}{}{}{}",
                     r.step.as_deref().unwrap_or("?"),
-                    r.service.as_ref().map(|s| format!(", service {s}")).unwrap_or_default(),
-                    r.task.as_ref().map(|t| format!(", task {t:?}")).unwrap_or_default(),
+                    r.service
+                        .as_ref()
+                        .map(|s| format!(", service {s}"))
+                        .unwrap_or_default(),
+                    r.task
+                        .as_ref()
+                        .map(|t| format!(", task {t:?}"))
+                        .unwrap_or_default(),
                     r.exit_code.map(|c| format!(", exit {c}")).unwrap_or_default(),
                     r.message.as_ref().map(|m| format!(": {m}")).unwrap_or_default()
                 ));

@@ -36,12 +36,19 @@ impl GetFailures {
                 );
             }
             for (h, phase, service, value) in &steps {
-                println!("{h}\t{}\t{phase} {service}\t{}", snap.role_of(h), describe_entry(value));
+                println!(
+                    "{h}\t{}\t{phase} {service}\t{}",
+                    snap.role_of(h),
+                    describe_entry(value)
+                );
             }
         } else {
             let mut by_role: BTreeMap<String, usize> = BTreeMap::new();
-            let failed: std::collections::BTreeSet<&jio_common::names::HostName> =
-                snap.failures.keys().chain(steps.iter().map(|(h, ..)| h)).collect();
+            let failed: std::collections::BTreeSet<&jio_common::names::HostName> = snap
+                .failures
+                .keys()
+                .chain(steps.iter().map(|(h, ..)| h))
+                .collect();
             for h in &failed {
                 *by_role.entry(snap.role_of(h).to_string()).or_default() += 1;
             }
