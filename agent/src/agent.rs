@@ -216,6 +216,14 @@ impl Agent {
         self.observe_with(health_due, true).await
     }
 
+    /// Whether the active rollout is composable: then its phase grants are watched
+    /// too (`Subject::steps_watch`).
+    pub fn watches_steps(&self) -> bool {
+        self.rollout_cache
+            .as_ref()
+            .is_some_and(|(_, r)| r.compose.is_some())
+    }
+
     /// One event of the watches on `Subject::watched_keys` (the daemon's, or those
     /// of a program running its own loop), for the view a pass may use.
     pub fn watched(&mut self, ev: &jio_common::store::WatchEvent) {

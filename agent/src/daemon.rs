@@ -127,6 +127,7 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
     // The last error logged: a failing pass is logged once, not on every retry.
     let mut last_error: Option<String> = None;
     let mut watches = open_watches(agent).await;
+    let mut steps_watched = agent.watches_steps();
     loop {
         if agent.stopping() {
             return Ok(());
@@ -140,7 +141,17 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
                     tracing::info!(was = %e, "passes work again");
                 }
                 let now = agent.clock_now();
-                match after_pass(&result, due, &mut health, resync, now) {
+                let next = after_pass(&result, due, &mut health, resync, now);
+                if agent.watches_steps() != steps_watched {
+                    // A composable rollout began (or ended): its phase grants are
+                    // watched from now on (or no longer); the next pass reads
+                    // afresh, since a grant may have changed unwatched.
+                    watches = open_watches(agent).await;
+                    steps_watched = agent.watches_steps();
+                    agent.watches_reopened();
+                    continue;
+                }
+                match next {
                     Next::Again => continue,
                     Next::Wait(d) => d,
                 }
@@ -196,7 +207,11 @@ async fn open_watches(agent: &Agent) -> SelectAll<WatchStream> {
     loop {
         let mut all = SelectAll::new();
         let mut failed = None;
-        for key in agent.subject().watched_keys() {
+        let mut keys = agent.subject().watched_keys();
+        if agent.watches_steps() {
+            keys.push(agent.subject().steps_watch());
+        }
+        for key in keys {
             match agent.store().watch(&key, 0).await {
                 Ok(w) => all.push(w),
                 Err(e) => {

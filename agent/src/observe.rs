@@ -55,8 +55,13 @@ impl Subject<'_> {
         keys.extend(self.gate_keys());
         keys.extend(self.hold_keys());
         keys.push(self.schema.current_rollout());
-        keys.extend(self.grant_keys());
         keys
+    }
+
+    /// The prefix of the phase grants, watched (one watch for the role's grant and
+    /// the finalize grant) only while a composable rollout is active.
+    pub fn steps_watch(&self) -> Key {
+        self.schema.steps()
     }
 
     /// The phase granted to the host's role and the finalize grant (composable
@@ -330,7 +335,11 @@ pub async fn observe(
         });
     let rollout_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
     let rollout = match &current {
-        None => RolloutFacts::default(),
+        None => {
+            // No rollout: none is cached (nor watched for, see `Agent::watches_steps`).
+            *mem.rollout_cache = None;
+            RolloutFacts::default()
+        }
         Some(cur) => rollout_facts(store, who, cur, mem.now, mem.rollout_cache).await?,
     };
     let compose = compose_facts(
