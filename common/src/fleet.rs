@@ -124,6 +124,21 @@ pub struct Snapshot {
     pub finalize_grant: Option<FinalizeGrant>,
     /// The step statuses of the active rollout: (phase, service, host) → status.
     pub step_statuses: BTreeMap<(String, Service, HostName), StepStatus>,
+    /// Mod revision of each readable `/results/<host>`.
+    pub result_revisions: BTreeMap<HostName, Revision>,
+}
+
+/// A composable rollout's step that failed on a host, from its last result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFailure {
+    /// `pre-<k>`, `post-<k>` or `finalize`.
+    pub phase: String,
+    pub service: Option<String>,
+    pub task: Option<String>,
+    /// The log link, else the message.
+    pub value: String,
+    /// The result's mod revision (an enable key written after it retries).
+    pub revision: Revision,
 }
 
 impl Snapshot {
@@ -275,13 +290,42 @@ impl Snapshot {
             .find_map(|t| self.holds.get(&t).map(|r| (t, r.as_ref())))
     }
 
-    /// The active composable rollout's failed steps: (host, phase, service, the
-    /// log link or the reason).
-    pub fn step_failures(&self) -> Vec<(HostName, String, Service, String)> {
-        self.step_statuses
-            .iter()
-            .filter(|(_, st)| st.outcome == crate::keys::Outcome::Failure)
-            .map(|((phase, s, h), st)| (h.clone(), phase.clone(), s.clone(), st.value.clone()))
+    /// The host's last run failed at a composable rollout's step of the current
+    /// version: of the active rollout, or of any rollout when none is active (a
+    /// new rollout runs every step again). Its seed `/status/` entries say nothing
+    /// of it, so this is what counts it failed.
+    pub fn step_failure(&self, h: &HostName) -> Option<StepFailure> {
+        let r = self.results.get(h)?;
+        if r.ok || Some(&r.version) != self.current.as_ref() {
+            return None;
+        }
+        let phase = r.step.clone()?;
+        match crate::compose::parse_phase(&phase) {
+            Some((Some(_), _)) => {}
+            _ => return None,
+        }
+        if let Some(active) = self
+            .rollout
+            .as_ref()
+            .filter(|c| c.ok().is_some_and(|r| r.state.active()))
+            && r.rollout.as_deref() != Some(active.id.as_str())
+        {
+            return None;
+        }
+        Some(StepFailure {
+            phase,
+            service: r.service.clone(),
+            task: r.task.clone(),
+            value: r.log.clone().or_else(|| r.message.clone()).unwrap_or_default(),
+            revision: self.result_revisions.get(h).copied().unwrap_or(0),
+        })
+    }
+
+    /// Every host whose last run failed at a composable rollout's step.
+    pub fn step_failures(&self) -> Vec<(HostName, StepFailure)> {
+        self.results
+            .keys()
+            .filter_map(|h| self.step_failure(h).map(|f| (h.clone(), f)))
             .collect()
     }
 
@@ -448,6 +492,7 @@ impl LiveSnapshot {
             }
             Some(Parsed::Result(h)) => match parse_json(kv) {
                 Ok(r) => {
+                    self.snap.result_revisions.insert(h.clone(), kv.mod_revision);
                     self.snap.results.insert(h, r);
                 }
                 Err(e) => {
@@ -575,6 +620,7 @@ impl LiveSnapshot {
             }
             Some(Parsed::Result(h)) => {
                 s.results.remove(h);
+                s.result_revisions.remove(h);
                 s.results_invalid.remove(h);
             }
             Some(Parsed::Driver(name)) => {
@@ -795,9 +841,13 @@ impl Snapshot {
     /// entry: its agent retries (it compares the same revisions), so the host is
     /// moving again, not failed.
     fn retrying(&self, h: &HostName, role: &Role, gate: &Gate) -> bool {
-        let Some(failed_at) = self.failure_revisions.get(h) else {
-            return false;
+        let failed_at = match (self.failure_revisions.get(h), self.step_failure(h)) {
+            (Some(a), Some(f)) => (*a).max(f.revision),
+            (Some(a), None) => *a,
+            (None, Some(f)) => f.revision,
+            (None, None) => return false,
         };
+        let failed_at = &failed_at;
         let keys = [
             EnableLevel::Host(h.clone()),
             EnableLevel::Role(role.clone()),
@@ -826,7 +876,7 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
                 Some(cur) => {
                     let gate = s.gate(&h, &role);
                     let upgraded = s.running.get(&h).is_some_and(|vs| vs.contains(cur));
-                    if s.failures.contains_key(&h) {
+                    if s.failures.contains_key(&h) || s.step_failure(&h).is_some() {
                         if s.retrying(&h, &role, &gate) {
                             (
                                 HostState::Upgrading,

@@ -838,6 +838,12 @@ fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
         .filter(|r| !r.ok && Some(&r.version) == snap.current.as_ref());
     let mut text = format!("failed at {}", res.and_then(|r| r.step.clone()).unwrap_or(step));
     if let Some(r) = res {
+        if let Some(sv) = &r.service {
+            text.push_str(&format!(", service {sv}"));
+        }
+        if let Some(t) = &r.task {
+            text.push_str(&format!(", task {t:?}"));
+        }
         if let Some(c) = r.exit_code {
             text.push_str(&format!(", exit {c}"));
         }

@@ -279,3 +279,159 @@ async fn wrong_credentials_are_a_clear_error_and_runs_are_still_reported() {
             .is_some()
     );
 }
+
+/// A composable rollout's steps leave links too: each service's step entry under
+/// `/status/steps/` is linked to a log holding its tasks' output, and a failed task
+/// is named (service, step, task, exit code, log) by `explain` and `get-failures`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
+    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
+    let url = etcd.url();
+    let s = open(&url).await;
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let services = tempfile::tempdir().unwrap();
+    let script = services.path().join("task.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n# Prints what it does; fails on the host named by its argument.\n\
+         echo \"task $JIO_TASK of $JIO_SERVICE at $JIO_STEP on $JIO_HOST\"\n\
+         if [ \"$JIO_HOST\" = \"$1\" ]; then echo 'boom: the database is locked' >&2; exit 3; fi\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sh = script.display().to_string();
+    std::fs::write(
+        services.path().join("svc.toml"),
+        format!(
+            "[[task]]\nname = \"quiesce\"\nstep = 1\nwhen = \"pre\"\ncommand = [\"{sh}\", \"nobody\"]\n\n\
+             [[task]]\nname = \"migrate\"\nstep = 2\nwhen = \"post\"\ncommand = [\"{sh}\", \"compute2\"]\n"
+        ),
+    )
+    .unwrap();
+    let puppet = Puppet::new();
+    let ok = puppet.manifest("ok", "notice('hello')\n");
+    // Top-level keys before the [swift] table.
+    let extra = format!(
+        "services_dir = \"{}\"\nretry_interval = \"1h\"\nhealth_interval = \"0\"\n{}",
+        services.path().display(),
+        swift_section(&swift, "s3cr3t")
+    );
+    let hosts: Vec<Host> = ["compute1", "compute2"]
+        .iter()
+        .map(|h| Host::new(h, &url, &puppet.command(&ok), &extra))
+        .collect();
+    let mut daemons: Vec<tokio::process::Child> = hosts
+        .iter()
+        .map(|h| {
+            Command::from(h.agent(&agent_bin(), &["run"]))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    jio_tests::inspect::wait_for(
+        "both hosts at v1 with their catalogs",
+        Duration::from_secs(60),
+        || async {
+            hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
+                && leaf(&s, "/hosts/compute2/services").await.is_some()
+                && leaf(&s, "/hosts/compute1/services").await.is_some()
+                && s.list(&Key::new("/runs/").unwrap()).await.unwrap().kvs.is_empty()
+        },
+    )
+    .await;
+    let rules = r#"{"roles_data": {"compute": ["svc"]}, "rolling_rules": {"global": 1}}"#;
+    let out = Command::new(jioctl_bin())
+        .args([
+            "--store",
+            &url,
+            "upgrade",
+            "v2",
+            "--instructions",
+            rules,
+            "--timeout",
+            "2m",
+        ])
+        .env("HOME", "/nonexistent")
+        .output()
+        .await
+        .unwrap();
+    // compute2's post step fails: the rollout stops (max_failures 0).
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let id = s
+        .list(&Key::new("/rollouts/").unwrap())
+        .await
+        .unwrap()
+        .kvs
+        .iter()
+        .filter_map(|kv| kv.key.as_str().strip_prefix("/rollouts/").map(str::to_string))
+        .find(|k| k.ends_with("-v2"))
+        .unwrap();
+    let link = wait_leaf_url(
+        &s,
+        &format!("/status/steps/{id}/pre-1/svc/success/compute1"),
+        Duration::from_secs(10),
+    )
+    .await;
+    let body = swift.get(&link).await;
+    assert!(
+        body.contains("task quiesce of svc at pre-1 on compute1"),
+        "{body}"
+    );
+    let failed = wait_leaf_url(
+        &s,
+        &format!("/status/steps/{id}/post-2/svc/failure/compute2"),
+        Duration::from_secs(10),
+    )
+    .await;
+    let body = swift.get(&failed).await;
+    assert!(body.contains("boom: the database is locked"), "{body}");
+    let jioctl = |args: &[&str]| {
+        let mut c = Command::new(jioctl_bin());
+        c.arg("--store").arg(&url).args(args).env("HOME", "/nonexistent");
+        c
+    };
+    // The result names the step, the service, the task, the exit code; its log
+    // link arrives with the upload.
+    jio_tests::inspect::wait_for(
+        "compute2's result to carry its log link",
+        Duration::from_secs(10),
+        || async {
+            leaf(&s, "/results/compute2")
+                .await
+                .is_some_and(|v| v.contains(&failed))
+        },
+    )
+    .await;
+    let out = jioctl(&["explain", "compute2"]).output().await.unwrap();
+    let t = text(&out);
+    assert!(
+        t.contains("step post-2, service svc, task \"migrate\", exit 3")
+            && t.contains("boom: the database is locked")
+            && t.contains(&failed),
+        "{t}"
+    );
+    let out = jioctl(&["get-failures", "--hosts"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        t.lines()
+            .any(|l| l.starts_with("compute2") && l.contains("post-2 svc") && l.contains(&failed)),
+        "{t}"
+    );
+    // After the rollout ended, status still counts compute2 failed, and says where.
+    let out = jioctl(&["status"]).output().await.unwrap();
+    let t = text(&out);
+    let line = t.lines().find(|l| l.starts_with("compute2")).unwrap_or_default();
+    assert!(
+        line.contains("failed at post-2, service svc, task \"migrate\", exit 3"),
+        "{t}"
+    );
+    for d in &mut daemons {
+        let _ = d.start_kill();
+    }
+}

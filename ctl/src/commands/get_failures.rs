@@ -35,20 +35,20 @@ impl GetFailures {
                     describe_entry(value)
                 );
             }
-            for (h, phase, service, value) in &steps {
+            for (h, f) in &steps {
                 println!(
-                    "{h}\t{}\t{phase} {service}\t{}",
+                    "{h}\t{}\t{} {}{}\t{}",
                     snap.role_of(h),
-                    describe_entry(value)
+                    f.phase,
+                    f.service.as_deref().unwrap_or("-"),
+                    f.task.as_ref().map(|t| format!(" ({t})")).unwrap_or_default(),
+                    describe_entry(&f.value)
                 );
             }
         } else {
             let mut by_role: BTreeMap<String, usize> = BTreeMap::new();
-            let failed: std::collections::BTreeSet<&jio_common::names::HostName> = snap
-                .failures
-                .keys()
-                .chain(steps.iter().map(|(h, ..)| h))
-                .collect();
+            let failed: std::collections::BTreeSet<&jio_common::names::HostName> =
+                snap.failures.keys().chain(steps.iter().map(|(h, _)| h)).collect();
             for h in &failed {
                 *by_role.entry(snap.role_of(h).to_string()).or_default() += 1;
             }
@@ -76,10 +76,9 @@ fn as_json(snap: &Snapshot) -> serde_json::Value {
             )
         })
         .collect();
-    for (h, phase, service, link) in snap.step_failures() {
-        let task = snap.results.get(&h).and_then(|r| r.task.clone());
+    for (h, f) in snap.step_failures() {
         v.entry(h.to_string()).or_insert_with(|| {
-            json!({"role": snap.role_of(&h), "step": phase, "service": service, "task": task, "link": link})
+            json!({"role": snap.role_of(&h), "step": f.phase, "service": f.service, "task": f.task, "link": f.value})
         });
     }
     json!(v)
