@@ -1009,7 +1009,19 @@ fn log_decision(d: &Decision, obs: &Observation) {
             services = %services.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
             "composable rollout: the phase is granted; running its tasks"
         ),
-        Decision::AwaitingPhase { version, granted } => tracing::info!(
+        Decision::AwaitingPhase {
+            version,
+            problem: Some(problem),
+            ..
+        } => tracing::warn!(
+            %version,
+            "composable rollout: a phase grant cannot be read ({problem}); nothing runs until the driver writes it again"
+        ),
+        Decision::AwaitingPhase {
+            version,
+            granted,
+            problem: None,
+        } => tracing::info!(
             %version,
             granted = granted.as_deref().unwrap_or("nothing"),
             "composable rollout: waiting for the driver to grant a phase with work for this host"

@@ -426,7 +426,18 @@ fn decision_text(d: &Decision) -> String {
             phase,
             services,
         } => format!("run {phase} of {} (rollout to {version})", service_list(services)),
-        Decision::AwaitingPhase { version, granted } => match granted {
+        Decision::AwaitingPhase {
+            version,
+            problem: Some(problem),
+            ..
+        } => format!(
+            "idle: the composable rollout to {version} waits: a phase grant cannot be read: {problem}"
+        ),
+        Decision::AwaitingPhase {
+            version,
+            granted,
+            problem: None,
+        } => match granted {
             Some(p) => format!(
                 "idle: {p} is granted to this role and this host has nothing left in it (rollout to {version}); waiting for the next phase"
             ),

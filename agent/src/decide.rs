@@ -81,6 +81,9 @@ pub struct ComposeFacts {
     pub grant_revisions: [Revision; 2],
     /// The phase in which a task of this host failed, in the active rollout.
     pub failed_phase: Option<String>,
+    /// A grant key holds something no driver writes: why, naming the key (it
+    /// grants nothing).
+    pub problem: Option<String>,
 }
 
 /// A hold on the host or its role, as read.
@@ -248,6 +251,8 @@ pub enum Decision {
         version: Version,
         /// What is granted (its phase), if anything.
         granted: Option<String>,
+        /// A grant that cannot be read, naming its key.
+        problem: Option<String>,
     },
     /// A later phase is granted, but a task of this host failed in `failed`: it
     /// stays behind in this rollout.
@@ -369,6 +374,7 @@ fn composable(o: &Observation, desired: Version) -> Decision {
                 return Decision::AwaitingPhase {
                     version: desired,
                     granted: other.as_ref().map(|g| g.phase.clone()),
+                    problem: c.problem.clone(),
                 };
             }
         }
@@ -578,6 +584,109 @@ mod tests {
             result: None,
             compose: ComposeFacts::default(),
         }
+    }
+
+    /// A composable rollout is active; `grant` is the phase granted to the role.
+    fn composable(grant: Option<&str>, left: &[&str], enabled: bool, local: &str) -> Observation {
+        let mut o = obs(Some("v2"), Some(local), enabled, Level::Host);
+        o.compose = ComposeFacts {
+            active: true,
+            grant: grant.map(|p| jio_common::compose::Grant {
+                rollout: "r".into(),
+                stage: "all".into(),
+                phase: p.into(),
+                services: vec![],
+                level: 0,
+            }),
+            left: left
+                .iter()
+                .map(|s| jio_common::names::Service::new(*s).unwrap())
+                .collect(),
+            ..ComposeFacts::default()
+        };
+        o
+    }
+
+    #[test]
+    fn a_composable_rollout_runs_only_the_granted_phase() {
+        let svc = |n: &str| vec![jio_common::names::Service::new(n).unwrap()];
+        let tasks = |phase: &str, s: &str| Decision::Tasks {
+            version: v("v2"),
+            phase: phase.into(),
+            services: svc(s),
+        };
+        // A step phase with work left, enabled: its tasks run.
+        assert_eq!(
+            decide(&composable(Some("pre-1"), &["nova"], true, "v1")),
+            tasks("pre-1", "nova")
+        );
+        // Not enabled: nothing runs.
+        assert!(matches!(
+            decide(&composable(Some("pre-1"), &["nova"], false, "v1")),
+            Decision::Disabled { .. }
+        ));
+        // Nothing left for this host in the phase, or no phase granted: it waits,
+        // even enabled (no Puppet run outside the puppet phase).
+        for o in [
+            composable(Some("pre-1"), &[], true, "v1"),
+            composable(None, &[], true, "v1"),
+            composable(Some("post-3"), &[], true, "v1"),
+        ] {
+            assert!(
+                matches!(decide(&o), Decision::AwaitingPhase { .. }),
+                "{:?}",
+                decide(&o)
+            );
+        }
+        // The puppet phase is the usual upgrade.
+        assert!(matches!(
+            decide(&composable(Some("puppet"), &[], true, "v1")),
+            Decision::Upgrade { .. }
+        ));
+        // Post steps run at the new version; without one, an up-to-date host idles.
+        assert_eq!(
+            decide(&composable(Some("post-3"), &["nova"], true, "v2")),
+            tasks("post-3", "nova")
+        );
+        assert_eq!(decide(&composable(None, &[], true, "v2")), Decision::UpToDate);
+        // A host that failed an earlier phase is left behind.
+        let mut o = composable(Some("pre-2"), &["nova"], true, "v1");
+        o.compose.failed_phase = Some("pre-1".into());
+        assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
+        o.compose.grant = Some(jio_common::compose::Grant {
+            rollout: "r".into(),
+            stage: "all".into(),
+            phase: "puppet".into(),
+            services: vec![],
+            level: 0,
+        });
+        assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
+        // ...but retries the phase it failed in.
+        let mut o = composable(Some("pre-1"), &["nova"], true, "v1");
+        o.compose.failed_phase = Some("pre-1".into());
+        assert_eq!(decide(&o), tasks("pre-1", "nova"));
+        // The finalize step granted to this host, with work left.
+        let mut o = composable(Some("post-3"), &[], true, "v2");
+        o.compose.finalize = true;
+        o.compose.finalize_left = svc("nova");
+        assert_eq!(decide(&o), tasks("finalize", "nova"));
+        // A hold keeps a step from starting, as it keeps an upgrade.
+        let mut o = composable(Some("pre-1"), &["nova"], true, "v1");
+        o.hold = Some(Hold {
+            key: "/holds/host/compute1".into(),
+            record: Err("x".into()),
+        });
+        assert!(matches!(decide(&o), Decision::Held { .. }));
+        // A first converge still converges (the host serves nothing yet).
+        let mut o = composable(None, &[], false, "v1");
+        o.local = None;
+        assert!(matches!(
+            decide(&o),
+            Decision::Upgrade {
+                why: Why::FirstConverge,
+                ..
+            }
+        ));
     }
 
     #[test]

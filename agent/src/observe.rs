@@ -416,7 +416,19 @@ fn compose_facts(
                 .cloned()
                 .collect::<Vec<_>>()
         };
-    if let Some(g) = grants[0].as_ref().and_then(|kv| parse_json::<Grant>(kv).ok())
+    let mut problems = Vec::new();
+    let grant = grants[0].as_ref().and_then(|kv| {
+        parse_json::<Grant>(kv)
+            .map_err(|e| problems.push(format!("{e} (no driver writes such a grant: it grants nothing)")))
+            .ok()
+    });
+    let finalize = grants[1].as_ref().and_then(|kv| {
+        parse_json::<FinalizeGrant>(kv)
+            .map_err(|e| problems.push(format!("{e} (no driver writes such a grant: it grants nothing)")))
+            .ok()
+    });
+    f.problem = (!problems.is_empty()).then(|| problems.join("; "));
+    if let Some(g) = grant
         && &g.rollout == id
     {
         if let Some(when) = g.when() {
@@ -426,9 +438,7 @@ fn compose_facts(
         }
         f.grant = Some(g);
     }
-    if let Some(g) = grants[1]
-        .as_ref()
-        .and_then(|kv| parse_json::<FinalizeGrant>(kv).ok())
+    if let Some(g) = finalize
         && &g.rollout == id
         && &g.host == who.host
     {
