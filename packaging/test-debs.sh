@@ -56,7 +56,8 @@ for f in /etc/jiocloud/agent.toml /lib/systemd/system/jio-agent.service /lib/sys
          /etc/systemd/system/multi-user.target.wants/jio-agent.service; do
   [ -e "$R$f" ] || [ -L "$R$f" ] || fail "$f is missing after install"
 done
-[ -d "$R/var/lib/jiocloud" ] && [ -d "$R/usr/lib/jiocloud/tests" ] || fail "state or validation directory missing"
+[ -d "$R/var/lib/jiocloud" ] && [ -d "$R/usr/lib/jiocloud/tests" ] && [ -d "$R/usr/lib/jiocloud/services" ] \
+  || fail "state, validation or services directory missing"
 in_root sh /usr/share/jiocloud/etcd-roles.sh --prefix /jio print | has "role grant-permission jio-agent readwrite /jio/status/ --prefix=true" \
   || fail "the shipped etcd-roles.sh does not print the agent's role"
 in_root dpkg-query -W -f='${Conffiles}\n' jio-agent | has /etc/jiocloud/agent.toml || fail "agent.toml is not a conffile"
@@ -79,7 +80,7 @@ in_root dpkg-query -W -f='${Version}\n' jio-agent | has -- '-2$' || fail "versio
 
 echo "==> purge"
 in_root dpkg --purge jio-agent jioctl >/dev/null 2>&1 || fail "purge failed"
-for f in /var/lib/jiocloud /etc/jiocloud/agent.toml /usr/bin/jio-agent /usr/bin/jioctl /lib/systemd/system/jio-agent.service \
+for f in /var/lib/jiocloud /usr/lib/jiocloud /etc/jiocloud/agent.toml /usr/bin/jio-agent /usr/bin/jioctl /lib/systemd/system/jio-agent.service \
          /etc/systemd/system/multi-user.target.wants/jio-agent.service; do
   [ ! -e "$R$f" ] && [ ! -L "$R$f" ] || fail "$f is left after purge"
 done

@@ -278,11 +278,12 @@ impl Agent {
             return Ok(PassResult::Reported);
         }
         self.clear_run_marker().await?;
-        self.load_services().await?;
         // A pass that may check health reads the lock and the result afresh (the
         // view does not follow them); so does a pass after one that wrote or failed.
         let read =
             health_due || self.health != Health::Good || !self.view.younger_than(self.cfg.resync_interval);
+        // A pass that reads the store checks the published catalog too.
+        self.load_services(read || !self.view.usable()).await?;
         let result = match self.observe_with(health_due, read).await {
             Ok(obs) => self.act(&obs).await,
             Err(e) => Err(e),
@@ -1028,11 +1029,11 @@ fn log_decision(d: &Decision, obs: &Observation) {
         ),
         Decision::LeftBehind {
             version,
-            failed,
+            missed,
             granted,
         } => tracing::warn!(
             %version,
-            "composable rollout: a task failed in {failed} and {granted} is granted now: this host stays behind (a new rollout retries it)"
+            "composable rollout: {granted} is granted, but this host did not finish {missed} (a task failed, or it was held while the phase went on): it stays behind in this rollout (a new rollout retries it)"
         ),
     }
 }

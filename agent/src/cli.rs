@@ -447,10 +447,10 @@ fn decision_text(d: &Decision) -> String {
         },
         Decision::LeftBehind {
             version,
-            failed,
+            missed,
             granted,
         } => format!(
-            "left behind in the rollout to {version}: a task failed in {failed}, and {granted} is granted now (retry with a new rollout)"
+            "left behind in the rollout to {version}: {granted} is granted, but this host did not finish {missed} (retry with a new rollout)"
         ),
     }
 }

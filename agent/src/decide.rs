@@ -79,8 +79,13 @@ pub struct ComposeFacts {
     pub finalize_left: Vec<jio_common::names::Service>,
     /// Mod revisions of the role's grant and the finalize grant (0: absent).
     pub grant_revisions: [Revision; 2],
-    /// The phase in which a task of this host failed, in the active rollout.
-    pub failed_phase: Option<String>,
+    /// The first of this host's own steps (`pre-1 of nova`) that sorts before the
+    /// granted phase and did not finish in this rollout: it missed it (a task
+    /// failed, or it was held or left behind while the phase went on).
+    pub unfinished: Option<String>,
+    /// The first of its steps that did not finish, whatever is granted (the
+    /// finalize step needs them all).
+    pub unfinished_any: Option<String>,
     /// A grant key holds something no driver writes: why, naming the key (it
     /// grants nothing).
     pub problem: Option<String>,
@@ -254,11 +259,11 @@ pub enum Decision {
         /// A grant that cannot be read, naming its key.
         problem: Option<String>,
     },
-    /// A later phase is granted, but a task of this host failed in `failed`: it
-    /// stays behind in this rollout.
+    /// A phase is granted, but this host did not finish an earlier one (`missed`:
+    /// one of its steps, or `puppet`): it stays behind in this rollout.
     LeftBehind {
         version: Version,
-        failed: String,
+        missed: String,
         granted: String,
     },
 }
@@ -346,29 +351,33 @@ pub fn decide(o: &Observation) -> Decision {
 
 /// The decision under a composable rollout (the host converged once before): a
 /// granted phase with tasks left runs them, the `puppet` phase upgrades as usual,
-/// and nothing else starts (a host up to date keeps its health checks).
+/// and nothing else starts. Whatever the enable keys say, a host never runs a phase
+/// before it finished its own earlier steps, nor a step after Puppet (`post`,
+/// `finalize`) before it is at the version: a host left behind stays behind.
 fn composable(o: &Observation, desired: Version) -> Decision {
     let c = &o.compose;
-    let (phase, services) = if c.finalize && !c.finalize_left.is_empty() {
-        ("finalize".to_string(), c.finalize_left.clone())
+    let at_version = o.local.as_ref() == Some(&desired);
+    let left_behind = |missed: &str, granted: &str| Decision::LeftBehind {
+        version: desired.clone(),
+        missed: missed.to_string(),
+        granted: granted.to_string(),
+    };
+    let (phase, services, unfinished) = if c.finalize && !c.finalize_left.is_empty() {
+        ("finalize".to_string(), c.finalize_left.clone(), &c.unfinished_any)
     } else {
         match &c.grant {
             Some(g) if g.phase == "puppet" => {
-                if o.local.as_ref() == Some(&desired) {
+                if at_version {
                     return health(o, desired);
                 }
-                if let Some(failed) = &c.failed_phase {
-                    return Decision::LeftBehind {
-                        version: desired,
-                        failed: failed.clone(),
-                        granted: g.phase.clone(),
-                    };
+                if let Some(missed) = &c.unfinished {
+                    return left_behind(missed, "puppet");
                 }
                 return upgrade(o, desired, Why::Enabled(o.gate.level));
             }
-            Some(g) if !c.left.is_empty() => (g.phase.clone(), c.left.clone()),
+            Some(g) if !c.left.is_empty() => (g.phase.clone(), c.left.clone(), &c.unfinished),
             other => {
-                if o.local.as_ref() == Some(&desired) {
+                if at_version {
                     return health(o, desired);
                 }
                 return Decision::AwaitingPhase {
@@ -379,14 +388,11 @@ fn composable(o: &Observation, desired: Version) -> Decision {
             }
         }
     };
-    if let Some(failed) = &c.failed_phase
-        && failed != &phase
-    {
-        return Decision::LeftBehind {
-            version: desired,
-            failed: failed.clone(),
-            granted: phase,
-        };
+    if !at_version && (phase == "finalize" || phase.starts_with("post-")) {
+        return left_behind("puppet", &phase);
+    }
+    if let Some(missed) = unfinished {
+        return left_behind(missed, &phase);
     }
     match upgrade(o, desired.clone(), Why::Enabled(o.gate.level)) {
         Decision::Upgrade { version, .. } => Decision::Tasks {
@@ -649,9 +655,9 @@ mod tests {
             tasks("post-3", "nova")
         );
         assert_eq!(decide(&composable(None, &[], true, "v2")), Decision::UpToDate);
-        // A host that failed an earlier phase is left behind.
+        // A host that did not finish an earlier step is left behind.
         let mut o = composable(Some("pre-2"), &["nova"], true, "v1");
-        o.compose.failed_phase = Some("pre-1".into());
+        o.compose.unfinished = Some("pre-1 of nova".into());
         assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
         o.compose.grant = Some(jio_common::compose::Grant {
             rollout: "r".into(),
@@ -661,15 +667,21 @@ mod tests {
             level: 0,
         });
         assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
-        // ...but retries the phase it failed in.
-        let mut o = composable(Some("pre-1"), &["nova"], true, "v1");
-        o.compose.failed_phase = Some("pre-1".into());
-        assert_eq!(decide(&o), tasks("pre-1", "nova"));
+        // A step after Puppet needs the host at the version (its Puppet run failed,
+        // or it was held while the puppet phase went on).
+        let o = composable(Some("post-3"), &["nova"], true, "v1");
+        assert!(
+            matches!(decide(&o), Decision::LeftBehind { ref missed, .. } if missed == "puppet"),
+            "{:?}",
+            decide(&o)
+        );
         // The finalize step granted to this host, with work left.
         let mut o = composable(Some("post-3"), &[], true, "v2");
         o.compose.finalize = true;
         o.compose.finalize_left = svc("nova");
         assert_eq!(decide(&o), tasks("finalize", "nova"));
+        o.compose.unfinished_any = Some("post-4 of nova".into());
+        assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
         // A hold keeps a step from starting, as it keeps an upgrade.
         let mut o = composable(Some("pre-1"), &["nova"], true, "v1");
         o.hold = Some(Hold {

@@ -454,11 +454,39 @@ fn compose_facts(
         f.finalize_left = left(When::Finalize, 0, "finalize", &mut with_finalize.into_iter());
         f.finalize = true;
     }
-    f.failed_phase = journal
-        .tasks
-        .as_ref()
-        .filter(|t| &t.rollout == id)
-        .and_then(|t| t.failed.clone());
+    // This host's own steps, in the order phases run, and the first of them before
+    // a point that did not finish in this rollout.
+    let mut steps: Vec<((u8, u32), String, &jio_common::names::Service)> = Vec::new();
+    for s in mine {
+        if let Ok(file) = services.get(s) {
+            for t in &file.tasks {
+                let rank = match t.when {
+                    When::Pre => 0,
+                    When::Post => 2,
+                    When::Finalize => continue,
+                };
+                steps.push((
+                    (rank, t.step),
+                    jio_common::compose::phase_name(Some(t.when), t.step),
+                    s,
+                ));
+            }
+        }
+    }
+    steps.sort();
+    let unfinished_before = |point: (u8, u32)| {
+        steps
+            .iter()
+            .filter(|(k, ..)| *k < point)
+            .find(|(_, p, s)| !done(p, s))
+            .map(|(_, p, s)| format!("{p} of {s}"))
+    };
+    if let Some(g) = &f.grant
+        && let Some(k) = g.key()
+    {
+        f.unfinished = unfinished_before((k.rank, k.step));
+    }
+    f.unfinished_any = unfinished_before((3, 0));
     f
 }
 

@@ -929,13 +929,27 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             out.stages.push(view);
             continue;
         }
-        // The stage's grant (its roles' grants are written together).
-        let grant = stage_roles
+        // The stage's grant: its roles' grants are written together, but a chunked
+        // write may have landed for some roles only, and one may have been
+        // overwritten. The phases before the earliest grant that names a phase of
+        // this stage are past; one that names none (or cannot be read) counts for
+        // nothing, and every role gets the current phase's grant written again.
+        let role_grants: Vec<Option<Grant>> = stage_roles
             .iter()
-            .filter_map(|r| snap.grants.get(r))
-            .find(|g| g.rollout == id && &g.stage == stage)
-            .cloned();
-        let granted = grant.as_ref().and_then(Grant::key);
+            .map(|r| {
+                snap.grants
+                    .get(r)
+                    .filter(|g| g.rollout == id && &g.stage == stage)
+                    .cloned()
+            })
+            .collect();
+        let keys: BTreeSet<&PhaseKey> = seq.iter().map(|p| &p.key).collect();
+        let granted: Option<PhaseKey> = role_grants
+            .iter()
+            .flatten()
+            .filter_map(Grant::key)
+            .filter(|k| keys.contains(k))
+            .min();
         // Walk the phases: the first one not finished (at or after the grant) is
         // the current one; hosts that did not finish an earlier one stay behind.
         let mut left: BTreeMap<HostName, String> = BTreeMap::new();
@@ -990,10 +1004,30 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
                             failed_all.insert(h.to_string(), text.clone());
                             text
                         }
-                        _ => format!(
-                            "did not finish phase {} (held or lost while it went on)",
-                            phase.describe()
-                        ),
+                        // Held, or it has done nothing of this rollout (it was held
+                        // while the phases went on, and released since): it stays
+                        // behind at its version, as a held host does.
+                        _ if all
+                            .iter()
+                            .any(|s| s.host == h && snap.hold_of(&s.host, &s.role).is_some())
+                            || !snap.step_statuses.keys().any(|(_, _, sh)| sh == &h) =>
+                        {
+                            format!(
+                                "held (or released since) while phase {} went on: it stays at its version",
+                                phase.describe()
+                            )
+                        }
+                        // It has tasks in a phase the stage has passed: they never
+                        // ran (its task files changed during the rollout). A failure,
+                        // so the rollout cannot end done without them.
+                        _ => {
+                            let text = format!(
+                                "missed phase {}: its tasks there never ran (they appeared after the stage had passed it: were its task files changed during the rollout?)",
+                                phase.describe()
+                            );
+                            failed_all.insert(h.to_string(), text.clone());
+                            text
+                        }
                     };
                     left.insert(h, why);
                 }
@@ -1083,7 +1117,7 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             return out;
         }
         let want = Grant::of(&id, stage, phase);
-        if grant.as_ref() != Some(&want) {
+        if role_grants.iter().any(|g| g.as_ref() != Some(&want)) {
             // The phase moves on: the grant, and every enable key of the stage
             // reset, in one transaction; the next pass admits.
             for role in stage_roles {

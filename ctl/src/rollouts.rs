@@ -145,7 +145,7 @@ where
         let snap = read().await?;
         let replaces = match begin(&snap, version, &digest) {
             Begin::Follow(r) => {
-                let Some(wider) = staged(&order, &r.stages, stages)? else {
+                let Some(wider) = staged(&order, Some(&r.stages), stages)? else {
                     return Ok(Started::Follow(Box::new(r)));
                 };
                 // The same rollout goes on with more stages: its record says so,
@@ -176,7 +176,7 @@ where
             &by,
             t,
         );
-        if let Some(st) = staged(&order, &[], stages)? {
+        if let Some(st) = staged(&order, None, stages)? {
             record.stages = st;
         }
         let mut stamp = t;
@@ -246,24 +246,25 @@ where
     Err(ChangeError::Moving)
 }
 
-/// The stages a composable rollout has after `jioctl upgrade --stage requested`
-/// (`order`: the rules' stages; `started`: the record's, empty when every stage
-/// is): `None` when nothing changes. A stage may start only once every stage
-/// written before it has started (or starts with it).
+/// The stages a composable rollout has after `jioctl upgrade [--stage requested]`
+/// (`order`: the rules' stages; `started`: the record's when following a rollout,
+/// where empty means every stage, or `None` for a new rollout; `requested` empty:
+/// every stage): `None` when the record needs no change (or, new, names every
+/// stage). A stage may start only once every stage written before it has started
+/// (or starts with it); stages never go away once started.
 fn staged(
     order: &[String],
-    started: &[String],
+    started: Option<&[String]>,
     requested: &[String],
 ) -> Result<Option<Vec<String>>, ChangeError> {
     if order.is_empty() {
         return Ok(None);
     }
-    let all = started.is_empty() && requested.is_empty();
-    let have: Vec<&String> = if started.is_empty() && !all {
-        // A new rollout: nothing started yet.
-        Vec::new()
-    } else {
-        started.iter().collect()
+    let have: Vec<String> = match started {
+        // Following a rollout of every stage: nothing to add.
+        Some([]) => return Ok(None),
+        Some(s) => s.to_vec(),
+        None => Vec::new(),
     };
     let want: Vec<String> = order
         .iter()
@@ -281,16 +282,13 @@ fn staged(
             )));
         }
     }
-    if want.len() == order.len() && started.is_empty() {
-        // Every stage: the record says nothing (as a rollout without --stage).
-        return Ok(None);
-    }
+    // Every stage: the record says nothing (as a rollout without --stage).
     let want = if want.len() == order.len() {
         Vec::new()
     } else {
         want
     };
-    if want == started {
+    if started.is_some_and(|s| s == want.as_slice()) || (started.is_none() && want.is_empty()) {
         return Ok(None);
     }
     Ok(Some(want))
@@ -872,5 +870,40 @@ mod tests {
         assert_eq!(ids, vec![c.record.id.clone()], "one record, written once");
         let current = inner.get(&schema.current_rollout()).await.unwrap().unwrap();
         assert_eq!(current.value, c.record.id.to_string());
+    }
+}
+
+#[cfg(test)]
+mod staged_tests {
+    use super::*;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn stages_only_grow_in_the_order_written() {
+        let order = v(&["cp", "compute", "edge"]);
+        // New rollouts.
+        assert_eq!(staged(&order, None, &[]).unwrap(), None);
+        assert_eq!(staged(&order, None, &v(&["cp"])).unwrap(), Some(v(&["cp"])));
+        assert!(staged(&order, None, &v(&["compute"])).is_err());
+        assert_eq!(
+            staged(&order, None, &v(&["cp", "compute", "edge"])).unwrap(),
+            None
+        );
+        // Following: more stages, never fewer.
+        assert_eq!(
+            staged(&order, Some(&v(&["cp"])), &v(&["compute"])).unwrap(),
+            Some(v(&["cp", "compute"]))
+        );
+        assert_eq!(staged(&order, Some(&v(&["cp"])), &v(&["cp"])).unwrap(), None);
+        assert_eq!(staged(&order, Some(&v(&["cp"])), &[]).unwrap(), Some(vec![]));
+        assert_eq!(staged(&order, Some(&[]), &v(&["cp"])).unwrap(), None);
+        assert!(staged(&order, Some(&v(&["cp"])), &v(&["edge"])).is_err());
+        assert_eq!(
+            staged(&order, Some(&v(&["cp", "compute"])), &v(&["edge"])).unwrap(),
+            Some(vec![])
+        );
     }
 }

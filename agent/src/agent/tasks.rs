@@ -32,24 +32,36 @@ enum Ran {
 
 impl Agent {
     /// Reads the task files, and publishes what they say when it changed (a host
-    /// without a task directory publishes nothing).
-    pub(super) async fn load_services(&mut self) -> Result<(), AgentError> {
+    /// without a task directory publishes nothing). With `verify`, the published
+    /// copy is read back and written again when the store holds anything else (it
+    /// was overwritten or deleted): the driver plans from it.
+    pub(super) async fn load_services(&mut self, verify: bool) -> Result<(), AgentError> {
         self.services = crate::services::load(&self.cfg.services_dir);
         let catalog: Option<Catalog> = self.services.catalog();
-        if catalog.is_none() || catalog == self.published {
+        let Some(cat) = &catalog else {
             return Ok(());
-        }
+        };
         let key = self.cfg.schema.catalog(&self.cfg.hostname);
-        let value = serde_json::to_string(&catalog).unwrap_or_default();
-        self.store.put(&key, &value, None).await?;
-        for (s, p) in catalog.iter().flat_map(|c| c.problems.iter()) {
-            tracing::error!(service = %s, "task file cannot be used: {p}");
+        let value = serde_json::to_string(cat).unwrap_or_default();
+        let changed = catalog != self.published;
+        if !changed {
+            if !verify {
+                return Ok(());
+            }
+            match self.store.get(&key).await? {
+                Some(kv) if kv.value == value => return Ok(()),
+                _ => {
+                    tracing::warn!(key = %key, "the published service catalog was changed or removed in the store; writing it again")
+                }
+            }
         }
-        tracing::info!(
-            services = catalog.as_ref().map_or(0, |c| c.services.len()),
-            key = %key,
-            "service catalog published"
-        );
+        self.store.put(&key, &value, None).await?;
+        if changed {
+            for (s, p) in &cat.problems {
+                tracing::error!(service = %s, "task file cannot be used: {p}");
+            }
+            tracing::info!(services = cat.services.len(), key = %key, "service catalog published");
+        }
         self.published = catalog;
         Ok(())
     }
