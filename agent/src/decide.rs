@@ -89,6 +89,8 @@ pub struct ComposeFacts {
     /// A grant key holds something no driver writes: why, naming the key (it
     /// grants nothing).
     pub problem: Option<String>,
+    /// This host ran a step of the active rollout already (its journal says so).
+    pub touched: bool,
 }
 
 /// A hold on the host or its role, as read.
@@ -379,6 +381,18 @@ fn composable(o: &Observation, desired: Version) -> Decision {
             other => {
                 if at_version {
                     return health(o, desired);
+                }
+                // Nothing of this rollout ran here yet (its stage is not started, or
+                // not yet at it): the host stays at its version, and healthy: its
+                // health checks of that version go on (held while a driver holds
+                // the rollout lock, as always).
+                let failed_here = o.failure.as_ref().is_some_and(|f| f.version == desired);
+                if !c.touched
+                    && !failed_here
+                    && let Some(local) = o.local.clone()
+                    && let d @ (Decision::HealthCheck { .. } | Decision::Repair { .. }) = health(o, local)
+                {
+                    return d;
                 }
                 return Decision::AwaitingPhase {
                     version: desired,
@@ -689,6 +703,16 @@ mod tests {
             record: Err("x".into()),
         });
         assert!(matches!(decide(&o), Decision::Held { .. }));
+        // A host its stage has not reached keeps its health checks of its version
+        // (when no driver holds the lock); one that ran a step of it does not.
+        let mut o = composable(None, &[], false, "v1");
+        o.health_due = true;
+        assert_eq!(decide(&o), Decision::HealthCheck { version: v("v1") });
+        o.rollout_lock = true;
+        assert!(matches!(decide(&o), Decision::AwaitingPhase { .. }));
+        o.rollout_lock = false;
+        o.compose.touched = true;
+        assert!(matches!(decide(&o), Decision::AwaitingPhase { .. }));
         // A first converge still converges (the host serves nothing yet).
         let mut o = composable(None, &[], false, "v1");
         o.local = None;

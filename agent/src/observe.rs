@@ -487,6 +487,9 @@ fn compose_facts(
         f.unfinished = unfinished_before((k.rank, k.step));
     }
     f.unfinished_any = unfinished_before((3, 0));
+    f.touched = journal.tasks.as_ref().is_some_and(|t| {
+        &t.rollout == id && !(t.done.is_empty() && t.finished.is_empty() && t.failed.is_none())
+    });
     f
 }
 
