@@ -101,9 +101,11 @@ fn after_pass(
         PassResult::Idle(Decision::Backoff { until, .. }) => {
             Next::Wait(resync.min(Duration::from_secs(until.saturating_sub(now_unix).max(1))))
         }
-        PassResult::Idle(Decision::UpToDate | Decision::HealthHeld { .. }) | PassResult::Skipped { .. } => {
-            Next::Wait(health.left().map_or(resync, |left| resync.min(left)))
-        }
+        // A host a composable rollout has not reached keeps its health checks.
+        PassResult::Idle(
+            Decision::UpToDate | Decision::HealthHeld { .. } | Decision::AwaitingPhase { .. },
+        )
+        | PassResult::Skipped { .. } => Next::Wait(health.left().map_or(resync, |left| resync.min(left))),
         // The soak's check comes at its time (or with the idle check, if earlier).
         PassResult::Idle(Decision::Soaking { check_at, .. }) => {
             let soak = Duration::from_secs(check_at.saturating_sub(now_unix).max(1));

@@ -322,11 +322,13 @@ async fn a_staged_rollout_upgrades_the_control_plane_then_the_rest_as_one_rollou
         "ceph_mon",
         vec![Task::pre(1, "ceph health"), Task::post(3, "restart ceph-mon")],
     );
-    let mut f = Fleet::start(
+    // Health checks every second: the hosts a stage has not reached keep theirs.
+    let mut f = Fleet::start_with(
         &url,
         &names,
         &[keystone(), nova_api(), ceph_mon, nova_compute()],
         PuppetKind::StandIn,
+        "health_interval = \"1s\"",
     )
     .await;
     let rules = f.rules(STAGED_RULES);
@@ -336,6 +338,26 @@ async fn a_staged_rollout_upgrades_the_control_plane_then_the_rest_as_one_rollou
         &["v2", "--instructions-file", &rules, "--stage", "controlplane"],
         0,
         secs(90),
+    )
+    .await;
+    // Between the stages (no driver holds the lock), the computes, still at v1, go
+    // on checking their health at v1: their run directories say so.
+    let checks = |h: &str| {
+        let dir = f.hosts[f.index(h)].state_dir().join("runs");
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with("-v1"))
+                    .filter(|e| e.path().join("validation.stdout").exists())
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let before: Vec<usize> = computes.iter().map(|h| checks(h)).collect();
+    wait_for(
+        "a health check of v1 on each compute between the stages",
+        secs(20),
+        || async { computes.iter().zip(&before).all(|(h, b)| checks(h) > *b) },
     )
     .await;
     let runs = f.runs_of("v2");

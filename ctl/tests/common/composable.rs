@@ -472,6 +472,18 @@ impl Fleet {
     /// `names` converged to v1 (tasks of 0.3 s), every agent's service catalog
     /// published. All hosts share one services directory holding `services`.
     pub async fn start(url: &str, names: &[&str], services: &[Service], puppet: PuppetKind) -> Fleet {
+        Fleet::start_with(url, names, services, puppet, "health_interval = \"0\"").await
+    }
+
+    /// Like `start`, with `extra` lines in every agent's configuration (its
+    /// `health_interval` among them).
+    pub async fn start_with(
+        url: &str,
+        names: &[&str],
+        services: &[Service],
+        puppet: PuppetKind,
+        extra: &str,
+    ) -> Fleet {
         let s = open(url).await;
         s.put(&Schema::default().current_version(), "v1", None)
             .await
@@ -535,7 +547,7 @@ impl Fleet {
                 url,
                 &cmd,
                 &format!(
-                    "retry_interval = \"1h\"\nhealth_interval = \"0\"\nservices_dir = {}\ntask_timeout = \"1m\"",
+                    "retry_interval = \"1h\"\n{extra}\nservices_dir = {}\ntask_timeout = \"1m\"",
                     toml_str(&services_dir.display().to_string())
                 ),
             );
