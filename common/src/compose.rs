@@ -1255,7 +1255,7 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
         return out;
     }
     // Every stage is done: the finalize step.
-    finalize(snap, c, &all, &id, &cur, &mut out, failed_all, max_failures);
+    finalize(snap, c, &all, &id, &mut out, failed_all, max_failures);
     out
 }
 
@@ -1386,7 +1386,6 @@ fn finalize(
     c: &Compose,
     all: &[HostStatus],
     id: &str,
-    cur: &crate::names::Version,
     out: &mut Composed,
     mut failed: BTreeMap<String, String>,
     max_failures: u64,
@@ -1428,16 +1427,44 @@ fn finalize(
             && !failed.contains_key(h.host.as_str())
             && snap.catalogs.get(&h.host).is_some_and(|c| c.is_ok())
     };
-    let host = granted
+    let held = |h: &HostName| snap.hold_of(h, &snap.role_of(h)).is_some();
+    // The granted host keeps the step once it started there (a finalize task is
+    // never run on two hosts), and while it is only gone (its agent will be back);
+    // held before it started, the next healthy host takes it.
+    let started = |h: &HostName| {
+        running(snap, h)
+            || snap
+                .step_statuses
+                .keys()
+                .any(|(p, _, sh)| p == "finalize" && sh == h)
+    };
+    let kept = granted
         .clone()
-        .or_else(|| all.iter().find(|h| healthy(h)).map(|h| h.host.clone()));
+        .filter(|h| started(h) || (!held(h) && !failed.contains_key(h.as_str())));
+    let host = kept.or_else(|| all.iter().find(|h| healthy(h)).map(|h| h.host.clone()));
     let Some(host) = host else {
-        out.finalize.state = "waiting";
-        let text = format!(
-            "finalize waits for a healthy host of role {} (upgraded, alive, not held)",
-            role.as_ref().map_or("-", |r| r.as_str())
+        let role_name = role.as_ref().map_or("-", |r| r.as_str());
+        // Held or gone hosts at the version may still come back; if none is left
+        // that could, the finalize step cannot run: the rollout fails, saying so.
+        let could = all.iter().any(|h| {
+            Some(&h.role) == role.as_ref()
+                && h.state == HostState::Upgraded
+                && !failed.contains_key(h.host.as_str())
+        });
+        if could {
+            out.finalize.state = "waiting";
+            out.finalize.reason = Some(format!(
+                "finalize waits for a healthy host of role {role_name} (at the version, alive, not held)"
+            ));
+            return;
+        }
+        let why = format!(
+            "finalize cannot run: no host of role {role_name} is at the version without having failed (the finalize role's hosts failed or were left behind)"
         );
-        out.finalize.reason = Some(text);
+        out.finalize.state = "failed";
+        out.finalize.reason = Some(why.clone());
+        failed.insert("finalize".to_string(), why);
+        out.standing = Standing::Finished { failed };
         return;
     };
     out.finalize.host = Some(host.clone());
@@ -1489,26 +1516,50 @@ fn finalize(
         }
         Progress::Open => {
             out.finalize.state = "running";
-            let _ = cur;
+            let what = mine.iter().map(Service::as_str).collect::<Vec<_>>().join(", ");
+            let is_held = held(&host);
             let enabled = snap.gate(&host, &snap.role_of(&host)).enabled;
-            if granted.is_none() || !enabled {
+            // Granted (again) to this host, and its key set, unless it is held: a
+            // hold's keys are never set back on.
+            if granted.as_ref() != Some(&host) || (!enabled && !is_held) {
                 out.finalize_grant = Some(FinalizeGrant {
                     rollout: id.to_string(),
                     host: host.clone(),
                 });
             }
-            out.plan.reasons.insert(
-                host.clone(),
+            let why = if is_held {
+                reason(
+                    ReasonCode::Held,
+                    format!(
+                        "finalize ({what}) is granted to it, but it is held: the step waits for its release"
+                    ),
+                )
+            } else if !snap.agents.contains_key(&host) {
+                let mut r = lost_reason(&host);
+                r.text = format!("finalize ({what}) is granted to it, but {}", r.text);
+                r
+            } else if running(snap, &host) {
                 reason(
                     ReasonCode::Upgrading,
-                    format!(
-                        "running the finalize tasks of {}",
-                        mine.iter().map(Service::as_str).collect::<Vec<_>>().join(", ")
-                    ),
-                ),
-            );
+                    format!("running the finalize tasks of {what}"),
+                )
+            } else {
+                reason(
+                    ReasonCode::Upgrading,
+                    format!("finalize ({what}) is granted to it: its agent is about to start"),
+                )
+            };
+            out.plan.reasons.insert(host.clone(), why);
         }
     }
+}
+
+/// A host without a live agent, for a reason.
+fn lost_reason(h: &HostName) -> Reason {
+    reason(
+        ReasonCode::Lost,
+        format!("its agent is not alive (no /agents/{h} lease): it waits for it to come back"),
+    )
 }
 
 #[cfg(test)]

@@ -749,6 +749,9 @@ impl Driver<'_> {
             Step::TakeLock => Ok(self.take().await?),
             Step::Watch(rec) => {
                 self.progress.update(&hosts);
+                if let Some(outcome) = self.watch_composable(snap, &hosts, &rec, now) {
+                    return Ok(outcome);
+                }
                 let plan = self.plan_of(snap, &hosts, &rec).ok();
                 let driver = match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
                     (None, services) if !services.is_empty() => {
@@ -1030,6 +1033,55 @@ impl Driver<'_> {
                 }
             }
         }
+    }
+
+    /// Following a composable rollout another process drives: what it waits for,
+    /// from the composable planner, and the end of a follower's stages when they
+    /// are done. `None`: not a composable rollout.
+    fn watch_composable(
+        &mut self,
+        snap: &Snapshot,
+        hosts: &[HostStatus],
+        rec: &RolloutRecord,
+        now: u64,
+    ) -> Option<PassOutcome> {
+        let rules = self.rules_of(rec).ok()?;
+        let c = rules.compose.as_ref()?;
+        let roles = hosts.iter().map(|h| h.role.clone()).collect();
+        let resolved = rules.resolve(&roles).ok()?;
+        let cx = jio_common::plan::Context {
+            now,
+            rollout: Some(rec),
+            host_keys_only: true,
+        };
+        let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
+        let driver = match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
+            (None, services) if !services.is_empty() => {
+                format!(
+                    "waits for the driver service(s) {} to take it",
+                    services.join(", ")
+                )
+            }
+            _ => format!("is driven by {}", writes::describe(&snap.lock)),
+        };
+        if let jio_common::compose::Standing::StagesDone { not_started } = &composed.standing
+            && self.o.target.is_some()
+        {
+            self.note(&format!(
+                "every started stage is done; not started: {} (`jioctl upgrade {} --stage {}` continues this rollout)",
+                not_started.join(", "),
+                rec.version,
+                not_started.first().map_or("", |s| s.as_str())
+            ));
+            return Some(PassOutcome::StagesDone(not_started.clone()));
+        }
+        Some(PassOutcome::Continue {
+            waiting: Some(format!(
+                "rollout {} {driver}: {}",
+                rec.id,
+                render::compose_waiting(&composed)
+            )),
+        })
     }
 
     /// A composable rollout's pass: move a stage's phase on, admit the phase's

@@ -1,0 +1,227 @@
+//! Second review of the composable planner (issue 17): the finalize step when its
+//! host is held, lost, or cannot exist, fed to `jio_common::compose::plan` through
+//! `Snapshot::from_kvs` as a driver's pass would see the store.
+
+#![allow(clippy::unwrap_used)]
+
+use jio_common::compose::{Composed, Standing, plan};
+use jio_common::fleet::{Snapshot, classify};
+use jio_common::keys::{Key, Schema};
+use jio_common::names::{HostName, Version};
+use jio_common::plan::Context;
+use jio_common::rollout::RolloutRecord;
+use jio_common::rules::Rules;
+use jio_common::store::KeyValue;
+
+fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
+    KeyValue {
+        key: Key::new(key).unwrap(),
+        value: value.into(),
+        create_revision: rev,
+        mod_revision: rev,
+        version: 1,
+        lease: None,
+        not_text: false,
+    }
+}
+
+/// Two controllers running keystone (and nova_compute's finalize file) and one
+/// compute; max_failures 1.
+const RULES: &str = r#"{
+    "roles_data": {"controller": ["keystone"], "compute": ["nova_compute"]},
+    "finalize": {"role": "controller"},
+    "max_failures": 1
+}"#;
+
+const CAT: &str =
+    r#"{"dir":"/s","services":{"keystone":{"pre":[1]},"nova_compute":{"pre":[1],"finalize":true}}}"#;
+
+struct Scene {
+    kvs: Vec<KeyValue>,
+    rec: RolloutRecord,
+    rev: i64,
+    hosts: Vec<(&'static str, &'static str)>,
+}
+
+impl Scene {
+    fn new(hosts: &[(&'static str, &'static str)]) -> Scene {
+        let rec = RolloutRecord::start(
+            Version::new("v2").unwrap(),
+            None,
+            serde_json::from_str(RULES).unwrap(),
+            "t",
+            100,
+        );
+        let mut kvs = vec![
+            kv("/current_version", "v2", 1),
+            kv("/config_state/enable_puppet/global", "false", 1),
+            kv("/rollouts/current", rec.id.as_str(), 1),
+            kv(
+                &format!("/rollouts/{}", rec.id),
+                &serde_json::to_string(&rec).unwrap(),
+                1,
+            ),
+        ];
+        for (h, role) in hosts {
+            kvs.push(kv(
+                &format!("/hosts/{h}"),
+                &format!(r#"{{"role":"{role}","agent_version":"1","first_seen":1}}"#),
+                1,
+            ));
+            kvs.push(kv(&format!("/hosts/{h}/services"), CAT, 1));
+            kvs.push(kv(
+                &format!("/agents/{h}"),
+                r#"{"state":"idle","version":"v1","since":1,"pid":1}"#,
+                1,
+            ));
+            kvs.push(kv(&format!("/running/versions/v1/{h}"), "1", 1));
+        }
+        Scene {
+            kvs,
+            rec,
+            rev: 10,
+            hosts: hosts.to_vec(),
+        }
+    }
+
+    fn put(&mut self, key: &str, value: &str) {
+        self.rev += 1;
+        self.kvs.retain(|k| k.key.as_str() != key);
+        self.kvs.push(kv(key, value, self.rev));
+    }
+
+    fn del(&mut self, key: &str) {
+        self.kvs.retain(|k| k.key.as_str() != key);
+    }
+
+    fn plan(&self) -> Composed {
+        let snap = Snapshot::from_kvs(&Schema::default(), &self.kvs);
+        let rules = Rules::parse(RULES).unwrap();
+        let roles = classify(&snap).into_iter().map(|h| h.role).collect();
+        let r = rules.resolve(&roles).unwrap();
+        let cx = Context {
+            now: 200,
+            rollout: Some(&self.rec),
+            host_keys_only: true,
+        };
+        plan(&snap, rules.compose.as_ref().unwrap(), &r, &cx)
+    }
+
+    fn apply(&mut self, c: &Composed) {
+        for h in &c.reset_hosts {
+            self.del(&format!("/config_state/enable_puppet/host/{h}"));
+        }
+        for (role, g) in &c.grants {
+            self.put(
+                &format!("/steps/roles/{role}"),
+                &serde_json::to_string(g).unwrap(),
+            );
+        }
+        if c.grants.is_empty() {
+            for h in &c.plan.enable_hosts {
+                self.put(&format!("/config_state/enable_puppet/host/{h}"), "true");
+            }
+        }
+        if let Some(f) = &c.finalize_grant {
+            self.put("/steps/finalize", &serde_json::to_string(f).unwrap());
+            self.put(&format!("/config_state/enable_puppet/host/{}", f.host), "true");
+        }
+    }
+
+    fn step(&mut self, phase: &str, service: &str, host: &str, ok: bool) {
+        let id = self.rec.id.to_string();
+        let o = if ok { "success" } else { "failure" };
+        self.put(&format!("/status/steps/{id}/{phase}/{service}/{o}/{host}"), "");
+    }
+
+    /// Every host's pre-1 and Puppet done (but `failing`, which failed pre-1).
+    fn through_the_stage(&mut self, failing: Option<&str>) -> Composed {
+        let mut last = self.plan();
+        for _ in 0..20 {
+            let c = self.plan();
+            self.apply(&c);
+            for (h, role) in self.hosts.clone() {
+                let svc = if role == "controller" {
+                    "keystone"
+                } else {
+                    "nova_compute"
+                };
+                if Some(h) == failing {
+                    self.step("pre-1", svc, h, false);
+                    continue;
+                }
+                self.step("pre-1", svc, h, true);
+                if c.stages.iter().any(|s| s.phase.as_deref() == Some("puppet")) {
+                    self.put(&format!("/running/versions/v2/{h}"), "1");
+                    self.del(&format!("/running/versions/v1/{h}"));
+                }
+            }
+            last = c;
+            if last.finalize_grant.is_some() || !matches!(last.standing, Standing::Moving) {
+                break;
+            }
+        }
+        last
+    }
+}
+
+fn h(n: &str) -> HostName {
+    HostName::new(n).unwrap()
+}
+
+/// Baseline: the stage walks through and finalize is granted to ctl1.
+#[test]
+fn baseline_finalize_is_granted_to_the_first_controller() {
+    let mut sc = Scene::new(&[("cp1", "compute"), ("ctl1", "controller"), ("ctl2", "controller")]);
+    let c = sc.through_the_stage(None);
+    assert_eq!(
+        c.finalize_grant.as_ref().map(|g| g.host.as_str()),
+        Some("ctl1"),
+        "{c:#?}"
+    );
+}
+
+/// The only host of finalize.role failed pre-1 (max_failures 1): the stage is done
+/// without it and no host can ever run the finalize tasks. The rollout must end
+/// (failed, naming the host), not wait for a healthy host that cannot come.
+#[test]
+fn the_only_finalize_host_failed_ends_the_rollout() {
+    let mut sc = Scene::new(&[("cp1", "compute"), ("ctl1", "controller")]);
+    let c = sc.through_the_stage(Some("ctl1"));
+    assert!(c.finalize_grant.is_none(), "{c:#?}");
+    assert!(
+        matches!(&c.standing, Standing::Finished { failed } | Standing::Stopped { failed } if failed.contains_key("ctl1")),
+        "the rollout waits for ever: {:?} / {:?}",
+        c.standing,
+        c.finalize
+    );
+}
+
+/// The finalize host is held after the grant was written, before its agent started
+/// (its agent refuses while held): the plan must not keep saying it runs the
+/// finalize tasks; it names the hold, or gives the step to the next healthy host.
+#[test]
+fn a_finalize_host_held_after_its_grant_is_named_held_or_replaced() {
+    let mut sc = Scene::new(&[("cp1", "compute"), ("ctl1", "controller"), ("ctl2", "controller")]);
+    let c = sc.through_the_stage(None);
+    assert_eq!(c.finalize_grant.as_ref().map(|g| g.host.as_str()), Some("ctl1"));
+    sc.apply(&c);
+    sc.put("/holds/host/ctl1", r#"{"by":"op","reason":"disk","at":150}"#);
+    let c = sc.plan();
+    let moved = c
+        .finalize_grant
+        .as_ref()
+        .is_some_and(|g| g.host.as_str() == "ctl2");
+    let why = c
+        .plan
+        .reasons
+        .get(&h("ctl1"))
+        .map(|r| r.text.clone())
+        .unwrap_or_default();
+    let fin_reason = c.finalize.reason.clone().unwrap_or_default();
+    assert!(
+        moved || why.contains("held") || fin_reason.contains("held"),
+        "the finalize host is held, yet: ctl1 reason {why:?}, finalize {:?}",
+        c.finalize
+    );
+}
