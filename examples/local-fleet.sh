@@ -160,7 +160,8 @@ if [ "$COMPOSABLE" -eq 1 ]; then
   "${JIOCTL[@]}" rollout status || true
   echo "==> the task log, seconds from the first task: no host of a stage starts a step"
   echo "    before every host of the stage has ended the one before (each host's Puppet"
-  echo "    run, not logged here, comes between its pre and post steps); finalize is last"
+  echo "    run, not logged here, comes between its pre and post steps); finalize, when"
+  echo "    every host reached $TO, is last; a \"fail\" line is a task that failed"
   if [ -s "$TASKLOG" ]; then
     awk '{ if (t0 == "") t0 = $NF; line = $1; for (i = 2; i < NF; i++) line = line " " $i
            printf "    %7.2fs  %s\n", $NF - t0, line }' "$TASKLOG"

@@ -195,8 +195,35 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
                     agent.watched(&ev);
                 }
             }
-            _ = tokio::time::sleep(wait) => {}
+            _ = files_or(agent.services_poll(), wait) => {}
             _ = stop.changed() => {}
+        }
+    }
+}
+
+/// How often a host with task files looks at them for a change while it waits.
+const SERVICES_POLL: Duration = Duration::from_secs(5);
+
+/// Sleeps `wait`, or less when the task files (`poll`: their directory and the
+/// catalog they gave last) say something else now: the next pass publishes it.
+async fn files_or(poll: Option<(std::path::PathBuf, Option<jio_common::compose::Catalog>)>, wait: Duration) {
+    let Some((dir, last)) = poll else {
+        return tokio::time::sleep(wait).await;
+    };
+    let until = Instant::now() + wait;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left.min(SERVICES_POLL)).await;
+        let dir2 = dir.clone();
+        let now = tokio::task::spawn_blocking(move || crate::services::load(&dir2).catalog())
+            .await
+            .unwrap_or(None);
+        if now != last {
+            tracing::info!(dir = %dir.display(), "the task files changed");
+            return;
         }
     }
 }

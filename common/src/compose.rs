@@ -247,9 +247,12 @@ impl Compose {
         if let Some(r) = self.finalize_role()
             && !roles.contains(&r)
         {
-            errors.push(format!(
-                "finalize.role: role {r} has no hosts to run the finalize tasks"
-            ));
+            errors.push(match &self.finalize_role {
+                Some(_) => format!("finalize.role: role {r} has no hosts to run the finalize tasks"),
+                None => format!(
+                    "finalize: by default the first role of the first stage ({r}) runs the finalize tasks, and it has no hosts: give finalize.role"
+                ),
+            });
         }
     }
 }
@@ -687,7 +690,8 @@ pub struct StageView {
 /// The finalize step as the planner sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FinalizeView {
-    /// `waiting` (stages not done), `running`, `done`, `failed`, `none` (no task).
+    /// `waiting` (stages not done), `running`, `done`, `failed`, `none` (no task),
+    /// `not_run` (a host did not reach the version).
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<HostName>,
@@ -1413,6 +1417,33 @@ fn finalize(
         out.standing = Standing::Finished { failed };
         return;
     }
+    // The deployment-wide step comes after every host reached the version (it
+    // unpins what a host still at the old one needs): with a host failed or left
+    // behind, it does not run, and the rollout ends failed, saying so.
+    let behind: Vec<&HostName> = all
+        .iter()
+        .filter(|h| {
+            failed.contains_key(h.host.as_str())
+                || h.state != HostState::Upgraded
+                || !snap
+                    .running
+                    .get(&h.host)
+                    .is_some_and(|v| snap.current.as_ref().is_some_and(|c| v.contains(c)))
+        })
+        .map(|h| &h.host)
+        .collect();
+    if !behind.is_empty() && snap.finalize_grant.as_ref().is_none_or(|g| g.rollout != id) {
+        let names: Vec<HostName> = behind.into_iter().cloned().collect();
+        let why = format!(
+            "finalize not run: not every host reached the version ({} did not: failed, held or left behind)",
+            crate::values::host_list(&names)
+        );
+        out.finalize.state = "not_run";
+        out.finalize.reason = Some(why.clone());
+        failed.insert("finalize".to_string(), why);
+        out.standing = Standing::Finished { failed };
+        return;
+    }
     let role = c.finalize_role();
     let granted = snap
         .finalize_grant
@@ -1690,6 +1721,18 @@ mod tests {
             }
         }
 
+        /// Plans and applies until a pass writes nothing; its plan.
+        fn settle(&mut self) -> Composed {
+            for _ in 0..20 {
+                let c = self.plan();
+                if !c.writes() {
+                    return c;
+                }
+                self.apply(&c);
+            }
+            panic!("the planner kept writing");
+        }
+
         fn step_done(&mut self, phase: &str, service: &str, host: &str, ok: bool) {
             let o = if ok { "success" } else { "failure" };
             let id = self.rec.id.to_string();
@@ -1834,6 +1877,40 @@ mod tests {
             c.plan.reasons[&HostName::new("ctl1").unwrap()]
                 .text
                 .contains("waits for blocked host(s) ctl2")
+        );
+    }
+
+    #[test]
+    fn finalize_does_not_run_while_a_host_is_behind() {
+        let mut sc = Scene::new(&[]);
+        let ctl = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]},"nova_api":{"after":["keystone"],"pre":[1]},"nova_compute":{"finalize":true}}}"#;
+        sc.put("/hosts/ctl1/services", ctl);
+        sc.put("/hosts/ctl2/services", ctl);
+        // cp2 is held through the rollout: it stays at v1, left behind.
+        sc.put("/holds/host/cp2", r#"{"by":"t","reason":"disk","at":1}"#);
+        for h in ["ctl1", "ctl2", "cp1"] {
+            sc.put(&format!("/running/versions/v2/{h}"), "1");
+            sc.del(&format!("/running/versions/v1/{h}"));
+        }
+        for h in ["ctl1", "ctl2"] {
+            for (p, sv) in [
+                ("pre-1", "keystone"),
+                ("pre-1", "nova_api"),
+                ("post-3", "keystone"),
+            ] {
+                sc.step_done(p, sv, h, true);
+            }
+        }
+        for p in ["pre-1", "pre-2", "post-3"] {
+            sc.step_done(p, "nova_compute", "cp1", true);
+        }
+        let c = sc.settle();
+        assert!(c.finalize_grant.is_none(), "{:?}", c.finalize);
+        assert_eq!(c.finalize.state, "not_run");
+        assert!(
+            matches!(&c.standing, Standing::Finished { failed } if failed["finalize"].contains("cp2")),
+            "{:?}",
+            c.standing
         );
     }
 

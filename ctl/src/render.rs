@@ -328,6 +328,37 @@ pub fn stages(c: &jio_common::compose::Composed) -> String {
     out
 }
 
+/// Where a composable rollout stopped on failures, and what did not run after it.
+pub fn stopped_at(c: &jio_common::compose::Composed) -> Option<String> {
+    let at = c
+        .stages
+        .iter()
+        .position(|s| s.state == "running" || s.state == "blocked")?;
+    let st = &c.stages[at];
+    let mut after: Vec<String> = Vec::new();
+    if let Some(p) = &st.phase {
+        let i = st.phases.iter().position(|x| x == p).map_or(0, |i| i + 1);
+        after.extend(st.phases[i..].iter().map(|p| format!("{p} of stage {}", st.name)));
+    }
+    after.extend(c.stages[at + 1..].iter().map(|s| format!("stage {}", s.name)));
+    if c.finalize.state != "none" {
+        after.push("finalize".into());
+    }
+    Some(format!(
+        "stopped in stage {}{}; not run: {}",
+        st.name,
+        st.phase
+            .as_ref()
+            .map(|p| format!(" during phase {p}"))
+            .unwrap_or_default(),
+        if after.is_empty() {
+            "nothing".into()
+        } else {
+            after.join(", ")
+        }
+    ))
+}
+
 /// What a composable rollout waits for, in one line.
 pub fn compose_waiting(c: &jio_common::compose::Composed) -> String {
     let mut parts: Vec<String> = c
@@ -368,7 +399,7 @@ pub fn compose_waiting(c: &jio_common::compose::Composed) -> String {
         .reasons
         .iter()
         .filter(|(_, r)| r.code == ReasonCode::Blocked)
-        .map(|(h, r)| format!("{h} ({})", r.text))
+        .map(|(h, r)| format!("{h} ({})", r.text.strip_prefix("blocked: ").unwrap_or(&r.text)))
         .collect();
     if !blocked.is_empty() {
         parts.push(format!("blocked: {}", blocked.join(", ")));

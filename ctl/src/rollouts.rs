@@ -176,8 +176,25 @@ where
             &by,
             t,
         );
-        if let Some(st) = staged(&order, None, stages)? {
-            record.stages = st;
+        let other_rules = replaces
+            .as_ref()
+            .and_then(CurrentRollout::ok)
+            .filter(|r| r.state.active() && &r.version == version);
+        match staged(&order, None, stages) {
+            Ok(Some(st)) => record.stages = st,
+            Ok(None) => {}
+            // The active rollout to this version has other rules: this would be a
+            // new rollout, which starts with the first stage. Say so.
+            Err(ChangeError::Unusable(e)) if other_rules.is_some() => {
+                let r = other_rules
+                    .map(|r| (r.id.to_string(), r.rules_digest()))
+                    .unwrap_or_default();
+                return Err(ChangeError::Unusable(format!(
+                    "{e}; note: the active rollout {} to {version} has other rules ({}, these are {digest}), so this command would start a new rollout, not continue that one (give the same rules to continue it)",
+                    r.0, r.1
+                )));
+            }
+            Err(e) => return Err(e),
         }
         let mut stamp = t;
         while ids.contains(&record.id) {
@@ -244,6 +261,32 @@ where
         }
     }
     Err(ChangeError::Moving)
+}
+
+/// The stages the rollout `jioctl upgrade version --stage requested` with `rules`
+/// would have on `snap` (empty: every stage), or why the command would be refused
+/// (for `--noop`, which must say what the command would do).
+pub fn stages_of(
+    snap: &Snapshot,
+    version: &Version,
+    rules: &serde_json::Value,
+    requested: &[String],
+) -> Result<Vec<String>, String> {
+    let order = jio_common::rules::Rules::parse(&rules.to_string())
+        .ok()
+        .and_then(|r| r.compose)
+        .map(|c| c.stage_names())
+        .unwrap_or_default();
+    let (started, following) = match begin(snap, version, &rollout::digest(rules)) {
+        Begin::Follow(r) => (Some(r.stages.clone()), true),
+        Begin::Create { .. } => (None, false),
+    };
+    match staged(&order, started.as_deref(), requested) {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) if following => Ok(started.unwrap_or_default()),
+        Ok(None) => Ok(Vec::new()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The stages a composable rollout has after `jioctl upgrade [--stage requested]`

@@ -107,6 +107,15 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
     if args.noop {
         return noop(snap, &resolved, &args);
     }
+    if args.rules.compose.is_some() && !args.quiet {
+        // Hosts that cannot take part (a task file missing or invalid) hold their
+        // stage: say so before anything is written.
+        for (h, why) in blocked_by_task_files(&snap, &resolved, &args) {
+            eprintln!(
+                "jioctl: warning: {h} {why}: its stage will wait for it (fix its task files, or hold it)"
+            );
+        }
+    }
     let clock: DynClock = std::sync::Arc::new(SystemClock);
     let started = tokio::select! {
         s = rollouts::start(store, schema, &args.version, &args.rules_json, &args.stages, || clock.unix_now(), read) => s,
@@ -260,8 +269,10 @@ async fn detached(store: &DynStore, schema: &Schema, record: &RolloutRecord, arg
             record.id
         ),
         (None, true) => println!(
-            "detached: rollout {} is recorded, but no driver is running: start `jioctl drive` (a service), or run `jioctl upgrade {}` to drive it from here",
-            record.id, record.version
+            "detached: rollout {} is recorded, but no driver is running: start `jioctl drive` (a service), or run `jioctl upgrade {}{}` with the same rules to drive it from here",
+            record.id,
+            record.version,
+            stage_args(record)
         ),
     }
     Ok(())
@@ -271,7 +282,9 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
     let snap = waves::as_if_started(snap, &args.version);
     if let Some(c) = &args.rules.compose {
         // A composable rollout: its stages and their phases, from the hosts'
-        // catalogs as they are now.
+        // catalogs as they are now; refused as the command would be.
+        let stages = rollouts::stages_of(&snap, &args.version, &args.rules_json, &args.stages)
+            .map_err(Failure::usage)?;
         let mut rec = jio_common::rollout::RolloutRecord::start(
             args.version.clone(),
             None,
@@ -279,18 +292,27 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
             "noop",
             jio_common::time::unix_now(),
         );
-        rec.stages = args.stages.clone();
+        rec.stages = stages.clone();
         let cx = jio_common::plan::Context {
             now: jio_common::time::unix_now(),
             rollout: Some(&rec),
             host_keys_only: true,
         };
-        let composed = jio_common::compose::plan(&snap, c, resolved, &cx);
+        let mut composed = jio_common::compose::plan(&snap, c, resolved, &cx);
+        // Nothing runs yet: a stage this command starts is `starts`, not `running`.
+        let starts = |name: &str| stages.is_empty() || stages.iter().any(|s| s == name);
+        for st in &mut composed.stages {
+            st.state = if starts(&st.name) { "starts" } else { "not_started" };
+            st.phase = None;
+            st.finished = None;
+            st.taking_part = None;
+        }
+        let finalize_role = c.finalize_role().map(|r| r.to_string());
         if args.json {
             let j = serde_json::json!({
                 "version": args.version,
                 "stages": composed.stages,
-                "finalize": composed.finalize,
+                "finalize": {"role": finalize_role, "when": "after every stage is done, once, on the first healthy host of the role"},
             });
             println!("{}", serde_json::to_string_pretty(&j)?);
         } else {
@@ -300,7 +322,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
                     "stage {} ({}): {}",
                     st.name,
                     st.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", "),
-                    if args.stages.is_empty() || args.stages.contains(&st.name) {
+                    if starts(&st.name) {
                         "starts"
                     } else {
                         "not started by this command"
@@ -317,8 +339,12 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
                 .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
                 .map(|(h, r)| format!("{h}: {}", r.text))
                 .collect();
+            println!(
+                "finalize: once every stage is done, on the first healthy host of role {} (the finalize tasks its task files declare)",
+                finalize_role.as_deref().unwrap_or("-")
+            );
             for b in blocked {
-                println!("blocked: {b}");
+                println!("{b}");
             }
         }
         return Ok(());
@@ -347,6 +373,44 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
         print!("{}", waves::to_text(&waves));
     }
     Ok(())
+}
+
+/// The hosts a composable rollout under `args` would find blocked by their task
+/// files, and why.
+fn blocked_by_task_files(snap: &Snapshot, resolved: &rules::Resolved, args: &Args) -> Vec<(String, String)> {
+    let Some(c) = &args.rules.compose else {
+        return Vec::new();
+    };
+    let snap = waves::as_if_started(snap.clone(), &args.version);
+    let rec = jio_common::rollout::RolloutRecord::start(
+        args.version.clone(),
+        None,
+        args.rules_json.clone(),
+        "check",
+        jio_common::time::unix_now(),
+    );
+    let cx = jio_common::plan::Context {
+        now: jio_common::time::unix_now(),
+        rollout: Some(&rec),
+        host_keys_only: true,
+    };
+    jio_common::compose::plan(&snap, c, resolved, &cx)
+        .plan
+        .reasons
+        .into_iter()
+        .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
+        .map(|(h, r)| (h.to_string(), r.text))
+        .collect()
+}
+
+/// ` --stage a,b` when `r` is a composable rollout of some of its stages: what
+/// continues it without starting the others.
+pub fn stage_args(r: &RolloutRecord) -> String {
+    if r.stages.is_empty() {
+        String::new()
+    } else {
+        format!(" --stage {}", r.stages.join(","))
+    }
 }
 
 /// SIGINT or SIGTERM, whichever comes first.
@@ -602,8 +666,12 @@ impl<'a> Driver<'a> {
     fn interrupted_message(&self, sig: &str, record: &RolloutRecord, driving: bool) -> String {
         if driving {
             format!(
-                "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {} host(s) in flight finish their run; nothing more is admitted until a driver takes the rollout: run `jioctl upgrade {}` again (it follows and drives it), or start `jioctl drive`; `jioctl rollout pause` or `jioctl rollout abort` stops it",
-                record.id, record.version, self.in_flight, record.version
+                "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {} host(s) in flight finish their run; nothing more is admitted until a driver takes the rollout: run `jioctl upgrade {}{}` again with the same rules (it follows and drives it), or start `jioctl drive`; `jioctl rollout pause` or `jioctl rollout abort` stops it",
+                record.id,
+                record.version,
+                self.in_flight,
+                record.version,
+                stage_args(record)
             )
         } else {
             format!(
@@ -1155,13 +1223,20 @@ impl Driver<'_> {
                 let Ok(mut ended) = end(failed) else {
                     return Ok(PassOutcome::Replan);
                 };
-                if !composed.plan.held.is_empty()
-                    && let Some(ch) = ended.changes.last_mut()
-                {
-                    ch.reason = Some(format!(
+                let mut why: Vec<String> = Vec::new();
+                if stopped && let Some(at) = render::stopped_at(&composed) {
+                    why.push(at);
+                }
+                if !composed.plan.held.is_empty() {
+                    why.push(format!(
                         "held back (still at their version): {}",
                         jio_common::values::host_list(&composed.plan.held)
                     ));
+                }
+                if !why.is_empty()
+                    && let Some(ch) = ended.changes.last_mut()
+                {
+                    ch.reason = Some(why.join("; "));
                 }
                 if let Some(end) = self
                     .fenced(rollouts::end_ops(self.schema, &ended, true), snap)
@@ -1186,6 +1261,9 @@ impl Driver<'_> {
                 ));
                 for (h, why) in failed {
                     self.note(&format!("  {h}: {why}"));
+                }
+                if let Some(r) = ended.changes.last().and_then(|c| c.reason.as_ref()) {
+                    self.note(&format!("  ({r})"));
                 }
                 Ok(PassOutcome::Finished { failed: failed.len() })
             }
@@ -1372,8 +1450,8 @@ impl Driver<'_> {
         match ending {
             Ending::StagesDone(left) => {
                 if !self.o.quiet {
-                    eprintln!(
-                        "jioctl: the stages of rollout {id} started so far are done; not started: {} (`jioctl upgrade {v} --stage {}` continues this rollout)",
+                    println!(
+                        "the stages of rollout {id} started so far are done; not started: {} (`jioctl upgrade {v} --stage {}` with the same rules continues this rollout)",
                         left.join(", "),
                         left.first().map_or("", |s| s.as_str())
                     );

@@ -31,9 +31,10 @@ if [ "$#" -gt 0 ]; then
   echo "$host: $service $step \"$JIO_TASK\" would run: $*"
 fi
 sleep "${TASK_SECONDS:-0.3}"
-echo "end $host $service $step $task $(date +%s.%N)" >> "$log"
 if [ -e "$fail" ]; then
+  echo "fail $host $service $step $task $(date +%s.%N)" >> "$log"
   echo "failing on purpose: $fail exists" >&2
   exit 1
 fi
+echo "end $host $service $step $task $(date +%s.%N)" >> "$log"
 exit 0

@@ -66,6 +66,13 @@ impl Agent {
         Ok(())
     }
 
+    /// What the daemon watches for while it waits: the task directory and the
+    /// catalog it gave at the last pass (`None`: the host has no task files).
+    pub fn services_poll(&self) -> Option<(std::path::PathBuf, Option<Catalog>)> {
+        (self.services.exists || self.published.is_some())
+            .then(|| (self.cfg.services_dir.clone(), self.services.catalog()))
+    }
+
     /// Runs the tasks left of `services` in `phase` (`finalize`: their finalize
     /// tasks), fenced like an upgrade's start and on the grants as read.
     pub(super) async fn tasks(

@@ -88,6 +88,63 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
             versions.join(", ")
         }
     ));
+    // A composable rollout: the host's stage, the phase going on, its catalog.
+    if let Some(c) = &adm.composed {
+        if let Some(st) = c.stages.iter().find(|st| st.roles.contains(&schema_role)) {
+            t.push(format!(
+                "  stage {} (composable rollout): {}{}{}",
+                st.name,
+                st.state.replace('_', " "),
+                st.phase
+                    .as_ref()
+                    .map(|p| format!(", phase {p}"))
+                    .unwrap_or_default(),
+                match (st.finished, st.taking_part) {
+                    (Some(d), Some(of)) => format!(" ({d}/{of} finished)"),
+                    _ => String::new(),
+                }
+            ));
+            if let Some(why) = st.left_behind.get(h) {
+                t.push(format!("    left behind: {why}"));
+            }
+        }
+        if let Some(g) = snap.grants.get(&schema_role) {
+            t.push(format!(
+                "    granted to role {schema_role}: {} ({})",
+                g.phase,
+                g.services
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        match snap.catalogs.get(h) {
+            Some(Ok(cat)) => t.push(format!(
+                "    task files ({}): {}",
+                cat.dir,
+                cat.services
+                    .iter()
+                    .map(|(s, st)| {
+                        let steps: Vec<String> = st
+                            .pre
+                            .iter()
+                            .map(|k| format!("pre-{k}"))
+                            .chain(st.post.iter().map(|k| format!("post-{k}")))
+                            .chain(st.finalize.then(|| "finalize".to_string()))
+                            .collect();
+                        format!("{s} [{}]", steps.join(" "))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Some(Err(e)) => t.push(format!("    task files: {e}")),
+            None => t.push(format!("    task files: none published (/hosts/{h}/services)")),
+        }
+        if c.finalize.host.as_ref() == Some(h) {
+            t.push(format!("    finalize: {} here", c.finalize.state));
+        }
+    }
     // The gate.
     let gate = snap.gate(h, &schema_role);
     t.push("  gate (the most specific key that is set decides):".into());

@@ -158,8 +158,9 @@ fn say_driver(snap: &Snapshot, r: &RolloutRecord) {
         );
     } else {
         println!(
-            "no driver is running: start `jioctl drive`, or run `jioctl upgrade {}` with the same rules to drive it from here",
-            r.version
+            "no driver is running: start `jioctl drive`, or run `jioctl upgrade {}{}` with the same rules to drive it from here",
+            r.version,
+            crate::upgrade::stage_args(r)
         );
     }
 }
