@@ -1027,6 +1027,10 @@ fn log_decision(d: &Decision, obs: &Observation) {
             granted = granted.as_deref().unwrap_or("nothing"),
             "composable rollout: waiting for the driver to grant a phase with work for this host"
         ),
+        Decision::FailedHere { version, phase } => tracing::warn!(
+            %version,
+            "composable rollout: a step of this host failed ({phase}); it is retried when an operator enables it again (jioctl enable-puppet true --host), not on a timer"
+        ),
         Decision::LeftBehind {
             version,
             missed,

@@ -445,6 +445,9 @@ fn decision_text(d: &Decision) -> String {
                 format!("idle: the composable rollout to {version} has granted no phase to this role yet")
             }
         },
+        Decision::FailedHere { version, phase } => format!(
+            "failed at {phase} in the rollout to {version}: retried when an operator enables this host again, not on a timer"
+        ),
         Decision::LeftBehind {
             version,
             missed,

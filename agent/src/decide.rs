@@ -261,6 +261,14 @@ pub enum Decision {
         /// A grant that cannot be read, naming its key.
         problem: Option<String>,
     },
+    /// A step of this host failed at this version and no enable key was written
+    /// since its failure was reported: in a composable rollout it is not retried on
+    /// a timer (its stage may have moved on without it), only when an operator
+    /// enables it again (or by a new rollout).
+    FailedHere {
+        version: Version,
+        phase: String,
+    },
     /// A phase is granted, but this host did not finish an earlier one (`missed`:
     /// one of its steps, or `puppet`): it stays behind in this rollout.
     LeftBehind {
@@ -375,6 +383,9 @@ fn composable(o: &Observation, desired: Version) -> Decision {
                 if let Some(missed) = &c.unfinished {
                     return left_behind(missed, "puppet");
                 }
+                if let Some(d) = failed_here(o, &desired, "puppet") {
+                    return d;
+                }
                 return upgrade(o, desired, Why::Enabled(o.gate.level));
             }
             Some(g) if !c.left.is_empty() => (g.phase.clone(), c.left.clone(), &c.unfinished),
@@ -408,6 +419,9 @@ fn composable(o: &Observation, desired: Version) -> Decision {
     if let Some(missed) = unfinished {
         return left_behind(missed, &phase);
     }
+    if let Some(d) = failed_here(o, &desired, &phase) {
+        return d;
+    }
     match upgrade(o, desired.clone(), Why::Enabled(o.gate.level)) {
         Decision::Upgrade { version, .. } => Decision::Tasks {
             version,
@@ -416,6 +430,18 @@ fn composable(o: &Observation, desired: Version) -> Decision {
         },
         other => other,
     }
+}
+
+/// A failed step at `desired` that nobody re-enabled since: no retry (see
+/// `Decision::FailedHere`). An enabled host only; the gate decides otherwise.
+fn failed_here(o: &Observation, desired: &Version, phase: &str) -> Option<Decision> {
+    let f = o.failure.as_ref().filter(|f| &f.version == desired)?;
+    (o.gate.enabled && o.gate.blocked.is_none() && !retry_now(f, o.gate_revisions)).then(|| {
+        Decision::FailedHere {
+            version: desired.clone(),
+            phase: phase.to_string(),
+        }
+    })
 }
 
 /// An upgrade (or a step) that would start: the gate, a hold, the rollout's
@@ -617,6 +643,7 @@ mod tests {
                 phase: p.into(),
                 services: vec![],
                 level: 0,
+                left_behind: Default::default(),
             }),
             left: left
                 .iter()
@@ -679,6 +706,7 @@ mod tests {
             phase: "puppet".into(),
             services: vec![],
             level: 0,
+            left_behind: Default::default(),
         });
         assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
         // A step after Puppet needs the host at the version (its Puppet run failed,
@@ -696,6 +724,24 @@ mod tests {
         assert_eq!(decide(&o), tasks("finalize", "nova"));
         o.compose.unfinished_any = Some("post-4 of nova".into());
         assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
+        // A failed step is not retried on a timer in a composable rollout; a
+        // write of its enable key after the failure was reported retries it.
+        let mut o = composable(Some("pre-1"), &["nova"], true, "v1");
+        o.failure = Some(Failure {
+            version: v("v2"),
+            at: 0,
+            attempts: 1,
+            gate_revisions: [0, 5, 0],
+            reported: Some(9),
+        });
+        o.now = 1_000_000;
+        assert!(
+            matches!(decide(&o), Decision::FailedHere { .. }),
+            "{:?}",
+            decide(&o)
+        );
+        o.gate_revisions = [10, 5, 0];
+        assert_eq!(decide(&o), tasks("pre-1", "nova"));
         // A hold keeps a step from starting, as it keeps an upgrade.
         let mut o = composable(Some("pre-1"), &["nova"], true, "v1");
         o.hold = Some(Hold {

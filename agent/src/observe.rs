@@ -484,7 +484,37 @@ fn compose_facts(
     if let Some(g) = &f.grant
         && let Some(k) = g.key()
     {
-        f.unfinished = unfinished_before((k.rank, k.step));
+        f.unfinished = unfinished_before((k.rank, k.step)).or_else(|| {
+            // At the same step: a service of this host that a granted one runs
+            // after (through its own `after`, or through others) must have
+            // finished it first.
+            let when = g.when()?;
+            let after_of =
+                |x: &jio_common::names::Service| services.get(x).map(|f| f.after.clone()).unwrap_or_default();
+            let mut before: Vec<jio_common::names::Service> = Vec::new();
+            let mut todo: Vec<jio_common::names::Service> = g
+                .services
+                .iter()
+                .filter(|x| mine.contains(x))
+                .flat_map(after_of)
+                .collect();
+            while let Some(x) = todo.pop() {
+                if !before.contains(&x) {
+                    todo.extend(after_of(&x));
+                    before.push(x);
+                }
+            }
+            before
+                .iter()
+                .filter(|x| mine.contains(x) && !g.services.contains(x))
+                .filter(|x| {
+                    services
+                        .get(x)
+                        .is_ok_and(|f| !f.tasks_at(when, g.step()).is_empty())
+                })
+                .find(|x| !done(&g.phase, x))
+                .map(|x| format!("{} of {x}", g.phase))
+        });
     }
     f.unfinished_any = unfinished_before((3, 0));
     f.touched = journal.tasks.as_ref().is_some_and(|t| {

@@ -304,8 +304,12 @@ fn key_order(text: &str) -> KeyOrder {
 
 /// The keys of `o` in the order `order` gives (any it misses after, sorted).
 fn ordered(o: &serde_json::Map<String, Value>, order: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = order.iter().filter(|k| o.contains_key(*k)).cloned().collect();
-    out.dedup();
+    let mut out: Vec<String> = Vec::new();
+    for k in order.iter().filter(|k| o.contains_key(*k)) {
+        if !out.contains(k) {
+            out.push(k.clone());
+        }
+    }
     for k in o.keys() {
         if !out.contains(k) {
             out.push(k.clone());
@@ -482,6 +486,30 @@ pub struct Grant {
     /// Its place among the stage's phases (dependency level of its services).
     #[serde(default)]
     pub level: u32,
+    /// The hosts the stage left behind in its earlier phases, and why (held,
+    /// failed), as the driver saw it when the phase moved on: a host open in a past
+    /// phase and not named here missed it (its task files changed since).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub left_behind: BTreeMap<HostName, String>,
+}
+
+impl Grant {
+    /// The same phase (whatever the record of hosts left behind says).
+    pub fn same_phase(&self, other: &Grant) -> bool {
+        (
+            &self.rollout,
+            &self.stage,
+            &self.phase,
+            &self.services,
+            self.level,
+        ) == (
+            &other.rollout,
+            &other.stage,
+            &other.phase,
+            &other.services,
+            other.level,
+        )
+    }
 }
 
 impl Grant {
@@ -516,6 +544,7 @@ impl Grant {
             phase: p.name(),
             services: p.services.clone(),
             level: p.key.level,
+            left_behind: BTreeMap::new(),
         }
     }
 }
@@ -772,7 +801,28 @@ fn task_progress(snap: &Snapshot, h: &HostName, phase: &str, services: &[&Servic
 
 /// Plans one pass of the composable rollout `cx.rollout` (whose rules hold `c`),
 /// resolved as `r`. Pure.
-pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Composed {
+pub fn plan(given: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Composed {
+    // A Puppet failure entry older than the rollout's start is a past rollout's:
+    // this one runs the host again (its steps too), as the README says.
+    let started_at = given.rollout.as_ref().map_or(0, |c| c.current_revision);
+    let fresh;
+    let snap = if given.failure_revisions.values().any(|rev| *rev < started_at) {
+        let mut s = given.clone();
+        let old: Vec<HostName> = s
+            .failure_revisions
+            .iter()
+            .filter(|(_, rev)| **rev < started_at)
+            .map(|(h, _)| h.clone())
+            .collect();
+        for h in old {
+            s.failures.remove(&h);
+            s.failure_revisions.remove(&h);
+        }
+        fresh = s;
+        &fresh
+    } else {
+        given
+    };
     let all = classify(snap);
     let mut out = Composed {
         plan: Plan::default(),
@@ -954,6 +1004,13 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             .filter_map(Grant::key)
             .filter(|k| keys.contains(k))
             .min();
+        // Why hosts were left behind when the stage's phases moved on.
+        let recorded: BTreeMap<HostName, String> = role_grants
+            .iter()
+            .flatten()
+            .filter(|g| g.key().is_some_and(|k| keys.contains(&k)))
+            .flat_map(|g| g.left_behind.clone())
+            .collect();
         // Walk the phases: the first one not finished (at or after the grant) is
         // the current one; hosts that did not finish an earlier one stay behind.
         let mut left: BTreeMap<HostName, String> = BTreeMap::new();
@@ -1008,18 +1065,11 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
                             failed_all.insert(h.to_string(), text.clone());
                             text
                         }
-                        // Held, or it has done nothing of this rollout (it was held
-                        // while the phases went on, and released since): it stays
-                        // behind at its version, as a held host does.
-                        _ if all
-                            .iter()
-                            .any(|s| s.host == h && snap.hold_of(&s.host, &s.role).is_some())
-                            || !snap.step_statuses.keys().any(|(_, _, sh)| sh == &h) =>
-                        {
-                            format!(
-                                "held (or released since) while phase {} went on: it stays at its version",
-                                phase.describe()
-                            )
+                        // Left behind when the phase moved on (held, as the driver
+                        // recorded it then): it stays behind at its version, as a
+                        // held host does, also once released.
+                        _ if recorded.get(&h).is_some_and(|r| r.starts_with("held")) => {
+                            recorded.get(&h).cloned().unwrap_or_default()
                         }
                         // It has tasks in a phase the stage has passed: they never
                         // ran (its task files changed during the rollout). A failure,
@@ -1038,17 +1088,14 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
                 continue;
             }
             // Finished: everyone taking part is done, failed, or held and idle.
-            let settled = open
-                .iter()
-                .all(|h| match phase_progress(snap, &cur, h, phase, &services) {
-                    Progress::Failed(_, rev) => !retrying(snap, h, rev),
-                    _ => {
-                        let st = all.iter().find(|s| &s.host == h);
-                        st.is_some_and(|s| {
-                            snap.hold_of(&s.host, &s.role).is_some() && s.state == HostState::Pending
-                        })
+            let settled = open.iter().all(|h| {
+                // Never while its agent runs something (a retry of the step).
+                !running(snap, h)
+                    && match phase_progress(snap, &cur, h, phase, &services) {
+                        Progress::Failed(_, rev) => !retrying(snap, h, rev),
+                        _ => snap.hold_of(h, &snap.role_of(h)).is_some(),
                     }
-                });
+            });
             if open.is_empty() || (settled && granted.as_ref() == Some(&phase.key)) {
                 for h in open {
                     let why = match phase_progress(snap, &cur, &h, phase, &services) {
@@ -1120,8 +1167,16 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
             out.standing = Standing::Stopped { failed: failed_all };
             return out;
         }
-        let want = Grant::of(&id, stage, phase);
-        if role_grants.iter().any(|g| g.as_ref() != Some(&want)) {
+        let mut want = Grant::of(&id, stage, phase);
+        want.left_behind = left
+            .iter()
+            .filter(|(_, why)| !why.starts_with("missed"))
+            .map(|(h, why)| (h.clone(), why.clone()))
+            .collect();
+        if role_grants
+            .iter()
+            .any(|g| g.as_ref().is_none_or(|g| !g.same_phase(&want)))
+        {
             // The phase moves on: the grant, and every enable key of the stage
             // reset, in one transaction; the next pass admits.
             for role in stage_roles {
@@ -1152,9 +1207,15 @@ pub fn plan(snap: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Com
         let statuses = classify(&ps);
         let hosts: Vec<HostStatus> = statuses
             .into_iter()
-            .filter(|h| {
-                part.contains(&h.host)
-                    || (h.state == HostState::Upgrading && !part.contains(&h.host) && running(snap, &h.host))
+            .filter(|h| part.contains(&h.host) || running(snap, &h.host))
+            .map(|mut h| {
+                // A host outside the phase whose agent runs something holds its
+                // slot, whatever its state says (a failed one retrying).
+                if !part.contains(&h.host) && h.state != HostState::Upgrading {
+                    h.state = HostState::Upgrading;
+                    h.reason = Some("its agent is running something".into());
+                }
+                h
             })
             .collect();
         view.finished = Some(
@@ -1685,8 +1746,14 @@ mod tests {
         }
 
         fn plan(&self) -> Composed {
+            self.plan_with(0)
+        }
+
+        /// `plan`, with `max_failures` set to `max`.
+        fn plan_with(&self, max: u64) -> Composed {
             let snap = Snapshot::from_kvs(&Schema::default(), &self.kvs);
-            let rules = Rules::parse(RULES).unwrap();
+            let text = RULES.replace("\"stages\"", &format!("\"max_failures\": {max}, \"stages\""));
+            let rules = Rules::parse(&text).unwrap();
             let roles = classify(&snap).into_iter().map(|h| h.role).collect();
             let r = rules.resolve(&roles).unwrap();
             let mut rec = self.rec.clone();
@@ -1877,6 +1944,124 @@ mod tests {
             c.plan.reasons[&HostName::new("ctl1").unwrap()]
                 .text
                 .contains("waits for blocked host(s) ctl2")
+        );
+    }
+
+    /// Walks the compute stage to its pre-1 phase with cp1 and cp2 admitted.
+    fn computes_in_pre_1() -> Scene {
+        let mut sc = Scene::new(&[]);
+        for h in ["ctl1", "ctl2"] {
+            for (p, sv) in [
+                ("pre-1", "keystone"),
+                ("pre-1", "nova_api"),
+                ("post-3", "keystone"),
+            ] {
+                sc.step_done(p, sv, h, true);
+            }
+            sc.put(&format!("/running/versions/v2/{h}"), "1");
+            sc.del(&format!("/running/versions/v1/{h}"));
+        }
+        sc.settle();
+        sc.step_done("pre-1", "nova_compute", "cp1", true);
+        sc.settle();
+        sc
+    }
+
+    #[test]
+    fn a_failed_host_whose_agent_runs_again_holds_the_phase_and_its_slot() {
+        // max_failures 1 for this test.
+        let mut sc = computes_in_pre_1();
+        let mut rec = sc.rec.clone();
+        rec.rules =
+            serde_json::from_str(&RULES.replace("\"stages\"", "\"max_failures\": 1, \"stages\"")).unwrap();
+        sc.put(
+            &format!("/rollouts/{}", rec.id),
+            &serde_json::to_string(&rec).unwrap(),
+        );
+        sc.rec = rec;
+        sc.step_done("pre-1", "nova_compute", "cp2", false);
+        // cp2's agent runs its step again (a retry nobody asked the driver for):
+        // the phase does not move on while it runs.
+        sc.put(
+            "/runs/cp2",
+            r#"{"state":"upgrading","version":"v2","since":1,"pid":1}"#,
+        );
+        let c = sc.plan_with(1);
+        assert!(c.grants.is_empty(), "moved on while cp2 runs: {:?}", c.grants);
+        sc.del("/runs/cp2");
+        let c = sc.plan_with(1);
+        assert_eq!(
+            c.grants.first().map(|(_, g)| g.phase.as_str()),
+            Some("pre-2"),
+            "{:?}",
+            c.stages
+        );
+        // cp2 is recorded as left behind in the new grant.
+        assert!(
+            c.grants[0]
+                .1
+                .left_behind
+                .contains_key(&HostName::new("cp2").unwrap())
+        );
+    }
+
+    #[test]
+    fn a_held_host_at_the_version_settles_and_a_release_keeps_it_behind() {
+        let mut sc = computes_in_pre_1();
+        // cp2 is already at v2 (a retried rollout) and held: pre-1 settles.
+        sc.put("/running/versions/v2/cp2", "1");
+        sc.del("/running/versions/v1/cp2");
+        sc.put("/holds/host/cp2", r#"{"by":"t","reason":"disk","at":1}"#);
+        let c = sc.plan();
+        assert_eq!(
+            c.grants.first().map(|(_, g)| g.phase.as_str()),
+            Some("pre-2"),
+            "{:?}",
+            c.stages
+        );
+        sc.apply(&c);
+        // Released: it stays behind as held, never a failure.
+        sc.del("/holds/host/cp2");
+        let c = sc.plan();
+        let why = &c.plan.reasons[&HostName::new("cp2").unwrap()];
+        assert!(why.text.contains("held"), "{why:?}");
+        assert!(
+            !matches!(c.standing, Standing::Stopped { .. }),
+            "{:?}",
+            c.standing
+        );
+    }
+
+    #[test]
+    fn a_puppet_failure_of_an_earlier_rollout_does_not_fail_the_host_again() {
+        let mut sc = computes_in_pre_1();
+        // A failure entry from before this rollout started (revision 0, below the
+        // rollout's /rollouts/current revision).
+        sc.kvs.push(kv("/status/configured/failure/v2/cp2", "", 0));
+        let snap = Snapshot::from_kvs(&Schema::default(), &sc.kvs);
+        assert!(snap.failures.contains_key(&HostName::new("cp2").unwrap()));
+        sc.step_done("pre-1", "nova_compute", "cp2", true);
+        sc.settle();
+        for h in ["cp1", "cp2"] {
+            sc.step_done("pre-2", "nova_compute", h, true);
+        }
+        // The puppet phase admits cp2 (limit 1: cp1 first, then cp2).
+        let c = sc.settle();
+        assert_eq!(
+            phase_of(&c, "compute").as_deref(),
+            Some("puppet"),
+            "{:?}",
+            c.stages
+        );
+        sc.put("/running/versions/v2/cp1", "1");
+        sc.del("/running/versions/v1/cp1");
+        let c = sc.settle();
+        assert!(
+            sc.kvs
+                .iter()
+                .any(|k| k.key.as_str() == "/config_state/enable_puppet/host/cp2" && k.value == "true"),
+            "cp2 not admitted: {:?}",
+            c.plan.reasons.get(&HostName::new("cp2").unwrap())
         );
     }
 

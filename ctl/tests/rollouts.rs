@@ -130,9 +130,16 @@ async fn a_standby_driver_takes_over_within_the_lease_and_the_rollout_completes(
         "the service stays up after the rollout (took over in {took:?})"
     );
     signal(standby, nix::sys::signal::Signal::SIGTERM);
-    let out = finish(b, Duration::from_secs(10)).await;
+    // The standby (whichever of the two it is) exits on SIGTERM; only then is the
+    // other, killed one, reaped (killing the standby before it handled SIGTERM
+    // would leave its lock to its lease).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while standby.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the standby did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _ = a.kill().await;
-    let _ = out;
+    let _ = b.kill().await;
     assert!(
         s.get(&Schema::default().lock("rollout")).await.unwrap().is_none(),
         "no driver holds the lock once no rollout is active"
