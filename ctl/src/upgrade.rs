@@ -1064,41 +1064,11 @@ impl Driver<'_> {
             }
             Settled::Waiting => {
                 let line = waiting_line(hosts, &plan);
-                match next::deadline(rec, &self.clock.1, progressed, rules.progress_deadline, now) {
-                    Deadline::Stuck => {
-                        let holding = render::holding(hosts, &plan, &resolved.group_of);
-                        let Ok(stuck) = rec.stuck(holding, by, now) else {
-                            return Ok(PassOutcome::Replan);
-                        };
-                        if let Some(end) = self
-                            .fenced(rollouts::update_ops(self.schema, &stuck), snap)
-                            .await?
-                        {
-                            return Ok(end);
-                        }
-                        self.note(&format!(
-                            "rollout {} is stuck: no host finished within its progress_deadline ({}); waiting for: {line}",
-                            rec.id,
-                            jio_common::duration::format(rules.progress_deadline)
-                        ));
-                        Ok(PassOutcome::Replan)
-                    }
-                    Deadline::Unstuck => {
-                        if let Some(r) = rec.unstuck(by, now)
-                            && let Some(end) =
-                                self.fenced(rollouts::update_ops(self.schema, &r), snap).await?
-                        {
-                            return Ok(end);
-                        }
-                        self.note(&format!("rollout {} moves again: a host finished", rec.id));
-                        Ok(PassOutcome::Replan)
-                    }
-                    Deadline::Due(t) => {
-                        self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
-                        Ok(PassOutcome::Continue { waiting: Some(line) })
-                    }
-                    Deadline::None => Ok(PassOutcome::Continue { waiting: Some(line) }),
-                }
+                let holding = || render::holding(hosts, &plan, &resolved.group_of);
+                let deadline = rules.progress_deadline;
+                self.waiting(snap, rec, line, holding, progressed, deadline, now, Unit::Host)
+                    .await
+                    .map_err(PassError::from)
             }
         }
     }
@@ -1284,48 +1254,82 @@ impl Driver<'_> {
             }
             jio_common::compose::Standing::Moving => {
                 let line = render::compose_waiting(&composed);
-                match next::deadline(rec, &self.clock.1, progressed, rules.progress_deadline, now) {
-                    Deadline::Stuck => {
-                        let holding = composed
-                            .plan
-                            .reasons
-                            .iter()
-                            .filter(|(_, r)| !matches!(r.code, jio_common::plan::ReasonCode::WaitingFor))
-                            .map(|(h, r)| (h.to_string(), r.text.clone()))
-                            .collect();
-                        let Ok(stuck) = rec.stuck(holding, by, now) else {
-                            return Ok(PassOutcome::Replan);
-                        };
-                        if let Some(end) = self
-                            .fenced(rollouts::update_ops(self.schema, &stuck), snap)
-                            .await?
-                        {
-                            return Ok(end);
-                        }
-                        self.note(&format!(
-                            "rollout {} is stuck: nothing finished within its progress_deadline ({}); waiting for: {line}",
-                            rec.id,
-                            jio_common::duration::format(rules.progress_deadline)
-                        ));
-                        Ok(PassOutcome::Replan)
-                    }
-                    Deadline::Unstuck => {
-                        if let Some(r) = rec.unstuck(by, now)
-                            && let Some(end) =
-                                self.fenced(rollouts::update_ops(self.schema, &r), snap).await?
-                        {
-                            return Ok(end);
-                        }
-                        self.note(&format!("rollout {} moves again", rec.id));
-                        Ok(PassOutcome::Replan)
-                    }
-                    Deadline::Due(t) => {
-                        self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
-                        Ok(PassOutcome::Continue { waiting: Some(line) })
-                    }
-                    Deadline::None => Ok(PassOutcome::Continue { waiting: Some(line) }),
-                }
+                let holding = || {
+                    composed
+                        .plan
+                        .reasons
+                        .iter()
+                        .filter(|(_, r)| !matches!(r.code, jio_common::plan::ReasonCode::WaitingFor))
+                        .map(|(h, r)| (h.to_string(), r.text.clone()))
+                        .collect()
+                };
+                let deadline = rules.progress_deadline;
+                self.waiting(snap, rec, line, holding, progressed, deadline, now, Unit::Step)
+                    .await
+                    .map_err(PassError::from)
             }
+        }
+    }
+
+    /// A pass that admitted nothing while hosts move: the progress deadline (mark
+    /// the rollout stuck, naming what `holding` says holds it; running again once
+    /// something finished), else wait, saying `line`.
+    #[allow(clippy::too_many_arguments)]
+    async fn waiting(
+        &mut self,
+        snap: &Snapshot,
+        rec: &RolloutRecord,
+        line: String,
+        holding: impl FnOnce() -> BTreeMap<String, String>,
+        progressed: bool,
+        limit: Duration,
+        now: u64,
+        unit: Unit,
+    ) -> Result<PassOutcome, StoreError> {
+        let by = "jioctl";
+        match next::deadline(rec, &self.clock.1, progressed, limit, now) {
+            Deadline::Stuck => {
+                let Ok(stuck) = rec.stuck(holding(), by, now) else {
+                    return Ok(PassOutcome::Replan);
+                };
+                if let Some(end) = self
+                    .fenced(rollouts::update_ops(self.schema, &stuck), snap)
+                    .await?
+                {
+                    return Ok(end);
+                }
+                self.note(&format!(
+                    "rollout {} is stuck: {} finished within its progress_deadline ({}); waiting for: {line}",
+                    rec.id,
+                    match unit {
+                        Unit::Host => "no host",
+                        Unit::Step => "nothing",
+                    },
+                    jio_common::duration::format(limit)
+                ));
+                Ok(PassOutcome::Replan)
+            }
+            Deadline::Unstuck => {
+                if let Some(r) = rec.unstuck(by, now)
+                    && let Some(end) = self.fenced(rollouts::update_ops(self.schema, &r), snap).await?
+                {
+                    return Ok(end);
+                }
+                self.note(&format!(
+                    "rollout {} moves again{}",
+                    rec.id,
+                    match unit {
+                        Unit::Host => ": a host finished",
+                        Unit::Step => "",
+                    }
+                ));
+                Ok(PassOutcome::Replan)
+            }
+            Deadline::Due(t) => {
+                self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
+                Ok(PassOutcome::Continue { waiting: Some(line) })
+            }
+            Deadline::None => Ok(PassOutcome::Continue { waiting: Some(line) }),
         }
     }
 
@@ -1359,6 +1363,14 @@ impl Driver<'_> {
             },
         )
     }
+}
+
+/// What a rollout's progress counts: hosts (a plain rollout) or hosts' steps (a
+/// composable one), for the stuck and moving-again lines.
+#[derive(Debug, Clone, Copy)]
+enum Unit {
+    Host,
+    Step,
 }
 
 /// What the rollout waits for; when nothing can move without an operator, it says so.
