@@ -90,15 +90,10 @@ impl Compose {
             .or_else(|| self.roles_data.first().map(|(r, _)| r.clone()))
     }
 
-    /// Parses `roles_data`, `stages` and `finalize` of the rules' JSON `top` (the
-    /// order of `stages` and `roles_data` from `text`, as written). `None` without
+    /// Parses `roles_data`, `stages` and `finalize` of the rules' JSON `top` (its
+    /// objects keep the order written: `serde_json`'s `preserve_order`). `None` without
     /// `roles_data` (then `stages` and `finalize` are errors).
-    pub fn parse(
-        text: &str,
-        top: &serde_json::Map<String, Value>,
-        errors: &mut Vec<String>,
-    ) -> Option<Compose> {
-        let order = key_order(text);
+    pub fn parse(top: &serde_json::Map<String, Value>, errors: &mut Vec<String>) -> Option<Compose> {
         let Some(rd) = top.get("roles_data") else {
             for k in ["stages", "finalize"] {
                 if top.contains_key(k) {
@@ -116,7 +111,7 @@ impl Compose {
         };
         match rd {
             Value::Object(o) => {
-                for r in ordered(o, &order.roles_data) {
+                for (r, value) in o {
                     let path = format!("roles_data.{r}");
                     let role = match Role::new(r.as_str()) {
                         Ok(role) => role,
@@ -126,7 +121,7 @@ impl Compose {
                         }
                     };
                     let mut services: Vec<Service> = Vec::new();
-                    match &o[&r] {
+                    match value {
                         Value::Array(a) => {
                             for s in a {
                                 match s.as_str().map(Service::new) {
@@ -153,14 +148,14 @@ impl Compose {
             match st {
                 Value::Object(o) if !o.is_empty() => {
                     let mut seen: BTreeMap<Role, String> = BTreeMap::new();
-                    for s in ordered(o, &order.stages) {
+                    for (s, value) in o {
                         let path = format!("stages.{s}");
                         if let Err(e) = Role::new(s.as_str()) {
                             errors.push(format!("{path}: invalid stage name: {}", e.rule));
                             continue;
                         }
                         let mut roles = Vec::new();
-                        match &o[&s] {
+                        match value {
                             Value::Array(a) if !a.is_empty() => {
                                 for r in a {
                                     match r.as_str().map(Role::new) {
@@ -255,67 +250,6 @@ impl Compose {
             });
         }
     }
-}
-
-/// The order in which `roles_data` and `stages` name their keys in the text.
-#[derive(Default)]
-struct KeyOrder {
-    roles_data: Vec<String>,
-    stages: Vec<String>,
-}
-
-fn key_order(text: &str) -> KeyOrder {
-    struct Keys(Vec<String>);
-    impl<'de> Deserialize<'de> for Keys {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Keys, D::Error> {
-            struct V;
-            impl<'de> serde::de::Visitor<'de> for V {
-                type Value = Keys;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("an object")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Keys, A::Error> {
-                    let mut keys = Vec::new();
-                    while let Some(k) = m.next_key::<String>()? {
-                        m.next_value::<serde::de::IgnoredAny>()?;
-                        keys.push(k);
-                    }
-                    Ok(Keys(keys))
-                }
-            }
-            d.deserialize_map(V)
-        }
-    }
-    #[derive(Deserialize)]
-    struct Top {
-        #[serde(default)]
-        roles_data: Option<Keys>,
-        #[serde(default)]
-        stages: Option<Keys>,
-    }
-    match serde_json::from_str::<Top>(text) {
-        Ok(t) => KeyOrder {
-            roles_data: t.roles_data.map(|k| k.0).unwrap_or_default(),
-            stages: t.stages.map(|k| k.0).unwrap_or_default(),
-        },
-        Err(_) => KeyOrder::default(),
-    }
-}
-
-/// The keys of `o` in the order `order` gives (any it misses after, sorted).
-fn ordered(o: &serde_json::Map<String, Value>, order: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for k in order.iter().filter(|k| o.contains_key(*k)) {
-        if !out.contains(k) {
-            out.push(k.clone());
-        }
-    }
-    for k in o.keys() {
-        if !out.contains(k) {
-            out.push(k.clone());
-        }
-    }
-    out
 }
 
 /// When a task runs, relative to the host's Puppet run.
@@ -2154,6 +2088,17 @@ mod tests {
             "{:?}",
             c.standing
         );
+    }
+
+    #[test]
+    fn stages_and_roles_data_keep_the_order_written() {
+        let r = Rules::parse(
+            r#"{"roles_data": {"zeta": ["a"], "alpha": ["b"]}, "stages": {"zz": ["zeta"], "aa": ["alpha"]}}"#,
+        )
+        .unwrap();
+        let c = r.compose.unwrap();
+        assert_eq!(c.stage_names(), vec!["zz", "aa"]);
+        assert_eq!(c.finalize_role().unwrap().as_str(), "zeta");
     }
 
     #[test]

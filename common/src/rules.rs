@@ -375,7 +375,7 @@ impl Rules {
                 other => errors.push(format!("windows: {other} must be a non-empty list of windows")),
             }
         }
-        rules.compose = crate::compose::Compose::parse(text, &top, &mut errors);
+        rules.compose = crate::compose::Compose::parse(&top, &mut errors);
         if let Some(cycle) = find_cycle(&rules.order) {
             errors.push(format!("role_order has a cycle: {}", cycle.join(" -> ")));
         }
