@@ -335,7 +335,7 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
         .collect();
     jio_tests::inspect::wait_for(
         "both hosts at v1 with their catalogs",
-        Duration::from_secs(60),
+        Duration::from_secs(180),
         || async {
             hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
                 && leaf(&s, "/hosts/compute2/services").await.is_some()
