@@ -24,7 +24,10 @@ use crate::state::{Journal, LastRun, RunResult, RunStart};
 use crate::steps::{CommandSteps, StepCtx, StepRunner};
 use crate::{report, results, rundir};
 
+mod commands;
 mod tasks;
+
+pub use commands::{Candidate, CommandStep, resolve as resolve_action, step as command_step};
 
 /// What a pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +44,12 @@ pub enum PassResult {
     Repaired { version: Version, ok: bool },
     /// What the decision read changed before the run could start: nothing ran.
     Raced,
+    /// A fleet command's action ran (`Interrupted`: the agent is stopping; the
+    /// journal keeps it for the next start).
+    Command {
+        id: String,
+        outcome: jio_common::command::RunOutcome,
+    },
     /// A health check or repair could not start on this host (its run directory
     /// cannot be made): logged, and tried again at the next check.
     Skipped { version: Version },
@@ -76,6 +85,8 @@ pub struct Agent {
     services: crate::services::Services,
     /// The catalog last published (`None`: nothing published by this agent yet).
     published: Option<jio_common::compose::Catalog>,
+    /// The last note logged about fleet commands (logged again only when it changes).
+    command_note: Option<String>,
 }
 
 impl Agent {
@@ -85,6 +96,11 @@ impl Agent {
     pub fn new(cfg: Config, store: DynStore, shutdown: watch::Receiver<bool>) -> Result<Agent, AgentError> {
         let mut agent = Agent::new_readonly(cfg, store, shutdown)?;
         let journal = &mut agent.ledger.journal;
+        // A fleet command a dead agent left running: stopped first; the first pass
+        // reports it interrupted (or runs it again, if the command allows).
+        if let Some(child) = journal.commands.in_progress.as_ref().and_then(|r| r.child) {
+            agent.orphan = Some(child);
+        }
         if let Some(run) = journal.in_progress.take() {
             agent.orphan = run.child;
             tracing::warn!(
@@ -143,6 +159,7 @@ impl Agent {
             view_took_end: false,
             services: crate::services::Services::default(),
             published: None,
+            command_note: None,
         })
     }
 
@@ -277,6 +294,11 @@ impl Agent {
             self.clear_run_marker().await?;
             return Ok(PassResult::Reported);
         }
+        if !self.ledger.journal.commands.unreported.is_empty() {
+            self.flush_commands(false).await?;
+            self.clear_run_marker().await?;
+            return Ok(PassResult::Reported);
+        }
         self.clear_run_marker().await?;
         // A pass that may check health reads the lock and the result afresh (the
         // view does not follow them); so does a pass after one that wrote or failed.
@@ -303,6 +325,12 @@ impl Agent {
     /// Decides on `obs` and acts. A run starts only if nothing `obs` read has changed
     /// since: its start is fenced on the revisions `obs` holds (`Raced` otherwise).
     pub async fn act(&mut self, obs: &Observation) -> Result<PassResult, AgentError> {
+        // Fleet commands first: a command this host was admitted to runs before an
+        // upgrade starts (never during one: the agent runs one thing at a time).
+        if let Some(done) = self.command_pass(obs).await? {
+            self.last_decision = None;
+            return Ok(done);
+        }
         let decision = decide::decide(obs);
         if self.last_decision.as_ref() != Some(&decision) {
             log_decision(&decision, obs);
@@ -352,6 +380,18 @@ impl Agent {
         version: &Version,
         compares: Vec<Compare>,
     ) -> Result<bool, AgentError> {
+        self.begin_with(state, Some(version.clone()), compares, Vec::new())
+            .await
+    }
+
+    /// `begin`, writing `ops` too in the same transaction.
+    async fn begin_with(
+        &mut self,
+        state: AgentState,
+        version: Option<Version>,
+        compares: Vec<Compare>,
+        ops: Vec<Op>,
+    ) -> Result<bool, AgentError> {
         let Some(l) = &self.liveness else {
             // Without a liveness record (tests of a bare pass) there is nothing to fence.
             return Ok(true);
@@ -360,7 +400,7 @@ impl Agent {
         // its slot until this agent has seen the run end and removed it.
         let record = AgentRecord {
             state,
-            version: Some(version.clone()),
+            version: version.clone(),
             since: self.clock.unix_now(),
             pid: std::process::id(),
         };
@@ -390,10 +430,9 @@ impl Agent {
                 (compares, Vec::new())
             };
         let before = l.current();
-        let started = match l
-            .commit(state, Some(version.clone()), compares, vec![marker])
-            .await
-        {
+        let mut also = vec![marker];
+        also.extend(ops);
+        let started = match l.commit(state, version, compares, also).await {
             Ok(committed) => committed.is_some(),
             Err(e) => {
                 // Sent but unconfirmed (`Ambiguous`): the marker may be in the store,

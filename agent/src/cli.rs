@@ -625,6 +625,16 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
             exit::OK
         }
         Ok(PassResult::Reported) => exit::OK,
+        Ok(PassResult::Command { id, outcome }) => match outcome {
+            jio_common::command::RunOutcome::Succeeded => {
+                println!("jio-agent: fleet command {id} succeeded");
+                exit::OK
+            }
+            jio_common::command::RunOutcome::Interrupted => {
+                fail(format!("fleet command {id} was interrupted"), exit::INTERRUPTED)
+            }
+            other => fail(format!("fleet command {id} {}", other.as_str()), exit::FAILED),
+        },
         // `once` never asks for a health check; should one have run, say how it went.
         Ok(PassResult::Skipped { version }) => fail(
             format!("the health check of {version} could not start (see the log)"),

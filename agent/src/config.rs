@@ -43,6 +43,13 @@ pub struct Config {
     pub services_dir: PathBuf,
     /// A task's timeout when its file gives none.
     pub task_timeout: Duration,
+    /// Where the fleet commands' actions are (`<actions_dir>/<name>`).
+    pub actions_dir: PathBuf,
+    /// A fleet command that names no installed action runs as the argument list
+    /// it gives (off by default: a store write never becomes an arbitrary command).
+    pub allow_any_command: bool,
+    /// How long a fleet command's action may run when the command gives no timeout.
+    pub command_timeout: Duration,
     pub retry_interval: Duration,
     pub health_interval: Duration,
     pub resync_interval: Duration,
@@ -74,6 +81,9 @@ pub struct FileConfig {
     pub validation_timeout: Option<String>,
     pub services_dir: Option<PathBuf>,
     pub task_timeout: Option<String>,
+    pub actions_dir: Option<PathBuf>,
+    pub allow_any_command: Option<bool>,
+    pub command_timeout: Option<String>,
     pub retry_interval: Option<String>,
     pub health_interval: Option<String>,
     pub resync_interval: Option<String>,
@@ -99,6 +109,9 @@ pub const SCALAR_KEYS: &[&str] = &[
     "validation_timeout",
     "services_dir",
     "task_timeout",
+    "actions_dir",
+    "allow_any_command",
+    "command_timeout",
     "retry_interval",
     "health_interval",
     "resync_interval",
@@ -212,6 +225,21 @@ impl Sources<'_> {
         p
     }
 
+    /// A boolean (`true`/`false`).
+    fn boolean(&mut self, key: &'static str, file_v: Option<bool>, default: bool) -> bool {
+        match self.pick(key, file_v.map(|b| b.to_string())) {
+            None => default,
+            Some((v, src)) => match v.trim() {
+                "true" => true,
+                "false" => false,
+                other => {
+                    self.error(format!("{key} ({src}): {other:?} is not true or false"));
+                    default
+                }
+            },
+        }
+    }
+
     /// A command from the file, or the default; it needs a program.
     fn command(&mut self, key: &str, v: Option<Vec<String>>, default: &[&str]) -> Vec<String> {
         let c = v.unwrap_or_else(|| default.iter().map(|a| a.to_string()).collect());
@@ -309,6 +337,7 @@ struct Timing {
     puppet: Duration,
     validation: Duration,
     task: Duration,
+    command: Duration,
     retry: Duration,
     health: Duration,
     resync: Duration,
@@ -323,6 +352,7 @@ fn timing(src: &mut Sources<'_>, file: &mut FileConfig) -> Timing {
         puppet: src.duration("puppet_timeout", file.puppet_timeout.take(), "30m"),
         validation: src.duration("validation_timeout", file.validation_timeout.take(), "10m"),
         task: src.duration("task_timeout", file.task_timeout.take(), "30m"),
+        command: src.duration("command_timeout", file.command_timeout.take(), "30m"),
         retry: src.duration("retry_interval", file.retry_interval.take(), "10m"),
         health: src.duration("health_interval", file.health_interval.take(), "10m"),
         resync: src.duration("resync_interval", file.resync_interval.take(), "5m"),
@@ -335,6 +365,7 @@ fn timing(src: &mut Sources<'_>, file: &mut FileConfig) -> Timing {
         ("pre_command_timeout", t.pre_command),
         ("validation_timeout", t.validation),
         ("task_timeout", t.task),
+        ("command_timeout", t.command),
         ("retry_interval", t.retry),
         ("resync_interval", t.resync),
         ("store_retry", t.store_retry),
@@ -427,6 +458,12 @@ fn build(
         file.services_dir.take(),
         "/usr/lib/jiocloud/services",
     );
+    let actions_dir = src.path(
+        "actions_dir",
+        file.actions_dir.take(),
+        "/usr/lib/jiocloud/actions",
+    );
+    let allow_any_command = src.boolean("allow_any_command", file.allow_any_command.take(), false);
     let swift = file.swift.take().and_then(|settings| {
         jio_common::swift::SwiftClient::new(settings)
             .map(std::sync::Arc::new)
@@ -451,6 +488,9 @@ fn build(
         validation_timeout: t.validation,
         services_dir,
         task_timeout: t.task,
+        actions_dir,
+        allow_any_command,
+        command_timeout: t.command,
         retry_interval: t.retry,
         health_interval: t.health,
         resync_interval: t.resync,

@@ -97,6 +97,7 @@ fn after_pass(
         | PassResult::Ran { .. }
         | PassResult::Checked { .. }
         | PassResult::Repaired { .. }
+        | PassResult::Command { .. }
         | PassResult::Raced => Next::Again,
         PassResult::Idle(Decision::Backoff { until, .. }) => {
             Next::Wait(resync.min(Duration::from_secs(until.saturating_sub(now_unix).max(1))))

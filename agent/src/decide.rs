@@ -62,6 +62,19 @@ pub struct Observation {
     pub result: Option<HostResult>,
     /// What a composable rollout asks of this host.
     pub compose: ComposeFacts,
+    /// The fleet commands this host is admitted to.
+    pub commands: CommandFacts,
+}
+
+/// The host's inbox of fleet commands (`/config_state/commands/<host>`), as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandFacts {
+    /// The ids it is admitted to, oldest first.
+    pub inbox: Vec<jio_common::command::CommandId>,
+    /// The inbox's mod revision (0: absent): a command starts only while it is so.
+    pub revision: Revision,
+    /// The inbox (or some of it) cannot be read: why, naming the key.
+    pub problem: Option<String>,
 }
 
 /// What the active composable rollout asks of this host (`active` false: the
@@ -629,6 +642,7 @@ mod tests {
             rollout_revision: 0,
             result: None,
             compose: ComposeFacts::default(),
+            commands: CommandFacts::default(),
         }
     }
 

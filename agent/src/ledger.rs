@@ -169,6 +169,27 @@ impl Ledger {
         Ok(ended)
     }
 
+    /// Queues a composed log for Swift, to be linked from `key` (a leaf the store
+    /// holds at `revision`).
+    pub fn queue_upload(&self, log: &Path, object: &str, key: &jio_common::keys::Key, revision: Revision) {
+        let entry = uploads::Entry {
+            object: object.to_string(),
+            key: key.to_string(),
+            revision,
+            result: None,
+        };
+        match uploads::enqueue(&self.state_dir, log, &entry) {
+            Ok(()) => {
+                if let Some(w) = &self.upload_wake {
+                    w.notify_one();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(log = %log.display(), error = %e, "cannot queue the log for upload")
+            }
+        }
+    }
+
     /// Queues the report's run log for Swift, linked from its status entry.
     fn queue_log(&self, r: &PendingReport, revision: jio_common::store::Revision) {
         let (Some(log), Some(object)) = (&r.log, &r.object) else {

@@ -19,7 +19,7 @@ use jio_common::store::{Compare, DynStore, KeyValue, Op, Revision, StoreError, W
 use jio_common::values::{HostResult, parse_json, parse_version};
 use jio_common::window;
 
-use crate::decide::{ComposeFacts, Health, Hold, Observation, RolloutFacts};
+use crate::decide::{CommandFacts, ComposeFacts, Health, Hold, Observation, RolloutFacts};
 use crate::error::AgentError;
 use crate::state::{self, Journal};
 
@@ -55,6 +55,7 @@ impl Subject<'_> {
         keys.extend(self.gate_keys());
         keys.extend(self.hold_keys());
         keys.push(self.schema.current_rollout());
+        keys.push(self.schema.command_inbox(self.host));
         keys
     }
 
@@ -117,6 +118,16 @@ impl Subject<'_> {
         c
     }
 
+    /// The compares that the host's and its role's hold keys are still as `obs`
+    /// read them (a hold written since wins).
+    pub fn hold_fence(&self, obs: &Observation) -> Vec<Compare> {
+        self.hold_keys()
+            .into_iter()
+            .zip(obs.hold_revisions)
+            .map(|(k, rev)| Compare::ModRevision(k, rev))
+            .collect()
+    }
+
     /// The fence of a health check or repair: what it decided on, and the rollout
     /// lock still free. Holds do not stop health checks.
     pub fn health_fence(&self, obs: &Observation) -> Vec<Compare> {
@@ -154,7 +165,7 @@ pub type RolloutCache = Option<(String, Rules)>;
 
 /// The keys of the last read, kept up to date by the watches' events.
 ///
-/// It holds the nine keys a pass reads, as read at revision `at`, then every watch
+/// It holds the keys a pass reads, as read at revision `at`, then every watch
 /// event on a watched key with a later revision. The watches were open before the
 /// read (they are opened first, and a reopened watch makes the view unusable until
 /// the next read), so no change after `at` to a watched key is missed; one may only
@@ -277,6 +288,7 @@ pub async fn observe(
     keys.push(who.schema.current_rollout());
     keys.push(who.schema.result(who.host));
     keys.extend(who.grant_keys());
+    keys.push(who.schema.command_inbox(who.host));
     let got = match view.values(&keys).filter(|_| !read) {
         Some(got) => got,
         None => {
@@ -302,7 +314,8 @@ pub async fn observe(
         result,
         grant,
         finalize,
-    ] = <[_; 11]>::try_from(got).map_err(|_| {
+        inbox,
+    ] = <[_; 12]>::try_from(got).map_err(|_| {
         AgentError::Store(StoreError::Rejected {
             url: store.url().to_string(),
             op: "get",
@@ -372,7 +385,21 @@ pub async fn observe(
         // no soak to check.
         result: result.as_ref().and_then(|kv| parse_json::<HostResult>(kv).ok()),
         compose,
+        commands: command_facts(inbox.as_ref()),
     })
+}
+
+/// The fleet commands this host is admitted to, from its inbox as read.
+fn command_facts(inbox: Option<&KeyValue>) -> CommandFacts {
+    let Some(kv) = inbox else {
+        return CommandFacts::default();
+    };
+    let (ids, problem) = jio_common::command::parse_inbox(kv);
+    CommandFacts {
+        inbox: ids,
+        revision: kv.mod_revision,
+        problem,
+    }
 }
 
 /// What a composable rollout asks of this host: the phase granted to its role (or

@@ -12,8 +12,13 @@ const KEEP_RUNS: usize = 20;
 /// Creates the directory of a run starting at `now`; the error is the directory
 /// and the reason, naming it.
 pub fn create(state_dir: &Path, version: &Version, now: u64) -> Result<PathBuf, (PathBuf, String)> {
+    create_named(state_dir, version.as_str(), now)
+}
+
+/// Like `create`, for a run named `name` (a fleet command: `command-<id>`).
+pub fn create_named(state_dir: &Path, name: &str, now: u64) -> Result<PathBuf, (PathBuf, String)> {
     let runs = state_dir.join("runs");
-    let dir = runs.join(format!("{}-{}", utc_stamp(now), version));
+    let dir = runs.join(format!("{}-{}", utc_stamp(now), name));
     if let Err(e) = std::fs::create_dir_all(&dir) {
         let reason = format!("cannot create the run directory {}: {e}", dir.display());
         return Err((dir, reason));

@@ -242,6 +242,73 @@ pub struct Failure {
     pub reported: Option<Revision>,
 }
 
+/// Fleet commands (`jioctl run`) on this host: what it finished, what it is
+/// running, and the results not yet in the store. A command is in the journal
+/// before its action starts, so an agent that dies while it runs reports it
+/// `interrupted` at its next start instead of running it again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CommandJournal {
+    /// Ids this host is done with (a result was written or is pending), oldest
+    /// first; the newest `COMMANDS_KEPT` are kept.
+    pub done: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_progress: Option<CommandRun>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreported: Vec<PendingCommandReport>,
+}
+
+/// Ids kept in `CommandJournal::done`: more than the store keeps (its history and
+/// the active commands), so an id the store still admits the host to is known.
+pub const COMMANDS_KEPT: usize = 500;
+
+impl CommandJournal {
+    pub fn is_done(&self, id: &str) -> bool {
+        self.done.iter().any(|d| d == id)
+    }
+
+    pub fn mark_done(&mut self, id: &str) {
+        if !self.is_done(id) {
+            self.done.push(id.to_string());
+        }
+        if self.done.len() > COMMANDS_KEPT {
+            let extra = self.done.len() - COMMANDS_KEPT;
+            self.done.drain(..extra);
+        }
+    }
+}
+
+/// A command's action this host was about to start, or started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandRun {
+    pub id: String,
+    pub attempt: u32,
+    pub started: u64,
+    pub run_dir: PathBuf,
+    /// The store took the start (before: it may or may not have).
+    #[serde(default)]
+    pub confirmed: bool,
+    /// The command runs again after an interruption.
+    #[serde(default)]
+    pub rerun_interrupted: bool,
+    /// The action's process group, so a restarted agent can stop it.
+    #[serde(default)]
+    pub child: Option<crate::runner::ProcessGroup>,
+}
+
+/// A command's result that must still be written to the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingCommandReport {
+    pub id: String,
+    pub result: jio_common::command::CommandResult,
+    /// The composed output, to upload once the result is in the store, and its
+    /// object name in Swift.
+    #[serde(default)]
+    pub log: Option<PathBuf>,
+    #[serde(default)]
+    pub object: Option<String>,
+}
+
 /// The journal file's content.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -253,6 +320,15 @@ pub struct Journal {
     /// A composable rollout's steps done on this host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tasks: Option<TaskJournal>,
+    /// Fleet commands on this host.
+    #[serde(skip_serializing_if = "CommandJournal::is_empty")]
+    pub commands: CommandJournal,
+}
+
+impl CommandJournal {
+    fn is_empty(&self) -> bool {
+        self == &CommandJournal::default()
+    }
 }
 
 impl Journal {

@@ -126,6 +126,12 @@ pub struct Snapshot {
     pub step_statuses: BTreeMap<(String, Service, HostName), StepStatus>,
     /// Mod revision of each readable `/results/<host>`.
     pub result_revisions: BTreeMap<HostName, Revision>,
+    /// The fleet commands each host is admitted to (`/config_state/commands/<host>`,
+    /// readable ids; hosts with none are absent).
+    pub inboxes: BTreeMap<HostName, Vec<crate::command::CommandId>>,
+    /// Hosts whose inbox cannot be read (all of it, or some ids): counted as
+    /// admitted to a command (the safe reading); why is in `problems`.
+    pub inboxes_invalid: BTreeSet<HostName>,
 }
 
 /// A composable rollout's step that failed on a host, from its last result.
@@ -222,7 +228,8 @@ impl Snapshot {
         // revision is known: a change after it is in the watch a live view opens.
         let first = [
             schema.current_version(),
-            schema.enable_root(),
+            // The enable keys and the fleet commands' admissions.
+            schema.config_state(),
             schema.current_rollout(),
             schema.drivers(),
             schema.holds(),
@@ -546,6 +553,19 @@ impl LiveSnapshot {
                 );
                 self.unsettled = true;
             }
+            Some(Parsed::CommandInbox(h)) => {
+                let (ids, why) = crate::command::parse_inbox(kv);
+                if let Some(why) = why {
+                    self.problem(
+                        &kv.key,
+                        format!("{why} (the host counts as admitted to a command)"),
+                    );
+                    self.snap.inboxes_invalid.insert(h.clone());
+                }
+                if !ids.is_empty() {
+                    self.snap.inboxes.insert(h, ids);
+                }
+            }
             None if kv.key.starts_with(&schema.holds()) => self.problem(
                 &kv.key,
                 format!(
@@ -595,6 +615,10 @@ impl LiveSnapshot {
             }
             Some(Parsed::Status(_, Outcome::Failure, ..)) => {
                 self.unsettled |= self.failures.remove(key).is_some();
+            }
+            Some(Parsed::CommandInbox(h)) => {
+                s.inboxes.remove(h);
+                s.inboxes_invalid.remove(h);
             }
             Some(Parsed::Agent(h)) => {
                 s.agents.remove(h);
@@ -793,16 +817,17 @@ impl Snapshot {
     /// The host's agent is running a command (any version), or its record cannot
     /// be read (counted as running: the safe reading).
     fn agent_running(&self, h: &HostName) -> Option<String> {
-        let what = |r: &AgentRecord| {
-            format!(
+        let what = |r: &AgentRecord| match r.state {
+            crate::values::AgentState::Command => "a fleet command".to_string(),
+            state => format!(
                 "{} {}",
-                if r.state == crate::values::AgentState::Checking {
+                if state == crate::values::AgentState::Checking {
                     "a health check at"
                 } else {
                     "puppet for"
                 },
                 r.version.as_ref().map(Version::as_str).unwrap_or("no version")
-            )
+            ),
         };
         match (self.runs.get(h), self.agents.contains_key(h)) {
             (Some(Some(r)), false) => {
@@ -822,7 +847,25 @@ impl Snapshot {
             }
             _ => {}
         }
+        let inbox = || match (self.inboxes.get(h), self.inboxes_invalid.contains(h)) {
+            (Some(ids), _) => Some(format!(
+                "admitted to fleet command {}",
+                ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", ")
+            )),
+            (None, true) => Some("its command admissions cannot be read (counted as admitted)".into()),
+            (None, false) => None,
+        };
         match self.agents.get(h) {
+            Some(Some(r)) if r.state == crate::values::AgentState::Command => Some(format!(
+                "its agent is running a fleet command{}",
+                self.inboxes
+                    .get(h)
+                    .map(|ids| format!(
+                        " ({})",
+                        ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", ")
+                    ))
+                    .unwrap_or_default()
+            )),
             Some(Some(r)) if r.state.running() => Some(format!(
                 "its agent is {} {}",
                 if r.state == crate::values::AgentState::Checking {
@@ -833,7 +876,7 @@ impl Snapshot {
                 r.version.as_ref().map(Version::as_str).unwrap_or("no version")
             )),
             Some(None) => Some("its agent's record cannot be read".into()),
-            _ => None,
+            _ => inbox(),
         }
     }
 

@@ -143,6 +143,14 @@ pub enum Parsed {
     /// `/status/steps/<rollout>/<phase>/<service>/<outcome>/<host>`: one service's
     /// step on one host (the rollout id and the phase as written).
     StepStatus(String, String, crate::names::Service, Outcome, HostName),
+    /// `/config_state/commands/<host>`: the fleet commands the host is admitted to.
+    CommandInbox(HostName),
+    /// `/commands/<id>`: a fleet command's record.
+    Command(crate::command::CommandId),
+    /// `/command_runs/<id>/<part>/<host>`: a host's run of a command.
+    CommandRun(crate::command::CommandId, crate::command::RunPart, HostName),
+    /// `/command_runs/<id>/lock`: the command's driver lock.
+    CommandLock(crate::command::CommandId),
 }
 
 /// What a hold keeps out: one host, or every host of a role.
@@ -176,11 +184,24 @@ const HOLDS: &str = "/holds/";
 const RESULTS: &str = "/results/";
 const STEPS: &str = "/steps/";
 const STEP_STATUS: &str = "/status/steps/";
+const CONFIG_STATE: &str = "/config_state/";
+const COMMAND_INBOX: &str = "/config_state/commands/";
+const COMMANDS: &str = "/commands/";
+const COMMAND_RUNS: &str = "/command_runs/";
 
 /// The prefixes, under the namespace, that an agent writes: all the `jio-agent`
 /// etcd role of `packaging/etcd-roles.sh` may write (and the Consul policy of the
 /// README), everything else being the operators'.
-pub const AGENT_WRITES: [&str; 7] = [STATUS, "/running/", HOSTS, AGENTS, ACTIVE_ROLES, RUNS, RESULTS];
+pub const AGENT_WRITES: [&str; 8] = [
+    STATUS,
+    "/running/",
+    HOSTS,
+    AGENTS,
+    ACTIVE_ROLES,
+    RUNS,
+    RESULTS,
+    COMMAND_RUNS,
+];
 
 /// The key schema under one namespace prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -424,6 +445,55 @@ impl Schema {
         self.key(&[HOSTS, h.as_str(), "/services"])
     }
 
+    /// Prefix of everything that says what hosts may do: the enable keys and the
+    /// fleet commands' admissions (one listing reads both).
+    pub fn config_state(&self) -> Key {
+        self.key(&[CONFIG_STATE])
+    }
+
+    /// Prefix of the fleet commands' admissions.
+    pub fn command_inboxes(&self) -> Key {
+        self.key(&[COMMAND_INBOX])
+    }
+
+    /// The fleet commands a host is admitted to (`command::Inbox`, JSON), written
+    /// by the commands' drivers.
+    pub fn command_inbox(&self, h: &HostName) -> Key {
+        self.key(&[COMMAND_INBOX, h.as_str()])
+    }
+
+    /// Prefix of the fleet commands' records.
+    pub fn commands(&self) -> Key {
+        self.key(&[COMMANDS])
+    }
+
+    /// A fleet command's record (`command::CommandRecord`, JSON).
+    pub fn command(&self, id: &crate::command::CommandId) -> Key {
+        self.key(&[COMMANDS, id.as_str()])
+    }
+
+    /// Prefix of everything of one command's runs: its driver's lock and each
+    /// host's start, result and log.
+    pub fn command_runs(&self, id: &crate::command::CommandId) -> Key {
+        self.key(&[COMMAND_RUNS, id.as_str(), "/"])
+    }
+
+    /// The leased lock of whoever drives the command.
+    pub fn command_lock(&self, id: &crate::command::CommandId) -> Key {
+        self.key(&[COMMAND_RUNS, id.as_str(), "/lock"])
+    }
+
+    /// A host's run of a command: `started` (written when its agent starts it),
+    /// `results` (how it ended) or `logs` (the link to its output in Swift).
+    pub fn command_run(
+        &self,
+        id: &crate::command::CommandId,
+        part: crate::command::RunPart,
+        h: &HostName,
+    ) -> Key {
+        self.key(&[COMMAND_RUNS, id.as_str(), "/", part.as_str(), "/", h.as_str()])
+    }
+
     /// Prefix of the phase grants of composable rollouts (written by the driver).
     pub fn steps(&self) -> Key {
         self.key(&[STEPS])
@@ -478,6 +548,25 @@ impl Schema {
             let [v, h] = split_n::<2>(r)?;
             return Some(Parsed::RunningVersion(
                 Version::new(v).ok()?,
+                HostName::new(h).ok()?,
+            ));
+        }
+        if let Some(h) = rest.strip_prefix(COMMAND_INBOX) {
+            return Some(Parsed::CommandInbox(HostName::new(h).ok()?));
+        }
+        if let Some(id) = rest.strip_prefix(COMMANDS) {
+            return Some(Parsed::Command(crate::command::CommandId::parse(id)?));
+        }
+        if let Some(r) = rest.strip_prefix(COMMAND_RUNS) {
+            let (id, tail) = r.split_once('/')?;
+            let id = crate::command::CommandId::parse(id)?;
+            if tail == "lock" {
+                return Some(Parsed::CommandLock(id));
+            }
+            let [part, h] = split_n::<2>(tail)?;
+            return Some(Parsed::CommandRun(
+                id,
+                crate::command::RunPart::parse(part)?,
                 HostName::new(h).ok()?,
             ));
         }

@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod clock;
+pub mod command;
 pub mod compose;
 pub mod duration;
 pub mod encode;

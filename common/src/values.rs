@@ -115,13 +115,18 @@ pub enum AgentState {
     /// Running the idle health check (validation only).
     Checking,
     Failed,
+    /// Running a fleet command's action (`jioctl run`).
+    Command,
 }
 
 impl AgentState {
     /// The agent is running a command: the host holds a rolling slot whatever its
     /// gate and whatever version it runs.
     pub fn running(self) -> bool {
-        matches!(self, AgentState::Upgrading | AgentState::Checking)
+        matches!(
+            self,
+            AgentState::Upgrading | AgentState::Checking | AgentState::Command
+        )
     }
 }
 

@@ -2,7 +2,7 @@
 //! rollouts under the rules.
 //!
 //! Layering, one way: `cli` → `commands` → (`upgrade`, `release`, `status`,
-//! `render`, `rollouts`, `writes`, `context`) → `exit` and `config`; no module imports one that
+//! `render`, `rollouts`, `fleet_commands`, `writes`, `context`) → `exit` and `config`; no module imports one that
 //! imports it back.
 
 #![forbid(unsafe_code)]
@@ -12,6 +12,7 @@ pub mod commands;
 pub mod config;
 pub mod context;
 pub mod exit;
+pub mod fleet_commands;
 pub mod progress;
 pub mod release;
 pub mod render;

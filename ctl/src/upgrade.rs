@@ -449,9 +449,17 @@ pub async fn drive(
     let name = format!("{}-{}", me.host, me.pid);
     let registration = tokio::spawn(register(store.clone(), schema.driver(&name), ttl));
     eprintln!(
-        "jioctl drive: driver service {name} started (lease {}); it drives the current rollout whenever it holds the rollout lock",
+        "jioctl drive: driver service {name} started (lease {}); it drives the current rollout whenever it holds the rollout lock, and every active fleet command whenever it holds the command's lock",
         jio_common::duration::format(ttl)
     );
+    let (stop_commands, stopping) = tokio::sync::watch::channel(false);
+    let commands = tokio::spawn(crate::fleet_commands::drive_all(
+        store.clone(),
+        schema.clone(),
+        role_pattern.clone(),
+        ttl,
+        stopping,
+    ));
     let opts = DriverOpts {
         target: None,
         daemon: true,
@@ -468,6 +476,9 @@ pub async fn drive(
         r = driver.drive() => r.map(|_| ()),
         sig = interrupted() => {
             let held = driver.release_all().await;
+            // The commands' drivers release their locks too.
+            let _ = stop_commands.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(10), commands).await;
             registration.abort();
             let _ = store.delete(&schema.driver(&name)).await;
             eprintln!(
@@ -478,6 +489,8 @@ pub async fn drive(
         }
     };
     driver.release().await;
+    let _ = stop_commands.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), commands).await;
     registration.abort();
     out
 }

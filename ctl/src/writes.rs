@@ -99,6 +99,8 @@ pub async fn write(store: &DynStore, schema: &Schema, ops: Vec<Op>) -> Result<Re
 /// halt record is left for a running driver to find (it stops, saying who stopped it).
 pub fn emergency_stop_ops(schema: &Schema) -> Vec<Op> {
     let mut ops = global_disable_ops(schema);
+    // No fleet command starts anywhere any more (running ones finish).
+    ops.push(Op::DeletePrefix(schema.command_inboxes()));
     ops.push(Op::put(
         schema.lock(HALT),
         serde_json::to_string(&holder()).unwrap_or_default(),
@@ -259,13 +261,26 @@ impl RolloutLock {
         schema: &Schema,
         ttl: Duration,
     ) -> Result<LockOutcome, StoreError> {
-        let key = schema.lock(ROLLOUT_LOCK);
+        RolloutLock::try_take_key(store, schema.lock(ROLLOUT_LOCK), ttl).await
+    }
+
+    /// `try_take`, for the lock at `key` (a fleet command's driver lock).
+    pub async fn try_take_key(
+        store: &DynStore,
+        key: jio_common::keys::Key,
+        ttl: Duration,
+    ) -> Result<LockOutcome, StoreError> {
         match RolloutLock::try_once(store, &key, ttl).await? {
             LockOutcome::Held(_) => {}
             taken => return Ok(taken),
         }
         let Some(current) = store.get(&key).await? else {
             return RolloutLock::try_once(store, &key, ttl).await;
+        };
+        let what = if key.as_str().ends_with(&format!("/{ROLLOUT_LOCK}")) {
+            "the rollout lock".to_string()
+        } else {
+            format!("the lock {key}")
         };
         let record: Option<LockRecord> = jio_common::values::parse_json(&current).ok();
         // A holder of this host whose process is gone, or a value no driver writes
@@ -277,11 +292,11 @@ impl RolloutLock {
             if store.txn(txn).await?.committed() {
                 match &record {
                     Some(_) => eprintln!(
-                        "jioctl: took over the rollout lock from {}: that process no longer exists",
+                        "jioctl: took over {what} from {}: that process no longer exists",
                         describe(&record)
                     ),
                     None => eprintln!(
-                        "jioctl: took over the rollout lock: its value could not be read (no driver writes such a lock)"
+                        "jioctl: took over {what}: its value could not be read (no driver writes such a lock)"
                     ),
                 }
                 if let Some(lease) = &current.lease {

@@ -26,11 +26,25 @@ impl GlobalDisablePuppet {
             txn.compares = compares;
             txn.ops = writes::emergency_stop_ops(schema);
             txn.ops.extend(end);
+            // Every active fleet command ends too, fenced on its record as read.
+            let commands = crate::fleet_commands::abort_all_ops(&store, schema, &by).await?;
+            let aborted: Vec<String> = commands.iter().map(|(id, _, _)| id.to_string()).collect();
+            for (_, c, op) in commands {
+                txn.compares.push(c);
+                txn.ops.push(op);
+            }
             txn.ops.push(writes::epoch_put(schema));
             if !matches!(store.txn(txn).await?, TxnOutcome::Committed(_)) {
                 continue; // the rollout changed under it: read again
             }
             println!("puppet disabled globally; every enable_puppet key removed");
+            if !aborted.is_empty() {
+                println!(
+                    "fleet command{} {} ended (aborted by the emergency stop); no host starts one any more, hosts running one finish it",
+                    if aborted.len() == 1 { "" } else { "s" },
+                    aborted.join(", ")
+                );
+            }
             let who: Option<LockRecord> = snap.lock.clone();
             match (ended, &snap.lock) {
                 (Some(r), _) => println!(

@@ -16,6 +16,9 @@ use crate::exit::{self, Failure, Outcome};
 #[derive(Args, Debug)]
 pub struct Logs {
     host: HostName,
+    /// The output of a fleet command on HOST instead (its id, from jioctl commands list)
+    #[arg(long, value_parser = crate::fleet_commands::parse_id, conflicts_with_all = ["version", "phase"])]
+    command: Option<jio_common::command::CommandId>,
     /// The version [default: the current version]
     #[arg(long)]
     version: Option<Version>,
@@ -42,6 +45,9 @@ impl Logs {
         let settings = self.swift_settings(ctx.config.swift.clone())?;
         let client = SwiftClient::new(settings).map_err(Failure::usage)?;
         let store = ctx.open(Access::Read).await?;
+        if let Some(id) = self.command.take() {
+            return self.command_log(ctx, &store, &client, &id).await;
+        }
         let version = match self.version.take() {
             Some(v) => v,
             None => current_version(ctx, &store).await?,
@@ -64,6 +70,57 @@ impl Logs {
                 "{} has no log link; the agent reported: {}",
                 kv.key, kv.value
             )));
+        }
+        let body = client.fetch(&kv.value).await.map_err(failed)?;
+        std::io::stdout().write_all(&body)?;
+        Ok(())
+    }
+
+    /// Prints the output of the fleet command `id` on the host, from the link
+    /// its agent wrote once the upload was done.
+    async fn command_log(
+        &self,
+        ctx: &Context,
+        store: &DynStore,
+        client: &SwiftClient,
+        id: &jio_common::command::CommandId,
+    ) -> Outcome {
+        use jio_common::command::RunPart;
+        let schema = ctx.schema();
+        if store.get(&schema.command(id)).await?.is_none() {
+            return Err(failed(format!(
+                "no fleet command {id} (jioctl commands list shows them)"
+            )));
+        }
+        let result_key = schema.command_run(id, RunPart::Results, &self.host);
+        let result = store.get(&result_key).await?;
+        let run_dir = result
+            .as_ref()
+            .and_then(|kv| jio_common::values::parse_json::<jio_common::command::CommandResult>(kv).ok())
+            .and_then(|r| r.run_dir);
+        let key = schema.command_run(id, RunPart::Logs, &self.host);
+        let on_host = run_dir
+            .map(|d| format!("; its output is in {d} on {}", self.host))
+            .unwrap_or_default();
+        let Some(kv) = store.get(&key).await? else {
+            return Err(failed(match result {
+                None => format!(
+                    "{} has no result for command {id} yet (not run, or still running)",
+                    self.host
+                ),
+                Some(_) => format!(
+                    "{} ran command {id} but no log was uploaded (Swift is not configured on the host){on_host}",
+                    self.host
+                ),
+            }));
+        };
+        if kv.value.is_empty() {
+            return Err(failed(format!(
+                "{key} has no log link yet (the upload is still queued on the host){on_host}"
+            )));
+        }
+        if !crate::status::is_link(&kv.value) {
+            return Err(failed(format!("{key} does not hold a link: {}", kv.value)));
         }
         let body = client.fetch(&kv.value).await.map_err(failed)?;
         std::io::stdout().write_all(&body)?;

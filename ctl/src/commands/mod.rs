@@ -7,6 +7,7 @@ mod current_version;
 mod drive;
 mod enable_puppet;
 mod explain;
+mod fleet_cmds;
 mod get_failures;
 mod global_disable_puppet;
 mod hold;
@@ -14,6 +15,7 @@ mod hosts_at_version;
 mod logs;
 mod lookup;
 mod rollout;
+pub(crate) mod run;
 mod running_versions;
 mod status;
 mod trigger_update;
@@ -70,6 +72,10 @@ pub enum Command {
     /// Failed hosts of the current version
     #[command(alias = "get_failures")]
     GetFailures(get_failures::GetFailures),
+    /// Run an action on hosts under the rolling rules, and follow it (a fleet command)
+    Run(run::Run),
+    /// Fleet commands: list, show, follow, cancel
+    Commands(fleet_cmds::Commands),
 }
 
 impl Command {
@@ -92,6 +98,8 @@ impl Command {
             Command::CheckSingleVersion(c) => c.run(ctx).await,
             Command::Logs(c) => c.run(ctx).await,
             Command::GetFailures(c) => c.run(ctx).await,
+            Command::Run(c) => c.run(ctx).await,
+            Command::Commands(c) => c.run(ctx).await,
         }
     }
 }

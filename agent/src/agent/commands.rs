@@ -1,0 +1,752 @@
+//! Fleet commands on this host (`jioctl run`): the first command of the host's
+//! inbox that it has not finished is run, refused, or reported interrupted, before
+//! any upgrade is considered (a run already going always finishes first: the
+//! agent runs one thing at a time).
+//!
+//! Exactly once: the command is in the journal before its start is written, and
+//! its start is one transaction fenced on the inbox, the command's record (not
+//! cancelled), the host's holds and its start and result keys as read. An agent
+//! that finds a command in its journal at its next start (it died or was stopped
+//! while the action ran) reports it `interrupted` and does not run it again,
+//! unless the command was created with `--rerun-interrupted`.
+
+use std::os::unix::fs::PermissionsExt as _;
+
+use jio_common::command::{CommandId, CommandRecord, CommandResult, RunOutcome, RunPart, Started};
+use jio_common::names::HostName;
+use jio_common::store::{Compare, KeyValue, Op, Revision};
+use jio_common::values::{AgentState, parse_json};
+
+use super::{Agent, PassResult};
+use crate::config::Config;
+use crate::decide::{Hold, Observation};
+use crate::error::AgentError;
+use crate::runner::{self, Outcome, ProcessGroup, Spec};
+use crate::state::{CommandRun, PendingCommandReport};
+
+/// What the agent does with one command of its inbox (`step`, pure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandStep {
+    /// Nothing to run for it; `forget`: remembered as done (it never will be).
+    Skip {
+        why: String,
+        forget: bool,
+    },
+    /// A hold keeps the host out: the command waits.
+    Held {
+        why: String,
+    },
+    Run {
+        attempt: u32,
+    },
+    /// Reported as refused, never run.
+    Refuse {
+        reason: String,
+    },
+    /// It was started before and this agent cannot say how it ended: reported
+    /// `interrupted`, not run again.
+    Interrupted {
+        reason: String,
+    },
+}
+
+/// What `step` reads of one command.
+pub struct Candidate<'a> {
+    pub host: &'a HostName,
+    /// The record (`None`: gone; `Err`: cannot be read, naming the key).
+    pub record: Option<Result<CommandRecord, String>>,
+    pub started: Option<Result<Started, String>>,
+    /// A result is in the store already.
+    pub result: bool,
+    pub hold: Option<&'a Hold>,
+}
+
+/// The rule, in order: a command whose record is gone or ended is skipped; one
+/// that cannot be read, or that does not name this host, is refused; one with a
+/// result is done; one started before (its start is in the store, not in this
+/// agent's journal) is interrupted, or runs again with `rerun_interrupted`; a
+/// held host waits; otherwise it runs.
+pub fn step(c: &Candidate<'_>) -> CommandStep {
+    let rec = match &c.record {
+        None => {
+            return CommandStep::Skip {
+                why: "its record is gone".into(),
+                forget: true,
+            };
+        }
+        Some(Err(e)) => {
+            return CommandStep::Refuse {
+                reason: format!("refused: the command's record cannot be read: {e}"),
+            };
+        }
+        Some(Ok(r)) => r,
+    };
+    if !rec.state.active() {
+        return CommandStep::Skip {
+            why: format!("the command is {}", rec.state.name()),
+            forget: true,
+        };
+    }
+    if !rec.hosts.contains(c.host) {
+        return CommandStep::Refuse {
+            reason: format!(
+                "refused: this host is not one of the command's hosts ({})",
+                rec.targets
+            ),
+        };
+    }
+    if c.result {
+        return CommandStep::Skip {
+            why: "its result is in the store".into(),
+            forget: true,
+        };
+    }
+    let attempt = match &c.started {
+        None => 1,
+        Some(Ok(s)) if rec.rerun_interrupted => s.attempt.saturating_add(1),
+        Some(Ok(s)) => {
+            return CommandStep::Interrupted {
+                reason: format!(
+                    "attempt {} started at {} and this agent has no record of it ending; not run again (the command was not created with --rerun-interrupted)",
+                    s.attempt,
+                    jio_common::plan::when(s.at)
+                ),
+            };
+        }
+        Some(Err(e)) => {
+            return CommandStep::Interrupted {
+                reason: format!("its start record cannot be read ({e}); not run again"),
+            };
+        }
+    };
+    if let Some(h) = c.hold {
+        return CommandStep::Held {
+            why: format!("held ({})", h.key),
+        };
+    }
+    CommandStep::Run { attempt }
+}
+
+/// The argument list a command runs as on this host, or why it is refused: an
+/// action installed in `actions_dir`, or (only with `allow_any_command`) the
+/// action and arguments as given.
+pub fn resolve(cfg: &Config, rec: &CommandRecord) -> Result<Vec<String>, String> {
+    let a = &rec.action;
+    let simple = !a.is_empty() && !a.contains('/') && a != "." && a != ".." && !a.starts_with('-');
+    let mut why = None;
+    if simple {
+        let path = cfg.actions_dir.join(a);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
+                let mut argv = vec![path.to_string_lossy().into_owned()];
+                argv.extend(rec.args.iter().cloned());
+                return Ok(argv);
+            }
+            Ok(_) => why = Some(format!("{} is not an executable file", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                why = Some(format!(
+                    "action {a:?} is not installed on this host (no {})",
+                    path.display()
+                ))
+            }
+            Err(e) => why = Some(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+    if cfg.allow_any_command {
+        let mut argv = vec![a.clone()];
+        argv.extend(rec.args.iter().cloned());
+        return Ok(argv);
+    }
+    Err(match why {
+        Some(w) => format!(
+            "refused: {w}, and allow_any_command is off in this agent's configuration (only installed actions run)"
+        ),
+        None => format!(
+            "refused: {a:?} is not an action name, and an argument list runs only where the agent's allow_any_command = true"
+        ),
+    })
+}
+
+impl Agent {
+    /// Runs, refuses or reports the first command of the inbox this host has not
+    /// finished. `None`: nothing to do for commands (the upgrade's decision goes on).
+    pub(super) async fn command_pass(&mut self, obs: &Observation) -> Result<Option<PassResult>, AgentError> {
+        if let Some(p) = &obs.commands.problem {
+            self.note_command(format!("command inbox: {p}"), true);
+        }
+        if self.ledger.journal.commands.in_progress.is_some() {
+            return self.recover_command().await.map(Some);
+        }
+        let ids: Vec<CommandId> = obs
+            .commands
+            .inbox
+            .iter()
+            .filter(|id| !self.ledger.journal.commands.is_done(id.as_str()))
+            .cloned()
+            .collect();
+        for id in ids {
+            let host = self.cfg.hostname.clone();
+            let keys = [
+                self.cfg.schema.command(&id),
+                self.cfg.schema.command_run(&id, RunPart::Started, &host),
+                self.cfg.schema.command_run(&id, RunPart::Results, &host),
+            ];
+            let got = self.store.get_many(&keys).await?;
+            let [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3] = match got.try_into() {
+                Ok(a) => a,
+                Err(_) => continue,
+            };
+            let record = rec_kv
+                .as_ref()
+                .map(|kv| parse_json::<CommandRecord>(kv).map_err(|e| e.to_string()));
+            let started = started_kv
+                .as_ref()
+                .map(|kv| parse_json::<Started>(kv).map_err(|e| e.to_string()));
+            let c = Candidate {
+                host: &host,
+                record,
+                started,
+                result: result_kv.is_some(),
+                hold: obs.hold.as_ref(),
+            };
+            let decided = step(&c);
+            match decided {
+                CommandStep::Skip { why, forget } => {
+                    tracing::info!(command = %id, "fleet command not run here: {why}");
+                    if forget {
+                        self.ledger.journal.commands.mark_done(id.as_str());
+                        self.ledger.save();
+                    }
+                }
+                CommandStep::Held { why } => {
+                    self.note_command(format!("fleet command {id} waits: the host is {why}"), false);
+                    return Ok(None);
+                }
+                CommandStep::Refuse { reason } => {
+                    tracing::warn!(command = %id, "{reason}");
+                    let started = c.started.and_then(Result::ok).map_or(0, |s| s.at);
+                    return self
+                        .command_not_run(&id, RunOutcome::Refused, reason, started, 1)
+                        .await
+                        .map(Some);
+                }
+                CommandStep::Interrupted { reason } => {
+                    tracing::warn!(command = %id, "fleet command interrupted: {reason}");
+                    let (at, attempt) = c
+                        .started
+                        .and_then(Result::ok)
+                        .map_or((0, 1), |s| (s.at, s.attempt));
+                    return self
+                        .command_not_run(&id, RunOutcome::Interrupted, reason, at, attempt)
+                        .await
+                        .map(Some);
+                }
+                CommandStep::Run { attempt } => {
+                    let Some(Ok(rec)) = c.record else { continue };
+                    let revs = (
+                        rec_kv.map_or(0, |kv| kv.mod_revision),
+                        started_kv.map_or(0, |kv| kv.mod_revision),
+                    );
+                    return self.command_run(rec, attempt, revs, obs).await.map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Logs a note about commands once until it changes.
+    fn note_command(&mut self, note: String, error: bool) {
+        if self.command_note.as_ref() != Some(&note) {
+            if error {
+                tracing::error!("{note}");
+            } else {
+                tracing::info!("{note}");
+            }
+            self.command_note = Some(note);
+        }
+    }
+
+    /// A command in the journal from before this pass: an agent died or was
+    /// stopped while it ran (or before its start was confirmed).
+    async fn recover_command(&mut self) -> Result<PassResult, AgentError> {
+        let Some(run) = self.ledger.journal.commands.in_progress.clone() else {
+            return Ok(PassResult::Reported);
+        };
+        let Some(id) = CommandId::parse(&run.id) else {
+            self.ledger.journal.commands.in_progress = None;
+            self.ledger.save();
+            return Ok(PassResult::Reported);
+        };
+        let host = self.cfg.hostname.clone();
+        if !run.confirmed {
+            // Its start may not have reached the store: if it did not, the action
+            // never ran and the command may start afresh.
+            let key = self.cfg.schema.command_run(&id, RunPart::Started, &host);
+            let started = self.store.get(&key).await?;
+            let ours = started
+                .as_ref()
+                .and_then(|kv| parse_json::<Started>(kv).ok())
+                .is_some_and(|s| s.attempt == run.attempt);
+            if !ours {
+                tracing::info!(command = %id, "a fleet command's start was not written before the agent stopped; it never ran");
+                self.ledger.journal.commands.in_progress = None;
+                self.ledger.save();
+                return Ok(PassResult::Reported);
+            }
+        }
+        let rerun = self
+            .command_record(&id)
+            .await
+            .is_some_and(|r| r.rerun_interrupted && r.state.active());
+        if rerun {
+            tracing::warn!(command = %id, attempt = run.attempt, "a fleet command was interrupted (the agent stopped while it ran); it runs again (--rerun-interrupted)");
+            self.ledger.journal.commands.in_progress = None;
+            self.ledger.save();
+            return Ok(PassResult::Reported);
+        }
+        let reason = format!(
+            "the agent stopped while the action ran (attempt {}, started at {}); not run again (the command was not created with --rerun-interrupted)",
+            run.attempt,
+            jio_common::plan::when(run.started)
+        );
+        tracing::warn!(command = %id, "fleet command interrupted: {reason}");
+        let ended = self.clock.unix_now();
+        let result = CommandResult {
+            outcome: RunOutcome::Interrupted,
+            exit_code: None,
+            message: Some(reason),
+            started: run.started,
+            ended,
+            run_dir: Some(run.run_dir.display().to_string()),
+            attempt: run.attempt,
+        };
+        let (log, object) = self.command_log(&id, &result, &run.run_dir);
+        let j = &mut self.ledger.journal.commands;
+        j.in_progress = None;
+        j.mark_done(id.as_str());
+        j.unreported.push(PendingCommandReport {
+            id: id.to_string(),
+            result,
+            log,
+            object,
+        });
+        self.ledger.save();
+        self.flush_commands(false).await?;
+        Ok(PassResult::Reported)
+    }
+
+    async fn command_record(&self, id: &CommandId) -> Option<CommandRecord> {
+        let kv = self.store.get(&self.cfg.schema.command(id)).await.ok()??;
+        parse_json(&kv).ok()
+    }
+
+    /// Reports a command this host does not run (refused, or interrupted before).
+    async fn command_not_run(
+        &mut self,
+        id: &CommandId,
+        outcome: RunOutcome,
+        reason: String,
+        started: u64,
+        attempt: u32,
+    ) -> Result<PassResult, AgentError> {
+        let result = CommandResult {
+            outcome,
+            exit_code: None,
+            message: Some(reason),
+            started,
+            ended: self.clock.unix_now(),
+            run_dir: None,
+            attempt,
+        };
+        let j = &mut self.ledger.journal.commands;
+        j.mark_done(id.as_str());
+        j.unreported.push(PendingCommandReport {
+            id: id.to_string(),
+            result,
+            log: None,
+            object: None,
+        });
+        self.ledger.save();
+        self.flush_commands(false).await?;
+        Ok(PassResult::Reported)
+    }
+
+    /// Runs the command's action: journaled, then started in a fenced transaction,
+    /// then run under its timeout, then reported with the run's end.
+    async fn command_run(
+        &mut self,
+        rec: CommandRecord,
+        attempt: u32,
+        (rec_rev, started_rev): (Revision, Revision),
+        obs: &Observation,
+    ) -> Result<PassResult, AgentError> {
+        let id = rec.id.clone();
+        let argv = match resolve(&self.cfg, &rec) {
+            Ok(a) => a,
+            Err(reason) => {
+                tracing::warn!(command = %id, "{reason}");
+                return self
+                    .command_not_run(&id, RunOutcome::Refused, reason, 0, attempt)
+                    .await;
+            }
+        };
+        let now = self.clock.unix_now();
+        let run_dir = match crate::rundir::create_named(&self.cfg.state_dir, &format!("command-{id}"), now) {
+            Ok(d) => d,
+            Err((_, reason)) => {
+                return self
+                    .command_not_run(&id, RunOutcome::Failed, reason, 0, attempt)
+                    .await;
+            }
+        };
+        self.ledger.journal.commands.in_progress = Some(CommandRun {
+            id: id.to_string(),
+            attempt,
+            started: now,
+            run_dir: run_dir.clone(),
+            confirmed: false,
+            rerun_interrupted: rec.rerun_interrupted,
+            child: None,
+        });
+        self.ledger.save();
+        let schema = &self.cfg.schema;
+        let host = &self.cfg.hostname;
+        let mut fence = vec![
+            Compare::ModRevision(schema.command_inbox(host), obs.commands.revision),
+            Compare::ModRevision(schema.command(&id), rec_rev),
+            Compare::ModRevision(schema.command_run(&id, RunPart::Started, host), started_rev),
+            Compare::ModRevision(schema.command_run(&id, RunPart::Results, host), 0),
+        ];
+        fence.extend(self.subject().hold_fence(obs));
+        let start = Started {
+            at: now,
+            pid: std::process::id(),
+            attempt,
+        };
+        let ops = vec![Op::put(
+            schema.command_run(&id, RunPart::Started, host),
+            serde_json::to_string(&start).unwrap_or_default(),
+        )];
+        let version = obs.local.clone();
+        if !self
+            .begin_with(AgentState::Command, version.clone(), fence, ops)
+            .await?
+        {
+            tracing::info!(command = %id, "the command's admission, record or a hold changed before it could start; deciding again");
+            self.ledger.journal.commands.in_progress = None;
+            self.ledger.save();
+            return Ok(PassResult::Raced);
+        }
+        if let Some(r) = self.ledger.journal.commands.in_progress.as_mut() {
+            r.confirmed = true;
+        }
+        self.ledger.save();
+        tracing::info!(command = %id, attempt, argv = ?argv, run_dir = %run_dir.display(), "fleet command starts");
+        let env: Vec<(String, String)> = [
+            ("JIO_COMMAND", id.to_string()),
+            ("JIO_HOST", self.cfg.hostname.to_string()),
+            ("JIO_ROLE", self.cfg.role.to_string()),
+            ("JIO_RUN_DIR", run_dir.display().to_string()),
+            ("JIO_ATTEMPT", attempt.to_string()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec();
+        let stdout = run_dir.join("action.stdout");
+        let stderr = run_dir.join("action.stderr");
+        let spec = Spec {
+            argv: &argv,
+            env: &env,
+            timeout: rec
+                .timeout_s
+                .map_or(self.cfg.command_timeout, std::time::Duration::from_secs),
+            stdout: &stdout,
+            stderr: &stderr,
+        };
+        let ledger = &mut self.ledger;
+        let mut on_spawn = |group: ProcessGroup| {
+            if let Some(run) = ledger.journal.commands.in_progress.as_mut() {
+                run.child = Some(group);
+                ledger.save();
+            }
+        };
+        let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace, &mut on_spawn).await;
+        let ended = self.clock.unix_now();
+        let outcome = runner::plain_outcome(&format!("action {:?}", rec.action), &f.exit);
+        tracing::info!(command = %id, exit = ?f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "fleet command finished");
+        if matches!(outcome, Outcome::Interrupted) {
+            // The agent is stopping: the journal keeps the run, and the next start
+            // reports it (or runs it again, if the command allows).
+            if let Some(r) = self.ledger.journal.commands.in_progress.as_mut() {
+                r.child = None;
+            }
+            self.ledger.save();
+            return Ok(PassResult::Command {
+                id: id.to_string(),
+                outcome: RunOutcome::Interrupted,
+            });
+        }
+        let exit_code = match f.exit {
+            runner::Exit::Code(c) => Some(c),
+            _ => None,
+        };
+        let message = match &outcome {
+            Outcome::Failure(reason) => {
+                let detail = ["action.stderr", "action.stdout"].iter().find_map(|n| {
+                    let text = std::fs::read_to_string(run_dir.join(n)).ok()?;
+                    crate::results::first_meaningful_line(&text)
+                });
+                Some(crate::results::message(reason, detail.as_deref()))
+            }
+            _ => None,
+        };
+        let result = CommandResult {
+            outcome: if outcome.ok() {
+                RunOutcome::Succeeded
+            } else {
+                RunOutcome::Failed
+            },
+            exit_code,
+            message,
+            started: now,
+            ended,
+            run_dir: Some(run_dir.display().to_string()),
+            attempt,
+        };
+        let done = result.outcome;
+        let (log, object) = self.command_log(&id, &result, &run_dir);
+        let j = &mut self.ledger.journal.commands;
+        j.in_progress = None;
+        j.mark_done(id.as_str());
+        j.unreported.push(PendingCommandReport {
+            id: id.to_string(),
+            result,
+            log,
+            object,
+        });
+        self.ledger.save();
+        if let Err(e) = self.flush_commands(true).await {
+            tracing::warn!(error = %e, "the command's result stays in the journal and is reported when the store takes it");
+        }
+        Ok(PassResult::Command {
+            id: id.to_string(),
+            outcome: done,
+        })
+    }
+
+    /// Composes the action's output into one log for Swift (when configured).
+    fn command_log(
+        &self,
+        id: &CommandId,
+        r: &CommandResult,
+        run_dir: &std::path::Path,
+    ) -> (Option<std::path::PathBuf>, Option<String>) {
+        if self.cfg.swift.is_none() {
+            return (None, None);
+        }
+        let stamp = jio_common::time::utc_stamp(r.ended);
+        let header = format!(
+            "jio-agent fleet command log: host {}, command {id}, attempt {}, {}, run {}",
+            self.cfg.hostname,
+            r.attempt,
+            jio_common::command::result_text(r),
+            r.run_dir.as_deref().unwrap_or("-")
+        );
+        let files = ["action.stdout", "action.stderr"].map(|n| run_dir.join(n));
+        let name = format!("{stamp}-{}-command-{}", std::process::id(), id);
+        match crate::uploads::compose(self.ledger.state_dir(), &name, &header, &files) {
+            Ok(log) => (
+                Some(log),
+                Some(format!(
+                    "{}/commands/{id}/{stamp}-attempt-{}.log",
+                    self.cfg.hostname, r.attempt
+                )),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot compose the command's log; it will not be uploaded");
+                (None, None)
+            }
+        }
+    }
+
+    /// Writes the pending command results, oldest first; `end`: the newest ends
+    /// the run going on (its marker goes, the agent's record says idle) in the
+    /// same transaction.
+    pub(super) async fn flush_commands(&mut self, end: bool) -> Result<(), AgentError> {
+        while let Some(r) = self.ledger.journal.commands.unreported.first().cloned() {
+            let Some(id) = CommandId::parse(&r.id) else {
+                self.ledger.journal.commands.unreported.remove(0);
+                self.ledger.save();
+                continue;
+            };
+            let schema = &self.cfg.schema;
+            let host = &self.cfg.hostname;
+            let logs_key = schema.command_run(&id, RunPart::Logs, host);
+            let mut ops = vec![Op::put(
+                schema.command_run(&id, RunPart::Results, host),
+                serde_json::to_string(&r.result).unwrap_or_default(),
+            )];
+            if r.log.is_some() {
+                ops.push(Op::put(logs_key.clone(), String::new()));
+            }
+            let last = self.ledger.journal.commands.unreported.len() == 1;
+            let revision = match (&self.liveness, end && last) {
+                (Some(l), true) => {
+                    ops.push(Op::Delete(schema.run(host)));
+                    let state = l.current().0;
+                    let state = if state == AgentState::Command {
+                        AgentState::Idle
+                    } else {
+                        state
+                    };
+                    let rev = l
+                        .commit(state, l.current().1, vec![], ops)
+                        .await?
+                        .ok_or_else(|| crate::report::lost(&self.store))?;
+                    self.run_marker = false;
+                    rev
+                }
+                _ => crate::report::commit(&self.store, ops).await?,
+            };
+            tracing::info!(command = %id, outcome = r.result.outcome.as_str(), "fleet command result reported");
+            if let (Some(log), Some(object)) = (&r.log, &r.object) {
+                self.ledger.queue_upload(log, object, &logs_key, revision);
+            }
+            self.ledger.journal.commands.unreported.remove(0);
+            self.ledger.save();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jio_common::command::{CommandState, Targets};
+
+    fn rec(hosts: &[&str], rerun: bool, state: CommandState) -> CommandRecord {
+        CommandRecord {
+            id: CommandId::parse("20261125T030000Z-restart").unwrap(),
+            action: "restart".into(),
+            args: vec![],
+            targets: Targets::All,
+            hosts: hosts.iter().map(|h| HostName::new(*h).unwrap()).collect(),
+            rules: serde_json::json!({}),
+            timeout_s: None,
+            rerun_interrupted: rerun,
+            by: "alice".into(),
+            at: 1,
+            state,
+            changes: vec![],
+        }
+    }
+
+    #[test]
+    fn what_an_agent_does_with_a_command() {
+        let h = HostName::new("compute1").unwrap();
+        let hold = Hold {
+            key: "/holds/host/compute1".into(),
+            record: Err("x".into()),
+        };
+        let started = Started {
+            at: 5,
+            pid: 1,
+            attempt: 1,
+        };
+        let running = CommandState::Running;
+        let cancelled = CommandState::Cancelled {
+            by: "bob".into(),
+            reason: None,
+        };
+        type Case<'a> = (
+            Option<Result<CommandRecord, String>>,
+            Option<Result<Started, String>>,
+            bool,
+            Option<&'a Hold>,
+            &'a str,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            (None, None, false, None, "skip"),
+            (Some(Err("bad".into())), None, false, None, "refuse"),
+            (
+                Some(Ok(rec(&["compute1"], false, cancelled))),
+                None,
+                false,
+                None,
+                "skip",
+            ),
+            (
+                Some(Ok(rec(&["compute2"], false, running.clone()))),
+                None,
+                false,
+                None,
+                "refuse",
+            ),
+            (
+                Some(Ok(rec(&["compute1"], false, running.clone()))),
+                None,
+                true,
+                None,
+                "skip",
+            ),
+            (
+                Some(Ok(rec(&["compute1"], false, running.clone()))),
+                Some(Ok(started.clone())),
+                false,
+                None,
+                "interrupted",
+            ),
+            (
+                Some(Ok(rec(&["compute1"], false, running.clone()))),
+                Some(Err("bad".into())),
+                false,
+                None,
+                "interrupted",
+            ),
+            (
+                Some(Ok(rec(&["compute1"], true, running.clone()))),
+                Some(Ok(started.clone())),
+                false,
+                None,
+                "run 2",
+            ),
+            (
+                Some(Ok(rec(&["compute1"], true, running.clone()))),
+                Some(Ok(started.clone())),
+                false,
+                Some(&hold),
+                "held",
+            ),
+            (
+                Some(Ok(rec(&["compute1"], false, running.clone()))),
+                None,
+                false,
+                Some(&hold),
+                "held",
+            ),
+            (
+                Some(Ok(rec(&["compute1"], false, running.clone()))),
+                None,
+                false,
+                None,
+                "run 1",
+            ),
+        ];
+        for (i, (record, started, result, hold, want)) in cases.into_iter().enumerate() {
+            let c = Candidate {
+                host: &h,
+                record,
+                started,
+                result,
+                hold,
+            };
+            let got = match step(&c) {
+                CommandStep::Skip { .. } => "skip".to_string(),
+                CommandStep::Held { .. } => "held".into(),
+                CommandStep::Run { attempt } => format!("run {attempt}"),
+                CommandStep::Refuse { .. } => "refuse".into(),
+                CommandStep::Interrupted { .. } => "interrupted".into(),
+            };
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+}

@@ -1,0 +1,796 @@
+//! Fleet commands (`jioctl run`): an action run on a set of hosts under the same
+//! rolling rules as upgrades. The record, each host's run, the admissions the
+//! driver writes, and the pure planner that decides which hosts start next.
+//!
+//! A command's hosts are fixed when it is created. A host is admitted by its
+//! inbox (`/config_state/commands/<host>`, the ids it may run), written only by
+//! drivers in transactions fenced on the plan epoch, as enable keys are. Both
+//! planners count the other's hosts in flight: an upgrade counts a host admitted
+//! to a command (or whose agent runs one), a command counts a host enabled for
+//! the upgrade (or whose agent runs anything). Nothing here does I/O or reads
+//! the clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fleet::{HostState, HostStatus, Snapshot};
+use crate::names::{HostName, Role};
+use crate::plan::{self, Plan, Reason, ReasonCode};
+use crate::rollout::Change;
+use crate::rules::{Resolved, Rules, RulesError};
+use crate::store::{KeyValue, Revision};
+use crate::time::utc_stamp;
+
+/// Finished commands kept as history; older ones are deleted when a command is
+/// created.
+pub const HISTORY: usize = 100;
+
+/// A command's id: its creation (`YYYYMMDDTHHMMSSZ`, so ids sort by time), a dash
+/// and the action's name (`20261125T031500Z-restart-nova`), with `-2`, `-3`... when
+/// taken.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CommandId(String);
+
+impl CommandId {
+    /// The id of a command of `action` created at `at` (`n` > 1: the n-th of that
+    /// second).
+    pub fn new(at: u64, action: &str, n: u32) -> CommandId {
+        let base = action.rsplit('/').next().unwrap_or(action);
+        let mut name: String = base
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(48)
+            .collect();
+        name = name.trim_matches(|c| c == '-' || c == '.').to_string();
+        if name.is_empty() {
+            name = "command".into();
+        }
+        if n > 1 {
+            name = format!("{name}-{n}");
+        }
+        CommandId(format!("{}-{name}", utc_stamp(at)))
+    }
+
+    /// An id as read from the store or given by an operator.
+    pub fn parse(s: &str) -> Option<CommandId> {
+        let (stamp, name) = s.split_once('-')?;
+        let stamp_ok = stamp.len() == 16
+            && stamp.ends_with('Z')
+            && stamp.chars().filter(|c| !c.is_ascii_digit()).eq(['T', 'Z']);
+        let name_ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        (stamp_ok && name_ok).then(|| CommandId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for CommandId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The parts of a host's run of a command, under `/command_runs/<id>/<part>/<host>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RunPart {
+    /// Written by the agent in the transaction that starts the action.
+    Started,
+    /// How it ended (`CommandResult`).
+    Results,
+    /// The link to its output in Swift (empty until uploaded).
+    Logs,
+}
+
+impl RunPart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunPart::Started => "started",
+            RunPart::Results => "results",
+            RunPart::Logs => "logs",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RunPart> {
+        match s {
+            "started" => Some(RunPart::Started),
+            "results" => Some(RunPart::Results),
+            "logs" => Some(RunPart::Logs),
+            _ => None,
+        }
+    }
+}
+
+/// Which hosts a command was asked for (its hosts are resolved from this once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Targets {
+    All,
+    Roles(Vec<Role>),
+    Hosts(Vec<HostName>),
+}
+
+impl std::fmt::Display for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Targets::All => f.write_str("all hosts"),
+            Targets::Roles(r) => write!(
+                f,
+                "role{} {}",
+                if r.len() == 1 { "" } else { "s" },
+                r.iter().map(Role::as_str).collect::<Vec<_>>().join(", ")
+            ),
+            Targets::Hosts(h) => write!(f, "{} named host{}", h.len(), if h.len() == 1 { "" } else { "s" }),
+        }
+    }
+}
+
+/// Where a command stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum CommandState {
+    Running,
+    /// Every host succeeded.
+    Done,
+    /// Not every host succeeded: each that did not, with why (failed, refused,
+    /// interrupted, or held and never run).
+    Failed {
+        hosts: BTreeMap<String, String>,
+    },
+    /// `jioctl commands cancel`: no more hosts start; running ones finish.
+    Cancelled {
+        by: String,
+        reason: Option<String>,
+    },
+    /// Ended by the emergency stop (`global-disable-puppet`).
+    Aborted {
+        by: String,
+        reason: Option<String>,
+    },
+}
+
+impl CommandState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CommandState::Running => "running",
+            CommandState::Done => "done",
+            CommandState::Failed { .. } => "failed",
+            CommandState::Cancelled { .. } => "cancelled",
+            CommandState::Aborted { .. } => "aborted",
+        }
+    }
+
+    pub fn active(&self) -> bool {
+        matches!(self, CommandState::Running)
+    }
+}
+
+/// The record at `/commands/<id>`: what to run, where, under which rules, who
+/// asked, and where it stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandRecord {
+    pub id: CommandId,
+    /// An action's name (`<actions_dir>/<name>` on the node), or a program when
+    /// the nodes allow any command.
+    pub action: String,
+    pub args: Vec<String>,
+    pub targets: Targets,
+    /// The hosts, resolved from `targets` when the command was created.
+    pub hosts: Vec<HostName>,
+    /// The rules as given and validated.
+    pub rules: serde_json::Value,
+    /// How long the action may run on one host (seconds); `None`: the agent's
+    /// `command_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+    /// A run interrupted by a crash or a restart of the agent runs again.
+    #[serde(default)]
+    pub rerun_interrupted: bool,
+    pub by: String,
+    pub at: u64,
+    #[serde(flatten)]
+    pub state: CommandState,
+    pub changes: Vec<Change>,
+}
+
+impl CommandRecord {
+    /// The record after a change to `state`, by `by`.
+    pub fn moved(&self, state: CommandState, by: &str, at: u64, reason: Option<String>) -> CommandRecord {
+        let mut r = self.clone();
+        r.changes.push(Change {
+            state: state.name().into(),
+            by: by.into(),
+            at,
+            reason,
+        });
+        r.state = state;
+        r
+    }
+
+    /// The action and its arguments, as a person would type them.
+    pub fn command_line(&self) -> String {
+        std::iter::once(&self.action)
+            .chain(&self.args)
+            .map(|a| {
+                if !a.is_empty()
+                    && a.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+                {
+                    a.clone()
+                } else {
+                    format!("'{}'", a.replace('\'', "'\\''"))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Written by the agent when it starts the action (`/command_runs/<id>/started/<host>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    pub at: u64,
+    pub pid: u32,
+    /// 1, or more when an interrupted run runs again (`--rerun-interrupted`).
+    pub attempt: u32,
+}
+
+/// How a host's run of a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcome {
+    Succeeded,
+    /// The action ran and failed (an exit code, a signal, its timeout).
+    Failed,
+    /// The agent would not run it (not installed, not allowed): it never ran.
+    Refused,
+    /// The agent stopped (a crash, a restart) while it ran; not run again unless
+    /// the command allows it.
+    Interrupted,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Succeeded => "succeeded",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Refused => "refused",
+            RunOutcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// `/command_runs/<id>/results/<host>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandResult {
+    pub outcome: RunOutcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why, on one line (absent on success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the action started (0: it never did) and ended, on the agent's clock.
+    pub started: u64,
+    pub ended: u64,
+    /// Where its output is on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_dir: Option<String>,
+    pub attempt: u32,
+}
+
+impl CommandResult {
+    pub fn ok(&self) -> bool {
+        self.outcome == RunOutcome::Succeeded
+    }
+
+    pub fn duration_s(&self) -> u64 {
+        if self.started == 0 {
+            0
+        } else {
+            self.ended.saturating_sub(self.started)
+        }
+    }
+}
+
+/// The ids a host is admitted to, oldest first (`/config_state/commands/<host>`).
+pub type Inbox = Vec<CommandId>;
+
+/// Reads an inbox: the ids that can be read, and why the rest cannot (naming the key).
+pub fn parse_inbox(kv: &KeyValue) -> (Inbox, Option<String>) {
+    match crate::values::parse_json::<Vec<String>>(kv) {
+        Ok(ids) => {
+            let mut bad = Vec::new();
+            let mut out: Inbox = ids
+                .iter()
+                .filter_map(|s| {
+                    let id = CommandId::parse(s);
+                    if id.is_none() {
+                        bad.push(format!("{s:?}"));
+                    }
+                    id
+                })
+                .collect();
+            out.sort();
+            out.dedup();
+            let why = (!bad.is_empty())
+                .then(|| format!("{}: not command ids, ignored: {}", kv.key, bad.join(", ")));
+            (out, why)
+        }
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    }
+}
+
+/// The JSON of an inbox.
+pub fn format_inbox(ids: &BTreeSet<CommandId>) -> String {
+    serde_json::to_string(&ids.iter().map(CommandId::as_str).collect::<Vec<_>>()).unwrap_or_default()
+}
+
+/// What the store holds of one command's runs, by host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Runs {
+    pub started: BTreeMap<HostName, Started>,
+    pub results: BTreeMap<HostName, CommandResult>,
+    pub logs: BTreeMap<HostName, String>,
+    /// Values that cannot be read, by key (a result that cannot be read counts as
+    /// a failure: the safe reading).
+    pub problems: Vec<String>,
+    pub invalid_results: BTreeSet<HostName>,
+    pub invalid_started: BTreeSet<HostName>,
+}
+
+impl Runs {
+    /// Builds the view from a listing of `/command_runs/<id>/`.
+    pub fn from_kvs<'a>(
+        schema: &crate::keys::Schema,
+        id: &CommandId,
+        kvs: impl IntoIterator<Item = &'a KeyValue>,
+    ) -> Runs {
+        let mut r = Runs::default();
+        for kv in kvs {
+            let Some(crate::keys::Parsed::CommandRun(kid, part, h)) = schema.parse(&kv.key) else {
+                continue;
+            };
+            if &kid != id {
+                continue;
+            }
+            match part {
+                RunPart::Started => match crate::values::parse_json::<Started>(kv) {
+                    Ok(s) => {
+                        r.started.insert(h, s);
+                    }
+                    Err(e) => {
+                        r.problems.push(e.to_string());
+                        r.invalid_started.insert(h);
+                    }
+                },
+                RunPart::Results => match crate::values::parse_json::<CommandResult>(kv) {
+                    Ok(s) => {
+                        r.results.insert(h, s);
+                    }
+                    Err(e) => {
+                        r.problems.push(e.to_string());
+                        r.invalid_results.insert(h);
+                    }
+                },
+                RunPart::Logs => {
+                    if let Ok(t) = crate::values::text(kv) {
+                        r.logs.insert(h, t.to_string());
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// The host's run ended (a result, or one that cannot be read).
+    pub fn ended(&self, h: &HostName) -> bool {
+        self.results.contains_key(h) || self.invalid_results.contains(h)
+    }
+
+    /// The host's agent started the action.
+    pub fn started(&self, h: &HostName) -> bool {
+        self.started.contains_key(h) || self.invalid_started.contains(h)
+    }
+}
+
+/// Keys of the rules that mean nothing for a command.
+pub const NOT_FOR_COMMANDS: [&str; 7] = [
+    "canary",
+    "canary_soak",
+    "min_healthy_time",
+    "progress_deadline",
+    "roles_data",
+    "stages",
+    "finalize",
+];
+
+/// Parses a command's rules: the upgrade rules, without those that only mean
+/// something to a rollout. Every problem is named.
+pub fn parse_rules(text: &str) -> Result<Rules, RulesError> {
+    let rules = Rules::parse(text);
+    let mut errors = match &rules {
+        Ok(_) => Vec::new(),
+        Err(e) => e.0.clone(),
+    };
+    if let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(text) {
+        for k in NOT_FOR_COMMANDS {
+            if m.contains_key(k) {
+                errors.push(format!(
+                    "{k}: applies to rollouts only, not to a command (a command's rules are rolling_rules, role_order, group_mappings, max_failures and windows)"
+                ));
+            }
+        }
+    }
+    match rules {
+        Ok(r) if errors.is_empty() => Ok(r),
+        _ => Err(RulesError(errors)),
+    }
+}
+
+/// One host's place in a command, for people and programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPhase {
+    /// Not admitted yet.
+    Pending,
+    /// Admitted; its agent has not started the action.
+    Admitted,
+    Running,
+    Succeeded,
+    Failed,
+    Refused,
+    Interrupted,
+    /// The command ended before it was run here.
+    NotRun,
+}
+
+impl HostPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostPhase::Pending => "pending",
+            HostPhase::Admitted => "admitted",
+            HostPhase::Running => "running",
+            HostPhase::Succeeded => "succeeded",
+            HostPhase::Failed => "failed",
+            HostPhase::Refused => "refused",
+            HostPhase::Interrupted => "interrupted",
+            HostPhase::NotRun => "not run",
+        }
+    }
+}
+
+/// Everything a command's planner reads.
+pub struct View<'a> {
+    pub record: &'a CommandRecord,
+    pub runs: &'a Runs,
+    /// The fleet as read (agents, holds, inboxes, enable keys, run markers).
+    pub fleet: &'a Snapshot,
+    /// The fleet's classification for upgrades (what else hosts are doing).
+    pub fleet_status: &'a [HostStatus],
+    /// The record's create revision: an emergency stop after it ends the command.
+    pub created: Revision,
+    pub now: u64,
+}
+
+/// What a pass of the command's driver writes, and where every host stands.
+#[derive(Debug, Clone, Default)]
+pub struct CommandPlan {
+    /// Hosts to admit now.
+    pub admit: Vec<HostName>,
+    /// Hosts whose inbox still names the command though nothing more is to run
+    /// there (ended, or the command ended before they started).
+    pub release: Vec<HostName>,
+    /// The planner's plan over the command's hosts (limits, reasons).
+    pub plan: Plan,
+    /// Each host's phase.
+    pub phases: BTreeMap<HostName, HostPhase>,
+    /// The command ends: its new state.
+    pub end: Option<CommandState>,
+    /// Hosts whose agent still runs the action (the command's end waits for
+    /// nothing, but a follower waits for them).
+    pub running: Vec<HostName>,
+    /// Why each host that has not succeeded is where it is.
+    pub reasons: BTreeMap<HostName, Reason>,
+}
+
+fn admitted(fleet: &Snapshot, id: &CommandId, h: &HostName) -> bool {
+    fleet.inboxes.get(h).is_some_and(|ids| ids.contains(id))
+}
+
+/// Plans a pass of a command's driver. Pure.
+pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
+    let rec = v.record;
+    let id = &rec.id;
+    let fleet_status: BTreeMap<&HostName, &HostStatus> =
+        v.fleet_status.iter().map(|h| (&h.host, h)).collect();
+    let mut statuses: Vec<HostStatus> = Vec::new();
+    let mut out = CommandPlan::default();
+    for h in &rec.hosts {
+        let role = fleet_status
+            .get(h)
+            .map_or_else(|| v.fleet.role_of(h), |s| s.role.clone());
+        let live = v.fleet.agents.contains_key(h);
+        let (state, reason, phase) = if let Some(res) = v.runs.results.get(h) {
+            let phase = match res.outcome {
+                RunOutcome::Succeeded => HostPhase::Succeeded,
+                RunOutcome::Failed => HostPhase::Failed,
+                RunOutcome::Refused => HostPhase::Refused,
+                RunOutcome::Interrupted => HostPhase::Interrupted,
+            };
+            let state = if res.ok() {
+                HostState::Upgraded
+            } else {
+                HostState::Failed
+            };
+            (state, None, phase)
+        } else if v.runs.invalid_results.contains(h) {
+            (HostState::Failed, None, HostPhase::Failed)
+        } else if v.runs.started(h) {
+            if live {
+                (
+                    HostState::Upgrading,
+                    Some("running the command".to_string()),
+                    HostPhase::Running,
+                )
+            } else {
+                (
+                    HostState::Lost,
+                    Some("started the command, but its agent is not alive".to_string()),
+                    HostPhase::Running,
+                )
+            }
+        } else if admitted(v.fleet, id, h) && rec.state.active() {
+            if live {
+                (
+                    HostState::Upgrading,
+                    Some("admitted, its agent is about to start the command".to_string()),
+                    HostPhase::Admitted,
+                )
+            } else {
+                (
+                    HostState::Lost,
+                    Some("admitted, but its agent is not alive".to_string()),
+                    HostPhase::Admitted,
+                )
+            }
+        } else if let Some(busy) = fleet_status
+            .get(h)
+            .filter(|s| matches!(s.state, HostState::Upgrading | HostState::Lost))
+        {
+            // Busy with an upgrade or another command: it holds a slot here too.
+            let why = busy
+                .reason
+                .clone()
+                .unwrap_or_else(|| "enabled for the upgrade".into());
+            (
+                HostState::Upgrading,
+                Some(format!("busy: {why}; the command waits for it")),
+                HostPhase::Pending,
+            )
+        } else {
+            (HostState::Pending, None, HostPhase::Pending)
+        };
+        out.phases.insert(h.clone(), phase);
+        statuses.push(HostStatus {
+            host: h.clone(),
+            role,
+            state,
+            reason,
+        });
+    }
+    let cx = plan::Context {
+        now: v.now,
+        rollout: None,
+        host_keys_only: true,
+    };
+    let mut p = plan::plan(v.fleet, &statuses, r, &cx);
+    // The reasons of hosts the command moved are the command's own.
+    for s in &statuses {
+        let why = match out.phases[&s.host] {
+            HostPhase::Succeeded => None,
+            HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted => {
+                let res = v.runs.results.get(&s.host);
+                let text = match res {
+                    Some(res) => result_text(res),
+                    None => format!(
+                        "its result at /command_runs/{id}/results/{} cannot be read",
+                        s.host
+                    ),
+                };
+                Some(Reason {
+                    code: ReasonCode::Failed,
+                    text,
+                    at: res.map(|r| r.ended),
+                })
+            }
+            _ => p.reasons.get(&s.host).cloned(),
+        };
+        match why {
+            Some(w) => {
+                p.reasons.insert(s.host.clone(), w);
+            }
+            None => {
+                p.reasons.remove(&s.host);
+            }
+        }
+    }
+    out.running = statuses
+        .iter()
+        .filter(|s| matches!(out.phases[&s.host], HostPhase::Running))
+        .map(|s| s.host.clone())
+        .collect();
+    // Inboxes that name the command for nothing: the host's run ended.
+    for h in &rec.hosts {
+        if admitted(v.fleet, id, h) && (v.runs.ended(h) || !rec.state.active()) {
+            out.release.push(h.clone());
+        }
+    }
+    if rec.state.active() {
+        // An emergency stop after the command was created ends it.
+        out.end = match v.fleet.halt.as_ref().filter(|(_, rev)| *rev > v.created) {
+            Some((by, _)) => Some(CommandState::Aborted {
+                by: by.holder.clone(),
+                reason: Some(format!(
+                    "emergency stop (global-disable-puppet) by {} on {}",
+                    by.holder, by.host
+                )),
+            }),
+            None => ending(&statuses, &out.phases, &p, v),
+        };
+        if out.end.is_none() {
+            out.admit = p.enable_hosts.clone();
+        } else {
+            // The end removes every admission not yet started.
+            for h in &rec.hosts {
+                if admitted(v.fleet, id, h) && !v.runs.started(h) && !out.release.contains(h) {
+                    out.release.push(h.clone());
+                }
+            }
+        }
+    }
+    if !rec.state.active() || out.end.is_some() {
+        for ph in out.phases.values_mut() {
+            if matches!(ph, HostPhase::Pending | HostPhase::Admitted) {
+                *ph = HostPhase::NotRun;
+            }
+        }
+    }
+    out.reasons = p.reasons.clone();
+    out.plan = p;
+    out
+}
+
+/// Whether the command ends at this pass, and how.
+fn ending(
+    statuses: &[HostStatus],
+    phases: &BTreeMap<HostName, HostPhase>,
+    p: &Plan,
+    v: &View<'_>,
+) -> Option<CommandState> {
+    let not_ok = |h: &HostName| -> Option<String> {
+        match phases[h] {
+            HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted => Some(
+                v.runs
+                    .results
+                    .get(h)
+                    .map(result_text)
+                    .unwrap_or_else(|| "its result cannot be read".into()),
+            ),
+            _ => None,
+        }
+    };
+    let failed: BTreeMap<String, String> = statuses
+        .iter()
+        .filter_map(|s| not_ok(&s.host).map(|w| (s.host.to_string(), w)))
+        .collect();
+    if p.stopped_on_failures {
+        let mut hosts = failed;
+        for s in statuses {
+            if matches!(phases[&s.host], HostPhase::Pending | HostPhase::Admitted) {
+                hosts.insert(
+                    s.host.to_string(),
+                    "not run: the command stopped on failures".into(),
+                );
+            }
+        }
+        return Some(CommandState::Failed { hosts });
+    }
+    // Hosts left: not ended. Held ones are never admitted: with nothing else left
+    // to move, the command ends without them.
+    let held: BTreeSet<&HostName> = p.held.iter().collect();
+    let open: Vec<&HostStatus> = statuses
+        .iter()
+        .filter(|s| !matches!(s.state, HostState::Upgraded | HostState::Failed))
+        .collect();
+    if open.iter().any(|s| !held.contains(&s.host)) {
+        return None;
+    }
+    if failed.is_empty() && open.is_empty() {
+        return Some(CommandState::Done);
+    }
+    let mut hosts = failed;
+    for s in open {
+        let why = p
+            .reasons
+            .get(&s.host)
+            .map(|r| r.text.clone())
+            .unwrap_or_else(|| "held".into());
+        hosts.insert(s.host.to_string(), format!("not run: {why}"));
+    }
+    Some(CommandState::Failed { hosts })
+}
+
+/// A result for people: `exit 3: <message>`, `refused: <why>`...
+pub fn result_text(r: &CommandResult) -> String {
+    let mut s = r.outcome.as_str().to_string();
+    if let Some(c) = r.exit_code {
+        s.push_str(&format!(" (exit {c})"));
+    }
+    if let Some(m) = &r.message {
+        s.push_str(": ");
+        s.push_str(m);
+    }
+    s
+}
+
+/// The hosts a target names, from the fleet as read; every problem named (an
+/// unknown host or a role without hosts).
+pub fn resolve_targets(t: &Targets, fleet: &Snapshot) -> Result<Vec<HostName>, Vec<String>> {
+    let all = fleet.hosts();
+    match t {
+        Targets::All => {
+            if all.is_empty() {
+                Err(vec![
+                    "--all: the fleet has no hosts (none registered under /hosts/ or at a version)".into(),
+                ])
+            } else {
+                Ok(all.into_iter().collect())
+            }
+        }
+        Targets::Roles(roles) => {
+            let mut errors = Vec::new();
+            let mut out = BTreeSet::new();
+            for r in roles {
+                let of: Vec<&HostName> = all.iter().filter(|h| &fleet.role_of(h) == r).collect();
+                if of.is_empty() {
+                    errors.push(format!("--role {r}: no host of the fleet has this role"));
+                }
+                out.extend(of.into_iter().cloned());
+            }
+            if errors.is_empty() {
+                Ok(out.into_iter().collect())
+            } else {
+                Err(errors)
+            }
+        }
+        Targets::Hosts(hosts) => {
+            let errors: Vec<String> = hosts
+                .iter()
+                .filter(|h| !all.contains(*h))
+                .map(|h| format!("--hosts {h}: not a host of the fleet (not registered under /hosts/, not at any version)"))
+                .collect();
+            if errors.is_empty() {
+                Ok(hosts
+                    .iter()
+                    .cloned()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect())
+            } else {
+                Err(errors)
+            }
+        }
+    }
+}

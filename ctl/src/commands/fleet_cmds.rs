@@ -1,0 +1,172 @@
+//! `jioctl commands list | show ID | follow ID | cancel ID`: fleet commands
+//! recorded in the store (`crate::fleet_commands`).
+
+use clap::{Args, Subcommand};
+use jio_common::command::{CommandId, CommandRecord};
+use jio_common::values::parse_json;
+
+use crate::context::{Access, Context};
+use crate::exit::{self, Failure, Outcome};
+use crate::fleet_commands;
+
+#[derive(Args, Debug)]
+pub struct Commands {
+    #[command(subcommand)]
+    cmd: Sub,
+}
+
+#[derive(Subcommand, Debug)]
+enum Sub {
+    /// Fleet commands, newest first: active ones and the history (the last 100 finished)
+    List {
+        /// Show at most this many
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One command: its record and every host's result (exit code, duration, log)
+    Show {
+        #[arg(value_parser = fleet_commands::parse_id)]
+        id: CommandId,
+    },
+    /// Follow a command to its end, driving it while nobody else does
+    Follow {
+        #[arg(value_parser = fleet_commands::parse_id)]
+        id: CommandId,
+    },
+    /// Stop admitting hosts: no host starts it any more; hosts running it finish
+    Cancel {
+        #[arg(value_parser = fleet_commands::parse_id)]
+        id: CommandId,
+        /// Why (recorded)
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+impl Commands {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        let schema = ctx.schema();
+        let rp = &ctx.config.role_pattern;
+        match self.cmd {
+            Sub::List { limit } => {
+                let store = ctx.open(Access::Read).await?;
+                let listing = store.list(&schema.commands()).await?;
+                let mut recs: Vec<(CommandId, Result<CommandRecord, String>)> = listing
+                    .kvs
+                    .iter()
+                    .filter_map(|kv| match schema.parse(&kv.key) {
+                        Some(jio_common::keys::Parsed::Command(id)) => {
+                            Some((id, parse_json::<CommandRecord>(kv).map_err(|e| e.to_string())))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                recs.sort_by(|a, b| b.0.cmp(&a.0));
+                recs.truncate(limit);
+                if ctx.json {
+                    let v: Vec<serde_json::Value> = recs
+                        .iter()
+                        .map(|(id, r)| match r {
+                            Ok(r) => serde_json::to_value(r).unwrap_or_default(),
+                            Err(e) => serde_json::json!({ "id": id, "problem": e }),
+                        })
+                        .collect();
+                    println!("{}", serde_json::Value::Array(v));
+                    return Ok(());
+                }
+                if recs.is_empty() {
+                    println!("no fleet commands");
+                    return Ok(());
+                }
+                println!(
+                    "{:<40}  {:<9}  {:>5}  {:<20}  COMMAND",
+                    "ID", "STATE", "HOSTS", "BY"
+                );
+                for (id, r) in &recs {
+                    match r {
+                        Ok(r) => println!(
+                            "{:<40}  {:<9}  {:>5}  {:<20}  {}",
+                            id.as_str(),
+                            r.state.name(),
+                            r.hosts.len(),
+                            r.by,
+                            r.command_line()
+                        ),
+                        Err(e) => println!("{:<40}  unreadable: {e}", id.as_str()),
+                    }
+                }
+                Ok(())
+            }
+            Sub::Show { id } => {
+                let store = ctx.open(Access::Read).await?;
+                let r = fleet_commands::read(&store, schema, rp, &id)
+                    .await
+                    .map_err(|e| Failure::with(exit::FAILED, e))?;
+                if ctx.json {
+                    println!("{}", fleet_commands::json(&r));
+                    return Ok(());
+                }
+                let rec = &r.record;
+                println!("command    {}", rec.id);
+                println!("runs       {}", rec.command_line());
+                println!("on         {} ({} hosts)", rec.targets, rec.hosts.len());
+                println!("rules      {}", rec.rules);
+                println!(
+                    "timeout    {}",
+                    rec.timeout_s.map_or("the agents' command_timeout".into(), |s| {
+                        jio_common::duration::format(std::time::Duration::from_secs(s))
+                    })
+                );
+                println!("state      {}", rec.state.name());
+                for c in &rec.changes {
+                    println!(
+                        "           {} by {} at {}{}",
+                        c.state,
+                        c.by,
+                        jio_common::plan::when(c.at),
+                        c.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+                    );
+                }
+                if let Some(p) = &r.rules_problem {
+                    println!("problem    {p}");
+                }
+                for p in r.runs.problems.iter() {
+                    println!("problem    {p}");
+                }
+                println!();
+                print!("{}", fleet_commands::table(&r));
+                if !r.finished() {
+                    println!("{}", fleet_commands::progress_line(&r));
+                }
+                Ok(())
+            }
+            Sub::Follow { id } => {
+                let store = ctx.open(Access::Write).await?;
+                crate::commands::run::follow(ctx, &store, &id).await
+            }
+            Sub::Cancel { id, reason } => {
+                let store = ctx.open(Access::Write).await?;
+                let (before, running, cancelled) =
+                    fleet_commands::cancel(&store, schema, rp, &id, reason).await?;
+                if !cancelled {
+                    println!(
+                        "command {id} is already {}: nothing to cancel{}",
+                        before.state.name(),
+                        if running > 0 {
+                            format!(" ({running} hosts still run it)")
+                        } else {
+                            String::new()
+                        }
+                    );
+                    return Err(Failure::quiet(exit::FAILED));
+                }
+                println!(
+                    "command {id} cancelled: no host starts it any more; {running} host{} running it finish{}",
+                    if running == 1 { "" } else { "s" },
+                    if running == 1 { "es" } else { "" }
+                );
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! `jioctl run [--role R | --hosts H | --all] [--instructions ...] ACTION [ARGS...]`:
+//! records a fleet command and follows it (driving it while nobody else does).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use jio_common::command::{CommandState, Targets};
+use jio_common::names::{HostName, Role};
+
+use crate::context::{Access, Context};
+use crate::exit::{self, Failure, Outcome};
+use crate::fleet_commands::{self, FollowEnd, FollowOpts, NewCommand};
+
+#[derive(Args, Debug)]
+pub struct Run {
+    /// Run on every host of this role (repeat it, or give a comma-separated list)
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["hosts", "all"])]
+    role: Vec<Role>,
+    /// Run on these hosts (repeat it, or give a comma-separated list)
+    #[arg(long, value_delimiter = ',', conflicts_with = "all")]
+    hosts: Vec<HostName>,
+    /// Run on every host of the fleet
+    #[arg(long)]
+    all: bool,
+    /// The rolling rules as JSON [default: those of /etc/jio-upgrade.json when it exists]
+    #[arg(long, conflicts_with = "instructions_file")]
+    instructions: Option<String>,
+    /// A file holding the rolling rules
+    #[arg(long)]
+    instructions_file: Option<PathBuf>,
+    /// How long the action may run on each host before it is stopped and counts as failed [default: the agents' command_timeout, 30m]
+    #[arg(long, value_parser = crate::commands::upgrade::duration)]
+    timeout: Option<Duration>,
+    /// A host whose agent stopped while the action ran runs it again (default: reported interrupted, not run again)
+    #[arg(long)]
+    rerun_interrupted: bool,
+    /// Return as soon as the command is recorded (a driver service drives it)
+    #[arg(long)]
+    detach: bool,
+    /// The action: an executable in the agents' actions_dir (/usr/lib/jiocloud/actions), or a program where the agents allow any command
+    action: String,
+    /// The action's arguments
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+impl Run {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        let targets = match (self.all, self.role.is_empty(), self.hosts.is_empty()) {
+            (true, _, _) => Targets::All,
+            (false, false, _) => Targets::Roles(self.role.clone()),
+            (false, true, false) => Targets::Hosts(self.hosts.clone()),
+            (false, true, true) => {
+                return Err(Failure::usage(
+                    "say where to run it: --all, --role R or --hosts H (nothing was written)",
+                ));
+            }
+        };
+        if self.action.is_empty() {
+            return Err(Failure::usage("the action is empty (nothing was written)"));
+        }
+        if self.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Failure::usage(
+                "--timeout must be more than 0s (nothing was written)",
+            ));
+        }
+        let (rules, rules_json) = load_rules(self.instructions, self.instructions_file)?;
+        let store = ctx.open(Access::Write).await?;
+        let schema = ctx.schema();
+        let record = fleet_commands::create(
+            &store,
+            schema,
+            &ctx.config.role_pattern,
+            NewCommand {
+                action: self.action,
+                args: self.args,
+                targets,
+                rules,
+                rules_json,
+                timeout: self.timeout,
+                rerun_interrupted: self.rerun_interrupted,
+            },
+        )
+        .await?;
+        let id = record.id.clone();
+        eprintln!(
+            "jioctl: command {id} recorded: {} on {} host{} ({})",
+            record.command_line(),
+            record.hosts.len(),
+            if record.hosts.len() == 1 { "" } else { "s" },
+            record.targets
+        );
+        if self.detach {
+            let snap = ctx.snapshot(&store).await?;
+            if snap.drivers.is_empty() {
+                eprintln!(
+                    "jioctl: no driver service (jioctl drive) is running: nothing admits its hosts until one starts, or `jioctl commands follow {id}` drives it"
+                );
+            } else {
+                eprintln!(
+                    "jioctl: the driver service{} {} drive{} it; `jioctl commands follow {id}` follows it",
+                    if snap.drivers.len() == 1 { "" } else { "s" },
+                    snap.drivers.keys().cloned().collect::<Vec<_>>().join(", "),
+                    if snap.drivers.len() == 1 { "s" } else { "" }
+                );
+            }
+            if ctx.json {
+                println!("{}", serde_json::json!({ "command": record }));
+            } else {
+                println!("{id}");
+            }
+            return Ok(());
+        }
+        follow(ctx, &store, &id).await
+    }
+}
+
+/// Follows (and drives, while nobody else does) the command until it ends, then
+/// prints its table; Ctrl-C stops following (the command goes on).
+pub async fn follow(
+    ctx: &Context,
+    store: &jio_common::store::DynStore,
+    id: &jio_common::command::CommandId,
+) -> Outcome {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let opts = FollowOpts {
+        drive: true,
+        quiet: false,
+        ttl: crate::writes::LOCK_TTL,
+    };
+    let schema = ctx.schema();
+    let followed = fleet_commands::follow(store, schema, &ctx.config.role_pattern, id, opts, rx);
+    tokio::pin!(followed);
+    let end = tokio::select! {
+        r = &mut followed => r,
+        sig = crate::upgrade::interrupted() => {
+            let _ = tx.send(true);
+            // Let it release the lock before returning.
+            let _ = followed.await;
+            let running = fleet_commands::read(store, schema, &ctx.config.role_pattern, id)
+                .await
+                .map(|r| r.plan.running.len())
+                .unwrap_or(0);
+            eprintln!(
+                "jioctl: {sig}: stopped following command {id}; it goes on ({running} host{} running it finish). Nothing more is admitted until a driver takes it: `jioctl commands follow {id}`, or a driver service",
+                if running == 1 { "" } else { "s" }
+            );
+            return Err(Failure::quiet(crate::upgrade::signal_code(sig)));
+        }
+    };
+    match end.map_err(|e| Failure::with(exit::FAILED, e))? {
+        FollowEnd::Ended(r) => {
+            fleet_commands::print_end(&r, ctx.json);
+            if let CommandState::Cancelled { by, .. } | CommandState::Aborted { by, .. } = &r.record.state {
+                eprintln!("jioctl: command {id} was {} by {by}", r.record.state.name());
+            }
+            fleet_commands::exit_of(&r.record.state)
+        }
+        FollowEnd::Stopped => Err(Failure::quiet(exit::SIGINT)),
+    }
+}
+
+/// The rules of a command: given, or the rolling rules of the default rules file
+/// (its rollout-only keys left out, and said so).
+fn load_rules(
+    instructions: Option<String>,
+    file: Option<PathBuf>,
+) -> Result<(jio_common::rules::Rules, serde_json::Value), Failure> {
+    let given = instructions.is_some() || file.is_some();
+    let text = match (instructions, file) {
+        (Some(t), _) => t,
+        (None, Some(p)) => {
+            std::fs::read_to_string(&p).map_err(|e| Failure::usage(format!("{}: {e}", p.display())))?
+        }
+        (None, None) => match std::fs::read_to_string(crate::commands::upgrade::DEFAULT_RULES) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "{}".into(),
+            Err(e) => {
+                return Err(Failure::usage(format!(
+                    "{}: {e}",
+                    crate::commands::upgrade::DEFAULT_RULES
+                )));
+            }
+        },
+    };
+    let text = if given {
+        text
+    } else {
+        // The site's rules file also holds rollout-only settings: the rolling
+        // rules apply to commands, the rest is left out.
+        let mut v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            Failure::with(
+                exit::INVALID_RULES,
+                anyhow::anyhow!("{}: {e}", crate::commands::upgrade::DEFAULT_RULES),
+            )
+        })?;
+        if let Some(m) = v.as_object_mut() {
+            let dropped: Vec<String> = jio_common::command::NOT_FOR_COMMANDS
+                .iter()
+                .filter(|k| m.remove(**k).is_some())
+                .map(|k| k.to_string())
+                .collect();
+            if !dropped.is_empty() {
+                eprintln!(
+                    "jioctl: using the rolling rules of {}; {} apply to rollouts only and are left out",
+                    crate::commands::upgrade::DEFAULT_RULES,
+                    dropped.join(", ")
+                );
+            }
+        }
+        v.to_string()
+    };
+    let rules =
+        jio_common::command::parse_rules(&text).map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    let json = serde_json::from_str(&text).map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    Ok((rules, json))
+}

@@ -1,0 +1,827 @@
+//! Fleet commands: creating one (`jioctl run`), driving it under the rules (a
+//! pass reads, `command::plan` decides, and one transaction fenced on the plan
+//! epoch and the command's lock writes the admissions), following it, cancelling
+//! it, and what is shown of it. `jioctl drive` drives every active command too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use futures_util::StreamExt as _;
+use futures_util::stream::SelectAll;
+use jio_common::command::{
+    self, CommandId, CommandPlan, CommandRecord, CommandState, HostPhase, Runs, Targets,
+};
+use jio_common::fleet::{self, HostStatus, Snapshot};
+use jio_common::keys::{Key, Schema};
+use jio_common::names::{HostName, Role};
+use jio_common::roles::RolePattern;
+use jio_common::rules::{Resolved, Rules};
+use jio_common::store::{Compare, DynStore, KeyValue, Op, StoreError, Txn, TxnOutcome, WatchStream};
+use jio_common::time::unix_now;
+use jio_common::values::parse_json;
+use tokio::sync::watch;
+
+use crate::exit::{self, Failure, Outcome};
+use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
+
+/// What a new command is.
+pub struct NewCommand {
+    pub action: String,
+    pub args: Vec<String>,
+    pub targets: Targets,
+    pub rules: Rules,
+    pub rules_json: serde_json::Value,
+    pub timeout: Option<Duration>,
+    pub rerun_interrupted: bool,
+}
+
+/// The roles of `hosts`, as the fleet says.
+fn roles_of(fleet: &Snapshot, hosts: &[HostName]) -> BTreeSet<Role> {
+    hosts.iter().map(|h| fleet.role_of(h)).collect()
+}
+
+/// Records a new command (its hosts resolved from the fleet now), deleting the
+/// oldest finished commands beyond the history in the same transaction. Bad
+/// targets or rules are errors naming them; nothing is written then.
+pub async fn create(
+    store: &DynStore,
+    schema: &Schema,
+    role_pattern: &RolePattern,
+    new: NewCommand,
+) -> Result<CommandRecord, Failure> {
+    let mut fleet = Snapshot::read(store, schema).await?;
+    fleet.role_pattern = role_pattern.clone();
+    let hosts = command::resolve_targets(&new.targets, &fleet)
+        .map_err(|errors| Failure::usage(format!("nothing was written:\n  {}", errors.join("\n  "))))?;
+    new.rules
+        .resolve(&roles_of(&fleet, &hosts))
+        .map_err(|e| Failure::with(exit::INVALID_RULES, anyhow::Error::new(e)))?;
+    let listing = store.list(&schema.commands()).await?;
+    let mut records: Vec<(CommandId, Option<CommandRecord>)> = listing
+        .kvs
+        .iter()
+        .filter_map(|kv| match schema.parse(&kv.key) {
+            Some(jio_common::keys::Parsed::Command(id)) => Some((id, parse_json::<CommandRecord>(kv).ok())),
+            _ => None,
+        })
+        .collect();
+    records.sort_by(|a, b| a.0.cmp(&b.0));
+    // The oldest finished ones beyond the history (an unreadable one counts as
+    // finished: no driver can drive it).
+    let finished: Vec<&CommandId> = records
+        .iter()
+        .filter(|(_, r)| r.as_ref().is_none_or(|r| !r.state.active()))
+        .map(|(id, _)| id)
+        .collect();
+    let drop: Vec<&CommandId> = finished
+        .iter()
+        .take(finished.len().saturating_sub(command::HISTORY - 1))
+        .copied()
+        .collect();
+    let now = unix_now();
+    for n in 1..100u32 {
+        let id = CommandId::new(now, &new.action, n);
+        if records.iter().any(|(i, _)| i == &id) {
+            continue;
+        }
+        let by = crate::rollouts::by();
+        let record = CommandRecord {
+            id: id.clone(),
+            action: new.action.clone(),
+            args: new.args.clone(),
+            targets: new.targets.clone(),
+            hosts: hosts.clone(),
+            rules: new.rules_json.clone(),
+            timeout_s: new.timeout.map(|d| d.as_secs().max(1)),
+            rerun_interrupted: new.rerun_interrupted,
+            by: by.clone(),
+            at: now,
+            state: CommandState::Running,
+            changes: vec![jio_common::rollout::Change {
+                state: "running".into(),
+                by,
+                at: now,
+                reason: None,
+            }],
+        };
+        let mut txn = Txn::new()
+            .when(Compare::Absent(schema.command(&id)))
+            .then(Op::put(
+                schema.command(&id),
+                serde_json::to_string(&record).unwrap_or_default(),
+            ));
+        for old in &drop {
+            txn.ops.push(Op::Delete(schema.command(old)));
+            txn.ops.push(Op::DeletePrefix(schema.command_runs(old)));
+        }
+        if store.txn(txn).await?.committed() {
+            return Ok(record);
+        }
+    }
+    Err(Failure::new(exit::SOFTWARE, "could not find a free command id"))
+}
+
+/// A command as read for one pass, and what its planner says.
+pub struct Read {
+    pub record: CommandRecord,
+    pub record_kv: KeyValue,
+    pub runs: Runs,
+    pub fleet: Snapshot,
+    pub plan: CommandPlan,
+    /// The fleet's classification (roles of the hosts).
+    pub statuses: Vec<HostStatus>,
+    /// The stored rules cannot be used: why (nothing is admitted).
+    pub rules_problem: Option<String>,
+}
+
+impl Read {
+    pub fn role_of(&self, h: &HostName) -> Role {
+        self.statuses
+            .iter()
+            .find(|s| &s.host == h)
+            .map_or_else(|| self.fleet.role_of(h), |s| s.role.clone())
+    }
+
+    /// Every host has ended (or the command ended) and none still runs.
+    pub fn finished(&self) -> bool {
+        !self.record.state.active() && self.plan.running.is_empty()
+    }
+}
+
+/// Reads the command `id`, the fleet and the command's runs, and plans a pass.
+pub async fn read(
+    store: &DynStore,
+    schema: &Schema,
+    role_pattern: &RolePattern,
+    id: &CommandId,
+) -> anyhow::Result<Read> {
+    // The fleet first: its listing of the locks holds the plan epoch the pass is
+    // fenced on, so every admission and enable key the plan counts is at or after it.
+    let mut fleet = Snapshot::read(store, schema).await?;
+    fleet.role_pattern = role_pattern.clone();
+    let key = schema.command(id);
+    let record_kv = store
+        .get(&key)
+        .await?
+        .ok_or_else(|| anyhow!("no fleet command {id} (jioctl commands list shows them)"))?;
+    let record: CommandRecord =
+        parse_json(&record_kv).with_context(|| format!("the record of command {id} cannot be used"))?;
+    let listing = store.list(&schema.command_runs(id)).await?;
+    let runs = Runs::from_kvs(schema, id, &listing.kvs);
+    let statuses = fleet::classify(&fleet);
+    let resolved: Result<Resolved, String> = command::parse_rules(&record.rules.to_string())
+        .and_then(|r| r.resolve(&roles_of(&fleet, &record.hosts)))
+        .map_err(|e| format!("the rules in {key} cannot be used: {e}"));
+    let view = command::View {
+        record: &record,
+        runs: &runs,
+        fleet: &fleet,
+        fleet_status: &statuses,
+        created: record_kv.create_revision,
+        now: unix_now(),
+    };
+    let (plan, rules_problem) = match &resolved {
+        Ok(r) => (command::plan(&view, r), None),
+        Err(e) => {
+            // Nothing is admitted; the rest is shown as it is.
+            let frozen = Rules::parse(r#"{"rolling_rules": {"global": 0}}"#)
+                .ok()
+                .and_then(|r| r.resolve(&roles_of(&fleet, &record.hosts)).ok());
+            let mut p = frozen.map(|r| command::plan(&view, &r)).unwrap_or_default();
+            p.admit.clear();
+            p.end = None;
+            (p, Some(e.clone()))
+        }
+    };
+    Ok(Read {
+        record,
+        record_kv,
+        runs,
+        fleet,
+        plan,
+        statuses,
+        rules_problem,
+    })
+}
+
+/// The writes of the inboxes: `id` added for `admit`, removed for `release`. An
+/// inbox that cannot be read is left as it is (its host counts as admitted).
+fn inbox_ops(
+    schema: &Schema,
+    fleet: &Snapshot,
+    id: &CommandId,
+    admit: &[HostName],
+    release: &[HostName],
+) -> Vec<Op> {
+    let mut changed: BTreeMap<&HostName, BTreeSet<CommandId>> = BTreeMap::new();
+    for h in admit.iter().chain(release) {
+        if fleet.inboxes_invalid.contains(h) {
+            continue;
+        }
+        changed.entry(h).or_insert_with(|| {
+            fleet
+                .inboxes
+                .get(h)
+                .map(|ids| ids.iter().cloned().collect())
+                .unwrap_or_default()
+        });
+    }
+    for h in admit {
+        if let Some(ids) = changed.get_mut(h) {
+            ids.insert(id.clone());
+        }
+    }
+    for h in release {
+        if let Some(ids) = changed.get_mut(h) {
+            ids.remove(id);
+        }
+    }
+    changed
+        .into_iter()
+        .filter(|(h, ids)| {
+            let before: BTreeSet<CommandId> = fleet
+                .inboxes
+                .get(*h)
+                .map(|v| v.iter().cloned().collect())
+                .unwrap_or_default();
+            &before != ids
+        })
+        .map(|(h, ids)| {
+            if ids.is_empty() {
+                Op::Delete(schema.command_inbox(h))
+            } else {
+                Op::put(schema.command_inbox(h), command::format_inbox(&ids))
+            }
+        })
+        .collect()
+}
+
+/// A driver's pass: the plan's admissions and releases, and the command's end,
+/// in transactions fenced on the epoch as read and on holding `lock` (the end
+/// first, so that a prefix of the chunks never admits more than the whole).
+async fn drive_pass(
+    store: &DynStore,
+    schema: &Schema,
+    r: &Read,
+    lock: &RolloutLock,
+) -> Result<(Fenced, bool), StoreError> {
+    let id = &r.record.id;
+    let mut ops = Vec::new();
+    if let Some(end) = &r.plan.end {
+        let reason = match end {
+            CommandState::Failed { hosts } => Some(format!(
+                "not every host succeeded: {}",
+                hosts
+                    .iter()
+                    .take(5)
+                    .map(|(h, w)| format!("{h} ({w})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            CommandState::Aborted { reason, .. } => reason.clone(),
+            _ => None,
+        };
+        let rec = r.record.moved(end.clone(), "jioctl", unix_now(), reason);
+        ops.push(Op::put(
+            schema.command(id),
+            serde_json::to_string(&rec).unwrap_or_default(),
+        ));
+    }
+    ops.extend(inbox_ops(schema, &r.fleet, id, &r.plan.admit, &r.plan.release));
+    if ops.is_empty() {
+        return Ok((Fenced::Applied, false));
+    }
+    let f = writes::apply_fenced(store, schema, ops, r.fleet.epoch, lock).await?;
+    Ok((f, true))
+}
+
+/// How following ended.
+pub enum FollowEnd {
+    /// The command ended and no host runs it any more.
+    Ended(Box<Read>),
+    /// Stopped by the caller (a signal, the driver service stopping).
+    Stopped,
+}
+
+/// How to follow.
+#[derive(Clone, Copy)]
+pub struct FollowOpts {
+    /// Take the command's lock and drive it when nobody else does.
+    pub drive: bool,
+    /// The driver service: only changes of who drives and the end, on stderr.
+    pub quiet: bool,
+    pub ttl: Duration,
+}
+
+/// The prefixes whose changes may change a command's plan.
+fn watched(schema: &Schema, id: &CommandId) -> Vec<Key> {
+    vec![
+        schema.command(id),
+        schema.command_runs(id),
+        schema.config_state(),
+        schema.agents(),
+        schema.runs(),
+        schema.holds(),
+        schema.locks(),
+    ]
+}
+
+async fn open_watches(store: &DynStore, keys: &[Key]) -> Option<SelectAll<WatchStream>> {
+    let mut all = SelectAll::new();
+    for k in keys {
+        all.push(store.watch(k, 0).await.ok()?);
+    }
+    Some(all)
+}
+
+/// One line of progress: how many hosts are where, and what the rest waits for.
+pub fn progress_line(r: &Read) -> String {
+    let mut counts: BTreeMap<HostPhase, usize> = BTreeMap::new();
+    for p in r.plan.phases.values() {
+        *counts.entry(*p).or_default() += 1;
+    }
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(p, n)| format!("{n} {}", p.as_str()))
+        .collect();
+    let mut line = format!(
+        "command {} ({}): {} of {} hosts: {}",
+        r.record.id,
+        r.record.state.name(),
+        r.record.command_line(),
+        r.record.hosts.len(),
+        parts.join(", ")
+    );
+    let waiting: Vec<String> = r
+        .plan
+        .phases
+        .iter()
+        .filter(|(_, p)| matches!(p, HostPhase::Pending | HostPhase::Admitted | HostPhase::Running))
+        .filter_map(|(h, _)| r.plan.reasons.get(h).map(|w| format!("{h} ({})", w.text)))
+        .take(6)
+        .collect();
+    if let Some(p) = &r.rules_problem {
+        line.push_str(&format!("; nothing is admitted: {p}"));
+    }
+    if !waiting.is_empty() && !r.finished() {
+        line.push_str(&format!("; waiting for: {}", waiting.join(", ")));
+    }
+    line
+}
+
+/// Follows the command `id` (driving it while `opts.drive` and nobody else does)
+/// until it ends and no host runs it, or `stop` turns true.
+pub async fn follow(
+    store: &DynStore,
+    schema: &Schema,
+    role_pattern: &RolePattern,
+    id: &CommandId,
+    opts: FollowOpts,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<FollowEnd> {
+    let keys = watched(schema, id);
+    let mut watches = open_watches(store, &keys).await;
+    let mut lock: Option<RolloutLock> = None;
+    let mut told_holder: Option<String> = None;
+    let mut last_line = String::new();
+    let mut last_print = tokio::time::Instant::now();
+    let say = |quiet: bool, s: &str| {
+        if quiet {
+            eprintln!("jioctl drive: {s}");
+        } else {
+            eprintln!("jioctl: {s}");
+        }
+    };
+    let end = loop {
+        if *stop.borrow() {
+            break FollowEnd::Stopped;
+        }
+        if lock.as_ref().is_some_and(RolloutLock::lease_ended) {
+            lock = None;
+            say(
+                opts.quiet,
+                &format!(
+                    "command {id}: the lock's lease ended (this process was cut off); nothing more is admitted by it"
+                ),
+            );
+        }
+        let r = read(store, schema, role_pattern, id).await?;
+        if opts.drive && lock.is_none() && r.record.state.active() {
+            match RolloutLock::try_take_key(store, schema.command_lock(id), opts.ttl).await? {
+                LockOutcome::Taken(l) => {
+                    say(
+                        opts.quiet,
+                        &format!("command {id}: driving it (this process holds its lock)"),
+                    );
+                    lock = Some(l);
+                    told_holder = None;
+                }
+                LockOutcome::Held(holder) => {
+                    let who = writes::describe(&holder);
+                    if told_holder.as_deref() != Some(who.as_str()) && !opts.quiet {
+                        say(false, &format!("command {id}: {who} drives it; following"));
+                    }
+                    told_holder = Some(who);
+                }
+            }
+        }
+        if let Some(l) = &lock
+            && (r.record.state.active() || !r.plan.release.is_empty())
+        {
+            match drive_pass(store, schema, &r, l).await? {
+                (Fenced::Applied, true) => {
+                    if !opts.quiet || r.plan.end.is_some() {
+                        if !r.plan.admit.is_empty() {
+                            say(
+                                opts.quiet,
+                                &format!(
+                                    "command {id}: admitted {}",
+                                    jio_common::values::host_list(&r.plan.admit)
+                                ),
+                            );
+                        }
+                        if let Some(e) = &r.plan.end {
+                            say(opts.quiet, &format!("command {id}: ended {}", e.name()));
+                        }
+                    }
+                    continue;
+                }
+                (Fenced::Applied, false) => {}
+                (Fenced::Moved, _) => continue,
+                (Fenced::LockLost, _) => {
+                    lock = None;
+                    say(
+                        opts.quiet,
+                        &format!("command {id}: another process took its lock; following"),
+                    );
+                    continue;
+                }
+            }
+        }
+        if r.finished() && (r.plan.release.is_empty() || lock.is_none()) {
+            break FollowEnd::Ended(Box::new(r));
+        }
+        let line = progress_line(&r);
+        if !opts.quiet && (line != last_line || last_print.elapsed() >= Duration::from_secs(60)) {
+            eprintln!("{line}");
+            last_line = line;
+            last_print = tokio::time::Instant::now();
+        }
+        // Wait for a change (or a minute: leases end without an event).
+        let tick = tokio::time::sleep(Duration::from_secs(if watches.is_some() { 60 } else { 2 }));
+        tokio::select! {
+            ev = async {
+                match watches.as_mut() {
+                    Some(w) => w.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                match ev {
+                    Some(Ok(_)) => {
+                        // Take in what else already arrived; one pass covers it.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        if let Some(w) = watches.as_mut() {
+                            while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
+                        }
+                    }
+                    _ => watches = open_watches(store, &keys).await,
+                }
+            }
+            _ = tick => {}
+            _ = stop.changed() => {}
+        }
+    };
+    if let Some(l) = lock {
+        l.release().await;
+    }
+    Ok(end)
+}
+
+/// One host's row of a command's table.
+#[derive(Debug, serde::Serialize)]
+pub struct HostRow {
+    pub host: HostName,
+    pub role: Role,
+    pub phase: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// The Swift link to its output, when uploaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// Where its output is on the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_dir: Option<String>,
+    /// Why (a failure's message, or what a host that has not run waits for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+pub fn rows(r: &Read) -> Vec<HostRow> {
+    r.record
+        .hosts
+        .iter()
+        .map(|h| {
+            let res = r.runs.results.get(h);
+            let phase = r.plan.phases.get(h).copied().unwrap_or(HostPhase::Pending);
+            HostRow {
+                host: h.clone(),
+                role: r.role_of(h),
+                phase: phase.as_str(),
+                exit_code: res.and_then(|x| x.exit_code),
+                duration_s: res.filter(|x| x.started > 0).map(|x| x.duration_s()),
+                attempt: res
+                    .map(|x| x.attempt)
+                    .or_else(|| r.runs.started.get(h).map(|s| s.attempt)),
+                log: r.runs.logs.get(h).filter(|l| !l.is_empty()).cloned(),
+                run_dir: res.and_then(|x| x.run_dir.clone()),
+                reason: match res {
+                    Some(x) if !x.ok() => x.message.clone(),
+                    Some(_) => None,
+                    None => match &r.record.state {
+                        CommandState::Failed { hosts } if phase == HostPhase::NotRun => {
+                            hosts.get(h.as_str()).cloned()
+                        }
+                        s if phase == HostPhase::NotRun => {
+                            Some(format!("not run: the command is {}", s.name()))
+                        }
+                        _ => r.plan.reasons.get(h).map(|w| w.text.clone()),
+                    },
+                },
+            }
+        })
+        .collect()
+}
+
+/// The table of a command's hosts, for people.
+pub fn table(r: &Read) -> String {
+    let rows = rows(r);
+    let w = |f: &dyn Fn(&HostRow) -> usize, min: usize| rows.iter().map(f).max().unwrap_or(0).max(min);
+    let (wh, wr, wp) = (
+        w(&|x| x.host.as_str().len(), 4),
+        w(&|x| x.role.as_str().len(), 4),
+        w(&|x| x.phase.len(), 6),
+    );
+    let mut out = format!(
+        "{:<wh$}  {:<wr$}  {:<wp$}  {:>4}  {:>8}  LOG\n",
+        "HOST", "ROLE", "RESULT", "EXIT", "DURATION"
+    );
+    for x in &rows {
+        let log = match (&x.log, &x.run_dir, &x.reason) {
+            (Some(l), _, _) => l.clone(),
+            (None, Some(d), _) => format!("{d} (on the host)"),
+            (None, None, Some(why)) => why.clone(),
+            _ => "-".into(),
+        };
+        out.push_str(&format!(
+            "{:<wh$}  {:<wr$}  {:<wp$}  {:>4}  {:>8}  {}\n",
+            x.host,
+            x.role,
+            x.phase,
+            x.exit_code.map_or("-".into(), |c| c.to_string()),
+            x.duration_s
+                .map_or("-".into(), |d| jio_common::duration::format(Duration::from_secs(
+                    d
+                ))),
+            log
+        ));
+        if let (Some(why), Some(_)) = (&x.reason, &x.log.as_ref().or(x.run_dir.as_ref())) {
+            out.push_str(&format!("{:<wh$}  {why}\n", ""));
+        }
+    }
+    out
+}
+
+/// The JSON of a command: its record, its hosts and the counts.
+pub fn json(r: &Read) -> serde_json::Value {
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for p in r.plan.phases.values() {
+        *counts.entry(p.as_str()).or_default() += 1;
+    }
+    serde_json::json!({
+        "command": r.record,
+        "hosts": rows(r),
+        "counts": counts,
+        "finished": r.finished(),
+        "problems": r.fleet.problems.iter().chain(&r.runs.problems).chain(&r.rules_problem).collect::<Vec<_>>(),
+    })
+}
+
+/// The exit code of a command that ended: 0 only when every host succeeded.
+pub fn exit_of(state: &CommandState) -> Outcome {
+    match state {
+        CommandState::Done => Ok(()),
+        CommandState::Failed { .. } => Err(Failure::quiet(exit::FAILED)),
+        CommandState::Cancelled { .. } | CommandState::Aborted { .. } => Err(Failure::quiet(exit::HALTED)),
+        CommandState::Running => Err(Failure::quiet(exit::FAILED)),
+    }
+}
+
+/// Prints how a command ended: the table (or JSON) and one line.
+pub fn print_end(r: &Read, json_out: bool) {
+    if json_out {
+        println!("{}", json(r));
+        return;
+    }
+    print!("{}", table(r));
+    let ok = r
+        .plan
+        .phases
+        .values()
+        .filter(|p| **p == HostPhase::Succeeded)
+        .count();
+    println!(
+        "command {} {}: {ok} of {} hosts succeeded",
+        r.record.id,
+        r.record.state.name(),
+        r.record.hosts.len()
+    );
+}
+
+/// Cancels the command: no host starts it any more (hosts running it finish).
+/// Returns the record as it was and how many hosts still run it.
+pub async fn cancel(
+    store: &DynStore,
+    schema: &Schema,
+    role_pattern: &RolePattern,
+    id: &CommandId,
+    reason: Option<String>,
+) -> Result<(CommandRecord, usize, bool), Failure> {
+    for _ in 0..5 {
+        let r = read(store, schema, role_pattern, id)
+            .await
+            .map_err(|e| Failure::with(exit::FAILED, e))?;
+        let active = r.record.state.active();
+        let mut ops = Vec::new();
+        if active {
+            let rec = r.record.moved(
+                CommandState::Cancelled {
+                    by: crate::rollouts::by(),
+                    reason: reason.clone(),
+                },
+                &crate::rollouts::by(),
+                unix_now(),
+                reason.clone(),
+            );
+            ops.push(Op::put(
+                schema.command(id),
+                serde_json::to_string(&rec).unwrap_or_default(),
+            ));
+        }
+        // Every admission not started goes (started hosts finish).
+        let release: Vec<HostName> = r
+            .record
+            .hosts
+            .iter()
+            .filter(|h| r.fleet.inboxes.get(*h).is_some_and(|ids| ids.contains(id)))
+            .filter(|h| !r.runs.started(h) || r.runs.ended(h))
+            .cloned()
+            .collect();
+        ops.extend(inbox_ops(schema, &r.fleet, id, &[], &release));
+        if ops.is_empty() {
+            return Ok((r.record, r.plan.running.len(), false));
+        }
+        ops.push(writes::epoch_put(schema));
+        let txn = Txn {
+            compares: vec![
+                Compare::ModRevision(schema.lock(jio_common::fleet::EPOCH), r.fleet.epoch),
+                Compare::ModRevision(schema.command(id), r.record_kv.mod_revision),
+            ],
+            ops,
+        };
+        if let TxnOutcome::Committed(_) = store.txn(txn).await? {
+            return Ok((r.record, r.plan.running.len(), active));
+        }
+    }
+    Err(Failure::new(
+        exit::FAILED,
+        format!("command {id} kept changing while it was being cancelled; try again"),
+    ))
+}
+
+/// The driver service's share: drives every active command (one task each,
+/// each taking the command's lock, standing by while another process holds it)
+/// until `stop` turns true.
+pub async fn drive_all(
+    store: DynStore,
+    schema: Schema,
+    role_pattern: RolePattern,
+    ttl: Duration,
+    stop: watch::Receiver<bool>,
+) {
+    let mut tasks: BTreeMap<CommandId, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut watch_cmds = store.watch(&schema.commands(), 0).await.ok();
+    let mut stop2 = stop.clone();
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        tasks.retain(|_, t| !t.is_finished());
+        if let Ok(listing) = store.list(&schema.commands()).await {
+            for kv in &listing.kvs {
+                let Some(jio_common::keys::Parsed::Command(id)) = schema.parse(&kv.key) else {
+                    continue;
+                };
+                let active = parse_json::<CommandRecord>(kv).is_ok_and(|r| r.state.active());
+                if !active || tasks.contains_key(&id) {
+                    continue;
+                }
+                let (s, sc, rp, st, i) = (
+                    store.clone(),
+                    schema.clone(),
+                    role_pattern.clone(),
+                    stop.clone(),
+                    id.clone(),
+                );
+                let opts = FollowOpts {
+                    drive: true,
+                    quiet: true,
+                    ttl,
+                };
+                tasks.insert(
+                    id,
+                    tokio::spawn(async move {
+                        match follow(&s, &sc, &rp, &i, opts, st).await {
+                            Ok(FollowEnd::Ended(r)) => {
+                                eprintln!("jioctl drive: {}", progress_line(&r));
+                            }
+                            Ok(FollowEnd::Stopped) => {}
+                            Err(e) => eprintln!("jioctl drive: command {i}: {e:#}"),
+                        }
+                    }),
+                );
+            }
+        }
+        tokio::select! {
+            ev = async {
+                match watch_cmds.as_mut() {
+                    Some(w) => w.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if !matches!(ev, Some(Ok(_))) {
+                    watch_cmds = store.watch(&schema.commands(), 0).await.ok();
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_secs(15)) => {}
+            _ = stop2.changed() => {}
+        }
+    }
+    for (_, t) in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+}
+
+/// The emergency stop's share: every active command's record ended `aborted`,
+/// each write fenced on the record as read.
+pub async fn abort_all_ops(
+    store: &DynStore,
+    schema: &Schema,
+    by: &str,
+) -> Result<Vec<(CommandId, Compare, Op)>, StoreError> {
+    let listing = store.list(&schema.commands()).await?;
+    let now = unix_now();
+    Ok(listing
+        .kvs
+        .iter()
+        .filter_map(|kv| {
+            let Some(jio_common::keys::Parsed::Command(id)) = schema.parse(&kv.key) else {
+                return None;
+            };
+            let rec = parse_json::<CommandRecord>(kv)
+                .ok()
+                .filter(|r| r.state.active())?;
+            let reason = Some("emergency stop (global-disable-puppet)".to_string());
+            let ended = rec.moved(
+                CommandState::Aborted {
+                    by: by.to_string(),
+                    reason: reason.clone(),
+                },
+                by,
+                now,
+                reason,
+            );
+            Some((
+                id.clone(),
+                Compare::ModRevision(kv.key.clone(), kv.mod_revision),
+                Op::put(
+                    schema.command(&id),
+                    serde_json::to_string(&ended).unwrap_or_default(),
+                ),
+            ))
+        })
+        .collect())
+}
+
+/// Reads a command id given by an operator.
+pub fn parse_id(s: &str) -> Result<CommandId, String> {
+    CommandId::parse(s).ok_or_else(|| {
+        format!(
+            "{s:?} is not a command id (like 20261125T031500Z-restart-nova; jioctl commands list shows them)"
+        )
+    })
+}
