@@ -147,7 +147,7 @@ pub enum CommandState {
     /// Not every host succeeded: each that did not, with why (failed, refused,
     /// interrupted, or held and never run).
     Failed {
-        hosts: BTreeMap<String, String>,
+        failed_hosts: BTreeMap<String, String>,
     },
     /// `jioctl commands cancel`: no more hosts start; running ones finish.
     Cancelled {
@@ -198,8 +198,9 @@ pub struct CommandRecord {
     /// A run interrupted by a crash or a restart of the agent runs again.
     #[serde(default)]
     pub rerun_interrupted: bool,
-    pub by: String,
-    pub at: u64,
+    /// Who created it (`user@host`) and when.
+    pub created_by: String,
+    pub created_at: u64,
     #[serde(flatten)]
     pub state: CommandState,
     pub changes: Vec<Change>,
@@ -705,7 +706,7 @@ fn ending(
                 );
             }
         }
-        return Some(CommandState::Failed { hosts });
+        return Some(CommandState::Failed { failed_hosts: hosts });
     }
     // Hosts left: not ended. Held ones are never admitted: with nothing else left
     // to move, the command ends without them.
@@ -729,7 +730,7 @@ fn ending(
             .unwrap_or_else(|| "held".into());
         hosts.insert(s.host.to_string(), format!("not run: {why}"));
     }
-    Some(CommandState::Failed { hosts })
+    Some(CommandState::Failed { failed_hosts: hosts })
 }
 
 /// A result for people: `exit 3: <message>`, `refused: <why>`...

@@ -95,8 +95,8 @@ pub async fn create(
             rules: new.rules_json.clone(),
             timeout_s: new.timeout.map(|d| d.as_secs().max(1)),
             rerun_interrupted: new.rerun_interrupted,
-            by: by.clone(),
-            at: now,
+            created_by: by.clone(),
+            created_at: now,
             state: CommandState::Running,
             changes: vec![jio_common::rollout::Change {
                 state: "running".into(),
@@ -270,7 +270,7 @@ async fn drive_pass(
     let mut ops = Vec::new();
     if let Some(end) = &r.plan.end {
         let reason = match end {
-            CommandState::Failed { hosts } => Some(format!(
+            CommandState::Failed { failed_hosts: hosts } => Some(format!(
                 "not every host succeeded: {}",
                 hosts
                     .iter()
@@ -543,7 +543,7 @@ pub fn rows(r: &Read) -> Vec<HostRow> {
                     Some(x) if !x.ok() => x.message.clone(),
                     Some(_) => None,
                     None => match &r.record.state {
-                        CommandState::Failed { hosts } if phase == HostPhase::NotRun => {
+                        CommandState::Failed { failed_hosts: hosts } if phase == HostPhase::NotRun => {
                             hosts.get(h.as_str()).cloned()
                         }
                         s if phase == HostPhase::NotRun => {

@@ -633,8 +633,8 @@ mod tests {
             rules: serde_json::json!({}),
             timeout_s: None,
             rerun_interrupted: rerun,
-            by: "alice".into(),
-            at: 1,
+            created_by: "alice".into(),
+            created_at: 1,
             state,
             changes: vec![],
         }

@@ -89,7 +89,7 @@ impl Commands {
                             id.as_str(),
                             r.state.name(),
                             r.hosts.len(),
-                            r.by,
+                            r.created_by,
                             r.command_line()
                         ),
                         Err(e) => println!("{:<40}  unreadable: {e}", id.as_str()),

@@ -71,6 +71,17 @@ impl Fleet {
     /// Like `start`, with the agents on `agent_url` (a restricted user) while the
     /// test reads and sets the version on `url`.
     pub async fn start_as(url: &str, agent_url: &str, names: &[&str], seconds: f64) -> Fleet {
+        Fleet::start_with(url, agent_url, names, seconds, |_| String::new()).await
+    }
+
+    /// Like `start_as`, with `extra(host)` appended to each host's `agent.toml`.
+    pub async fn start_with(
+        url: &str,
+        agent_url: &str,
+        names: &[&str],
+        seconds: f64,
+        extra: impl Fn(&str) -> String,
+    ) -> Fleet {
         let s = open(url).await;
         s.put(&Schema::default().current_version(), "v1", None)
             .await
@@ -103,17 +114,13 @@ impl Fleet {
                 name,
                 agent_url,
                 &[script.display().to_string()],
-                "retry_interval = \"1h\"\nhealth_interval = \"0\"",
+                &format!(
+                    "retry_interval = \"1h\"\nhealth_interval = \"0\"\n{}",
+                    extra(name)
+                ),
             );
-            let child = Command::from(host.agent(&agent_bin(), &["run"]))
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(
-                    std::fs::File::create(f.work.path().join(format!("{name}.log"))).unwrap(),
-                ))
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap();
             f.hosts.push(host);
+            let child = f.spawn_agent(f.hosts.len() - 1);
             f.daemons.push(child);
         }
         let hosts = &f.hosts;
@@ -134,6 +141,27 @@ impl Fleet {
         .await;
         f.set_seconds(seconds);
         f
+    }
+
+    /// Starts host `i`'s agent daemon (its output appended to `<name>.log`).
+    pub fn spawn_agent(&self, i: usize) -> Child {
+        let host = &self.hosts[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.work.path().join(format!("{}.log", host.name)))
+            .unwrap();
+        Command::from(host.agent(&agent_bin(), &["run"]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    }
+
+    /// What host `name`'s agent logged.
+    pub fn agent_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.work.path().join(format!("{name}.log"))).unwrap_or_default()
     }
 
     pub fn set_seconds(&self, s: f64) {

@@ -1,0 +1,634 @@
+//! Fleet commands (issue 18), against a real etcd with real `jio-agent` daemons
+//! and `jioctl` processes: the rolling limit, a failure stopping the command,
+//! actions that are not installed and `allow_any_command`, `kill -9` of an agent
+//! mid-command, `cancel` mid-way, and a command and an upgrade on the same hosts.
+//!
+//! The action is a script that appends its own start and end to one file shared by
+//! the fleet (and the upgrade's "Puppet" does the same in its own file): every
+//! assertion on overlap and repetition comes from those files, never from jioctl's
+//! classification. The unit tests at the end feed the checks logs that break them.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::disallowed_methods)] // they time real processes on the wall clock
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use jio_tests::Etcd;
+use jio_tests::inspect::{open, text, wait_for};
+
+use common::fleet::{Fleet, Run, finish, keys_under, signal, spawn};
+use common::run;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// The actions directory shared by the fleet: `restart` logs its start (with its
+/// arguments) and end to `actions.log`, sleeps `action-seconds`, and fails (exit 3,
+/// a line on stderr) on a host whose `action-fail-<host>` file exists.
+struct Actions {
+    dir: tempfile::TempDir,
+}
+
+impl Actions {
+    fn new() -> Actions {
+        let dir = tempfile::tempdir().unwrap();
+        let actions = dir.path().join("actions");
+        std::fs::create_dir_all(&actions).unwrap();
+        let script = actions.join("restart");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n\
+                 dir={}\n\
+                 echo \"start $JIO_HOST $JIO_COMMAND $(date +%s.%N) $*\" >> \"$dir/actions.log\"\n\
+                 sleep \"$(cat \"$dir/action-seconds\")\"\n\
+                 echo \"end $JIO_HOST $JIO_COMMAND $(date +%s.%N)\" >> \"$dir/actions.log\"\n\
+                 if [ -e \"$dir/action-fail-$JIO_HOST\" ]; then echo \"nova-compute did not come back on $JIO_HOST\" >&2; exit 3; fi\n\
+                 echo \"restarted $* on $JIO_HOST\"\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let a = Actions { dir };
+        a.set_seconds(0.3);
+        a
+    }
+
+    fn actions_dir(&self) -> PathBuf {
+        self.dir.path().join("actions")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn set_seconds(&self, s: f64) {
+        std::fs::write(self.path("action-seconds"), s.to_string()).unwrap();
+    }
+
+    fn fail(&self, host: &str) {
+        std::fs::write(self.path(&format!("action-fail-{host}")), "").unwrap();
+    }
+
+    /// The agents' configuration lines for these actions.
+    fn config(&self, allow_any: bool) -> String {
+        format!(
+            "actions_dir = {}\nallow_any_command = {allow_any}\n",
+            jio_tests::host::toml_str(&self.actions_dir().display().to_string())
+        )
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("actions.log")).unwrap_or_default()
+    }
+
+    fn runs(&self) -> Vec<Run> {
+        parse_log(&self.log())
+    }
+}
+
+/// Runs from a log of `start HOST TAG TIME ...` and `end HOST TAG TIME` lines (the
+/// tag is the command id, or the version for Puppet's log).
+fn parse_log(text: &str) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        let (kind, host, tag, at) = (f[0], f[1], f[2], f[3].parse::<f64>().unwrap());
+        match kind {
+            "start" => runs.push(Run {
+                host: host.into(),
+                version: tag.into(),
+                start: at,
+                end: None,
+            }),
+            _ => {
+                if let Some(r) = runs
+                    .iter_mut()
+                    .rev()
+                    .find(|r| r.host == host && r.version == tag && r.end.is_none())
+                {
+                    r.end = Some(at);
+                }
+            }
+        }
+    }
+    runs
+}
+
+/// The most runs going at one instant, and which.
+fn max_overlap(runs: &[Run]) -> (usize, Vec<String>) {
+    common::fleet::max_overlap(runs, 0.0)
+}
+
+/// Two runs on one host that overlapped in time.
+fn same_host_overlaps(runs: &[Run]) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            let a_end = a.end.unwrap_or(f64::MAX);
+            let b_end = b.end.unwrap_or(f64::MAX);
+            if a.host == b.host && a.start < b_end && b.start < a_end {
+                out.push((a.host.clone(), a.version.clone(), b.version.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Hosts whose action started more than once for `id`.
+fn repeated(runs: &[Run], id: &str) -> Vec<String> {
+    let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+    for r in runs.iter().filter(|r| r.version == id) {
+        *seen.entry(r.host.as_str()).or_default() += 1;
+    }
+    seen.into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(h, _)| h.to_string())
+        .collect()
+}
+
+/// The id a `jioctl run` printed on stderr (`command <id> recorded`).
+fn command_id(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("jioctl: command ")
+                .and_then(|r| r.split_once(" recorded"))
+        })
+        .map(|(id, _)| id.to_string())
+        .unwrap_or_else(|| panic!("no command id in: {stderr}"))
+}
+
+async fn command_record(url: &str, id: &str) -> serde_json::Value {
+    let s = open(url).await;
+    let kv = s
+        .get(&jio_common::keys::Key::new(format!("/commands/{id}")).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    serde_json::from_str(&kv.value).unwrap()
+}
+
+async fn result_of(url: &str, id: &str, host: &str) -> Option<serde_json::Value> {
+    let s = open(url).await;
+    let kv = s
+        .get(&jio_common::keys::Key::new(format!("/command_runs/{id}/results/{host}")).unwrap())
+        .await
+        .unwrap()?;
+    Some(serde_json::from_str(&kv.value).unwrap())
+}
+
+fn diagnostics(f: &Fleet, a: &Actions) -> String {
+    let mut s = format!("actions.log:\n{}\n", a.log());
+    for h in &f.hosts {
+        s.push_str(&format!("--- {}:\n{}\n", h.name, f.agent_log(&h.name)));
+    }
+    s
+}
+
+const COMPUTES: [&str; 6] = [
+    "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_under_a_limit_of_two_never_runs_on_more_than_two_hosts_at_once() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let a = Actions::new();
+    let f = Fleet::start_with(&url, &url, &COMPUTES, 0.1, |_| a.config(false)).await;
+    a.set_seconds(0.8);
+    let out = run(
+        &url,
+        &[
+            "run",
+            "--role",
+            "compute",
+            "--instructions",
+            r#"{"rolling_rules": {"roles": {"compute": 2}}}"#,
+            "restart",
+            "nova-compute",
+            "--graceful",
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let runs = a.runs();
+    // Every host ran it exactly once, with its arguments as a list.
+    assert_eq!(runs.len(), COMPUTES.len(), "{}", a.log());
+    for h in COMPUTES {
+        assert_eq!(runs.iter().filter(|r| r.host == h).count(), 1, "{h}: {}", a.log());
+    }
+    assert!(
+        a.log()
+            .lines()
+            .filter(|l| l.starts_with("start"))
+            .all(|l| l.ends_with(" nova-compute --graceful")),
+        "{}",
+        a.log()
+    );
+    // Never more than two at once, by the action's own log; and two were reached,
+    // so the check could fail.
+    let (n, at) = max_overlap(&runs);
+    assert!(n <= 2, "{n} hosts ran the action at once: {at:?}\n{}", a.log());
+    assert_eq!(n, 2, "the limit was never reached: {}", a.log());
+    // The summary names every host, its exit code and where its output is.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for h in COMPUTES {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(h))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        assert!(line.contains("succeeded") && line.contains(" 0 "), "{line}");
+        assert!(line.contains("command-"), "the run directory: {line}");
+    }
+    assert!(stdout.contains("6 of 6 hosts succeeded"), "{stdout}");
+    let id = command_id(&text(&out));
+    let rec = command_record(&url, &id).await;
+    assert_eq!(rec["state"], "done", "{rec:#}");
+    // Nothing is left admitted.
+    let s = open(&url).await;
+    assert!(keys_under(&s, "/config_state/commands/").await.is_empty());
+    // `commands show --json` agrees, host by host.
+    let shown = run(&url, &["--json", "commands", "show", &id]).await;
+    let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(v["counts"]["succeeded"], 6, "{v:#}");
+    assert_eq!(v["hosts"][0]["exit_code"], 0, "{v:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_host_stops_the_command_under_max_failures() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let a = Actions::new();
+    let f = Fleet::start_with(&url, &url, &COMPUTES, 0.1, |_| a.config(false)).await;
+    a.fail("compute2");
+    let out = run(
+        &url,
+        &[
+            "run",
+            "--role",
+            "compute",
+            "--instructions",
+            r#"{"rolling_rules": {"roles": {"compute": 1}}, "max_failures": 0}"#,
+            "restart",
+            "nova-compute",
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let runs = a.runs();
+    // One at a time in name order: compute1, then compute2 fails; nothing after it.
+    let hosts: Vec<&str> = runs.iter().map(|r| r.host.as_str()).collect();
+    assert_eq!(hosts, ["compute1", "compute2"], "{}", a.log());
+    let id = command_id(&text(&out));
+    let rec = command_record(&url, &id).await;
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    let failed = result_of(&url, &id, "compute2").await.unwrap();
+    assert_eq!(failed["outcome"], "failed", "{failed:#}");
+    assert_eq!(failed["exit_code"], 3, "{failed:#}");
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("nova-compute did not come back"),
+        "the message carries the action's own stderr: {failed:#}"
+    );
+    for h in ["compute3", "compute4", "compute5", "compute6"] {
+        assert!(result_of(&url, &id, h).await.is_none(), "{h} has a result");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("compute2"))
+        .unwrap_or_else(|| panic!("{}", text(&out)));
+    assert!(line.contains("failed") && line.contains(" 3 "), "{stdout}");
+    let line = stdout.lines().find(|l| l.starts_with("compute5")).unwrap();
+    assert!(line.contains("not run"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_an_argument_list() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let a = Actions::new();
+    // closed1 keeps the default (only installed actions); open1 allows any command.
+    let f = Fleet::start_with(&url, &url, &["closed1", "open1"], 0.1, |h| a.config(h == "open1")).await;
+    let marker = a.path("any.log");
+    // An action that is installed nowhere: refused on closed1, with the reason.
+    let out = run(&url, &["run", "--all", "flush-caches"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let id = command_id(&text(&out));
+    let refused = result_of(&url, &id, "closed1").await.unwrap();
+    assert_eq!(refused["outcome"], "refused", "{refused:#}");
+    let msg = refused["message"].as_str().unwrap();
+    assert!(
+        msg.contains("not installed") && msg.contains("allow_any_command is off"),
+        "{msg}"
+    );
+    // On open1 it runs as a program, which does not exist: failed, not refused.
+    let open = result_of(&url, &id, "open1").await.unwrap();
+    assert_eq!(open["outcome"], "failed", "{open:#}");
+    // An argument list: refused where it is off (never run), run where it is on.
+    let out = run(
+        &url,
+        &[
+            "run",
+            "--all",
+            "/bin/sh",
+            "-c",
+            &format!("echo \"$JIO_HOST\" >> {}", marker.display()),
+        ],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let id = command_id(&text(&out));
+    let ran = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(ran, "open1\n", "only the host that allows any command ran it");
+    let refused = result_of(&url, &id, "closed1").await.unwrap();
+    assert_eq!(refused["outcome"], "refused", "{refused:#}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("allow_any_command"),
+        "{refused:#}"
+    );
+    assert_eq!(
+        result_of(&url, &id, "open1").await.unwrap()["outcome"],
+        "succeeded"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("1 of 2 hosts succeeded"), "{stdout}");
+}
+
+/// Waits until `host` has started the action of `id` (by the action's own log).
+async fn wait_started(a: &Actions, host: &str, id_prefix: &str) {
+    wait_for(&format!("{host} to start the action"), secs(60), || async {
+        a.runs()
+            .iter()
+            .any(|r| r.host == host && r.version.starts_with(id_prefix))
+    })
+    .await;
+}
+
+fn process_alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// The pids of the running action scripts (`sh .../restart`).
+fn action_pids(actions_dir: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    let want = actions_dir.join("restart").display().to_string();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmd).split('\0').any(|a| a == want) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_command_reports_it_interrupted_and_does_not_run_it_again() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let a = Actions::new();
+    let mut f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    a.set_seconds(30.0);
+    let follower = spawn(&url, &["run", "--hosts", "compute1", "restart", "nova"]);
+    wait_started(&a, "compute1", "").await;
+    let pids = action_pids(&a.actions_dir());
+    assert!(!pids.is_empty(), "the action runs");
+    // kill -9 the agent in the middle of the action, then start it again.
+    signal(&f.daemons[0], nix::sys::signal::Signal::SIGKILL);
+    let _ = f.daemons[0].wait().await;
+    a.set_seconds(0.2);
+    f.daemons[0] = f.spawn_agent(0);
+    let out = finish(follower, secs(60)).await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let id = command_id(&text(&out));
+    let r = result_of(&url, &id, "compute1").await.unwrap();
+    assert_eq!(r["outcome"], "interrupted", "{r:#}");
+    assert!(r["message"].as_str().unwrap().contains("not run again"), "{r:#}");
+    // By the action's own log: started once, never again; and the new agent
+    // stopped what the killed one left running.
+    assert_eq!(a.runs().len(), 1, "{}", a.log());
+    for p in pids {
+        assert!(!process_alive(p), "the orphaned action {p} still runs");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("compute1") && l.contains("interrupted")),
+        "{stdout}"
+    );
+
+    // With --rerun-interrupted the same fault runs it again (attempt 2), once.
+    a.set_seconds(30.0);
+    let follower = spawn(
+        &url,
+        &[
+            "run",
+            "--hosts",
+            "compute2",
+            "--rerun-interrupted",
+            "restart",
+            "nova",
+        ],
+    );
+    wait_started(&a, "compute2", "").await;
+    signal(&f.daemons[1], nix::sys::signal::Signal::SIGKILL);
+    let _ = f.daemons[1].wait().await;
+    a.set_seconds(0.2);
+    f.daemons[1] = f.spawn_agent(1);
+    let out = finish(follower, secs(60)).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let id = command_id(&text(&out));
+    let r = result_of(&url, &id, "compute2").await.unwrap();
+    assert_eq!(r["outcome"], "succeeded", "{r:#}");
+    assert_eq!(r["attempt"], 2, "{r:#}");
+    let twice: Vec<Run> = a.runs().into_iter().filter(|r| r.host == "compute2").collect();
+    assert_eq!(twice.len(), 2, "{}", a.log());
+    assert!(twice[0].end.is_none() && twice[1].end.is_some(), "{}", a.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_mid_way_lets_the_running_host_finish_and_starts_no_other() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let a = Actions::new();
+    let names = ["compute1", "compute2", "compute3", "compute4"];
+    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    a.set_seconds(3.0);
+    let follower = spawn(
+        &url,
+        &[
+            "run",
+            "--role",
+            "compute",
+            "--instructions",
+            r#"{"rolling_rules": {"global": 1}}"#,
+            "restart",
+            "nova",
+        ],
+    );
+    wait_started(&a, "compute1", "").await;
+    let id = a.runs()[0].version.clone();
+    let cancelled = run(&url, &["commands", "cancel", &id, "--reason", "wrong build"]).await;
+    assert_eq!(cancelled.status.code(), Some(0), "{}", text(&cancelled));
+    assert!(
+        text(&cancelled).contains("1 host running it finishes"),
+        "{}",
+        text(&cancelled)
+    );
+    let at_cancel = super_now();
+    let out = finish(follower, secs(60)).await;
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let runs = a.runs();
+    // The running host finished; no host started after the cancel.
+    assert_eq!(runs.len(), 1, "{}", a.log());
+    assert!(runs[0].end.is_some(), "{}", a.log());
+    assert!(runs.iter().all(|r| r.start < at_cancel), "{}", a.log());
+    let rec = command_record(&url, &id).await;
+    assert_eq!(rec["state"], "cancelled", "{rec:#}");
+    assert_eq!(rec["reason"], "wrong build", "{rec:#}");
+    assert_eq!(
+        result_of(&url, &id, "compute1").await.unwrap()["outcome"],
+        "succeeded"
+    );
+    // Nothing is left admitted, and a second cancel says there is nothing to do.
+    let s = open(&url).await;
+    assert!(keys_under(&s, "/config_state/commands/").await.is_empty());
+    let again = run(&url, &["commands", "cancel", &id]).await;
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(text(&again).contains("already cancelled"), "{}", text(&again));
+}
+
+fn super_now() -> f64 {
+    common::fleet::now()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_and_an_upgrade_never_run_at_once_on_a_host_and_share_the_limit() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let a = Actions::new();
+    let names = ["compute1", "compute2", "compute3"];
+    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    f.set_seconds(1.0);
+    a.set_seconds(1.0);
+    let rules = r#"{"rolling_rules": {"roles": {"compute": 1}}}"#;
+    let upgrade = spawn(&url, &["upgrade", "v2", "--instructions", rules]);
+    let command = spawn(
+        &url,
+        &[
+            "run",
+            "--role",
+            "compute",
+            "--instructions",
+            rules,
+            "restart",
+            "nova",
+        ],
+    );
+    let up = finish(upgrade, secs(120)).await;
+    let cmd = finish(command, secs(120)).await;
+    assert_eq!(
+        up.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&up),
+        diagnostics(&f, &a)
+    );
+    assert_eq!(
+        cmd.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&cmd),
+        diagnostics(&f, &a)
+    );
+    assert!(f.all_at("v2"));
+    // Puppet's log and the action's log, together.
+    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
+    all.extend(a.runs());
+    assert_eq!(all.len(), 6, "three upgrades and three commands:\n{all:#?}");
+    // On one host, never both at once.
+    let v = same_host_overlaps(&all);
+    assert!(v.is_empty(), "{v:?}\n{all:#?}");
+    // Across the role, one host in flight at a time, whatever it runs.
+    let (n, at) = max_overlap(&all);
+    assert_eq!(n, 1, "{n} compute hosts busy at once: {at:?}\n{all:#?}");
+}
+
+#[test]
+fn the_log_checks_can_fail() {
+    let log = "start compute1 c1 1.0 x\n\
+               start compute2 c1 1.5 x\n\
+               start compute1 v2 1.8\n\
+               end compute1 c1 2.0\n\
+               end compute2 c1 3.0\n\
+               end compute1 v2 4.0\n\
+               start compute2 c1 5.0 x\n";
+    let runs = parse_log(log);
+    assert_eq!(runs.len(), 4);
+    assert_eq!(max_overlap(&runs).0, 3);
+    assert_eq!(same_host_overlaps(&runs).len(), 1);
+    assert_eq!(repeated(&runs, "c1"), ["compute2"]);
+    assert!(runs[3].end.is_none());
+    // A log that keeps every rule.
+    let ok = parse_log("start a c1 1 x\nend a c1 2\nstart b c1 2.5 x\nend b c1 3\n");
+    assert_eq!(max_overlap(&ok).0, 1);
+    assert!(same_host_overlaps(&ok).is_empty());
+    assert!(repeated(&ok, "c1").is_empty());
+}
