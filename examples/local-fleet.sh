@@ -72,6 +72,9 @@ else
 fi
 
 toml_list() { local out="" a; for a in "$@"; do out+="\"${a//\"/\\\"}\", "; done; echo "[${out%, }]"; }
+toml_escape() { local s=${1//\\/\\\\}; printf '%s' "${s//\"/\\\"}"; }
+# The actions fleet commands may run (the agents' actions_dir).
+ACTIONS=$ROOT/examples/actions
 
 if [ "$COMPOSABLE" -eq 1 ]; then
   # A task file holds argument lists, which the agent runs without a shell, so it
@@ -81,7 +84,6 @@ if [ "$COMPOSABLE" -eq 1 ]; then
   RULES=$ROOT/examples/composable/rules.json
   SERVICES=$WORK/services
   TASKLOG=$WORK/tasks.log
-  toml_escape() { local s=${1//\\/\\\\}; printf '%s' "${s//\"/\\\"}"; }
   task=$(toml_escape "$ROOT/examples/composable/task.sh")
   log=$(toml_escape "$TASKLOG")
   mkdir -p "$SERVICES"
@@ -122,6 +124,7 @@ pre_commands = []
 puppet_command = $cmd
 lease_ttl = "5s"
 health_interval = "0"
+actions_dir = "$(toml_escape "$ACTIONS")"
 TOML
   if [ "$COMPOSABLE" -eq 1 ]; then
     printf 'services_dir = "%s"\ntask_timeout = "5m"\n' "$(toml_escape "$SERVICES")" >> "$d/agent.toml"
@@ -129,6 +132,8 @@ TOML
 done
 
 echo "==> desired version $FROM; starting ${#HOSTS[@]} agents"
+# The fleet commands' action log (examples/actions/restart-service writes it).
+export ACTION_LOG=$WORK/actions.log
 "${JIOCTL[@]}" trigger-update "$FROM" >/dev/null
 for h in "${HOSTS[@]}"; do
   "$BIN/jio-agent" --config "$WORK/$h/agent.toml" run 2> "$WORK/$h/agent.log" &
@@ -178,4 +183,15 @@ status=0
 
 echo "==> final status"
 "${JIOCTL[@]}" status
+[ "$status" -eq 0 ] || exit $status
+
+echo "==> a fleet command under the same rules: restart-service web, role by role"
+echo "    (the action is examples/actions/restart-service, installed in the agents' actions_dir)"
+"${JIOCTL[@]}" run --all --instructions-file examples/rolling.json restart-service web || status=$?
+echo "==> the action's own log, seconds from the first start: at most one host of a"
+echo "    role at once (two computes), and no compute or storage host before both"
+echo "    controllers are done"
+if [ -s "$ACTION_LOG" ]; then
+  awk '{ if (t0 == "") t0 = $NF; printf "    %7.2fs  %-5s %s\n", $NF - t0, $1, $2 }' "$ACTION_LOG"
+fi
 exit $status

@@ -795,3 +795,358 @@ pub fn resolve_targets(t: &Targets, fleet: &Snapshot) -> Result<Vec<HostName>, V
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::values::{AgentRecord, AgentState};
+
+    fn h(s: &str) -> HostName {
+        HostName::new(s).unwrap()
+    }
+
+    fn id() -> CommandId {
+        CommandId::parse("20261125T030000Z-restart").unwrap()
+    }
+
+    fn record(hosts: &[&str]) -> CommandRecord {
+        CommandRecord {
+            id: id(),
+            action: "restart".into(),
+            args: vec!["nova".into()],
+            targets: Targets::All,
+            hosts: hosts.iter().map(|x| h(x)).collect(),
+            rules: serde_json::json!({}),
+            timeout_s: None,
+            rerun_interrupted: false,
+            created_by: "alice@laptop".into(),
+            created_at: 10,
+            state: CommandState::Running,
+            changes: vec![],
+        }
+    }
+
+    /// A fleet of registered hosts with live, idle agents and no current version.
+    fn fleet(hosts: &[&str]) -> Snapshot {
+        let mut s = Snapshot::default();
+        for x in hosts {
+            s.roles
+                .insert(h(x), Role::new(x.trim_end_matches(char::is_numeric)).unwrap());
+            s.agents.insert(
+                h(x),
+                Some(AgentRecord {
+                    state: AgentState::Idle,
+                    version: None,
+                    since: 0,
+                    pid: 1,
+                }),
+            );
+        }
+        s
+    }
+
+    fn result(outcome: RunOutcome) -> CommandResult {
+        CommandResult {
+            outcome,
+            exit_code: Some(if outcome == RunOutcome::Succeeded { 0 } else { 3 }),
+            message: None,
+            started: 100,
+            ended: 105,
+            run_dir: None,
+            attempt: 1,
+        }
+    }
+
+    fn planned(rec: &CommandRecord, fleet: &Snapshot, runs: &Runs, rules: &str) -> CommandPlan {
+        let statuses = crate::fleet::classify(fleet);
+        let roles: BTreeSet<Role> = rec.hosts.iter().map(|x| fleet.role_of(x)).collect();
+        let r = parse_rules(rules).unwrap().resolve(&roles).unwrap();
+        plan(
+            &View {
+                record: rec,
+                runs,
+                fleet,
+                fleet_status: &statuses,
+                created: 50,
+                now: 1000,
+            },
+            &r,
+        )
+    }
+
+    const LIMIT_2: &str = r#"{"rolling_rules": {"roles": {"compute": 2}}}"#;
+
+    #[test]
+    fn a_record_reads_back_in_every_state() {
+        let mut failed = BTreeMap::new();
+        failed.insert("compute1".to_string(), "exit 3".to_string());
+        for state in [
+            CommandState::Running,
+            CommandState::Done,
+            CommandState::Failed { failed_hosts: failed },
+            CommandState::Cancelled {
+                by: "bob".into(),
+                reason: Some("wrong build".into()),
+            },
+            CommandState::Aborted {
+                by: "carol".into(),
+                reason: None,
+            },
+        ] {
+            let rec = record(&["compute1"]).moved(state, "bob", 20, None);
+            let text = serde_json::to_string(&rec).unwrap();
+            let back: CommandRecord = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, rec, "{text}");
+        }
+    }
+
+    #[test]
+    fn ids_sort_by_time_and_name_the_action() {
+        let a = CommandId::new(1_795_000_000, "/usr/sbin/service restart", 1);
+        assert!(a.as_str().ends_with("-service-restart"), "{a}");
+        assert_eq!(CommandId::parse(a.as_str()), Some(a.clone()));
+        let b = CommandId::new(1_795_000_000, "restart", 2);
+        assert!(b.as_str().ends_with("-restart-2"), "{b}");
+        assert!(CommandId::new(1_795_000_001, "a", 1) > CommandId::new(1_795_000_000, "z", 1));
+        for bad in [
+            "",
+            "restart",
+            "2026-x",
+            "20261125T030000Z-",
+            "20261125T030000Z-a/b",
+            "20261125T030000Z-a b",
+        ] {
+            assert_eq!(CommandId::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn rollout_only_rules_are_refused_by_name() {
+        let e = parse_rules(r#"{"canary": 1, "min_healthy_time": "5m", "rolling_rules": {"global": 1}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("canary: applies to rollouts only"), "{e}");
+        assert!(e.contains("min_healthy_time: applies to rollouts only"), "{e}");
+        assert!(parse_rules(r#"{"rolling_rules": {"global": -1}}"#).is_err());
+        assert!(parse_rules(r#"{"rolling_rules": {"global": 1}, "max_failures": "10%"}"#).is_ok());
+    }
+
+    #[test]
+    fn an_inbox_keeps_the_ids_it_can_read_and_names_the_rest() {
+        let kv = KeyValue {
+            key: crate::keys::Key::new("/config_state/commands/compute1").unwrap(),
+            value: r#"["20261125T030000Z-b", "nonsense", "20261125T020000Z-a"]"#.into(),
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: None,
+            not_text: false,
+        };
+        let (ids, why) = parse_inbox(&kv);
+        assert_eq!(
+            ids.iter().map(CommandId::as_str).collect::<Vec<_>>(),
+            ["20261125T020000Z-a", "20261125T030000Z-b"]
+        );
+        assert!(why.unwrap().contains("\"nonsense\""));
+        let bad = KeyValue {
+            value: "{".into(),
+            ..kv
+        };
+        let (ids, why) = parse_inbox(&bad);
+        assert!(ids.is_empty());
+        assert!(why.unwrap().contains("/config_state/commands/compute1"));
+    }
+
+    #[test]
+    fn hosts_are_admitted_up_to_the_limit_in_name_order() {
+        let names = ["compute1", "compute2", "compute3", "compute4", "compute5"];
+        let rec = record(&names);
+        let mut f = fleet(&names);
+        let mut runs = Runs::default();
+        let p = planned(&rec, &f, &runs, LIMIT_2);
+        assert_eq!(p.admit, [h("compute1"), h("compute2")]);
+        assert!(p.end.is_none());
+        // compute1 runs, compute2 is admitted: nothing more.
+        f.inboxes.insert(h("compute1"), vec![id()]);
+        f.inboxes.insert(h("compute2"), vec![id()]);
+        runs.started.insert(
+            h("compute1"),
+            Started {
+                at: 100,
+                pid: 1,
+                attempt: 1,
+            },
+        );
+        let p = planned(&rec, &f, &runs, LIMIT_2);
+        assert!(p.admit.is_empty(), "{:?}", p.admit);
+        assert_eq!(p.phases[&h("compute1")], HostPhase::Running);
+        assert_eq!(p.phases[&h("compute2")], HostPhase::Admitted);
+        assert_eq!(p.running, [h("compute1")]);
+        // compute1 succeeded: its slot goes to compute3, its admission is released.
+        runs.results.insert(h("compute1"), result(RunOutcome::Succeeded));
+        let p = planned(&rec, &f, &runs, LIMIT_2);
+        assert_eq!(p.admit, [h("compute3")]);
+        assert_eq!(p.release, [h("compute1")]);
+    }
+
+    #[test]
+    fn a_host_busy_with_an_upgrade_or_another_command_holds_a_slot() {
+        let names = ["compute1", "compute2", "compute3"];
+        let rec = record(&names);
+        let mut f = fleet(&names);
+        // compute1's agent runs Puppet; compute2 is admitted to another command.
+        f.agents.insert(
+            h("compute1"),
+            Some(AgentRecord {
+                state: AgentState::Upgrading,
+                version: None,
+                since: 0,
+                pid: 1,
+            }),
+        );
+        f.inboxes.insert(
+            h("compute2"),
+            vec![CommandId::parse("20261125T020000Z-other").unwrap()],
+        );
+        let p = planned(&rec, &f, &Runs::default(), LIMIT_2);
+        assert!(p.admit.is_empty(), "{:?}", p.admit);
+        assert!(p.reasons[&h("compute1")].text.contains("busy"), "{:?}", p.reasons);
+        assert!(
+            p.reasons[&h("compute3")].text.contains("limit"),
+            "{:?}",
+            p.reasons
+        );
+        // An inbox that cannot be read counts as admitted too.
+        let mut f = fleet(&names);
+        f.inboxes_invalid.insert(h("compute1"));
+        let p = planned(&rec, &f, &Runs::default(), r#"{"rolling_rules": {"global": 1}}"#);
+        assert!(p.admit.is_empty(), "{:?}", p.admit);
+    }
+
+    #[test]
+    fn a_failure_beyond_max_failures_ends_it_and_withdraws_what_did_not_start() {
+        let names = ["compute1", "compute2", "compute3", "compute4"];
+        let rec = record(&names);
+        let mut f = fleet(&names);
+        let mut runs = Runs::default();
+        runs.results.insert(h("compute1"), result(RunOutcome::Failed));
+        f.inboxes.insert(h("compute1"), vec![id()]);
+        f.inboxes.insert(h("compute2"), vec![id()]);
+        runs.started.insert(
+            h("compute3"),
+            Started {
+                at: 1,
+                pid: 1,
+                attempt: 1,
+            },
+        );
+        f.inboxes.insert(h("compute3"), vec![id()]);
+        let p = planned(&rec, &f, &runs, r#"{"rolling_rules": {"global": 3}}"#);
+        let Some(CommandState::Failed { failed_hosts }) = &p.end else {
+            panic!("{:?}", p.end)
+        };
+        assert!(
+            failed_hosts["compute1"].starts_with("failed (exit 3)"),
+            "{failed_hosts:?}"
+        );
+        assert!(
+            failed_hosts["compute4"].contains("stopped on failures"),
+            "{failed_hosts:?}"
+        );
+        assert!(p.admit.is_empty());
+        // compute1 ended, compute2 never started: released; compute3 runs on.
+        assert_eq!(p.release, [h("compute1"), h("compute2")]);
+        assert_eq!(p.running, [h("compute3")]);
+        // Within the budget it goes on (the failed host keeps its slot).
+        let p = planned(
+            &rec,
+            &f,
+            &runs,
+            r#"{"rolling_rules": {"global": 3}, "max_failures": 1}"#,
+        );
+        assert!(p.end.is_none());
+        assert!(p.admit.is_empty(), "{:?}", p.admit);
+        let p = planned(
+            &rec,
+            &f,
+            &runs,
+            r#"{"rolling_rules": {"global": 4}, "max_failures": 1}"#,
+        );
+        assert!(p.end.is_none());
+        assert_eq!(p.admit, [h("compute4")]);
+    }
+
+    #[test]
+    fn it_ends_done_when_every_host_succeeded_and_failed_without_held_hosts() {
+        let names = ["compute1", "compute2"];
+        let rec = record(&names);
+        let mut f = fleet(&names);
+        let mut runs = Runs::default();
+        runs.results.insert(h("compute1"), result(RunOutcome::Succeeded));
+        runs.results.insert(h("compute2"), result(RunOutcome::Succeeded));
+        assert_eq!(planned(&rec, &f, &runs, "{}").end, Some(CommandState::Done));
+        // compute2 held and never run: the command ends, without it, failed.
+        runs.results.remove(&h("compute2"));
+        f.holds.insert(crate::keys::HoldTarget::Host(h("compute2")), None);
+        let p = planned(&rec, &f, &runs, "{}");
+        let Some(CommandState::Failed { failed_hosts }) = &p.end else {
+            panic!("{:?}", p.end)
+        };
+        assert!(
+            failed_hosts["compute2"].starts_with("not run: held"),
+            "{failed_hosts:?}"
+        );
+        assert_eq!(p.phases[&h("compute2")], HostPhase::NotRun);
+        // A lost host (no agent) is waited for, not skipped.
+        f.holds.clear();
+        f.agents.remove(&h("compute2"));
+        let p = planned(&rec, &f, &runs, "{}");
+        assert!(p.end.is_none());
+        assert!(p.admit.is_empty());
+        assert_eq!(p.reasons[&h("compute2")].code, ReasonCode::Lost);
+    }
+
+    #[test]
+    fn role_order_waits_for_the_command_to_succeed_on_the_roles_it_follows() {
+        let names = ["compute1", "controller1"];
+        let rec = record(&names);
+        let f = fleet(&names);
+        let mut runs = Runs::default();
+        let rules = r#"{"role_order": {"compute": "controller"}}"#;
+        let p = planned(&rec, &f, &runs, rules);
+        assert_eq!(p.admit, [h("controller1")]);
+        runs.results.insert(h("controller1"), result(RunOutcome::Failed));
+        let p = planned(
+            &rec,
+            &f,
+            &runs,
+            r#"{"role_order": {"compute": "controller"}, "max_failures": 1}"#,
+        );
+        assert!(p.admit.is_empty(), "a failed controller does not let compute go");
+        runs.results
+            .insert(h("controller1"), result(RunOutcome::Succeeded));
+        assert_eq!(planned(&rec, &f, &runs, rules).admit, [h("compute1")]);
+    }
+
+    #[test]
+    fn an_emergency_stop_after_the_command_was_created_ends_it() {
+        let names = ["compute1"];
+        let rec = record(&names);
+        let mut f = fleet(&names);
+        let stop = crate::fleet::LockRecord {
+            holder: "carol".into(),
+            host: "laptop".into(),
+            pid: 1,
+            since: 0,
+        };
+        f.halt = Some((stop.clone(), 40));
+        assert!(
+            planned(&rec, &f, &Runs::default(), "{}").end.is_none(),
+            "an older stop"
+        );
+        f.halt = Some((stop, 60));
+        let p = planned(&rec, &f, &Runs::default(), "{}");
+        assert!(matches!(p.end, Some(CommandState::Aborted { .. })), "{:?}", p.end);
+        assert!(p.admit.is_empty());
+    }
+}

@@ -579,14 +579,11 @@ pub fn table(r: &Read) -> String {
         };
         out.push_str(&format!(
             "{:<wh$}  {:<wr$}  {:<wp$}  {:>4}  {:>8}  {}\n",
-            x.host,
-            x.role,
+            x.host.as_str(),
+            x.role.as_str(),
             x.phase,
             x.exit_code.map_or("-".into(), |c| c.to_string()),
-            x.duration_s
-                .map_or("-".into(), |d| jio_common::duration::format(Duration::from_secs(
-                    d
-                ))),
+            x.duration_s.map_or("-".into(), |d| format!("{d}s")),
             log
         ));
         if let (Some(why), Some(_)) = (&x.reason, &x.log.as_ref().or(x.run_dir.as_ref())) {

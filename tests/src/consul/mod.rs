@@ -127,6 +127,7 @@ impl AclToken {
             "active_roles/",
             "runs/",
             "results/",
+            "command_runs/",
         ] {
             rules.push((p.to_string(), Access::Write));
         }
