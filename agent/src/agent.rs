@@ -413,11 +413,22 @@ impl Agent {
         // those keys are read after the write instead: the marker is in the store
         // before the read, so whoever writes one of them after the read finds the
         // host in flight, as after a fenced start on etcd.
+        // A key this transaction writes itself is one the agent may write: its
+        // compare stays in the transaction (read after, it would find its own write).
+        let written: Vec<jio_common::keys::Key> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Put { key, .. } | Op::Delete(key) => Some(key.clone()),
+                Op::DeletePrefix(_) => None,
+            })
+            .collect();
         let (compares, absent): (Vec<Compare>, Vec<jio_common::keys::Key>) =
             if self.store.absent_compare_needs_write() {
-                let (absent, kept): (Vec<Compare>, Vec<Compare>) = compares
-                    .into_iter()
-                    .partition(|c| matches!(c, Compare::Absent(_) | Compare::ModRevision(_, 0)));
+                let (absent, kept): (Vec<Compare>, Vec<Compare>) =
+                    compares.into_iter().partition(|c| match c {
+                        Compare::Absent(k) | Compare::ModRevision(k, 0) => !written.contains(k),
+                        _ => false,
+                    });
                 let keys = absent
                     .into_iter()
                     .filter_map(|c| match c {
@@ -454,6 +465,12 @@ impl Agent {
                 }
                 if self.store.delete(&marker_key).await.is_ok() {
                     self.run_marker = false;
+                }
+                // What the start wrote besides goes too (a fleet command's start).
+                for k in &written {
+                    if let Err(e) = self.store.delete(k).await {
+                        tracing::warn!(key = %k, error = %e, "cannot take back what a start that must not run wrote");
+                    }
                 }
                 return match still_absent {
                     Err(e) => Err(e.into()),

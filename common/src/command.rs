@@ -349,6 +349,8 @@ pub struct Runs {
     pub problems: Vec<String>,
     pub invalid_results: BTreeSet<HostName>,
     pub invalid_started: BTreeSet<HostName>,
+    /// Nobody holds the command's lock (`/command_runs/<id>/lock` is absent).
+    pub lock_absent: bool,
 }
 
 impl Runs {
@@ -358,9 +360,17 @@ impl Runs {
         id: &CommandId,
         kvs: impl IntoIterator<Item = &'a KeyValue>,
     ) -> Runs {
-        let mut r = Runs::default();
+        let mut r = Runs {
+            lock_absent: true,
+            ..Runs::default()
+        };
         for kv in kvs {
-            let Some(crate::keys::Parsed::CommandRun(kid, part, h)) = schema.parse(&kv.key) else {
+            let parsed = schema.parse(&kv.key);
+            if matches!(&parsed, Some(crate::keys::Parsed::CommandLock(kid)) if kid == id) {
+                r.lock_absent = false;
+                continue;
+            }
+            let Some(crate::keys::Parsed::CommandRun(kid, part, h)) = parsed else {
                 continue;
             };
             if &kid != id {
@@ -518,11 +528,49 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         v.fleet_status.iter().map(|h| (&h.host, h)).collect();
     let mut statuses: Vec<HostStatus> = Vec::new();
     let mut out = CommandPlan::default();
+    // While a composable rollout is active, the hosts of a role it granted a phase
+    // are between its steps even when no enable key says so (a service may be
+    // stopped until its post step): they are busy.
+    let composable = v
+        .fleet
+        .rollout
+        .as_ref()
+        .and_then(|c| c.ok())
+        .filter(|r| r.state.active())
+        .map(|r| r.id.to_string());
+    let in_phase = |role: &Role| {
+        composable
+            .as_ref()
+            .and_then(|id| v.fleet.grants.get(role).filter(|g| &g.rollout == id))
+            .map(|g| {
+                format!(
+                    "busy: its role is in phase {} of composable rollout {}; the command waits for the rollout",
+                    g.phase, g.rollout
+                )
+            })
+    };
+    // What else a host is doing: an upgrade, another command, a composable phase.
+    let busy = |h: &HostName, role: &Role| {
+        fleet_status
+            .get(h)
+            .filter(|s| matches!(s.state, HostState::Upgrading | HostState::Lost))
+            .map(|s| {
+                format!(
+                    "busy: {}; the command waits for it",
+                    s.reason
+                        .clone()
+                        .unwrap_or_else(|| "enabled for the upgrade".into())
+                )
+            })
+            .or_else(|| in_phase(role))
+    };
+    let targets: BTreeSet<&HostName> = rec.hosts.iter().collect();
     for h in &rec.hosts {
         let role = fleet_status
             .get(h)
             .map_or_else(|| v.fleet.role_of(h), |s| s.role.clone());
         let live = v.fleet.agents.contains_key(h);
+        let held = v.fleet.hold_of(h, &role).is_some();
         let (state, reason, phase) = if let Some(res) = v.runs.results.get(h) {
             let phase = match res.outcome {
                 RunOutcome::Succeeded => HostPhase::Succeeded,
@@ -552,7 +600,7 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
                     HostPhase::Running,
                 )
             }
-        } else if admitted(v.fleet, id, h) && rec.state.active() {
+        } else if admitted(v.fleet, id, h) && rec.state.active() && !held {
             if live {
                 (
                     HostState::Upgrading,
@@ -566,20 +614,9 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
                     HostPhase::Admitted,
                 )
             }
-        } else if let Some(busy) = fleet_status
-            .get(h)
-            .filter(|s| matches!(s.state, HostState::Upgrading | HostState::Lost))
-        {
+        } else if let Some(why) = busy(h, &role).filter(|_| !held) {
             // Busy with an upgrade or another command: it holds a slot here too.
-            let why = busy
-                .reason
-                .clone()
-                .unwrap_or_else(|| "enabled for the upgrade".into());
-            (
-                HostState::Upgrading,
-                Some(format!("busy: {why}; the command waits for it")),
-                HostPhase::Pending,
-            )
+            (HostState::Upgrading, Some(why), HostPhase::Pending)
         } else {
             (HostState::Pending, None, HostPhase::Pending)
         };
@@ -591,12 +628,31 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
             reason,
         });
     }
+    // The fleet's other hosts count in the limits while they are busy (the role's
+    // limit holds across commands and upgrades), and are never admitted.
+    let mut everyone = statuses.clone();
+    for s in v.fleet_status.iter().filter(|s| !targets.contains(&s.host)) {
+        let (state, reason) = match busy(&s.host, &s.role) {
+            Some(why) => (HostState::Upgrading, Some(why)),
+            None => (HostState::Upgraded, None),
+        };
+        everyone.push(HostStatus {
+            host: s.host.clone(),
+            role: s.role.clone(),
+            state,
+            reason,
+        });
+    }
+    // `max_failures` is of the command's hosts, whatever else the fleet holds.
+    let mut r = r.clone();
+    r.max_failures = crate::rules::Limit::Count(r.max_failures.of(rec.hosts.len(), false));
     let cx = plan::Context {
         now: v.now,
         rollout: None,
         host_keys_only: true,
     };
-    let mut p = plan::plan(v.fleet, &statuses, r, &cx);
+    let mut p = plan::plan(v.fleet, &everyone, &r, &cx);
+    p.reasons.retain(|h, _| targets.contains(h));
     // The reasons of hosts the command moved are the command's own.
     for s in &statuses {
         let why = match out.phases[&s.host] {
@@ -632,9 +688,19 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         .filter(|s| matches!(out.phases[&s.host], HostPhase::Running))
         .map(|s| s.host.clone())
         .collect();
-    // Inboxes that name the command for nothing: the host's run ended.
-    for h in &rec.hosts {
-        if admitted(v.fleet, id, h) && (v.runs.ended(h) || !rec.state.active()) {
+    // Inboxes that name the command for nothing: the host's run ended, the
+    // command ended, the host is held before it started, or it is not one of the
+    // command's hosts.
+    for (h, ids) in &v.fleet.inboxes {
+        if !ids.contains(id) {
+            continue;
+        }
+        let role = v.fleet.role_of(h);
+        let withdraw = !targets.contains(h)
+            || v.runs.ended(h)
+            || !rec.state.active()
+            || (!v.runs.started(h) && v.fleet.hold_of(h, &role).is_some());
+        if withdraw {
             out.release.push(h.clone());
         }
     }
@@ -859,7 +925,7 @@ mod tests {
 
     fn planned(rec: &CommandRecord, fleet: &Snapshot, runs: &Runs, rules: &str) -> CommandPlan {
         let statuses = crate::fleet::classify(fleet);
-        let roles: BTreeSet<Role> = rec.hosts.iter().map(|x| fleet.role_of(x)).collect();
+        let roles: BTreeSet<Role> = fleet.hosts().iter().map(|x| fleet.role_of(x)).collect();
         let r = parse_rules(rules).unwrap().resolve(&roles).unwrap();
         plan(
             &View {
@@ -1126,6 +1192,106 @@ mod tests {
         runs.results
             .insert(h("controller1"), result(RunOutcome::Succeeded));
         assert_eq!(planned(&rec, &f, &runs, rules).admit, [h("compute1")]);
+    }
+
+    #[test]
+    fn busy_hosts_outside_the_command_count_in_its_limits() {
+        // compute1 and compute2 upgrade; the command is for compute3 and compute4.
+        let names = ["compute1", "compute2", "compute3", "compute4"];
+        let rec = record(&["compute3", "compute4"]);
+        let mut f = fleet(&names);
+        for x in ["compute1", "compute2"] {
+            f.agents.insert(
+                h(x),
+                Some(AgentRecord {
+                    state: AgentState::Upgrading,
+                    version: None,
+                    since: 0,
+                    pid: 1,
+                }),
+            );
+        }
+        let p = planned(&rec, &f, &Runs::default(), LIMIT_2);
+        assert!(p.admit.is_empty(), "{:?}", p.admit);
+        assert!(
+            p.reasons[&h("compute3")].text.contains("compute1"),
+            "{:?}",
+            p.reasons
+        );
+        assert!(
+            !p.reasons.contains_key(&h("compute1")),
+            "only the command's hosts have reasons"
+        );
+        let p = planned(
+            &rec,
+            &f,
+            &Runs::default(),
+            r#"{"rolling_rules": {"roles": {"compute": 3}}}"#,
+        );
+        assert_eq!(p.admit, [h("compute3")]);
+        // max_failures as a percentage is of the command's hosts (2), not the fleet.
+        let mut runs = Runs::default();
+        runs.results.insert(h("compute3"), result(RunOutcome::Failed));
+        let p = planned(&rec, &f, &runs, r#"{"max_failures": "50%"}"#);
+        assert!(p.end.is_none(), "1 failure of 2 hosts is within 50%");
+    }
+
+    #[test]
+    fn a_host_held_after_its_admission_is_withdrawn_and_left_out() {
+        let names = ["compute1", "compute2"];
+        let rec = record(&names);
+        let mut f = fleet(&names);
+        let mut runs = Runs::default();
+        runs.results.insert(h("compute1"), result(RunOutcome::Succeeded));
+        f.inboxes.insert(h("compute2"), vec![id()]);
+        f.holds.insert(crate::keys::HoldTarget::Host(h("compute2")), None);
+        let p = planned(&rec, &f, &runs, "{}");
+        assert_eq!(p.release, [h("compute2")]);
+        assert!(matches!(p.end, Some(CommandState::Failed { .. })), "{:?}", p.end);
+        // An admission of a host the command does not name is withdrawn too.
+        let mut f = fleet(&["compute1", "compute2", "compute3"]);
+        f.inboxes.insert(h("compute3"), vec![id()]);
+        let p = planned(&rec, &f, &Runs::default(), "{}");
+        assert_eq!(p.release, [h("compute3")]);
+    }
+
+    #[test]
+    fn a_role_in_a_phase_of_an_active_composable_rollout_is_busy() {
+        let names = ["compute1", "compute2"];
+        let rec = record(&names);
+        let mut f = fleet(&names);
+        let ro = crate::rollout::RolloutRecord::start(
+            crate::names::Version::new("v2").unwrap(),
+            None,
+            serde_json::json!({}),
+            "alice",
+            100,
+        );
+        let grant = crate::compose::Grant {
+            rollout: ro.id.to_string(),
+            stage: "compute".into(),
+            phase: "pre-1".into(),
+            services: vec![],
+            level: 0,
+            left_behind: BTreeMap::new(),
+        };
+        f.rollout = Some(crate::fleet::CurrentRollout {
+            id: ro.id.to_string(),
+            current_revision: 1,
+            record: Ok(ro.clone()),
+            record_revision: 1,
+        });
+        f.grants.insert(Role::new("compute").unwrap(), grant);
+        let p = planned(&rec, &f, &Runs::default(), "{}");
+        assert!(p.admit.is_empty(), "{:?}", p.admit);
+        assert!(
+            p.reasons[&h("compute1")].text.contains("phase pre-1"),
+            "{:?}",
+            p.reasons
+        );
+        // Once the rollout ended, the role is free.
+        f.rollout = None;
+        assert_eq!(planned(&rec, &f, &Runs::default(), "{}").admit.len(), 2);
     }
 
     #[test]

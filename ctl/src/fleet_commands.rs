@@ -55,7 +55,7 @@ pub async fn create(
     let hosts = command::resolve_targets(&new.targets, &fleet)
         .map_err(|errors| Failure::usage(format!("nothing was written:\n  {}", errors.join("\n  "))))?;
     new.rules
-        .resolve(&roles_of(&fleet, &hosts))
+        .resolve(&roles_of(&fleet, &fleet.hosts().into_iter().collect::<Vec<_>>()))
         .map_err(|e| Failure::with(exit::INVALID_RULES, anyhow::Error::new(e)))?;
     let listing = store.list(&schema.commands()).await?;
     let mut records: Vec<(CommandId, Option<CommandRecord>)> = listing
@@ -67,11 +67,13 @@ pub async fn create(
         })
         .collect();
     records.sort_by(|a, b| a.0.cmp(&b.0));
-    // The oldest finished ones beyond the history (an unreadable one counts as
-    // finished: no driver can drive it).
+    // The oldest finished ones beyond the history. One that cannot be read is
+    // kept (it may be running, written by a newer jioctl), and so is one a host is
+    // still admitted to (its driver withdraws that first).
+    let admitted: BTreeSet<&CommandId> = fleet.inboxes.values().flatten().collect();
     let finished: Vec<&CommandId> = records
         .iter()
-        .filter(|(_, r)| r.as_ref().is_none_or(|r| !r.state.active()))
+        .filter(|(id, r)| r.as_ref().is_some_and(|r| !r.state.active()) && !admitted.contains(id))
         .map(|(id, _)| id)
         .collect();
     let drop: Vec<&CommandId> = finished
@@ -171,7 +173,7 @@ pub async fn read(
     let runs = Runs::from_kvs(schema, id, &listing.kvs);
     let statuses = fleet::classify(&fleet);
     let resolved: Result<Resolved, String> = command::parse_rules(&record.rules.to_string())
-        .and_then(|r| r.resolve(&roles_of(&fleet, &record.hosts)))
+        .and_then(|r| r.resolve(&roles_of(&fleet, &fleet.hosts().into_iter().collect::<Vec<_>>())))
         .map_err(|e| format!("the rules in {key} cannot be used: {e}"));
     let view = command::View {
         record: &record,
@@ -205,8 +207,10 @@ pub async fn read(
     })
 }
 
-/// The writes of the inboxes: `id` added for `admit`, removed for `release`. An
-/// inbox that cannot be read is left as it is (its host counts as admitted).
+/// The writes of the inboxes: `id` added for `admit`, removed for `release`. No
+/// host is admitted through an inbox that cannot be read (its host counts as
+/// admitted already); a withdrawal rewrites it with the ids that can be read (what
+/// cannot be read was reported, by key, with the snapshot's problems).
 fn inbox_ops(
     schema: &Schema,
     fleet: &Snapshot,
@@ -214,39 +218,24 @@ fn inbox_ops(
     admit: &[HostName],
     release: &[HostName],
 ) -> Vec<Op> {
+    let invalid = |h: &HostName| fleet.inboxes_invalid.contains(h);
+    let readable = |h: &HostName| -> BTreeSet<CommandId> {
+        fleet
+            .inboxes
+            .get(h)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default()
+    };
     let mut changed: BTreeMap<&HostName, BTreeSet<CommandId>> = BTreeMap::new();
-    for h in admit.iter().chain(release) {
-        if fleet.inboxes_invalid.contains(h) {
-            continue;
-        }
-        changed.entry(h).or_insert_with(|| {
-            fleet
-                .inboxes
-                .get(h)
-                .map(|ids| ids.iter().cloned().collect())
-                .unwrap_or_default()
-        });
-    }
-    for h in admit {
-        if let Some(ids) = changed.get_mut(h) {
-            ids.insert(id.clone());
-        }
+    for h in admit.iter().filter(|h| !invalid(h)) {
+        changed.entry(h).or_insert_with(|| readable(h)).insert(id.clone());
     }
     for h in release {
-        if let Some(ids) = changed.get_mut(h) {
-            ids.remove(id);
-        }
+        changed.entry(h).or_insert_with(|| readable(h)).remove(id);
     }
     changed
         .into_iter()
-        .filter(|(h, ids)| {
-            let before: BTreeSet<CommandId> = fleet
-                .inboxes
-                .get(*h)
-                .map(|v| v.iter().cloned().collect())
-                .unwrap_or_default();
-            &before != ids
-        })
+        .filter(|(h, ids)| &readable(h) != ids || invalid(h))
         .map(|(h, ids)| {
             if ids.is_empty() {
                 Op::Delete(schema.command_inbox(h))
@@ -371,131 +360,210 @@ pub fn progress_line(r: &Read) -> String {
 }
 
 /// Follows the command `id` (driving it while `opts.drive` and nobody else does)
-/// until it ends and no host runs it, or `stop` turns true.
+/// until it ends and no host runs it, or `stop` turns true. The command's lock is
+/// released on every way out. A store that cannot be reached is waited for (and
+/// said); a command that does not exist or cannot be read ends it with the error.
 pub async fn follow(
     store: &DynStore,
     schema: &Schema,
     role_pattern: &RolePattern,
     id: &CommandId,
     opts: FollowOpts,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> anyhow::Result<FollowEnd> {
-    let keys = watched(schema, id);
-    let mut watches = open_watches(store, &keys).await;
-    let mut lock: Option<RolloutLock> = None;
-    let mut told_holder: Option<String> = None;
-    let mut last_line = String::new();
-    let mut last_print = tokio::time::Instant::now();
-    let say = |quiet: bool, s: &str| {
-        if quiet {
+    let mut f = Follower {
+        store,
+        schema,
+        role_pattern,
+        id,
+        opts,
+        lock: None,
+        told_holder: None,
+        last_try: None,
+    };
+    let end = f.run(stop).await;
+    if let Some(l) = f.lock.take() {
+        l.release().await;
+    }
+    end
+}
+
+/// A follower's state between passes.
+struct Follower<'a> {
+    store: &'a DynStore,
+    schema: &'a Schema,
+    role_pattern: &'a RolePattern,
+    id: &'a CommandId,
+    opts: FollowOpts,
+    lock: Option<RolloutLock>,
+    told_holder: Option<String>,
+    /// When this follower last tried to take the lock while another held it.
+    last_try: Option<tokio::time::Instant>,
+}
+
+/// What one pass of a follower found.
+enum Pass {
+    /// It wrote (or lost a race): look again at once.
+    Again,
+    /// Nothing to write: wait for a change.
+    Wait(Box<Read>),
+    Ended(Box<Read>),
+}
+
+impl Follower<'_> {
+    fn say(&self, s: &str) {
+        if self.opts.quiet {
             eprintln!("jioctl drive: {s}");
         } else {
             eprintln!("jioctl: {s}");
         }
-    };
-    let end = loop {
-        if *stop.borrow() {
-            break FollowEnd::Stopped;
+    }
+
+    async fn run(&mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<FollowEnd> {
+        let keys = watched(self.schema, self.id);
+        let mut watches = open_watches(self.store, &keys).await;
+        let mut last_line = String::new();
+        let mut last_print = tokio::time::Instant::now();
+        let mut backoff =
+            jio_common::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
+        let mut unreachable: Option<String> = None;
+        loop {
+            if *stop.borrow() {
+                return Ok(FollowEnd::Stopped);
+            }
+            let mut wait = Duration::from_secs(if watches.is_some() { 60 } else { 2 });
+            match self.pass().await {
+                Ok(Pass::Again) => continue,
+                Ok(Pass::Ended(r)) => return Ok(FollowEnd::Ended(r)),
+                Ok(Pass::Wait(r)) => {
+                    backoff.succeed();
+                    if let Some(e) = unreachable.take() {
+                        self.say(&format!("the store answers again (it failed with: {e})"));
+                    }
+                    let line = progress_line(&r);
+                    if !self.opts.quiet
+                        && (line != last_line || last_print.elapsed() >= Duration::from_secs(60))
+                    {
+                        eprintln!("{line}");
+                        last_line = line;
+                        last_print = tokio::time::Instant::now();
+                    }
+                }
+                Err(e) => {
+                    let transient = e
+                        .downcast_ref::<StoreError>()
+                        .is_some_and(|e| e.kind() == jio_common::store::ErrorKind::Unavailable);
+                    if !transient {
+                        return Err(e);
+                    }
+                    let msg = format!("{e:#}");
+                    if unreachable.as_deref() != Some(msg.as_str()) {
+                        self.say(&format!(
+                            "command {}: the store cannot be reached ({msg}); trying again (the command goes on; nothing is admitted meanwhile)",
+                            self.id
+                        ));
+                        unreachable = Some(msg);
+                    }
+                    wait = backoff.fail();
+                }
+            }
+            // Wait for a change (or a minute: leases end without an event).
+            tokio::select! {
+                ev = async {
+                    match watches.as_mut() {
+                        Some(w) => w.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    match ev {
+                        Some(Ok(_)) => {
+                            // Take in what else already arrived; one pass covers it.
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            if let Some(w) = watches.as_mut() {
+                                while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
+                            }
+                        }
+                        _ => watches = open_watches(self.store, &keys).await,
+                    }
+                }
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => {}
+            }
         }
-        if lock.as_ref().is_some_and(RolloutLock::lease_ended) {
-            lock = None;
-            say(
-                opts.quiet,
-                &format!(
-                    "command {id}: the lock's lease ended (this process was cut off); nothing more is admitted by it"
-                ),
-            );
+    }
+
+    /// Reads, takes the lock when it should, writes what the plan says.
+    async fn pass(&mut self) -> anyhow::Result<Pass> {
+        let id = self.id;
+        if self.lock.as_ref().is_some_and(RolloutLock::lease_ended) {
+            if let Some(l) = self.lock.take() {
+                l.release().await;
+            }
+            self.say(&format!(
+                "command {id}: the lock's lease ended (this process was cut off); nothing more is admitted by it"
+            ));
         }
-        let r = read(store, schema, role_pattern, id).await?;
-        if opts.drive && lock.is_none() && r.record.state.active() {
-            match RolloutLock::try_take_key(store, schema.command_lock(id), opts.ttl).await? {
+        let r = read(self.store, self.schema, self.role_pattern, id).await?;
+        let work = r.record.state.active() || !r.plan.release.is_empty();
+        // Another holder is tried again at most once a lease (a dead process of
+        // this host, or a value no driver writes, is taken over at once).
+        let due = self
+            .last_try
+            .is_none_or(|t| t.elapsed() >= self.opts.ttl || r.runs.lock_absent);
+        if self.opts.drive && self.lock.is_none() && work && due {
+            match RolloutLock::try_take_key(self.store, self.schema.command_lock(id), self.opts.ttl).await? {
                 LockOutcome::Taken(l) => {
-                    say(
-                        opts.quiet,
-                        &format!("command {id}: driving it (this process holds its lock)"),
-                    );
-                    lock = Some(l);
-                    told_holder = None;
+                    self.say(&format!("command {id}: driving it (this process holds its lock)"));
+                    self.lock = Some(l);
+                    self.told_holder = None;
+                    self.last_try = None;
                 }
                 LockOutcome::Held(holder) => {
                     let who = writes::describe(&holder);
-                    if told_holder.as_deref() != Some(who.as_str()) && !opts.quiet {
-                        say(false, &format!("command {id}: {who} drives it; following"));
+                    if self.told_holder.as_deref() != Some(who.as_str()) && !self.opts.quiet {
+                        self.say(&format!("command {id}: {who} drives it; following"));
                     }
-                    told_holder = Some(who);
+                    self.told_holder = Some(who);
+                    self.last_try = Some(tokio::time::Instant::now());
                 }
             }
         }
-        if let Some(l) = &lock
-            && (r.record.state.active() || !r.plan.release.is_empty())
+        if let Some(l) = &self.lock
+            && work
         {
-            match drive_pass(store, schema, &r, l).await? {
+            match drive_pass(self.store, self.schema, &r, l).await? {
                 (Fenced::Applied, true) => {
-                    if !opts.quiet || r.plan.end.is_some() {
+                    if !self.opts.quiet || r.plan.end.is_some() {
                         if !r.plan.admit.is_empty() {
-                            say(
-                                opts.quiet,
-                                &format!(
-                                    "command {id}: admitted {}",
-                                    jio_common::values::host_list(&r.plan.admit)
-                                ),
-                            );
+                            self.say(&format!(
+                                "command {id}: admitted {}",
+                                jio_common::values::host_list(&r.plan.admit)
+                            ));
                         }
                         if let Some(e) = &r.plan.end {
-                            say(opts.quiet, &format!("command {id}: ended {}", e.name()));
+                            self.say(&format!("command {id}: ended {}", e.name()));
                         }
                     }
-                    continue;
+                    return Ok(Pass::Again);
                 }
                 (Fenced::Applied, false) => {}
-                (Fenced::Moved, _) => continue,
+                (Fenced::Moved, _) => return Ok(Pass::Again),
                 (Fenced::LockLost, _) => {
-                    lock = None;
-                    say(
-                        opts.quiet,
-                        &format!("command {id}: another process took its lock; following"),
-                    );
-                    continue;
-                }
-            }
-        }
-        if r.finished() && (r.plan.release.is_empty() || lock.is_none()) {
-            break FollowEnd::Ended(Box::new(r));
-        }
-        let line = progress_line(&r);
-        if !opts.quiet && (line != last_line || last_print.elapsed() >= Duration::from_secs(60)) {
-            eprintln!("{line}");
-            last_line = line;
-            last_print = tokio::time::Instant::now();
-        }
-        // Wait for a change (or a minute: leases end without an event).
-        let tick = tokio::time::sleep(Duration::from_secs(if watches.is_some() { 60 } else { 2 }));
-        tokio::select! {
-            ev = async {
-                match watches.as_mut() {
-                    Some(w) => w.next().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                match ev {
-                    Some(Ok(_)) => {
-                        // Take in what else already arrived; one pass covers it.
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        if let Some(w) = watches.as_mut() {
-                            while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
-                        }
+                    if let Some(l) = self.lock.take() {
+                        l.release().await;
                     }
-                    _ => watches = open_watches(store, &keys).await,
+                    self.say(&format!("command {id}: another process took its lock; following"));
+                    return Ok(Pass::Again);
                 }
             }
-            _ = tick => {}
-            _ = stop.changed() => {}
         }
-    };
-    if let Some(l) = lock {
-        l.release().await;
+        // Ended, nobody runs it, and nothing is left to withdraw (or this process
+        // may not withdraw it: then whoever holds the lock does).
+        if r.finished() && (r.plan.release.is_empty() || self.lock.is_none()) {
+            return Ok(Pass::Ended(Box::new(r)));
+        }
+        Ok(Pass::Wait(Box::new(r)))
     }
-    Ok(end)
 }
 
 /// One host's row of a command's table.
@@ -639,60 +707,119 @@ pub fn print_end(r: &Read, json_out: bool) {
     );
 }
 
+/// What `cancel` did.
+pub struct Cancelled {
+    /// The record as it was.
+    pub before: CommandRecord,
+    /// Hosts still running it (they finish).
+    pub running: usize,
+    /// It was active, and is now cancelled.
+    pub cancelled: bool,
+    /// Admissions withdrawn.
+    pub withdrawn: usize,
+}
+
+/// Maps a follower's or reader's error to an exit code: the store's by its kind,
+/// anything else (no such command, an unreadable record) 1.
+pub fn failure(e: anyhow::Error) -> Failure {
+    if e.downcast_ref::<StoreError>().is_some() {
+        Failure::from(e)
+    } else {
+        Failure::with(exit::FAILED, e)
+    }
+}
+
 /// Cancels the command: no host starts it any more (hosts running it finish).
-/// Returns the record as it was and how many hosts still run it.
+/// The record and the first withdrawals go in one transaction fenced on the epoch
+/// and the record as read (an agent's start is fenced on the record, so none
+/// starts after it); the rest of the withdrawals follow in chunks. Withdraws the
+/// admissions an ended command left, too.
 pub async fn cancel(
     store: &DynStore,
     schema: &Schema,
     role_pattern: &RolePattern,
     id: &CommandId,
     reason: Option<String>,
-) -> Result<(CommandRecord, usize, bool), Failure> {
+) -> Result<Cancelled, Failure> {
     for _ in 0..5 {
-        let r = read(store, schema, role_pattern, id)
-            .await
-            .map_err(|e| Failure::with(exit::FAILED, e))?;
+        let r = read(store, schema, role_pattern, id).await.map_err(failure)?;
         let active = r.record.state.active();
-        let mut ops = Vec::new();
+        let mut first = Vec::new();
         if active {
+            let by = crate::rollouts::by();
             let rec = r.record.moved(
                 CommandState::Cancelled {
-                    by: crate::rollouts::by(),
+                    by: by.clone(),
                     reason: reason.clone(),
                 },
-                &crate::rollouts::by(),
+                &by,
                 unix_now(),
                 reason.clone(),
             );
-            ops.push(Op::put(
+            first.push(Op::put(
                 schema.command(id),
                 serde_json::to_string(&rec).unwrap_or_default(),
             ));
         }
-        // Every admission not started goes (started hosts finish).
+        // Every admission not started goes (started hosts finish), wherever it is.
         let release: Vec<HostName> = r
-            .record
-            .hosts
+            .fleet
+            .inboxes
             .iter()
-            .filter(|h| r.fleet.inboxes.get(*h).is_some_and(|ids| ids.contains(id)))
-            .filter(|h| !r.runs.started(h) || r.runs.ended(h))
-            .cloned()
+            .filter(|(h, ids)| ids.contains(id) && (!r.runs.started(h) || r.runs.ended(h) || !active))
+            .map(|(h, _)| h.clone())
             .collect();
-        ops.extend(inbox_ops(schema, &r.fleet, id, &[], &release));
-        if ops.is_empty() {
-            return Ok((r.record, r.plan.running.len(), false));
+        let mut rest = inbox_ops(schema, &r.fleet, id, &[], &release);
+        let withdrawn = rest.len();
+        if first.is_empty() && rest.is_empty() {
+            return Ok(Cancelled {
+                before: r.record,
+                running: r.plan.running.len(),
+                cancelled: false,
+                withdrawn: 0,
+            });
         }
-        ops.push(writes::epoch_put(schema));
+        // Each transaction: its compares, the epoch's bump, and at most what the
+        // store takes.
+        let size = writes::CHUNK.min(store.max_txn_ops().saturating_sub(3)).max(1);
+        let n = rest.len().min(size.saturating_sub(first.len()));
+        first.extend(rest.drain(..n));
+        first.push(writes::epoch_put(schema));
+        let epoch_key = schema.lock(jio_common::fleet::EPOCH);
         let txn = Txn {
             compares: vec![
-                Compare::ModRevision(schema.lock(jio_common::fleet::EPOCH), r.fleet.epoch),
+                Compare::ModRevision(epoch_key.clone(), r.fleet.epoch),
                 Compare::ModRevision(schema.command(id), r.record_kv.mod_revision),
             ],
-            ops,
+            ops: first,
         };
-        if let TxnOutcome::Committed(_) = store.txn(txn).await? {
-            return Ok((r.record, r.plan.running.len(), active));
+        let TxnOutcome::Committed(mut epoch) = store.txn(txn).await? else {
+            continue;
+        };
+        // The rest: withdrawals only (nothing starts any more), each chunk fenced
+        // on the epoch the one before left; a race reads again.
+        let mut raced = false;
+        for chunk in rest.chunks(size) {
+            let mut txn = Txn::new().when(Compare::ModRevision(epoch_key.clone(), epoch));
+            txn.ops.extend(chunk.iter().cloned());
+            txn.ops.push(writes::epoch_put(schema));
+            match store.txn(txn).await? {
+                TxnOutcome::Committed(e) => epoch = e,
+                TxnOutcome::Lost(_) => {
+                    raced = true;
+                    break;
+                }
+            }
         }
+        if raced && !active {
+            continue;
+        }
+        return Ok(Cancelled {
+            before: r.record,
+            running: r.plan.running.len(),
+            cancelled: active,
+            withdrawn,
+        });
     }
     Err(Failure::new(
         exit::FAILED,
@@ -718,13 +845,19 @@ pub async fn drive_all(
             break;
         }
         tasks.retain(|_, t| !t.is_finished());
+        let admitted: BTreeSet<CommandId> = match store.list(&schema.command_inboxes()).await {
+            Ok(l) => l.kvs.iter().flat_map(|kv| command::parse_inbox(kv).0).collect(),
+            Err(_) => BTreeSet::new(),
+        };
         if let Ok(listing) = store.list(&schema.commands()).await {
             for kv in &listing.kvs {
                 let Some(jio_common::keys::Parsed::Command(id)) = schema.parse(&kv.key) else {
                     continue;
                 };
                 let active = parse_json::<CommandRecord>(kv).is_ok_and(|r| r.state.active());
-                if !active || tasks.contains_key(&id) {
+                // An ended command a host is still admitted to is followed too: its
+                // driver withdraws the admission (else it would hold the host).
+                if !(active || admitted.contains(&id)) || tasks.contains_key(&id) {
                     continue;
                 }
                 let (s, sc, rp, st, i) = (

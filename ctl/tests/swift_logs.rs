@@ -435,3 +435,126 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
         let _ = d.start_kill();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_commands_output_is_linked_and_jioctl_logs_command_prints_it() {
+    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
+    let url = etcd.url();
+    let s = open(&url).await;
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    let actions = tempfile::tempdir().unwrap();
+    let action = actions.path().join("restart");
+    std::fs::write(
+        &action,
+        "#!/bin/sh\necho \"restarting $1 on $JIO_HOST\"\n\
+         [ \"$JIO_HOST\" = compute2 ] && { echo \"$1 did not come back on $JIO_HOST\" >&2; exit 3; }\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&action, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Top-level keys before the [swift] table.
+    let extra = format!(
+        "actions_dir = \"{}\"\nhealth_interval = \"0\"\n{}",
+        actions.path().display(),
+        swift_section(&swift, "s3cr3t")
+    );
+    let hosts: Vec<Host> = ["compute1", "compute2"]
+        .iter()
+        .map(|h| Host::new(h, &url, &["/bin/true".to_string()], &extra))
+        .collect();
+    let mut daemons: Vec<tokio::process::Child> = hosts
+        .iter()
+        .map(|h| {
+            Command::from(h.agent(&agent_bin(), &["run"]))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    jio_tests::inspect::wait_for("both agents at v1", Duration::from_secs(60), || async {
+        hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
+    })
+    .await;
+    let out = Command::new(jioctl_bin())
+        .arg("--store")
+        .arg(&url)
+        .args(["run", "--all", "restart", "nova-compute"])
+        .env("HOME", "/nonexistent")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let id = text(&out)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("jioctl: command ")
+                .and_then(|r| r.split_once(" recorded"))
+        })
+        .map(|(id, _)| id.to_string())
+        .unwrap();
+    // Each host's output is uploaded and linked from its leaf.
+    let link = wait_leaf_url(
+        &s,
+        &format!("/command_runs/{id}/logs/compute2"),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        link.contains(&format!("/runlogs/compute2/commands/{id}/")),
+        "{link}"
+    );
+    let body = swift.get(&link).await;
+    assert!(
+        body.contains("fleet command log") && body.contains("nova-compute did not come back on compute2"),
+        "{body}"
+    );
+    wait_leaf_url(
+        &s,
+        &format!("/command_runs/{id}/logs/compute1"),
+        Duration::from_secs(30),
+    )
+    .await;
+    // jioctl logs --command prints it, and names what is missing otherwise.
+    let key = swift.key_file("s3cr3t");
+    let logs = |host: &str, id: &str| {
+        let mut c = Command::new(jioctl_bin());
+        c.arg("--store")
+            .arg(&url)
+            .args(["logs", host, "--command", id])
+            .args([
+                "--swift-auth-url",
+                &swift.auth_url(),
+                "--swift-user",
+                "fleet:uploader",
+            ])
+            .arg("--swift-key-file")
+            .arg(&key)
+            .env("HOME", "/nonexistent");
+        c
+    };
+    let out = logs("compute1", &id).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("restarting nova-compute on compute1"),
+        "{}",
+        text(&out)
+    );
+    let out = logs("compute1", "20200101T000000Z-nothing")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("no fleet command 20200101T000000Z-nothing"),
+        "{}",
+        text(&out)
+    );
+    // No secret in what jioctl or the agents say.
+    assert!(!text(&out).contains("s3cr3t"));
+    for d in &mut daemons {
+        let _ = d.start_kill();
+    }
+}

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt as _;
 
 use jio_common::command::{CommandId, CommandRecord, CommandResult, RunOutcome, RunPart, Started};
 use jio_common::names::HostName;
-use jio_common::store::{Compare, KeyValue, Op, Revision};
+use jio_common::store::{Compare, KeyValue, Op, Revision, Txn};
 use jio_common::values::{AgentState, parse_json};
 
 use super::{Agent, PassResult};
@@ -61,11 +61,12 @@ pub struct Candidate<'a> {
     pub hold: Option<&'a Hold>,
 }
 
-/// The rule, in order: a command whose record is gone or ended is skipped; one
-/// that cannot be read, or that does not name this host, is refused; one with a
-/// result is done; one started before (its start is in the store, not in this
-/// agent's journal) is interrupted, or runs again with `rerun_interrupted`; a
-/// held host waits; otherwise it runs.
+/// The rule, in order: a command whose record is gone is skipped, one whose record
+/// cannot be read is refused; one with a result is done; one started before (its
+/// start is in the store, not in this agent's journal) is interrupted, or runs
+/// again with `rerun_interrupted` while the command is active; an ended command is
+/// skipped; one that does not name this host is refused; a held host waits;
+/// otherwise it runs.
 pub fn step(c: &Candidate<'_>) -> CommandStep {
     let rec = match &c.record {
         None => {
@@ -81,35 +82,29 @@ pub fn step(c: &Candidate<'_>) -> CommandStep {
         }
         Some(Ok(r)) => r,
     };
-    if !rec.state.active() {
-        return CommandStep::Skip {
-            why: format!("the command is {}", rec.state.name()),
-            forget: true,
-        };
-    }
-    if !rec.hosts.contains(c.host) {
-        return CommandStep::Refuse {
-            reason: format!(
-                "refused: this host is not one of the command's hosts ({})",
-                rec.targets
-            ),
-        };
-    }
     if c.result {
         return CommandStep::Skip {
             why: "its result is in the store".into(),
             forget: true,
         };
     }
+    let mine = rec.hosts.contains(c.host);
+    // A start nobody will ever end otherwise: its result says so, whatever the
+    // command's state (a follower waits for it).
     let attempt = match &c.started {
         None => 1,
-        Some(Ok(s)) if rec.rerun_interrupted => s.attempt.saturating_add(1),
+        Some(Ok(s)) if rec.rerun_interrupted && rec.state.active() && mine => s.attempt.saturating_add(1),
         Some(Ok(s)) => {
             return CommandStep::Interrupted {
                 reason: format!(
-                    "attempt {} started at {} and this agent has no record of it ending; not run again (the command was not created with --rerun-interrupted)",
+                    "attempt {} started at {} and this agent has no record of it ending; not run again{}",
                     s.attempt,
-                    jio_common::plan::when(s.at)
+                    jio_common::plan::when(s.at),
+                    if rec.rerun_interrupted {
+                        format!(" (the command is {})", rec.state.name())
+                    } else {
+                        " (the command was not created with --rerun-interrupted)".into()
+                    }
                 ),
             };
         }
@@ -119,6 +114,20 @@ pub fn step(c: &Candidate<'_>) -> CommandStep {
             };
         }
     };
+    if !rec.state.active() {
+        return CommandStep::Skip {
+            why: format!("the command is {}", rec.state.name()),
+            forget: true,
+        };
+    }
+    if !mine {
+        return CommandStep::Refuse {
+            reason: format!(
+                "refused: this host is not one of the command's hosts ({})",
+                rec.targets
+            ),
+        };
+    }
     if let Some(h) = c.hold {
         return CommandStep::Held {
             why: format!("held ({})", h.key),
@@ -175,7 +184,7 @@ impl Agent {
             self.note_command(format!("command inbox: {p}"), true);
         }
         if self.ledger.journal.commands.in_progress.is_some() {
-            return self.recover_command().await.map(Some);
+            return self.recover_command(obs).await.map(Some);
         }
         let ids: Vec<CommandId> = obs
             .commands
@@ -267,8 +276,8 @@ impl Agent {
     }
 
     /// A command in the journal from before this pass: an agent died or was
-    /// stopped while it ran (or before its start was confirmed).
-    async fn recover_command(&mut self) -> Result<PassResult, AgentError> {
+    /// stopped while it ran, or before its start was confirmed.
+    async fn recover_command(&mut self, obs: &Observation) -> Result<PassResult, AgentError> {
         let Some(run) = self.ledger.journal.commands.in_progress.clone() else {
             return Ok(PassResult::Reported);
         };
@@ -278,36 +287,69 @@ impl Agent {
             return Ok(PassResult::Reported);
         };
         let host = self.cfg.hostname.clone();
+        let keys = [
+            self.cfg.schema.command(&id),
+            self.cfg.schema.command_run(&id, RunPart::Started, &host),
+            self.cfg.schema.command_run(&id, RunPart::Results, &host),
+        ];
+        let got = self.store.get_many(&keys).await?;
+        let [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3] = got.try_into().unwrap_or_default();
+        let record = rec_kv
+            .as_ref()
+            .and_then(|kv| parse_json::<CommandRecord>(kv).ok());
         if !run.confirmed {
-            // Its start may not have reached the store: if it did not, the action
-            // never ran and the command may start afresh.
-            let key = self.cfg.schema.command_run(&id, RunPart::Started, &host);
-            let started = self.store.get(&key).await?;
-            let ours = started
+            // The action never ran (it is spawned only once the start is confirmed).
+            // Whether the start reached the store is told by its record.
+            let ours = started_kv
                 .as_ref()
                 .and_then(|kv| parse_json::<Started>(kv).ok())
-                .is_some_and(|s| s.attempt == run.attempt);
-            if !ours {
+                .is_some_and(|s| s.attempt == run.attempt && s.at == run.started);
+            self.ledger.journal.commands.in_progress = None;
+            self.ledger.save();
+            let Some(kv) = started_kv.filter(|_| ours) else {
                 tracing::info!(command = %id, "a fleet command's start was not written before the agent stopped; it never ran");
-                self.ledger.journal.commands.in_progress = None;
-                self.ledger.save();
                 return Ok(PassResult::Reported);
+            };
+            // Written but never run: it runs now if it still may, else the start
+            // is taken back (fenced on it), so that nobody waits for it.
+            if let Some(rec) = record.filter(|r| {
+                r.state.active()
+                    && r.hosts.contains(&host)
+                    && obs.commands.inbox.contains(&id)
+                    && obs.hold.is_none()
+                    && result_kv.is_none()
+            }) {
+                tracing::info!(command = %id, "a fleet command's start was written but its action never ran; it runs now");
+                let rec_rev = rec_kv.map_or(0, |kv| kv.mod_revision);
+                return self
+                    .command_run(rec, run.attempt, (rec_rev, kv.mod_revision), obs)
+                    .await;
             }
+            let txn = Txn::new()
+                .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
+                .then(Op::Delete(kv.key.clone()));
+            self.store.txn(txn).await?;
+            tracing::info!(command = %id, "a fleet command's start was written but its action never ran, and it may not run now; its start is taken back");
+            return Ok(PassResult::Reported);
         }
-        let rerun = self
-            .command_record(&id)
-            .await
-            .is_some_and(|r| r.rerun_interrupted && r.state.active());
-        if rerun {
+        let rerun = record
+            .as_ref()
+            .is_some_and(|r| r.rerun_interrupted && r.state.active() && r.hosts.contains(&host));
+        if rerun && result_kv.is_none() {
             tracing::warn!(command = %id, attempt = run.attempt, "a fleet command was interrupted (the agent stopped while it ran); it runs again (--rerun-interrupted)");
             self.ledger.journal.commands.in_progress = None;
             self.ledger.save();
             return Ok(PassResult::Reported);
         }
         let reason = format!(
-            "the agent stopped while the action ran (attempt {}, started at {}); not run again (the command was not created with --rerun-interrupted)",
+            "the agent stopped while the action ran (attempt {}, started at {}); not run again{}",
             run.attempt,
-            jio_common::plan::when(run.started)
+            jio_common::plan::when(run.started),
+            if run.rerun_interrupted {
+                " (the command ended meanwhile)"
+            } else {
+                " (the command was not created with --rerun-interrupted)"
+            }
         );
         tracing::warn!(command = %id, "fleet command interrupted: {reason}");
         let ended = self.clock.unix_now();
@@ -333,11 +375,6 @@ impl Agent {
         self.ledger.save();
         self.flush_commands(false).await?;
         Ok(PassResult::Reported)
-    }
-
-    async fn command_record(&self, id: &CommandId) -> Option<CommandRecord> {
-        let kv = self.store.get(&self.cfg.schema.command(id)).await.ok()??;
-        parse_json(&kv).ok()
     }
 
     /// Reports a command this host does not run (refused, or interrupted before).

@@ -101,7 +101,7 @@ impl Commands {
                 let store = ctx.open(Access::Read).await?;
                 let r = fleet_commands::read(&store, schema, rp, &id)
                     .await
-                    .map_err(|e| Failure::with(exit::FAILED, e))?;
+                    .map_err(fleet_commands::failure)?;
                 if ctx.json {
                     println!("{}", fleet_commands::json(&r));
                     return Ok(());
@@ -146,26 +146,36 @@ impl Commands {
             }
             Sub::Cancel { id, reason } => {
                 let store = ctx.open(Access::Write).await?;
-                let (before, running, cancelled) =
-                    fleet_commands::cancel(&store, schema, rp, &id, reason).await?;
-                if !cancelled {
-                    println!(
-                        "command {id} is already {}: nothing to cancel{}",
-                        before.state.name(),
-                        if running > 0 {
-                            format!(" ({running} hosts still run it)")
-                        } else {
-                            String::new()
-                        }
-                    );
-                    return Err(Failure::quiet(exit::FAILED));
-                }
-                println!(
-                    "command {id} cancelled: no host starts it any more; {running} host{} running it finish{}",
+                let c = fleet_commands::cancel(&store, schema, rp, &id, reason).await?;
+                let running = c.running;
+                let finishing = format!(
+                    "{running} host{} running it finish{}",
                     if running == 1 { "" } else { "s" },
                     if running == 1 { "es" } else { "" }
                 );
-                Ok(())
+                if c.cancelled {
+                    println!("command {id} cancelled: no host starts it any more; {finishing}");
+                    return Ok(());
+                }
+                if c.withdrawn > 0 {
+                    println!(
+                        "command {id} is already {}; withdrew the {} admission{} it left",
+                        c.before.state.name(),
+                        c.withdrawn,
+                        if c.withdrawn == 1 { "" } else { "s" }
+                    );
+                    return Ok(());
+                }
+                println!(
+                    "command {id} is already {}: nothing to cancel{}",
+                    c.before.state.name(),
+                    if running > 0 {
+                        format!(" ({finishing})")
+                    } else {
+                        String::new()
+                    }
+                );
+                Err(Failure::quiet(exit::FAILED))
             }
         }
     }

@@ -149,7 +149,7 @@ pub async fn follow(
             return Err(Failure::quiet(crate::upgrade::signal_code(sig)));
         }
     };
-    match end.map_err(|e| Failure::with(exit::FAILED, e))? {
+    match end.map_err(fleet_commands::failure)? {
         FollowEnd::Ended(r) => {
             fleet_commands::print_end(&r, ctx.json);
             if let CommandState::Cancelled { by, .. } | CommandState::Aborted { by, .. } = &r.record.state {
