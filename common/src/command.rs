@@ -395,11 +395,12 @@ impl Runs {
                         r.invalid_results.insert(h);
                     }
                 },
-                RunPart::Logs => {
-                    if let Ok(t) = crate::values::text(kv) {
+                RunPart::Logs => match crate::values::text(kv) {
+                    Ok(t) => {
                         r.logs.insert(h, t.to_string());
                     }
-                }
+                    Err(e) => r.problems.push(e.to_string()),
+                },
             }
         }
         r
@@ -614,6 +615,16 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
                     HostPhase::Admitted,
                 )
             }
+        } else if v.fleet.inboxes_invalid.contains(h) && !held {
+            // No admission goes through an inbox that cannot be read: it is named
+            // until someone fixes (or deletes) it.
+            (
+                HostState::Blocked,
+                Some(format!(
+                    "its inbox /config_state/commands/{h} cannot be read: it cannot be admitted until the key is fixed or deleted"
+                )),
+                HostPhase::Pending,
+            )
         } else if let Some(why) = busy(h, &role).filter(|_| !held) {
             // Busy with an upgrade or another command: it holds a slot here too.
             (HostState::Upgrading, Some(why), HostPhase::Pending)
@@ -719,12 +730,14 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         if out.end.is_none() {
             out.admit = p.enable_hosts.clone();
         } else {
-            // The end removes every admission not yet started.
-            for h in &rec.hosts {
-                if admitted(v.fleet, id, h) && !v.runs.started(h) && !out.release.contains(h) {
+            // The end withdraws every admission: hosts not started never start
+            // it, running ones finish (their agents' records count them in flight).
+            for (h, ids) in &v.fleet.inboxes {
+                if ids.contains(id) && !out.release.contains(h) {
                     out.release.push(h.clone());
                 }
             }
+            out.release.sort();
         }
     }
     if !rec.state.active() || out.end.is_some() {
@@ -1082,15 +1095,21 @@ mod tests {
             "{:?}",
             p.reasons
         );
-        // An inbox that cannot be read counts as admitted too.
+        // An inbox that cannot be read admits nothing, and no host is admitted
+        // through it: it is named until fixed.
         let mut f = fleet(&names);
         f.inboxes_invalid.insert(h("compute1"));
         let p = planned(&rec, &f, &Runs::default(), r#"{"rolling_rules": {"global": 1}}"#);
-        assert!(p.admit.is_empty(), "{:?}", p.admit);
+        assert_eq!(p.admit, [h("compute2")]);
+        assert!(
+            p.reasons[&h("compute1")].text.contains("cannot be read"),
+            "{:?}",
+            p.reasons
+        );
     }
 
     #[test]
-    fn a_failure_beyond_max_failures_ends_it_and_withdraws_what_did_not_start() {
+    fn a_failure_beyond_max_failures_ends_it_and_withdraws_every_admission() {
         let names = ["compute1", "compute2", "compute3", "compute4"];
         let rec = record(&names);
         let mut f = fleet(&names);
@@ -1120,8 +1139,9 @@ mod tests {
             "{failed_hosts:?}"
         );
         assert!(p.admit.is_empty());
-        // compute1 ended, compute2 never started: released; compute3 runs on.
-        assert_eq!(p.release, [h("compute1"), h("compute2")]);
+        // Every admission is withdrawn: compute2 never starts, compute3 runs on
+        // (its agent's record keeps it in flight).
+        assert_eq!(p.release, [h("compute1"), h("compute2"), h("compute3")]);
         assert_eq!(p.running, [h("compute3")]);
         // Within the budget it goes on (the failed host keeps its slot).
         let p = planned(

@@ -129,8 +129,9 @@ pub struct Snapshot {
     /// The fleet commands each host is admitted to (`/config_state/commands/<host>`,
     /// readable ids; hosts with none are absent).
     pub inboxes: BTreeMap<HostName, Vec<crate::command::CommandId>>,
-    /// Hosts whose inbox cannot be read (all of it, or some ids): counted as
-    /// admitted to a command (the safe reading); why is in `problems`.
+    /// Hosts whose inbox cannot be read (all of it, or some ids): why is in
+    /// `problems`. What cannot be read admits nothing (its agent cannot read it
+    /// either); no driver admits a host through it.
     pub inboxes_invalid: BTreeSet<HostName>,
 }
 
@@ -558,7 +559,9 @@ impl LiveSnapshot {
                 if let Some(why) = why {
                     self.problem(
                         &kv.key,
-                        format!("{why} (the host counts as admitted to a command)"),
+                        format!(
+                            "{why} (no fleet command is admitted through it until it is fixed or deleted)"
+                        ),
                     );
                     self.snap.inboxes_invalid.insert(h.clone());
                 }
@@ -847,13 +850,15 @@ impl Snapshot {
             }
             _ => {}
         }
-        let inbox = || match (self.inboxes.get(h), self.inboxes_invalid.contains(h)) {
-            (Some(ids), _) => Some(format!(
-                "admitted to fleet command {}",
-                ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", ")
-            )),
-            (None, true) => Some("its command admissions cannot be read (counted as admitted)".into()),
-            (None, false) => None,
+        // An inbox (or the part of it) that cannot be read admits nothing: its
+        // agent cannot read it either, and runs only the ids it can.
+        let inbox = || {
+            self.inboxes.get(h).map(|ids| {
+                format!(
+                    "admitted to fleet command {}",
+                    ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            })
         };
         match self.agents.get(h) {
             Some(Some(r)) if r.state == crate::values::AgentState::Command => Some(format!(

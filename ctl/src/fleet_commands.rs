@@ -54,9 +54,21 @@ pub async fn create(
     fleet.role_pattern = role_pattern.clone();
     let hosts = command::resolve_targets(&new.targets, &fleet)
         .map_err(|errors| Failure::usage(format!("nothing was written:\n  {}", errors.join("\n  "))))?;
-    new.rules
+    let resolved = new
+        .rules
         .resolve(&roles_of(&fleet, &fleet.hosts().into_iter().collect::<Vec<_>>()))
         .map_err(|e| Failure::with(exit::INVALID_RULES, anyhow::Error::new(e)))?;
+    for w in &resolved.warnings {
+        eprintln!("jioctl: warning: {w}");
+    }
+    if let Some((by, _)) = &fleet.halt {
+        eprintln!(
+            "jioctl: note: an emergency stop is in force (global-disable-puppet by {} on {}, {}): it keeps upgrades stopped; this command runs (a new stop would end it)",
+            by.holder,
+            by.host,
+            jio_common::plan::when(by.since)
+        );
+    }
     let listing = store.list(&schema.commands()).await?;
     let mut records: Vec<(CommandId, Option<CommandRecord>)> = listing
         .kvs
@@ -761,12 +773,14 @@ pub async fn cancel(
                 serde_json::to_string(&rec).unwrap_or_default(),
             ));
         }
-        // Every admission not started goes (started hosts finish), wherever it is.
+        // Every admission goes, wherever it is: hosts not started never start it,
+        // started ones finish (their agents' records count them in flight).
         let release: Vec<HostName> = r
             .fleet
             .inboxes
             .iter()
-            .filter(|(h, ids)| ids.contains(id) && (!r.runs.started(h) || r.runs.ended(h) || !active))
+            // Running hosts too: their agents' records keep them in flight.
+            .filter(|(_, ids)| ids.contains(id))
             .map(|(h, _)| h.clone())
             .collect();
         let mut rest = inbox_ops(schema, &r.fleet, id, &[], &release);

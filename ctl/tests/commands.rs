@@ -13,185 +13,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use jio_tests::Etcd;
-use jio_tests::inspect::{open, text, wait_for};
+use jio_tests::inspect::{open, text};
 
+use common::commands::*;
 use common::fleet::{Fleet, Run, finish, keys_under, signal, spawn};
 use common::run;
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
-}
-
-/// The actions directory shared by the fleet: `restart` logs its start (with its
-/// arguments) and end to `actions.log`, sleeps `action-seconds`, and fails (exit 3,
-/// a line on stderr) on a host whose `action-fail-<host>` file exists.
-struct Actions {
-    dir: tempfile::TempDir,
-}
-
-impl Actions {
-    fn new() -> Actions {
-        let dir = tempfile::tempdir().unwrap();
-        let actions = dir.path().join("actions");
-        std::fs::create_dir_all(&actions).unwrap();
-        let script = actions.join("restart");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\n\
-                 dir={}\n\
-                 echo \"start $JIO_HOST $JIO_COMMAND $(date +%s.%N) $*\" >> \"$dir/actions.log\"\n\
-                 sleep \"$(cat \"$dir/action-seconds\")\"\n\
-                 echo \"end $JIO_HOST $JIO_COMMAND $(date +%s.%N)\" >> \"$dir/actions.log\"\n\
-                 if [ -e \"$dir/action-fail-$JIO_HOST\" ]; then echo \"nova-compute did not come back on $JIO_HOST\" >&2; exit 3; fi\n\
-                 echo \"restarted $* on $JIO_HOST\"\n",
-                dir.path().display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let a = Actions { dir };
-        a.set_seconds(0.3);
-        a
-    }
-
-    fn actions_dir(&self) -> PathBuf {
-        self.dir.path().join("actions")
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn set_seconds(&self, s: f64) {
-        std::fs::write(self.path("action-seconds"), s.to_string()).unwrap();
-    }
-
-    fn fail(&self, host: &str) {
-        std::fs::write(self.path(&format!("action-fail-{host}")), "").unwrap();
-    }
-
-    /// The agents' configuration lines for these actions.
-    fn config(&self, allow_any: bool) -> String {
-        format!(
-            "actions_dir = {}\nallow_any_command = {allow_any}\n",
-            jio_tests::host::toml_str(&self.actions_dir().display().to_string())
-        )
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("actions.log")).unwrap_or_default()
-    }
-
-    fn runs(&self) -> Vec<Run> {
-        parse_log(&self.log())
-    }
-}
-
-/// Runs from a log of `start HOST TAG TIME ...` and `end HOST TAG TIME` lines (the
-/// tag is the command id, or the version for Puppet's log).
-fn parse_log(text: &str) -> Vec<Run> {
-    let mut runs: Vec<Run> = Vec::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 4 {
-            continue;
-        }
-        let (kind, host, tag, at) = (f[0], f[1], f[2], f[3].parse::<f64>().unwrap());
-        match kind {
-            "start" => runs.push(Run {
-                host: host.into(),
-                version: tag.into(),
-                start: at,
-                end: None,
-            }),
-            _ => {
-                if let Some(r) = runs
-                    .iter_mut()
-                    .rev()
-                    .find(|r| r.host == host && r.version == tag && r.end.is_none())
-                {
-                    r.end = Some(at);
-                }
-            }
-        }
-    }
-    runs
-}
-
-/// The most runs going at one instant, and which.
-fn max_overlap(runs: &[Run]) -> (usize, Vec<String>) {
-    common::fleet::max_overlap(runs, 0.0)
-}
-
-/// Two runs on one host that overlapped in time.
-fn same_host_overlaps(runs: &[Run]) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    for (i, a) in runs.iter().enumerate() {
-        for b in &runs[i + 1..] {
-            let a_end = a.end.unwrap_or(f64::MAX);
-            let b_end = b.end.unwrap_or(f64::MAX);
-            if a.host == b.host && a.start < b_end && b.start < a_end {
-                out.push((a.host.clone(), a.version.clone(), b.version.clone()));
-            }
-        }
-    }
-    out
-}
-
-/// Hosts whose action started more than once for `id`.
-fn repeated(runs: &[Run], id: &str) -> Vec<String> {
-    let mut seen = std::collections::BTreeMap::<&str, usize>::new();
-    for r in runs.iter().filter(|r| r.version == id) {
-        *seen.entry(r.host.as_str()).or_default() += 1;
-    }
-    seen.into_iter()
-        .filter(|(_, n)| *n > 1)
-        .map(|(h, _)| h.to_string())
-        .collect()
-}
-
-/// The id a `jioctl run` printed on stderr (`command <id> recorded`).
-fn command_id(stderr: &str) -> String {
-    stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("jioctl: command ")
-                .and_then(|r| r.split_once(" recorded"))
-        })
-        .map(|(id, _)| id.to_string())
-        .unwrap_or_else(|| panic!("no command id in: {stderr}"))
-}
-
-async fn command_record(url: &str, id: &str) -> serde_json::Value {
-    let s = open(url).await;
-    let kv = s
-        .get(&jio_common::keys::Key::new(format!("/commands/{id}")).unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    serde_json::from_str(&kv.value).unwrap()
-}
-
-async fn result_of(url: &str, id: &str, host: &str) -> Option<serde_json::Value> {
-    let s = open(url).await;
-    let kv = s
-        .get(&jio_common::keys::Key::new(format!("/command_runs/{id}/results/{host}")).unwrap())
-        .await
-        .unwrap()?;
-    Some(serde_json::from_str(&kv.value).unwrap())
-}
-
-fn diagnostics(f: &Fleet, a: &Actions) -> String {
-    let mut s = format!("actions.log:\n{}\n", a.log());
-    for h in &f.hosts {
-        s.push_str(&format!("--- {}:\n{}\n", h.name, f.agent_log(&h.name)));
-    }
-    s
 }
 
 const COMPUTES: [&str; 6] = [
@@ -390,36 +222,6 @@ async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_a
     assert!(stdout.contains("1 of 2 hosts succeeded"), "{stdout}");
 }
 
-/// Waits until `host` has started the action of `id` (by the action's own log).
-async fn wait_started(a: &Actions, host: &str, id_prefix: &str) {
-    wait_for(&format!("{host} to start the action"), secs(60), || async {
-        a.runs()
-            .iter()
-            .any(|r| r.host == host && r.version.starts_with(id_prefix))
-    })
-    .await;
-}
-
-fn process_alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-}
-
-/// The pids of the running action scripts (`sh .../restart`).
-fn action_pids(actions_dir: &Path) -> Vec<i32> {
-    let mut out = Vec::new();
-    let want = actions_dir.join("restart").display().to_string();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmd).split('\0').any(|a| a == want) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_mid_command_reports_it_interrupted_and_does_not_run_it_again() {
     let etcd = Etcd::start().await;
@@ -428,7 +230,7 @@ async fn an_agent_killed_mid_command_reports_it_interrupted_and_does_not_run_it_
     let mut f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
     a.set_seconds(30.0);
     let follower = spawn(&url, &["run", "--hosts", "compute1", "restart", "nova"]);
-    wait_started(&a, "compute1", "").await;
+    wait_started(&a, "compute1").await;
     let pids = action_pids(&a.actions_dir());
     assert!(!pids.is_empty(), "the action runs");
     // kill -9 the agent in the middle of the action, then start it again.
@@ -475,7 +277,7 @@ async fn an_agent_killed_mid_command_reports_it_interrupted_and_does_not_run_it_
             "nova",
         ],
     );
-    wait_started(&a, "compute2", "").await;
+    wait_started(&a, "compute2").await;
     signal(&f.daemons[1], nix::sys::signal::Signal::SIGKILL);
     let _ = f.daemons[1].wait().await;
     a.set_seconds(0.2);
@@ -517,7 +319,7 @@ async fn cancel_mid_way_lets_the_running_host_finish_and_starts_no_other() {
             "nova",
         ],
     );
-    wait_started(&a, "compute1", "").await;
+    wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
     let cancelled = run(&url, &["commands", "cancel", &id, "--reason", "wrong build"]).await;
     assert_eq!(cancelled.status.code(), Some(0), "{}", text(&cancelled));

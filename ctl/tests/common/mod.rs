@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod commands;
 pub mod composable;
 pub mod fleet;
 
