@@ -20,7 +20,6 @@ use jio_tests::inspect::{open, text};
 
 use common::commands::*;
 use common::fleet::{Fleet, Run, finish, keys_under, signal, spawn};
-use common::run;
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -37,7 +36,7 @@ async fn a_command_under_a_limit_of_two_never_runs_on_more_than_two_hosts_at_onc
     let a = Actions::new();
     let f = Fleet::start_with(&url, &url, &COMPUTES, 0.1, |_| a.config(false)).await;
     a.set_seconds(0.8);
-    let out = run(
+    let out = run_bounded(
         &url,
         &[
             "run",
@@ -95,7 +94,7 @@ async fn a_command_under_a_limit_of_two_never_runs_on_more_than_two_hosts_at_onc
     let s = open(&url).await;
     assert!(keys_under(&s, "/config_state/commands/").await.is_empty());
     // `commands show --json` agrees, host by host.
-    let shown = run(&url, &["--json", "commands", "show", &id]).await;
+    let shown = run_bounded(&url, &["--json", "commands", "show", &id]).await;
     let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(v["counts"]["succeeded"], 6, "{v:#}");
     assert_eq!(v["hosts"][0]["exit_code"], 0, "{v:#}");
@@ -108,7 +107,7 @@ async fn a_failing_host_stops_the_command_under_max_failures() {
     let a = Actions::new();
     let f = Fleet::start_with(&url, &url, &COMPUTES, 0.1, |_| a.config(false)).await;
     a.fail("compute2");
-    let out = run(
+    let out = run_bounded(
         &url,
         &[
             "run",
@@ -167,7 +166,7 @@ async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_a
     let f = Fleet::start_with(&url, &url, &["closed1", "open1"], 0.1, |h| a.config(h == "open1")).await;
     let marker = a.path("any.log");
     // An action that is installed nowhere: refused on closed1, with the reason.
-    let out = run(&url, &["run", "--all", "flush-caches"]).await;
+    let out = run_bounded(&url, &["run", "--all", "flush-caches"]).await;
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -187,7 +186,7 @@ async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_a
     let open = result_of(&url, &id, "open1").await.unwrap();
     assert_eq!(open["outcome"], "failed", "{open:#}");
     // An argument list: refused where it is off (never run), run where it is on.
-    let out = run(
+    let out = run_bounded(
         &url,
         &[
             "run",
@@ -321,7 +320,7 @@ async fn cancel_mid_way_lets_the_running_host_finish_and_starts_no_other() {
     );
     wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
-    let cancelled = run(&url, &["commands", "cancel", &id, "--reason", "wrong build"]).await;
+    let cancelled = run_bounded(&url, &["commands", "cancel", &id, "--reason", "wrong build"]).await;
     assert_eq!(cancelled.status.code(), Some(0), "{}", text(&cancelled));
     assert!(
         text(&cancelled).contains("1 host running it finishes"),
@@ -352,7 +351,7 @@ async fn cancel_mid_way_lets_the_running_host_finish_and_starts_no_other() {
     // Nothing is left admitted, and a second cancel says there is nothing to do.
     let s = open(&url).await;
     assert!(keys_under(&s, "/config_state/commands/").await.is_empty());
-    let again = run(&url, &["commands", "cancel", &id]).await;
+    let again = run_bounded(&url, &["commands", "cancel", &id]).await;
     assert_eq!(again.status.code(), Some(1), "{}", text(&again));
     assert!(text(&again).contains("already cancelled"), "{}", text(&again));
 }
@@ -433,4 +432,55 @@ fn the_log_checks_can_fail() {
     assert_eq!(max_overlap(&ok).0, 1);
     assert!(same_host_overlaps(&ok).is_empty());
     assert!(repeated(&ok, "c1").is_empty());
+}
+
+/// On Consul with ACLs (the Consul API test server), the agents under the README's
+/// `jio-agent` policy: each host runs the command once, at its first attempt (a
+/// start's compare on keys it writes itself stays in its transaction), under the
+/// limit, by the action's own log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_on_consul_runs_once_per_host_under_the_agents_policy() {
+    use jio_tests::consul::{AclToken, ConsulOptions, ConsulServer};
+    let server = ConsulServer::start(ConsulOptions {
+        token: Some("operator-c0ffee-secret".into()),
+        tokens: vec![AclToken::jio_agent("agent-c0ffee-secret")],
+        ..ConsulOptions::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url_with_token(dir.path(), "operator.token", "operator-c0ffee-secret");
+    let agents_url = server.url_with_token(dir.path(), "agent.token", "agent-c0ffee-secret");
+    let a = Actions::new();
+    let names = ["compute1", "compute2", "compute3"];
+    let f = Fleet::start_with(&url, &agents_url, &names, 0.1, |_| a.config(false)).await;
+    let follower = spawn(
+        &url,
+        &[
+            "run",
+            "--role",
+            "compute",
+            "--instructions",
+            r#"{"rolling_rules": {"roles": {"compute": 1}}}"#,
+            "restart",
+            "nova",
+        ],
+    );
+    let out = finish(follower, secs(60)).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&out),
+        diagnostics(&f, &a)
+    );
+    let id = command_id(&text(&out));
+    let runs = a.runs();
+    assert_eq!(runs.len(), 3, "{}", a.log());
+    assert!(repeated(&runs, &id).is_empty(), "{}", a.log());
+    assert_eq!(max_overlap(&runs).0, 1, "{}", a.log());
+    for h in names {
+        let r = result_of(&url, &id, h).await.unwrap();
+        assert_eq!(r["outcome"], "succeeded", "{r:#}");
+        assert_eq!(r["attempt"], 1, "{r:#}");
+    }
 }

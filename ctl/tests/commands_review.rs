@@ -155,7 +155,7 @@ async fn a_misspelt_role_in_a_commands_rules_is_named_not_silently_dropped() {
     let names = ["compute1", "compute2", "compute3"];
     let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
     a.set_seconds(1.0);
-    let out = run(
+    let out = run_bounded(
         &url,
         &[
             "run",
@@ -353,7 +353,7 @@ async fn a_hold_after_admission_keeps_the_action_from_starting_and_is_named() {
         .map(|k| k.trim_start_matches("/commands/").to_string())
         .collect();
     let id = ids.first().cloned().unwrap();
-    let shown = run(&url, &["--json", "commands", "show", &id]).await;
+    let shown = run_bounded(&url, &["--json", "commands", "show", &id]).await;
     let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     let reason = v["hosts"][0]["reason"].as_str().unwrap_or_default().to_string();
     let phase = v["hosts"][0]["phase"].as_str().unwrap_or_default().to_string();
@@ -451,7 +451,7 @@ async fn a_cancelled_command_without_a_follower_leaves_no_admission_behind() {
     signal(&follower, Signal::SIGINT);
     let out = finish(follower, secs(30)).await;
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
-    let cancelled = run(&url, &["commands", "cancel", &id]).await;
+    let cancelled = run_bounded(&url, &["commands", "cancel", &id]).await;
     assert_eq!(cancelled.status.code(), Some(0), "{}", text(&cancelled));
     wait_for("compute1's result", secs(30), || async {
         result_of(&url, &id, "compute1").await.is_some()
@@ -459,7 +459,7 @@ async fn a_cancelled_command_without_a_follower_leaves_no_admission_behind() {
     .await;
     // A driver service and a follower of the command, as an operator would try.
     let drive = spawn(&url, &["drive"]);
-    let followed = run(&url, &["commands", "follow", &id]).await;
+    let followed = run_bounded(&url, &["commands", "follow", &id]).await;
     assert_eq!(followed.status.code(), Some(6), "{}", text(&followed));
     a.set_seconds(0.2);
     let again = spawn(&url, &["run", "--hosts", "compute1", "restart", "again"]);
@@ -534,7 +534,7 @@ async fn a_paused_driver_that_lost_its_lease_cannot_admit_after_a_follower_took_
     let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
     a.set_seconds(1.5);
     let mut drive = spawn(&url, &["drive", "--lease", "3s"]);
-    let rec = run(
+    let rec = run_bounded(
         &url,
         &[
             "run",
@@ -588,7 +588,7 @@ async fn a_timeout_stops_the_whole_action_and_is_reported_failed() {
     let a = Actions::new();
     let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
     let started = std::time::Instant::now();
-    let out = run(
+    let out = run_bounded(
         &url,
         &["run", "--hosts", "compute1", "--timeout", "2s", "stubborn"],
     )
@@ -616,7 +616,7 @@ async fn a_timeout_stops_the_whole_action_and_is_reported_failed() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("0 of 1 hosts succeeded"), "{stdout}");
     // The agent is free again.
-    let next = run(&url, &["run", "--hosts", "compute1", "restart"]).await;
+    let next = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
     assert_eq!(next.status.code(), Some(0), "{}", text(&next));
 }
 
@@ -707,7 +707,7 @@ async fn bad_bytes_in_command_keys_are_named_and_the_rest_goes_on() {
         diagnostics(&f, &a)
     );
     let id = command_id(&text(&out));
-    let listed = run(&url, &["commands", "list"]).await;
+    let listed = run_bounded(&url, &["commands", "list"]).await;
     assert_eq!(listed.status.code(), Some(0), "{}", text(&listed));
     assert!(
         text(&listed)
@@ -717,9 +717,9 @@ async fn bad_bytes_in_command_keys_are_named_and_the_rest_goes_on() {
         text(&listed)
     );
     assert!(text(&listed).contains(&id), "{}", text(&listed));
-    let shown = run(&url, &["commands", "show", &id]).await;
+    let shown = run_bounded(&url, &["commands", "show", &id]).await;
     assert_eq!(shown.status.code(), Some(0), "{}", text(&shown));
-    let shown = run(&url, &["commands", "show", junk]).await;
+    let shown = run_bounded(&url, &["commands", "show", junk]).await;
     assert_eq!(shown.status.code(), Some(1), "{}", text(&shown));
     assert!(
         text(&shown).contains(&format!("/commands/{junk}")),
@@ -822,7 +822,7 @@ async fn a_record_corrupted_mid_command_is_named_and_the_driver_service_goes_on(
     let mut f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
     a.set_seconds(1.5);
     let mut drive = spawn(&url, &["drive", "--lease", "3s"]);
-    let rec = run(
+    let rec = run_bounded(
         &url,
         &[
             "run",
@@ -843,7 +843,7 @@ async fn a_record_corrupted_mid_command_is_named_and_the_driver_service_goes_on(
         result_of(&url, &id, "compute1").await.is_some()
     })
     .await;
-    let shown = run(&url, &["commands", "show", &id]).await;
+    let shown = run_bounded(&url, &["commands", "show", &id]).await;
     assert_eq!(shown.status.code(), Some(1), "{}", text(&shown));
     assert!(
         text(&shown).contains(&format!("/commands/{id}")),
@@ -852,7 +852,7 @@ async fn a_record_corrupted_mid_command_is_named_and_the_driver_service_goes_on(
     );
     // The rest goes on: the service drives a new command on compute3.
     a.set_seconds(0.2);
-    let rec = run(&url, &["run", "--detach", "--hosts", "compute3", "restart"]).await;
+    let rec = run_bounded(&url, &["run", "--detach", "--hosts", "compute3", "restart"]).await;
     let id3 = String::from_utf8_lossy(&rec.stdout).trim().to_string();
     wait_for("the next command to end", secs(30), || async {
         result_of(&url, &id3, "compute3").await.is_some()
@@ -888,7 +888,7 @@ async fn a_targeted_host_with_an_unreadable_inbox_waits_named_until_repaired() {
     })
     .await;
     tokio::time::sleep(secs(1)).await;
-    let shown = run(&url, &["--json", "commands", "show", &id]).await;
+    let shown = run_bounded(&url, &["--json", "commands", "show", &id]).await;
     assert_eq!(shown.status.code(), Some(0), "{}", text(&shown));
     assert!(
         text(&shown).contains("/config_state/commands/compute2"),
@@ -918,14 +918,14 @@ async fn an_unreadable_log_link_is_named_by_commands_show() {
     let url = etcd.url();
     let a = Actions::new();
     let _f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
-    let out = run(&url, &["run", "--hosts", "compute1", "restart"]).await;
+    let out = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let id = command_id(&text(&out));
     let key = format!("/command_runs/{id}/logs/compute1");
     etcdctl_put(&url, key.as_bytes(), b"\xff\xfe");
-    let shown = run(&url, &["commands", "show", &id]).await;
+    let shown = run_bounded(&url, &["commands", "show", &id]).await;
     assert_eq!(shown.status.code(), Some(0), "{}", text(&shown));
-    let json = run(&url, &["--json", "commands", "show", &id]).await;
+    let json = run_bounded(&url, &["--json", "commands", "show", &id]).await;
     assert!(
         text(&shown).contains(&key) || text(&json).contains(&key),
         "the unreadable log link is not named:\n{}\n{}",
@@ -1001,7 +1001,7 @@ async fn a_command_created_after_the_emergency_stop_is_refused_or_says_so() {
     let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
     let stop = run(&url, &["global-disable-puppet"]).await;
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
-    let out = run(&url, &["run", "--hosts", "compute1", "restart"]).await;
+    let out = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
     let t = text(&out);
     assert!(
         out.status.code() != Some(0) || t.contains("emergency stop") || t.contains("global-disable-puppet"),

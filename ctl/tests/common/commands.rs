@@ -269,3 +269,9 @@ pub fn action_pids(actions_dir: &std::path::Path) -> Vec<i32> {
     }
     out
 }
+
+/// `jioctl <args>` run to its end, which must come within two minutes (a hang
+/// fails the test instead of holding the suite).
+pub async fn run_bounded(url: &str, args: &[&str]) -> Output {
+    super::fleet::finish(super::fleet::spawn(url, args), secs(120)).await
+}
