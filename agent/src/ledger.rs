@@ -170,13 +170,20 @@ impl Ledger {
     }
 
     /// Queues a composed log for Swift, to be linked from `key` (a leaf the store
-    /// holds at `revision`).
-    pub fn queue_upload(&self, log: &Path, object: &str, key: &jio_common::keys::Key, revision: Revision) {
+    /// holds at `revision`) and, with `result`, from the run result too.
+    pub fn queue_upload(
+        &self,
+        log: &Path,
+        object: &str,
+        key: &jio_common::keys::Key,
+        revision: Revision,
+        result: Option<uploads::ResultLink>,
+    ) {
         let entry = uploads::Entry {
             object: object.to_string(),
             key: key.to_string(),
             revision,
-            result: None,
+            result,
         };
         match uploads::enqueue(&self.state_dir, log, &entry) {
             Ok(()) => {
@@ -185,7 +192,7 @@ impl Ledger {
                 }
             }
             Err(e) => {
-                tracing::warn!(log = %log.display(), error = %e, "cannot queue the log for upload")
+                tracing::warn!(log = %log.display(), error = %e, "cannot queue the run log for upload")
             }
         }
     }
@@ -206,26 +213,12 @@ impl Ledger {
                 .step_status(&t.rollout, &t.phase, &t.service, outcome, &self.host),
             None => self.schema.status(r.step, outcome, &r.version, &self.host),
         };
-        let entry = uploads::Entry {
-            object: object.clone(),
-            key: key.to_string(),
-            revision,
-            result: r.result.as_ref().map(|res| uploads::ResultLink {
-                key: self.schema.result(&self.host).to_string(),
-                version: res.version.to_string(),
-                at: res.at,
-            }),
-        };
-        match uploads::enqueue(&self.state_dir, log, &entry) {
-            Ok(()) => {
-                if let Some(w) = &self.upload_wake {
-                    w.notify_one();
-                }
-            }
-            Err(e) => {
-                tracing::warn!(log = %log.display(), error = %e, "cannot queue the run log for upload")
-            }
-        }
+        let result = r.result.as_ref().map(|res| uploads::ResultLink {
+            key: self.schema.result(&self.host).to_string(),
+            version: res.version.to_string(),
+            at: res.at,
+        });
+        self.queue_upload(log, object, &key, revision, result);
     }
 
     /// For the pending validated success at `i`, the version file is written before

@@ -646,7 +646,7 @@ impl Agent {
             };
             tracing::info!(command = %id, outcome = r.result.outcome.as_str(), "fleet command result reported");
             if let (Some(log), Some(object)) = (&r.log, &r.object) {
-                self.ledger.queue_upload(log, object, &logs_key, revision);
+                self.ledger.queue_upload(log, object, &logs_key, revision, None);
             }
             self.ledger.journal.commands.unreported.remove(0);
             self.ledger.save();
