@@ -71,6 +71,11 @@ impl LiveView {
                 None | Some(Parsed::ActiveRole(..))
                     | Some(Parsed::Provisioned(..))
                     | Some(Parsed::Status(_, Outcome::Success, ..))
+                    // Fleet commands' records and runs: a rollout's plan counts
+                    // their hosts through the inboxes and the agents' records.
+                    | Some(Parsed::Command(..))
+                    | Some(Parsed::CommandRun(..))
+                    | Some(Parsed::CommandLock(..))
             )
         };
         match ev {
