@@ -132,7 +132,20 @@ impl std::fmt::Display for Targets {
                 if r.len() == 1 { "" } else { "s" },
                 r.iter().map(Role::as_str).collect::<Vec<_>>().join(", ")
             ),
-            Targets::Hosts(h) => write!(f, "{} named host{}", h.len(), if h.len() == 1 { "" } else { "s" }),
+            Targets::Hosts(h) => {
+                let names: Vec<&str> = h.iter().take(8).map(HostName::as_str).collect();
+                write!(
+                    f,
+                    "host{} {}{}",
+                    if h.len() == 1 { "" } else { "s" },
+                    names.join(", "),
+                    if h.len() > 8 {
+                        format!(" and {} more", h.len() - 8)
+                    } else {
+                        String::new()
+                    }
+                )
+            }
         }
     }
 }
@@ -515,6 +528,10 @@ pub struct CommandPlan {
     pub running: Vec<HostName>,
     /// Why each host that has not succeeded is where it is.
     pub reasons: BTreeMap<HostName, Reason>,
+    /// Nothing runs, nothing is admitted and nothing can be, yet hosts are left
+    /// (a frozen group, a lost host, a group waiting for one): only an operator
+    /// moves it now. A window that opens later is not this.
+    pub waits_forever: bool,
 }
 
 fn admitted(fleet: &Snapshot, id: &CommandId, h: &HostName) -> bool {
@@ -748,6 +765,19 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         }
     }
     out.reasons = p.reasons.clone();
+    out.waits_forever = rec.state.active()
+        && out.end.is_none()
+        && out.admit.is_empty()
+        && p.wake_at.is_none()
+        && out
+            .phases
+            .values()
+            .all(|ph| !matches!(ph, HostPhase::Running | HostPhase::Admitted))
+        && statuses.iter().any(|s| {
+            matches!(s.state, HostState::Pending | HostState::Blocked | HostState::Lost)
+                && !p.held.contains(&s.host)
+        })
+        && !statuses.iter().any(|s| s.state == HostState::Upgrading);
     out.plan = p;
     out
 }
@@ -815,14 +845,20 @@ fn ending(
 /// A result for people: `exit 3: <message>`, `refused: <why>`...
 pub fn result_text(r: &CommandResult) -> String {
     let mut s = r.outcome.as_str().to_string();
-    if let Some(c) = r.exit_code {
-        s.push_str(&format!(" (exit {c})"));
-    }
-    if let Some(m) = &r.message {
-        s.push_str(": ");
-        s.push_str(m);
+    match (&r.message, r.exit_code) {
+        (Some(m), _) => {
+            s.push_str(": ");
+            s.push_str(m);
+        }
+        (None, Some(c)) => s.push_str(&format!(" (exit {c})")),
+        (None, None) => {}
     }
     s
+}
+
+/// `1 host`, `2 hosts`.
+pub fn hosts_n(n: usize) -> String {
+    format!("{n} host{}", if n == 1 { "" } else { "s" })
 }
 
 /// The hosts a target names, from the fleet as read; every problem named (an
@@ -1134,6 +1170,7 @@ mod tests {
             failed_hosts["compute1"].starts_with("failed (exit 3)"),
             "{failed_hosts:?}"
         );
+        assert!(!p.waits_forever);
         assert!(
             failed_hosts["compute4"].contains("stopped on failures"),
             "{failed_hosts:?}"
@@ -1312,6 +1349,26 @@ mod tests {
         // Once the rollout ended, the role is free.
         f.rollout = None;
         assert_eq!(planned(&rec, &f, &Runs::default(), "{}").admit.len(), 2);
+    }
+
+    #[test]
+    fn a_frozen_group_or_a_lost_host_waits_for_an_operator() {
+        let names = ["compute1", "compute2"];
+        let rec = record(&names);
+        let f = fleet(&names);
+        let p = planned(
+            &rec,
+            &f,
+            &Runs::default(),
+            r#"{"rolling_rules": {"roles": {"compute": 0}}}"#,
+        );
+        assert!(p.admit.is_empty());
+        assert!(p.waits_forever, "{:?}", p.reasons);
+        let p = planned(&rec, &f, &Runs::default(), LIMIT_2);
+        assert!(!p.waits_forever);
+        let mut f = fleet(&names);
+        f.agents.clear();
+        assert!(planned(&rec, &f, &Runs::default(), LIMIT_2).waits_forever);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct NewCommand {
     pub rules_json: serde_json::Value,
     pub timeout: Option<Duration>,
     pub rerun_interrupted: bool,
+    /// The rules were given (not the site's file): a rule naming no host of the
+    /// fleet (a misspelt role) is an error, not a warning.
+    pub strict: bool,
 }
 
 /// The roles of `hosts`, as the fleet says.
@@ -58,8 +61,28 @@ pub async fn create(
         .rules
         .resolve(&roles_of(&fleet, &fleet.hosts().into_iter().collect::<Vec<_>>()))
         .map_err(|e| Failure::with(exit::INVALID_RULES, anyhow::Error::new(e)))?;
+    if new.strict && !resolved.warnings.is_empty() {
+        return Err(Failure::with(
+            exit::INVALID_RULES,
+            anyhow!(
+                "the rules name what the fleet does not have, so they would not limit anything there (a misspelt role?); nothing was written:\n  {}",
+                resolved.warnings.join("\n  ")
+            ),
+        ));
+    }
     for w in &resolved.warnings {
         eprintln!("jioctl: warning: {w}");
+    }
+    let held: Vec<&HostName> = hosts
+        .iter()
+        .filter(|h| fleet.hold_of(h, &fleet.role_of(h)).is_some())
+        .collect();
+    if !held.is_empty() {
+        eprintln!(
+            "jioctl: note: {} held: the command does not run there while held (released before the others are done, it does; else the command ends without it, not every host succeeded)",
+            held.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", ")
+                + if held.len() == 1 { " is" } else { " are" }
+        );
     }
     if let Some((by, _)) = &fleet.halt {
         eprintln!(
@@ -347,11 +370,11 @@ pub fn progress_line(r: &Read) -> String {
         .map(|(p, n)| format!("{n} {}", p.as_str()))
         .collect();
     let mut line = format!(
-        "command {} ({}): {} of {} hosts: {}",
+        "command {} ({}): {} on {}: {}",
         r.record.id,
         r.record.state.name(),
         r.record.command_line(),
-        r.record.hosts.len(),
+        command::hosts_n(r.record.hosts.len()),
         parts.join(", ")
     );
     let waiting: Vec<String> = r
@@ -364,6 +387,17 @@ pub fn progress_line(r: &Read) -> String {
         .collect();
     if let Some(p) = &r.rules_problem {
         line.push_str(&format!("; nothing is admitted: {p}"));
+    }
+    if r.record.state.active() && r.runs.lock_absent {
+        line.push_str(&format!(
+            "; nobody drives it (no process holds its lock): `jioctl commands follow {}` or a driver service (`jioctl drive`) admits its hosts",
+            r.record.id
+        ));
+    }
+    if r.plan.waits_forever {
+        line.push_str(
+            "; nothing can move without an operator (a frozen group, a lost or unreadable host, or a group waiting for one): `jioctl commands cancel` ends it",
+        );
     }
     if !waiting.is_empty() && !r.finished() {
         line.push_str(&format!("; waiting for: {}", waiting.join(", ")));
@@ -663,7 +697,11 @@ pub fn table(r: &Read) -> String {
             x.role.as_str(),
             x.phase,
             x.exit_code.map_or("-".into(), |c| c.to_string()),
-            x.duration_s.map_or("-".into(), |d| format!("{d}s")),
+            x.duration_s.map_or("-".into(), |d| if d == 0 {
+                "<1s".into()
+            } else {
+                format!("{d}s")
+            }),
             log
         ));
         if let (Some(why), Some(_)) = (&x.reason, &x.log.as_ref().or(x.run_dir.as_ref())) {
@@ -684,6 +722,8 @@ pub fn json(r: &Read) -> serde_json::Value {
         "hosts": rows(r),
         "counts": counts,
         "finished": r.finished(),
+        "driven": !r.runs.lock_absent,
+        "waits_forever": r.plan.waits_forever,
         "problems": r.fleet.problems.iter().chain(&r.runs.problems).chain(&r.rules_problem).collect::<Vec<_>>(),
     })
 }
@@ -712,10 +752,10 @@ pub fn print_end(r: &Read, json_out: bool) {
         .filter(|p| **p == HostPhase::Succeeded)
         .count();
     println!(
-        "command {} {}: {ok} of {} hosts succeeded",
+        "command {} {}: {ok} of {} succeeded",
         r.record.id,
         r.record.state.name(),
-        r.record.hosts.len()
+        command::hosts_n(r.record.hosts.len())
     );
 }
 

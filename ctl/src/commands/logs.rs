@@ -42,12 +42,20 @@ fn failed(msg: impl std::fmt::Display) -> Failure {
 
 impl Logs {
     pub async fn run(mut self, ctx: &Context) -> Outcome {
+        if let Some(id) = self.command.take() {
+            // What the store says first: a command that does not exist, or a host
+            // that uploaded nothing, is said without asking for Swift credentials.
+            let store = ctx.open(Access::Read).await?;
+            let link = self.command_link(ctx, &store, &id).await?;
+            let settings = self.swift_settings(ctx.config.swift.clone())?;
+            let client = SwiftClient::new(settings).map_err(Failure::usage)?;
+            let body = client.fetch(&link).await.map_err(failed)?;
+            std::io::stdout().write_all(&body)?;
+            return Ok(());
+        }
         let settings = self.swift_settings(ctx.config.swift.clone())?;
         let client = SwiftClient::new(settings).map_err(Failure::usage)?;
         let store = ctx.open(Access::Read).await?;
-        if let Some(id) = self.command.take() {
-            return self.command_log(ctx, &store, &client, &id).await;
-        }
         let version = match self.version.take() {
             Some(v) => v,
             None => current_version(ctx, &store).await?,
@@ -76,15 +84,14 @@ impl Logs {
         Ok(())
     }
 
-    /// Prints the output of the fleet command `id` on the host, from the link
-    /// its agent wrote once the upload was done.
-    async fn command_log(
+    /// The link to the host's output of the fleet command `id`, which its agent
+    /// wrote once the upload was done; or why there is none.
+    async fn command_link(
         &self,
         ctx: &Context,
         store: &DynStore,
-        client: &SwiftClient,
         id: &jio_common::command::CommandId,
-    ) -> Outcome {
+    ) -> Result<String, Failure> {
         use jio_common::command::RunPart;
         let schema = ctx.schema();
         if store.get(&schema.command(id)).await?.is_none() {
@@ -122,9 +129,7 @@ impl Logs {
         if !crate::status::is_link(&kv.value) {
             return Err(failed(format!("{key} does not hold a link: {}", kv.value)));
         }
-        let body = client.fetch(&kv.value).await.map_err(failed)?;
-        std::io::stdout().write_all(&body)?;
-        Ok(())
+        Ok(kv.value)
     }
 
     /// The host's status entry for `version` (of `--phase` when given).

@@ -40,9 +40,31 @@ pub struct Run {
     detach: bool,
     /// The action: an executable in the agents' actions_dir (/usr/lib/jiocloud/actions), or a program where the agents allow any command
     action: String,
-    /// The action's arguments
+    /// The action's arguments: everything after ACTION is the action's (jioctl's
+    /// own options go before ACTION)
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
+}
+
+/// jioctl's own options of `run`, as an operator might type them after ACTION.
+const RUN_OPTIONS: [&str; 9] = [
+    "--role",
+    "--hosts",
+    "--all",
+    "--instructions",
+    "--instructions-file",
+    "--timeout",
+    "--rerun-interrupted",
+    "--detach",
+    "--json",
+];
+
+/// The action's arguments that look like jioctl's own options.
+fn options_after_action(args: &[String]) -> Vec<&str> {
+    args.iter()
+        .map(|a| a.split('=').next().unwrap_or(a))
+        .filter(|a| RUN_OPTIONS.contains(a))
+        .collect()
 }
 
 impl Run {
@@ -52,11 +74,29 @@ impl Run {
             (false, false, _) => Targets::Roles(self.role.clone()),
             (false, true, false) => Targets::Hosts(self.hosts.clone()),
             (false, true, true) => {
-                return Err(Failure::usage(
-                    "say where to run it: --all, --role R or --hosts H (nothing was written)",
-                ));
+                let late = options_after_action(&self.args);
+                return Err(Failure::usage(format!(
+                    "say where to run it: --all, --role R or --hosts H, before ACTION (nothing was written){}",
+                    if late.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; {} came after the action {:?}, so it would be the action's argument",
+                            late.join(", "),
+                            self.action
+                        )
+                    }
+                )));
             }
         };
+        let late = options_after_action(&self.args);
+        if !late.is_empty() {
+            eprintln!(
+                "jioctl: note: {} comes after the action {:?}: it is passed to the action as its argument, not taken by jioctl (jioctl's options go before ACTION)",
+                late.join(", "),
+                self.action
+            );
+        }
         if self.action.is_empty() {
             return Err(Failure::usage("the action is empty (nothing was written)"));
         }
@@ -65,6 +105,7 @@ impl Run {
                 "--timeout must be more than 0s (nothing was written)",
             ));
         }
+        let strict = self.instructions.is_some() || self.instructions_file.is_some();
         let (rules, rules_json) = load_rules(self.instructions, self.instructions_file)?;
         let store = ctx.open(Access::Write).await?;
         let schema = ctx.schema();
@@ -80,15 +121,15 @@ impl Run {
                 rules_json,
                 timeout: self.timeout,
                 rerun_interrupted: self.rerun_interrupted,
+                strict,
             },
         )
         .await?;
         let id = record.id.clone();
         eprintln!(
-            "jioctl: command {id} recorded: {} on {} host{} ({})",
+            "jioctl: command {id} recorded: {} on {} ({})",
             record.command_line(),
-            record.hosts.len(),
-            if record.hosts.len() == 1 { "" } else { "s" },
+            jio_common::command::hosts_n(record.hosts.len()),
             record.targets
         );
         if self.detach {
@@ -143,8 +184,9 @@ pub async fn follow(
                 .map(|r| r.plan.running.len())
                 .unwrap_or(0);
             eprintln!(
-                "jioctl: {sig}: stopped following command {id}; it goes on ({running} host{} running it finish). Nothing more is admitted until a driver takes it: `jioctl commands follow {id}`, or a driver service",
-                if running == 1 { "" } else { "s" }
+                "jioctl: {sig}: stopped following command {id}; it goes on ({} running it finish{}). Nothing more is admitted until a driver takes it: `jioctl commands follow {id}`, or a driver service",
+                jio_common::command::hosts_n(running),
+                if running == 1 { "es" } else { "" }
             );
             return Err(Failure::quiet(crate::upgrade::signal_code(sig)));
         }
@@ -152,8 +194,14 @@ pub async fn follow(
     match end.map_err(fleet_commands::failure)? {
         FollowEnd::Ended(r) => {
             fleet_commands::print_end(&r, ctx.json);
-            if let CommandState::Cancelled { by, .. } | CommandState::Aborted { by, .. } = &r.record.state {
-                eprintln!("jioctl: command {id} was {} by {by}", r.record.state.name());
+            if let CommandState::Cancelled { by, reason } | CommandState::Aborted { by, reason } =
+                &r.record.state
+            {
+                eprintln!(
+                    "jioctl: command {id} was {} by {by}{}",
+                    r.record.state.name(),
+                    reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+                );
             }
             fleet_commands::exit_of(&r.record.state)
         }
@@ -170,9 +218,12 @@ fn load_rules(
     let given = instructions.is_some() || file.is_some();
     let text = match (instructions, file) {
         (Some(t), _) => t,
-        (None, Some(p)) => {
-            std::fs::read_to_string(&p).map_err(|e| Failure::usage(format!("{}: {e}", p.display())))?
-        }
+        (None, Some(p)) => std::fs::read_to_string(&p).map_err(|e| {
+            Failure::usage(format!(
+                "--instructions-file {}: {e} (nothing was written)",
+                p.display()
+            ))
+        })?,
         (None, None) => match std::fs::read_to_string(crate::commands::upgrade::DEFAULT_RULES) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "{}".into(),
