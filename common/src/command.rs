@@ -657,30 +657,28 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         });
     }
     // The fleet's other hosts count in the limits while they are busy (the role's
-    // limit holds across commands and upgrades), and are never admitted.
-    let mut everyone = statuses.clone();
-    for s in v.fleet_status.iter().filter(|s| !targets.contains(&s.host)) {
-        let (state, reason) = match busy(&s.host, &s.role) {
-            Some(why) => (HostState::Upgrading, Some(why)),
-            None => (HostState::Upgraded, None),
-        };
-        everyone.push(HostStatus {
-            host: s.host.clone(),
-            role: s.role.clone(),
-            state,
-            reason,
-        });
-    }
-    // `max_failures` is of the command's hosts, whatever else the fleet holds.
-    let mut r = r.clone();
-    r.max_failures = crate::rules::Limit::Count(r.max_failures.of(rec.hosts.len(), false));
+    // limit holds across commands and upgrades); percentages, `max_failures` and
+    // `role_order` are of the command's own hosts.
+    let busy_outside: Vec<HostStatus> = v
+        .fleet_status
+        .iter()
+        .filter(|s| !targets.contains(&s.host))
+        .filter_map(|s| {
+            busy(&s.host, &s.role).map(|why| HostStatus {
+                host: s.host.clone(),
+                role: s.role.clone(),
+                state: HostState::Upgrading,
+                reason: Some(why),
+            })
+        })
+        .collect();
     let cx = plan::Context {
         now: v.now,
         rollout: None,
         host_keys_only: true,
+        busy_outside: &busy_outside,
     };
-    let mut p = plan::plan(v.fleet, &everyone, &r, &cx);
-    p.reasons.retain(|h, _| targets.contains(h));
+    let mut p = plan::plan(v.fleet, &statuses, r, &cx);
     // The reasons of hosts the command moved are the command's own.
     for s in &statuses {
         let why = match out.phases[&s.host] {
@@ -742,7 +740,7 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
                     by.holder, by.host
                 )),
             }),
-            None => ending(&statuses, &out.phases, &p, v),
+            None => ending(&statuses, &out.phases, &p, v, r),
         };
         if out.end.is_none() {
             out.admit = p.enable_hosts.clone();
@@ -788,6 +786,7 @@ fn ending(
     phases: &BTreeMap<HostName, HostPhase>,
     p: &Plan,
     v: &View<'_>,
+    r: &Resolved,
 ) -> Option<CommandState> {
     let not_ok = |h: &HostName| -> Option<String> {
         match phases[h] {
@@ -817,14 +816,58 @@ fn ending(
         }
         return Some(CommandState::Failed { failed_hosts: hosts });
     }
-    // Hosts left: not ended. Held ones are never admitted: with nothing else left
-    // to move, the command ends without them.
+    // Hosts left: not ended. Held ones are never admitted, nor are the pending
+    // hosts of a group that waits for a group where the command ended with a
+    // failure (a host never runs a command twice, so that group is never done):
+    // with nothing else left to move, the command ends without them.
+    let group_of = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
+    let dead: BTreeSet<String> = {
+        let mut by_group: BTreeMap<String, Vec<&HostStatus>> = BTreeMap::new();
+        for s in statuses {
+            by_group.entry(group_of(&s.role)).or_default().push(s);
+        }
+        by_group
+            .into_iter()
+            .filter(|(_, hs)| {
+                hs.iter()
+                    .all(|s| matches!(s.state, HostState::Upgraded | HostState::Failed))
+                    && hs.iter().any(|s| s.state == HostState::Failed)
+            })
+            .map(|(g, _)| g)
+            .collect()
+    };
+    let never: BTreeMap<&HostName, String> = statuses
+        .iter()
+        .filter(|s| s.state == HostState::Pending)
+        .filter_map(|s| {
+            let g = group_of(&s.role);
+            let on = p
+                .groups
+                .iter()
+                .find(|gp| gp.group == g)
+                .and_then(|gp| match &gp.action {
+                    crate::plan::GroupAction::Wait { on }
+                        if !on.is_empty() && on.iter().all(|d| dead.contains(d)) =>
+                    {
+                        Some(on.join(", "))
+                    }
+                    _ => None,
+                })?;
+            Some((
+                &s.host,
+                format!("not run: it waits for {on}, where the command failed"),
+            ))
+        })
+        .collect();
     let held: BTreeSet<&HostName> = p.held.iter().collect();
     let open: Vec<&HostStatus> = statuses
         .iter()
         .filter(|s| !matches!(s.state, HostState::Upgraded | HostState::Failed))
         .collect();
-    if open.iter().any(|s| !held.contains(&s.host)) {
+    if open
+        .iter()
+        .any(|s| !held.contains(&s.host) && !never.contains_key(&s.host))
+    {
         return None;
     }
     if failed.is_empty() && open.is_empty() {
@@ -832,6 +875,10 @@ fn ending(
     }
     let mut hosts = failed;
     for s in open {
+        if let Some(why) = never.get(&s.host) {
+            hosts.insert(s.host.to_string(), why.clone());
+            continue;
+        }
         let why = p
             .reasons
             .get(&s.host)
@@ -1369,6 +1416,90 @@ mod tests {
         let mut f = fleet(&names);
         f.agents.clear();
         assert!(planned(&rec, &f, &Runs::default(), LIMIT_2).waits_forever);
+    }
+
+    #[test]
+    fn a_group_waiting_for_one_where_the_command_failed_ends_it() {
+        let names = ["compute1", "controller1"];
+        let rec = record(&names);
+        let f = fleet(&names);
+        let mut runs = Runs::default();
+        runs.results.insert(h("controller1"), result(RunOutcome::Failed));
+        let p = planned(
+            &rec,
+            &f,
+            &runs,
+            r#"{"role_order": {"compute": "controller"}, "max_failures": 1}"#,
+        );
+        let Some(CommandState::Failed { failed_hosts }) = &p.end else {
+            panic!("{:?}", p.end)
+        };
+        assert!(
+            failed_hosts["compute1"].contains("waits for controller"),
+            "{failed_hosts:?}"
+        );
+        // While the controller still runs, compute waits.
+        runs.results.clear();
+        runs.started.insert(
+            h("controller1"),
+            Started {
+                at: 1,
+                pid: 1,
+                attempt: 1,
+            },
+        );
+        let p = planned(
+            &rec,
+            &f,
+            &runs,
+            r#"{"role_order": {"compute": "controller"}, "max_failures": 1}"#,
+        );
+        assert!(p.end.is_none());
+    }
+
+    #[test]
+    fn percentages_and_role_order_are_of_the_commands_own_hosts() {
+        // Four computes in the fleet, the command names two: 50% of its computes
+        // is one host at a time.
+        let names = [
+            "compute1",
+            "compute2",
+            "compute3",
+            "compute4",
+            "controller1",
+            "controller2",
+        ];
+        let rec = record(&["compute1", "compute2", "controller1"]);
+        let mut f = fleet(&names);
+        let p = planned(
+            &rec,
+            &f,
+            &Runs::default(),
+            r#"{"rolling_rules": {"roles": {"compute": "50%"}}}"#,
+        );
+        assert_eq!(p.admit, [h("compute1"), h("controller1")]);
+        let p = planned(
+            &rec,
+            &f,
+            &Runs::default(),
+            r#"{"rolling_rules": {"fleet": "34%"}}"#,
+        );
+        assert_eq!(p.admit.len(), 1, "34% of 3 hosts: {:?}", p.admit);
+        // controller2, busy elsewhere, is not a host the compute group waits for.
+        f.agents.insert(
+            h("controller2"),
+            Some(AgentRecord {
+                state: AgentState::Upgrading,
+                version: None,
+                since: 0,
+                pid: 1,
+            }),
+        );
+        let mut runs = Runs::default();
+        runs.results
+            .insert(h("controller1"), result(RunOutcome::Succeeded));
+        let p = planned(&rec, &f, &runs, r#"{"role_order": {"compute": "controller"}}"#);
+        assert_eq!(p.admit, [h("compute1"), h("compute2")]);
     }
 
     #[test]

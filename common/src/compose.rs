@@ -1160,6 +1160,7 @@ pub fn plan(given: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Co
         );
         let pcx = Context {
             host_keys_only: true,
+            busy_outside: &[],
             ..*cx
         };
         let mut p = plan::plan(&ps, &hosts, r, &pcx);
@@ -1698,6 +1699,7 @@ mod tests {
                 now: 200,
                 rollout: Some(&rec),
                 host_keys_only: true,
+                busy_outside: &[],
             };
             plan(&snap, rules.compose.as_ref().unwrap(), &r, &cx)
         }

@@ -33,6 +33,11 @@ pub struct Context<'a> {
     /// Admit by host keys only, never by opening a role key (a composable
     /// rollout's phase: a role key would also start hosts left behind).
     pub host_keys_only: bool,
+    /// Hosts outside `hosts` that hold a slot all the same (busy with something
+    /// else: a fleet command's plan over its own hosts counts the fleet's busy
+    /// ones): they count in their group's and the fleet's in-flight numbers, never
+    /// in a group's size (percentages), its hosts left (`role_order`) or its plan.
+    pub busy_outside: &'a [HostStatus],
 }
 
 /// Why a host is where it is, for people (`text`) and programs (`code`, `at`).
@@ -374,7 +379,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         fleet_cap: r.fleet_cap(total),
         ..Plan::default()
     };
-    let mut fleet_in_flight = hosts.iter().filter(|h| holds_slot(h)).count();
+    let mut fleet_in_flight = hosts.iter().filter(|h| holds_slot(h)).count() + cx.busy_outside.len();
     plan.fleet_in_flight = fleet_in_flight;
     let window_of = |g: &str| {
         let windows: Vec<&window::Window> = r.windows.get(g).map(|w| w.iter().collect()).unwrap_or_default();
@@ -476,7 +481,17 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
             .iter()
             .filter(|h| h.state == HostState::Upgraded && !soaking(h))
             .count();
-        let holders: Vec<&HostName> = hs.iter().filter(|h| holds_slot(h)).map(|h| &h.host).collect();
+        let holders: Vec<&HostName> = hs
+            .iter()
+            .filter(|h| holds_slot(h))
+            .map(|h| &h.host)
+            .chain(
+                cx.busy_outside
+                    .iter()
+                    .filter(|b| &group_of(&b.role) == g)
+                    .map(|b| &b.host),
+            )
+            .collect();
         let in_flight = holders.len();
         let limit = r.limit_of(g, size);
         let mut pending: Vec<&HostStatus> = hs
@@ -1252,6 +1267,7 @@ mod tests {
                 now,
                 rollout: Some(&rec),
                 host_keys_only: false,
+                busy_outside: &[],
             },
         )
     }
@@ -1419,6 +1435,7 @@ mod tests {
                 now: 2010,
                 rollout: Some(&rec),
                 host_keys_only: false,
+                busy_outside: &[],
             },
         );
         assert_eq!(code(&p, "cp1"), Some(ReasonCode::Lost));
@@ -1468,6 +1485,7 @@ mod tests {
                     now,
                     rollout: Some(&rec),
                     host_keys_only: false,
+                    busy_outside: &[],
                 },
             )
         };

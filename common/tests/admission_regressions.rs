@@ -95,6 +95,7 @@ fn plan_of(snap: &Snapshot, rules: &str, rec: &RolloutRecord, now: u64) -> (Plan
             now,
             rollout: Some(rec),
             host_keys_only: false,
+            busy_outside: &[],
         },
     );
     (p, hosts)

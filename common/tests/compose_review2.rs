@@ -103,6 +103,7 @@ impl Scene {
             now: 200,
             rollout: Some(&self.rec),
             host_keys_only: true,
+            busy_outside: &[],
         };
         plan(&snap, rules.compose.as_ref().unwrap(), &r, &cx)
     }

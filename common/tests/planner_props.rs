@@ -281,6 +281,7 @@ fn run(inp: &Input) -> (Plan, RolloutRecord) {
         now: NOW,
         rollout: Some(&rec),
         host_keys_only: false,
+        busy_outside: &[],
     };
     (plan(&snap, &statuses, &resolved, &cx), rec)
 }

@@ -44,6 +44,9 @@ fn roles_of(fleet: &Snapshot, hosts: &[HostName]) -> BTreeSet<Role> {
     hosts.iter().map(|h| fleet.role_of(h)).collect()
 }
 
+/// Most finished commands deleted with one new command.
+const PRUNE: usize = 20;
+
 /// Records a new command (its hosts resolved from the fleet now), deleting the
 /// oldest finished commands beyond the history in the same transaction. Bad
 /// targets or rules are errors naming them; nothing is written then.
@@ -111,9 +114,12 @@ pub async fn create(
         .filter(|(id, r)| r.as_ref().is_some_and(|r| !r.state.active()) && !admitted.contains(id))
         .map(|(id, _)| id)
         .collect();
+    // At most `PRUNE` per new command (two deletes each, in the creation's one
+    // transaction, within what any store takes): a longer history shrinks over
+    // the next commands.
     let drop: Vec<&CommandId> = finished
         .iter()
-        .take(finished.len().saturating_sub(command::HISTORY - 1))
+        .take(finished.len().saturating_sub(command::HISTORY - 1).min(PRUNE))
         .copied()
         .collect();
     let now = unix_now();
@@ -180,9 +186,15 @@ impl Read {
             .map_or_else(|| self.fleet.role_of(h), |s| s.role.clone())
     }
 
-    /// Every host has ended (or the command ended) and none still runs.
+    /// The command ended and no host with a live agent still runs it (a host
+    /// whose agent is gone reports when it is back: nobody waits for it).
     pub fn finished(&self) -> bool {
-        !self.record.state.active() && self.plan.running.is_empty()
+        !self.record.state.active()
+            && self
+                .plan
+                .running
+                .iter()
+                .all(|h| !self.fleet.agents.contains_key(h))
     }
 }
 
@@ -761,8 +773,8 @@ pub fn print_end(r: &Read, json_out: bool) {
 
 /// What `cancel` did.
 pub struct Cancelled {
-    /// The record as it was.
-    pub before: CommandRecord,
+    /// The record as it was (`None`: there is none; its admissions were withdrawn).
+    pub before: Option<CommandRecord>,
     /// Hosts still running it (they finish).
     pub running: usize,
     /// It was active, and is now cancelled.
@@ -794,6 +806,9 @@ pub async fn cancel(
     reason: Option<String>,
 ) -> Result<Cancelled, Failure> {
     for _ in 0..5 {
+        if store.get(&schema.command(id)).await?.is_none() {
+            return withdraw_orphan(store, schema, id).await;
+        }
         let r = read(store, schema, role_pattern, id).await.map_err(failure)?;
         let active = r.record.state.active();
         let mut first = Vec::new();
@@ -827,7 +842,7 @@ pub async fn cancel(
         let withdrawn = rest.len();
         if first.is_empty() && rest.is_empty() {
             return Ok(Cancelled {
-                before: r.record,
+                before: Some(r.record),
                 running: r.plan.running.len(),
                 cancelled: false,
                 withdrawn: 0,
@@ -869,7 +884,7 @@ pub async fn cancel(
             continue;
         }
         return Ok(Cancelled {
-            before: r.record,
+            before: Some(r.record),
             running: r.plan.running.len(),
             cancelled: active,
             withdrawn,
@@ -879,6 +894,44 @@ pub async fn cancel(
         exit::FAILED,
         format!("command {id} kept changing while it was being cancelled; try again"),
     ))
+}
+
+/// `cancel` of an id that has no record (deleted by hand): the admissions that
+/// still name it are withdrawn (they would hold their hosts for ever), fenced on
+/// the epoch; none is an error naming the id.
+async fn withdraw_orphan(store: &DynStore, schema: &Schema, id: &CommandId) -> Result<Cancelled, Failure> {
+    let mut fleet = Snapshot::read(store, schema).await?;
+    fleet.inboxes.retain(|_, ids| ids.contains(id));
+    let hosts: Vec<HostName> = fleet.inboxes.keys().cloned().collect();
+    if hosts.is_empty() {
+        return Err(Failure::new(
+            exit::FAILED,
+            format!("no fleet command {id} (jioctl commands list shows them), and no host is admitted to it"),
+        ));
+    }
+    let mut txn = Txn::new().when(Compare::ModRevision(
+        schema.lock(jio_common::fleet::EPOCH),
+        fleet.epoch,
+    ));
+    txn.ops = inbox_ops(schema, &fleet, id, &[], &hosts);
+    txn.ops.push(writes::epoch_put(schema));
+    if !store.txn(txn).await?.committed() {
+        return Err(Failure::new(
+            exit::FAILED,
+            format!("the admissions changed while withdrawing those of {id}; try again"),
+        ));
+    }
+    eprintln!(
+        "jioctl: no record of fleet command {id}: withdrew its admission{} on {}",
+        if hosts.len() == 1 { "" } else { "s" },
+        jio_common::values::host_list(&hosts)
+    );
+    Ok(Cancelled {
+        before: None,
+        running: 0,
+        cancelled: false,
+        withdrawn: hosts.len(),
+    })
 }
 
 /// The driver service's share: drives every active command (one task each,

@@ -194,6 +194,7 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
         now,
         rollout: if problem.is_some() { None } else { active },
         host_keys_only: false,
+        busy_outside: &[],
     };
     let plan = plan::plan(snap, &hosts, &resolved, &cx);
     let mut reasons = plan.reasons.clone();
@@ -245,6 +246,7 @@ pub fn composed(
         now,
         rollout: Some(r),
         host_keys_only: true,
+        busy_outside: &[],
     };
     Some(jio_common::compose::plan(snap, c, resolved, &cx))
 }
@@ -338,6 +340,7 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
                 now: jio_common::time::unix_now(),
                 rollout: Some(r),
                 host_keys_only: false,
+                busy_outside: &[],
             };
             jio_common::rules::plan(snap, &hosts, &resolved, &cx)
         });

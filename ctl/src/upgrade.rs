@@ -297,6 +297,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
             now: jio_common::time::unix_now(),
             rollout: Some(&rec),
             host_keys_only: true,
+            busy_outside: &[],
         };
         let mut composed = jio_common::compose::plan(&snap, c, resolved, &cx);
         // Nothing runs yet: a stage this command starts is `starts`, not `running`.
@@ -354,6 +355,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
         now: jio_common::time::unix_now(),
         rollout: None,
         host_keys_only: false,
+        busy_outside: &[],
     };
     let first = rules::plan(&snap, &hosts, resolved, &cx);
     let waves = waves::simulate(&snap, resolved);
@@ -393,6 +395,7 @@ fn blocked_by_task_files(snap: &Snapshot, resolved: &rules::Resolved, args: &Arg
         now: jio_common::time::unix_now(),
         rollout: Some(&rec),
         host_keys_only: true,
+        busy_outside: &[],
     };
     jio_common::compose::plan(&snap, c, resolved, &cx)
         .plan
@@ -944,6 +947,7 @@ impl Driver<'_> {
             now: self.o.clock.unix_now(),
             rollout: Some(rec),
             host_keys_only: false,
+            busy_outside: &[],
         };
         Ok((rules::plan(snap, hosts, &resolved, &cx), rules, resolved))
     }
@@ -1104,6 +1108,7 @@ impl Driver<'_> {
             now,
             rollout: Some(rec),
             host_keys_only: true,
+            busy_outside: &[],
         };
         let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
         let driver = match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
@@ -1154,6 +1159,7 @@ impl Driver<'_> {
             now,
             rollout: Some(rec),
             host_keys_only: true,
+            busy_outside: &[],
         };
         let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
         if self.o.verbose {

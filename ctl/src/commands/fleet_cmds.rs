@@ -157,18 +157,17 @@ impl Commands {
                     println!("command {id} cancelled: no host starts it any more; {finishing}");
                     return Ok(());
                 }
+                let state = c.before.as_ref().map_or("gone (no record)", |r| r.state.name());
                 if c.withdrawn > 0 {
                     println!(
-                        "command {id} is already {}; withdrew the {} admission{} it left",
-                        c.before.state.name(),
+                        "command {id} is already {state}; withdrew the {} admission{} it left",
                         c.withdrawn,
                         if c.withdrawn == 1 { "" } else { "s" }
                     );
                     return Ok(());
                 }
                 println!(
-                    "command {id} is already {}: nothing to cancel{}",
-                    c.before.state.name(),
+                    "command {id} is already {state}: nothing to cancel{}",
                     if running > 0 {
                         format!(" ({finishing})")
                     } else {
