@@ -27,8 +27,6 @@ use crate::{report, results, rundir};
 mod commands;
 mod tasks;
 
-pub use commands::{Candidate, CommandStep, resolve as resolve_action, step as command_step};
-
 /// What a pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PassResult {
