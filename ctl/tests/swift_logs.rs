@@ -310,8 +310,10 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
         ),
     )
     .unwrap();
-    let puppet = Puppet::new();
-    let ok = puppet.manifest("ok", "notice('hello')\n");
+    // One Puppet sandbox per host: two `puppet apply` at once on one vardir can
+    // fail the first converge, and with retry_interval 1h the host would stay
+    // short of v1.
+    let puppets = [Puppet::new(), Puppet::new()];
     // Top-level keys before the [swift] table.
     let extra = format!(
         "services_dir = \"{}\"\nretry_interval = \"1h\"\nhealth_interval = \"0\"\n{}",
@@ -320,7 +322,11 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
     );
     let hosts: Vec<Host> = ["compute1", "compute2"]
         .iter()
-        .map(|h| Host::new(h, &url, &puppet.command(&ok), &extra))
+        .zip(&puppets)
+        .map(|(h, puppet)| {
+            let ok = puppet.manifest("ok", "notice('hello')\n");
+            Host::new(h, &url, &puppet.command(&ok), &extra)
+        })
         .collect();
     let mut daemons: Vec<tokio::process::Child> = hosts
         .iter()
