@@ -27,6 +27,9 @@ pub const DENIED: u8 = 8;
 /// Stopped by SIGINT (Ctrl-C) / SIGTERM: 128 + the signal number, as shells do.
 pub const SIGINT: u8 = 130;
 pub const SIGTERM: u8 = 143;
+/// Its standard output (or error) was closed by the reader (`jioctl ... | head`):
+/// it stops silently with the code a shell gives a tool killed by SIGPIPE.
+pub const CLOSED_OUTPUT: u8 = 141;
 /// Bad command line, configuration or input (nothing was written).
 pub const USAGE: u8 = 64;
 /// Anything else.
@@ -112,9 +115,38 @@ pub fn report(outcome: Outcome) -> u8 {
     }
 }
 
+/// Whether a panic is `println!`/`eprintln!` failing on a pipe whose reader left
+/// (EPIPE), the one panic that means "stop quietly", not a bug.
+pub fn is_closed_output_panic(message: Option<&str>) -> bool {
+    message.is_some_and(|m| {
+        (m.starts_with("failed printing to stdout") || m.starts_with("failed printing to stderr"))
+            && m.ends_with(&std::io::Error::from_raw_os_error(nix::errno::Errno::EPIPE as i32).to_string())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_print_to_a_closed_pipe_ends_quietly() {
+        let epipe = std::io::Error::from_raw_os_error(nix::errno::Errno::EPIPE as i32);
+        assert!(is_closed_output_panic(Some(&format!(
+            "failed printing to stdout: {epipe}"
+        ))));
+        assert!(is_closed_output_panic(Some(&format!(
+            "failed printing to stderr: {epipe}"
+        ))));
+        let full = std::io::Error::from_raw_os_error(nix::errno::Errno::ENOSPC as i32);
+        for other in [
+            format!("failed printing to stdout: {full}"),
+            format!("called `Result::unwrap()` on an `Err` value: {epipe}"),
+            String::new(),
+        ] {
+            assert!(!is_closed_output_panic(Some(&other)), "{other}");
+        }
+        assert!(!is_closed_output_panic(None));
+    }
 
     #[test]
     fn errors_map_to_documented_codes() {

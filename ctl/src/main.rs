@@ -1,17 +1,27 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    restore_sigpipe();
+    end_quietly_on_a_closed_output();
     ExitCode::from(jioctl::cli::main())
 }
 
-/// `jioctl ... | head` ends jioctl the way it ends any Unix tool (killed by
-/// SIGPIPE, silently) instead of a panic on the closed pipe: Rust's runtime ignores
-/// SIGPIPE, so every `println!` after the reader left would panic.
-#[allow(unsafe_code)] // one libc call at start-up, before any thread exists
-fn restore_sigpipe() {
-    use nix::sys::signal::{SigHandler, Signal, signal};
-    // SAFETY: SIG_DFL is a valid disposition; no other thread runs yet, and no
-    // handler of ours is replaced.
-    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+/// `jioctl ... | head` ends like any Unix tool whose reader left: silently, with
+/// the shell's code for SIGPIPE (141), instead of a panic message.
+///
+/// SIGPIPE itself stays ignored (Rust's default): with its default action, a write
+/// to a store connection the server had just closed (a TLS server refusing a
+/// client without a certificate) killed jioctl without a word, where the store
+/// layer turns that EPIPE into a clear error. Only a failed print to stdout or
+/// stderr, which `println!` reports by panicking, ends the process here.
+fn end_quietly_on_a_closed_output() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = (payload.downcast_ref::<String>().map(String::as_str))
+            .or_else(|| payload.downcast_ref::<&str>().copied());
+        if jioctl::exit::is_closed_output_panic(message) {
+            std::process::exit(jioctl::exit::CLOSED_OUTPUT.into());
+        }
+        default(info);
+    }));
 }

@@ -21,7 +21,7 @@ use jio_tests::inspect::{open, text, wait_for};
 use tokio::process::Child;
 
 use common::fleet::{Fleet, Run, finish, keys_under, max_overlap, now, signal, spawn};
-use common::run;
+use common::{jioctl, run};
 
 const SIX: [&str; 6] = [
     "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
@@ -448,6 +448,31 @@ async fn sigterm_and_sigint_release_the_lock() {
     .await;
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     assert!(text(&out).contains("frozen (limit 0)"), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_jioctl_quietly() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let out = run(&url, &["trigger-update", "v1"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for args in [vec!["current-version"], vec!["status"]] {
+        // `jioctl ... | head` once head has left: the read end is closed.
+        let (reader, writer) = nix::unistd::pipe().unwrap();
+        drop(reader);
+        // (tokio's `output()` would replace the stdout given with a pipe of its own.)
+        let out = jioctl(&url, &args)
+            .stdout(std::process::Stdio::from(writer))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: nothing said: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

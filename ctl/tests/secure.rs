@@ -154,7 +154,7 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
         ),
         (
             "no client certificate",
-            no_client_cert,
+            no_client_cert.clone(),
             "TLS: the server wants a client certificate and none is configured (give cert_file and key_file)",
             8,
         ),
@@ -226,6 +226,23 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
             assert!(!stderr.contains(pw.as_str()), "{what}: a password in: {stderr}");
         }
         assert!(!stderr.contains("not-the-password"), "{what}: {stderr}");
+    }
+    // The server closes the connection as it refuses the handshake; a write racing
+    // that close must be this error too, never a silent death by SIGPIPE (it was,
+    // about one run in three).
+    for i in 0..12 {
+        let out = run(&no_client_cert, &["status"]).await;
+        assert_eq!(
+            out.status.code(),
+            Some(8),
+            "no client certificate, run {i}: {}",
+            text(&out)
+        );
+        assert!(
+            text(&out).contains("the server wants a client certificate"),
+            "run {i}: {}",
+            text(&out)
+        );
     }
     let s = open(&operator).await;
     let v = s
