@@ -226,6 +226,15 @@ fn strings(path: &str, v: &Value, errors: &mut Vec<String>) -> Vec<String> {
 }
 
 impl Rules {
+    /// No rolling limit at all (no global, group, role or fleet limit, and not
+    /// composable): every host that needs to move may start at once.
+    pub fn sets_no_limit(&self) -> bool {
+        self.global_limit.is_none()
+            && self.limits.is_empty()
+            && self.fleet_limit.is_none()
+            && self.compose.is_none()
+    }
+
     /// Parses the instructions JSON.
     pub fn parse(text: &str) -> Result<Rules, RulesError> {
         let v = strict_json(text).map_err(|e| RulesError(vec![format!("malformed JSON: {e}")]))?;

@@ -84,6 +84,9 @@ pub async fn run(store: &DynStore, schema: &Schema, args: Args) -> anyhow::Resul
     ))
 }
 
+/// The default rules file.
+pub const DEFAULT_RULES: &str = "/etc/jio-upgrade.json";
+
 /// Checks the rules against the fleet (nothing is written before), then prints the
 /// planned waves (`--noop`), or records the rollout and follows it.
 pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePattern, args: Args) -> Outcome {
@@ -103,6 +106,15 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
     for w in &resolved.warnings {
         eprintln!("jioctl: warning: {w}");
+    }
+    if args.rules.sets_no_limit() {
+        eprintln!(
+            "jioctl: warning: the rules set no rolling limit (no rolling_rules, and no {} or --instructions with one): \
+             every one of the fleet's {} hosts that is not at {} may start at once",
+            DEFAULT_RULES,
+            snap.hosts().len(),
+            args.version
+        );
     }
     if args.noop {
         return noop(snap, &resolved, &args);

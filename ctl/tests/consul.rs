@@ -53,10 +53,14 @@ async fn rewriting_true_moves_the_enable_key_on_consul() {
     let key = Key::new("/config_state/enable_puppet/host/compute1").expect("key");
     s.put(&key, "true", None).await.expect("put");
     let before = s.get(&key).await.expect("get").expect("key").mod_revision;
-    let out = common::jioctl(&server.url(), &["enable-puppet", "true", "--host", "compute1"])
-        .output()
-        .await
-        .expect("jioctl");
+    // No agent registered compute1 here: --force writes its key all the same.
+    let out = common::jioctl(
+        &server.url(),
+        &["enable-puppet", "true", "--host", "compute1", "--force"],
+    )
+    .output()
+    .await
+    .expect("jioctl");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let after = s.get(&key).await.expect("get").expect("key");
     assert_eq!(after.value, "true");

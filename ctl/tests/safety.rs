@@ -509,6 +509,71 @@ async fn loose_input_is_refused() {
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonsense_is_refused_and_no_rules_is_said() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let _f = Fleet::start(&url, &["compute1", "controller1"], 0.2).await;
+    let before = keys_under(&s, "/config_state/").await;
+    // A misspelt host or role would write a key no agent reads.
+    for (args, expect) in [
+        (
+            vec!["enable-puppet", "true", "--host", "compute9"],
+            "--hosts compute9: not a host of the fleet",
+        ),
+        (
+            vec!["enable-puppet", "false", "--role", "computer"],
+            "--role computer: no host of the fleet has this role",
+        ),
+        (
+            vec!["status", "--role", "computer"],
+            "--role computer: no host of the fleet has this role (the fleet's roles: compute, controller)",
+        ),
+        (vec!["verify-hosts", "v1"], "no hosts to verify"),
+    ] {
+        let out = jioctl(&url, &args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(expect), "{args:?}: {}", text(&out));
+    }
+    assert_eq!(
+        keys_under(&s, "/config_state/").await,
+        before,
+        "nothing was written"
+    );
+    // --force writes it for a host that has not joined yet; a known one needs none.
+    let out = run(&url, &["enable-puppet", "false", "--host", "compute9", "--force"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(&url, &["enable-puppet", "false", "--host", "compute1"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(&url, &["status", "--role", "compute"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // No rules at all: said, with how many hosts may start at once.
+    let out = run(&url, &["upgrade", "v2", "--noop"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("the rules set no rolling limit") && text(&out).contains("fleet's 2 hosts"),
+        "{}",
+        text(&out)
+    );
+    let out = run(
+        &url,
+        &[
+            "upgrade",
+            "v2",
+            "--noop",
+            "--instructions",
+            r#"{"rolling_rules":{"global":1}}"#,
+        ],
+    )
+    .await;
+    assert!(!text(&out).contains("no rolling limit"), "{}", text(&out));
+}
+
 /// Not a test of its own: the log parser above must see what overlapped.
 #[test]
 fn the_overlap_check_can_fail() {

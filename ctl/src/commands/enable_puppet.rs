@@ -4,6 +4,7 @@
 
 use anyhow::Context as _;
 use clap::Args;
+use jio_common::command::{Targets, resolve_targets};
 use jio_common::gate::KeyState;
 use jio_common::keys::EnableLevel;
 use jio_common::names::{HostName, Role};
@@ -20,16 +21,20 @@ pub struct EnablePuppet {
     /// true or false (not with --delete)
     #[arg(value_parser = true_or_false, action = clap::ArgAction::Set)]
     value: Option<bool>,
+    /// The global key (`/config_state/enable_puppet`): every host without a host or role key
     #[arg(long, group = "level")]
     global: bool,
+    /// The key of this role: its hosts without a host key
     #[arg(long, group = "level")]
     role: Option<Role>,
+    /// The key of this host, which decides for it before its role's and the global key
     #[arg(long, group = "level")]
     host: Option<HostName>,
     /// Remove the key instead
     #[arg(long)]
     delete: bool,
-    /// With `true --global`: write it even though it releases hosts at once
+    /// With `true --global`: write it even though it releases hosts at once; with
+    /// `--host`/`--role`: write it for a host or role the fleet does not know (yet)
     #[arg(long)]
     force: bool,
 }
@@ -64,6 +69,23 @@ impl EnablePuppet {
             (false, None) => return Err(Failure::usage("give true or false, or --delete")),
         };
         let store = ctx.open(Access::Write).await?;
+        if !self.delete && !self.force {
+            // A misspelt name would write a key no agent reads: refused, named.
+            let target = match &level {
+                EnableLevel::Global => None,
+                EnableLevel::Role(r) => Some(Targets::Roles(vec![r.clone()])),
+                EnableLevel::Host(h) => Some(Targets::Hosts(vec![h.clone()])),
+            };
+            if let Some(t) = target {
+                let snap = ctx.snapshot(&store).await?;
+                if let Err(errors) = resolve_targets(&t, &snap) {
+                    return Err(Failure::usage(format!(
+                        "{}; nothing was written (--force writes it all the same, for a host that has not joined yet)",
+                        errors.join("; ")
+                    )));
+                }
+            }
+        }
         if level == EnableLevel::Global && self.value == Some(true) {
             let what = "enable-puppet true --global";
             release_checked(

@@ -3,17 +3,21 @@
 
 use std::io::IsTerminal as _;
 
+use std::collections::BTreeSet;
+
 use clap::Args;
 use futures_util::StreamExt as _;
+use jio_common::command::{Targets, resolve_targets};
 use jio_common::fleet::{self, Snapshot};
 use jio_common::names::Role;
 
 use crate::context::{Access, Context};
-use crate::exit::Outcome;
+use crate::exit::{Failure, Outcome};
 use crate::status::{only_role, to_json, to_text};
 
 #[derive(Args, Debug)]
 pub struct Status {
+    /// Only the hosts of this role (a role the fleet has)
     #[arg(long)]
     role: Option<Role>,
     /// Redraw on every change
@@ -25,8 +29,25 @@ impl Status {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let store = ctx.open(Access::Read).await?;
         let mut stream = None;
+        let mut checked = false;
         loop {
             let snap = ctx.snapshot(&store).await?;
+            if let Some(r) = self.role.as_ref().filter(|_| !checked) {
+                checked = true;
+                if let Err(errors) = resolve_targets(&Targets::Roles(vec![r.clone()]), &snap) {
+                    let roles: BTreeSet<Role> = snap.hosts().iter().map(|h| snap.role_of(h)).collect();
+                    let roles: Vec<&str> = roles.iter().map(Role::as_str).collect();
+                    return Err(Failure::usage(format!(
+                        "{} (the fleet's roles: {})",
+                        errors.join("; "),
+                        if roles.is_empty() {
+                            "none".into()
+                        } else {
+                            roles.join(", ")
+                        }
+                    )));
+                }
+            }
             self.draw(ctx, &snap, store.url())?;
             if !self.watch {
                 return Ok(());

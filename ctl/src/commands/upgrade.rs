@@ -12,8 +12,7 @@ use crate::context::{Access, Context};
 use crate::exit::{self, Failure, Outcome};
 use crate::upgrade::Mode;
 
-/// The default rules file.
-pub const DEFAULT_RULES: &str = "/etc/jio-upgrade.json";
+pub use crate::upgrade::DEFAULT_RULES;
 
 #[derive(Args, Debug)]
 pub struct Upgrade {

@@ -13,7 +13,9 @@ use crate::exit::{self, Failure, Outcome};
 
 #[derive(Args, Debug)]
 pub struct VerifyHosts {
+    /// The version every host must run
     version: Version,
+    /// The hosts to check (none: read from stdin, whitespace-separated)
     hosts: Vec<HostName>,
 }
 
@@ -36,6 +38,12 @@ impl VerifyHosts {
         } else {
             self.hosts.iter().cloned().collect()
         };
+        if wanted.is_empty() {
+            // `verify-hosts V < list` with an empty list: nothing was verified.
+            return Err(Failure::usage(
+                "no hosts to verify: give them as arguments or on stdin (the list read was empty)",
+            ));
+        }
         let store = ctx.open(Access::Read).await?;
         let at: BTreeSet<HostName> = super::lookup::hosts_at(&store, ctx.schema(), v)
             .await?
