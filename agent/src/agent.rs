@@ -548,7 +548,7 @@ impl Agent {
         self.run_begun = (started, obs.gate_revisions);
         let (run_dir, step, outcome, ended) = match self.prepare_run(&version, started) {
             Ok(run_dir) => {
-                tracing::info!(%version, reason = ?why, run_dir = %run_dir.display(), "upgrade starts");
+                tracing::info!(%version, reason = %why, run_dir = %run_dir.display(), "upgrade starts");
                 let (step, outcome, ended) = self.configure_and_validate(&version, &run_dir).await;
                 (run_dir, step, outcome, ended)
             }
@@ -1000,7 +1000,7 @@ fn log_decision(d: &Decision, obs: &Observation) {
             "last attempt failed; waiting before retrying"
         ),
         Decision::Upgrade { version, why } => {
-            tracing::info!(desired = %version, local, reason = ?why, "upgrade allowed")
+            tracing::info!(desired = %version, local, reason = %why, "upgrade allowed")
         }
         Decision::Report => tracing::info!("results waiting to be reported"),
         Decision::Blocked { reason } => tracing::error!(

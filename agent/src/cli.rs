@@ -189,7 +189,8 @@ fn error_code(e: &AgentError) -> u8 {
 }
 
 async fn dispatch(cli: Cli) -> u8 {
-    let cfg = match config::load(&overrides(&cli), identity::system_hostname) {
+    let sources = overrides(&cli);
+    let cfg = match config::load(&sources, identity::system_hostname) {
         Ok(c) => c,
         Err(e) => return fail(e, exit::USAGE),
     };
@@ -199,7 +200,7 @@ async fn dispatch(cli: Cli) -> u8 {
         Command::Status { json } => status(&cfg, json).await,
         Command::Once => once(cfg, false).await,
         Command::Bootstrap => once(cfg, true).await,
-        Command::Run => run(cfg).await,
+        Command::Run => run(cfg, sources).await,
     }
 }
 
@@ -348,9 +349,9 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
     println!("decision:  {}", decision_text(&decision));
     match &j.last_run {
         Some(r) => println!(
-            "last run:  {} {:?} at step {} ({}){}; logs in {}",
+            "last run:  {} {} at step {} ({}){}; logs in {}",
             r.version,
-            r.result,
+            r.result.as_str(),
             r.step,
             jio_common::time::utc_stamp(r.finished),
             r.reason.as_ref().map(|x| format!(": {x}")).unwrap_or_default(),
@@ -460,22 +461,86 @@ fn decision_text(d: &Decision) -> String {
 
 /// SIGTERM/SIGINT turn the returned flag true.
 fn shutdown_signal() -> watch::Receiver<bool> {
+    shutdown_or_reload_signal(None).0
+}
+
+/// SIGTERM/SIGINT turn the returned flag true. With `reload` (the daemon's sources
+/// of configuration), SIGHUP re-reads the configuration: one with problems is
+/// logged and the daemon runs on as it was; a valid one stops the daemon like
+/// SIGTERM with the second flag set, for `run` to start again in place.
+fn shutdown_or_reload_signal(reload: Option<Overrides>) -> (watch::Receiver<bool>, watch::Receiver<bool>) {
     let (tx, rx) = watch::channel(false);
+    let (restart_tx, restart_rx) = watch::channel(false);
+    // Registered before the task runs, so a SIGHUP from now on never kills.
+    let hup = reload
+        .as_ref()
+        .and_then(|_| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok());
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
         else {
             return;
         };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: finishing up"),
-            _ = int.recv() => tracing::info!("SIGINT: finishing up"),
+        let mut hup = hup;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {
+                    tracing::info!("SIGTERM: finishing up");
+                    break;
+                }
+                _ = int.recv() => {
+                    tracing::info!("SIGINT: finishing up");
+                    break;
+                }
+                Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
+                    let Some(ov) = reload.as_ref() else { continue };
+                    match config::load(ov, identity::system_hostname) {
+                        Ok(_) => {
+                            tracing::info!(
+                                "SIGHUP: the configuration is valid; finishing up, then starting again in place to apply it"
+                            );
+                            let _ = restart_tx.send(true);
+                            break;
+                        }
+                        Err(e) => tracing::error!(
+                            "SIGHUP: the configuration was not reloaded, this agent runs on with the one it started with: {e}"
+                        ),
+                    }
+                }
+            }
         }
         let _ = tx.send(true);
-        // Keep the sender alive so receivers do not see it closed.
+        // Keep the senders alive so receivers do not see them closed.
+        let _keep = restart_tx;
         std::future::pending::<()>().await;
     });
-    rx
+    (rx, restart_rx)
+}
+
+/// Replaces this process with a new `jio-agent` of the same arguments and
+/// environment (the same PID, so systemd keeps it as the service's main process);
+/// returns only if that fails.
+fn restart_in_place() -> u8 {
+    use std::os::unix::process::CommandExt as _;
+    let mut args = std::env::args_os();
+    let argv0 = args.next().map(PathBuf::from);
+    // The binary as started (a package upgrade may have replaced it: then the new
+    // one starts); /proc/self/exe when started through PATH.
+    let exe = match argv0.filter(|p| p.components().count() > 1) {
+        Some(p) => p,
+        None => match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => {
+                return fail(
+                    format!("cannot restart: cannot find this program: {e}"),
+                    exit::SOFTWARE,
+                );
+            }
+        },
+    };
+    tracing::info!(exe = %exe.display(), "starting again in place");
+    let e = std::process::Command::new(&exe).args(args).exec();
+    fail(format!("cannot restart {}: {e}", exe.display()), exit::SOFTWARE)
 }
 
 async fn once(cfg: Config, bootstrap: bool) -> u8 {
@@ -663,13 +728,24 @@ async fn record_provisioned(store: &DynStore, cfg: &Config, failure: Option<&str
     }
 }
 
-async fn run(cfg: Config) -> u8 {
+async fn run(cfg: Config, sources: Overrides) -> u8 {
+    let code = serve_until_stopped(cfg, sources).await;
+    match code {
+        Ok(code) => code,
+        // The lock and every connection are gone with the old daemon's state.
+        Err(()) => restart_in_place(),
+    }
+}
+
+/// The daemon; `Err(())` when it stopped to start again (SIGHUP).
+async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> {
     let _lock = match state::lock(&cfg.state_dir) {
         Ok(l) => l,
-        Err(e @ state::StateError::Locked { .. }) => return fail(e, exit::LOCKED),
-        Err(e) => return fail(e, exit::SOFTWARE),
+        Err(e @ state::StateError::Locked { .. }) => return Ok(fail(e, exit::LOCKED)),
+        Err(e) => return Ok(fail(e, exit::SOFTWARE)),
     };
-    let mut shutdown = shutdown_signal();
+    let (mut shutdown, restart) = shutdown_or_reload_signal(Some(sources));
+    let restarting = move || *restart.borrow();
     // The daemon waits for the store instead of exiting.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
     let mut last_refusal = String::new();
@@ -682,7 +758,7 @@ async fn run(cfg: Config) -> u8 {
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.fail()) => {}
-                    _ = shutdown.changed() => return exit::OK,
+                    _ = shutdown.changed() => return if restarting() { Err(()) } else { Ok(exit::OK) },
                 }
             }
             // TLS, authentication or permission: fixed on the store's side (a
@@ -696,10 +772,10 @@ async fn run(cfg: Config) -> u8 {
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.fail()) => {}
-                    _ = shutdown.changed() => return exit::OK,
+                    _ = shutdown.changed() => return if restarting() { Err(()) } else { Ok(exit::OK) },
                 }
             }
-            Err(e) => return fail(e, exit::USAGE),
+            Err(e) => return Ok(fail(e, exit::USAGE)),
         }
     };
     // Ready once the store answered: systemd's `Type=notify` waits for this.
@@ -715,7 +791,7 @@ async fn run(cfg: Config) -> u8 {
     let stop_uploads = shutdown.clone();
     let mut agent = match Agent::new(cfg.clone(), store.clone(), shutdown) {
         Ok(a) => a,
-        Err(e) => return fail(&e, error_code(&e)),
+        Err(e) => return Ok(fail(&e, error_code(&e))),
     };
     let uploader = cfg.swift.as_ref().map(|client| {
         let u = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone());
@@ -741,7 +817,8 @@ async fn run(cfg: Config) -> u8 {
     }
     tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
     let res = crate::daemon::serve(agent).await;
-    crate::notify::notify("STOPPING=1");
+    // systemd's reload protocol: RELOADING=1, then the new process's READY=1.
+    crate::notify::notify(if restarting() { "RELOADING=1" } else { "STOPPING=1" });
     tracing::info!(
         store_requests = counting.requests(),
         lease_renewals = counting.keep_alives(),
@@ -751,10 +828,11 @@ async fn run(cfg: Config) -> u8 {
         let _ = u.await;
     }
     match res {
+        Ok(()) if restarting() => Err(()),
         Ok(()) => {
             tracing::info!("stopped");
-            exit::OK
+            Ok(exit::OK)
         }
-        Err(e) => fail(&e, error_code(&e)),
+        Err(e) => Ok(fail(&e, error_code(&e))),
     }
 }

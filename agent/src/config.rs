@@ -150,18 +150,15 @@ impl Overrides {
 
 /// Loads and validates. `system_hostname` is asked only when no host name is configured.
 pub fn load(ov: &Overrides, system_hostname: impl FnOnce() -> Option<String>) -> Result<Config, ConfigError> {
-    let mut errors = Vec::new();
     let (path, explicit) = match &ov.config_path {
         Some(p) => (p.clone(), true),
         None => (PathBuf::from(DEFAULT_CONFIG), false),
     };
-    let file = match read_file(&path, explicit) {
-        Ok(f) => f,
-        Err(e) => {
-            errors.push(e);
-            FileConfig::default()
-        }
-    };
+    // A file that cannot be read or parsed is the one error: checking the rest
+    // without it would only report what follows from its absence (a role guessed
+    // from the system's host name, say).
+    let file = read_file(&path, explicit).map_err(|e| ConfigError(vec![e]))?;
+    let mut errors = Vec::new();
     let cfg = build(file, ov, system_hostname, &mut errors);
     match cfg {
         Some(c) if errors.is_empty() => Ok(c),
@@ -175,8 +172,9 @@ fn read_file(path: &Path, explicit: bool) -> Result<FileConfig, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(FileConfig::default()),
         Err(e) => return Err(format!("{}: cannot read: {e}", path.display())),
     };
-    toml::from_str(&text)
-        .map_err(|e| format!("{}: {}", path.display(), e.to_string().trim().replace('\n', " ")))
+    toml::from_str(&text).map_err(|e| {
+        jio_common::suggest::config_file_error(&path.display().to_string(), &e.to_string(), "    ")
+    })
 }
 
 /// The values given for each key: flag > environment > file, and the errors found
@@ -321,7 +319,7 @@ fn role(src: &mut Sources<'_>, file: &mut FileConfig, hostname: Option<&HostName
             Some(r) => Some(r),
             None => {
                 src.error(format!(
-                    "role: not configured, and host name {h:?} does not match role_pattern {:?} (set `role` in the configuration)",
+                    "role: not configured, and host name {h} does not match role_pattern {:?} (set `role` in the configuration)",
                     p.as_str()
                 ));
                 None
@@ -595,7 +593,26 @@ mod tests {
     fn unknown_keys_are_rejected() {
         let (_d, ov) = with_file("stroe = \"etcd://x:1\"\n");
         let msg = load(&ov, host).unwrap_err().to_string();
-        assert!(msg.contains("stroe"), "{msg}");
+        assert!(
+            msg.contains("unknown key `stroe`: did you mean `store`?"),
+            "{msg}"
+        );
+        assert!(!msg.contains("swift"), "not every key listed: {msg}");
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_parsed_is_one_error_with_its_line() {
+        // No role could be worked out from "gateway" either, but that only follows
+        // from the file being unreadable: one error, not two.
+        let (_d, ov) = with_file("hostname = \"compute9\n");
+        let e = load(&ov, || Some("gateway".into())).unwrap_err();
+        assert_eq!(e.0.len(), 1, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("line 1, column 21\n"),
+            "the parser's lines kept: {msg}"
+        );
+        assert!(msg.contains("| hostname = \"compute9"), "{msg}");
     }
 
     #[test]
@@ -617,7 +634,7 @@ mod tests {
         let (_d, ov) = with_file("");
         let msg = load(&ov, || Some("gateway".into())).unwrap_err().to_string();
         assert!(
-            msg.contains("\"gateway\"") && msg.contains("role_pattern"),
+            msg.contains("host name gateway does not match role_pattern"),
             "{msg}"
         );
         let (_d, ov) = with_file("role = \"gw\"\n");

@@ -188,6 +188,17 @@ pub enum Why {
     FirstConverge,
 }
 
+/// For logs: `enabled by the role key`, `first converge`.
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Enabled(jio_common::gate::Level::Default) => f.write_str("enabled by default (no key set)"),
+            Why::Enabled(l) => write!(f, "enabled by the {} key", l.as_str()),
+            Why::FirstConverge => f.write_str("first converge (whatever the enable keys say)"),
+        }
+    }
+}
+
 /// The one action of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {

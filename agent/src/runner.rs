@@ -31,6 +31,37 @@ pub enum Exit {
     NotStarted(String),
 }
 
+/// For logs: `exited 2`, `killed by signal 9`, `timed out after 30s`, ...
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exited {c}"),
+            Exit::Signal(s) => write!(f, "killed by signal {s}"),
+            Exit::TimedOut(t) => write!(f, "timed out after {}", jio_common::duration::format(*t)),
+            Exit::Interrupted => f.write_str("interrupted (the agent is stopping)"),
+            Exit::NotStarted(e) => write!(f, "not started: {e}"),
+        }
+    }
+}
+
+/// An argument list for logs, as a shell would take it back: arguments with
+/// spaces or quotes are single-quoted.
+pub fn display_argv(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
+            if plain {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A finished child.
 #[derive(Debug, Clone)]
 pub struct Finished {
@@ -340,6 +371,20 @@ async fn copy_capped(src: Option<impl AsyncRead + Unpin>, path: std::path::PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argument_lists_and_exits_read_as_text() {
+        let argv: Vec<String> = ["puppet", "apply", "--logdest", "/tmp/a b", "it's", ""]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            display_argv(&argv),
+            r"puppet apply --logdest '/tmp/a b' 'it'\''s' ''"
+        );
+        assert_eq!(Exit::Code(6).to_string(), "exited 6");
+        assert_eq!(Exit::Signal(9).to_string(), "killed by signal 9");
+    }
     use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 
     fn argv(a: &[&str]) -> Vec<String> {

@@ -140,6 +140,17 @@ pub enum RunResult {
     Interrupted,
 }
 
+impl RunResult {
+    /// As stored and shown: `success`, `failed`, `interrupted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunResult::Success => "success",
+            RunResult::Failed => "failed",
+            RunResult::Interrupted => "interrupted",
+        }
+    }
+}
+
 /// The last finished (or interrupted) run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastRun {

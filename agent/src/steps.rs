@@ -95,10 +95,10 @@ impl CommandSteps {
             stdout: &ctx.run_dir.join(format!("{name}.stdout")),
             stderr: &ctx.run_dir.join(format!("{name}.stderr")),
         };
-        tracing::info!(step = what, command = ?argv, "starting");
+        tracing::info!(step = what, command = %crate::runner::display_argv(argv), "starting");
         let on_spawn = &mut *ctx.on_spawn;
         let f = runner::run(&spec, ctx.shutdown, self.stop_grace, on_spawn).await;
-        tracing::info!(step = what, exit = ?f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "finished");
+        tracing::info!(step = what, exit = %f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "finished");
         ctx.exit_code = match f.exit {
             runner::Exit::Code(c) => Some(c),
             _ => None,

@@ -780,6 +780,57 @@ async fn systemd_notify_ready_after_the_store_answers_and_watchdog() {
     assert!(rest.iter().any(|m| m == "STOPPING=1"), "{rest:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_configuration_in_place_or_says_why_not() {
+    let etcd = Etcd::start().await;
+    let s = open(&etcd.url()).await;
+    let host = Host::new("compute7", &etcd.url(), &["true".to_string()], "");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    let mut daemon = spawn_logged(&host, &log);
+    let pid = nix::unistd::Pid::from_raw(daemon.id().unwrap() as i32);
+    let hup = || nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    wait_for("the agent to run", Duration::from_secs(20), || async {
+        agent_state(&s, "compute7").await.is_some()
+    })
+    .await;
+    let good = std::fs::read_to_string(host.config()).unwrap();
+    // A configuration with a problem: said, and the daemon runs on as it was.
+    std::fs::write(host.config(), format!("{good}no_such_key = 1\n")).unwrap();
+    hup();
+    wait_for(
+        "the refused reload to be logged",
+        Duration::from_secs(10),
+        || async { read(&log).contains("SIGHUP: the configuration was not reloaded") },
+    )
+    .await;
+    assert!(read(&log).contains("no_such_key"), "{}", read(&log));
+    assert!(alive(&mut daemon), "{}", read(&log));
+    // A valid one: the same process starts again in place, with it.
+    std::fs::write(host.config(), format!("{good}role = \"storage\"\n")).unwrap();
+    hup();
+    wait_for(
+        "the agent to run again with its new role",
+        Duration::from_secs(30),
+        || async { read(&log).contains("role=storage") },
+    )
+    .await;
+    let l = read(&log);
+    assert!(l.contains("starting again in place"), "{l}");
+    assert_eq!(l.matches("jio-agent running").count(), 2, "{l}");
+    assert!(alive(&mut daemon), "the same process (pid {pid}) runs on: {l}");
+    wait_for("the new daemon to be live", Duration::from_secs(20), || async {
+        agent_state(&s, "compute7").await.is_some()
+    })
+    .await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", read(&log));
+}
+
 // ---- Issue 11: stored values never end the daemon, fenced starts, local failures ----
 
 /// The daemon, its stderr (the log) in `log`.

@@ -21,6 +21,7 @@ pub mod rollout;
 pub mod rules;
 pub mod secret;
 pub mod store;
+pub mod suggest;
 pub mod swift;
 pub mod time;
 pub mod values;

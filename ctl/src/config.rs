@@ -50,8 +50,13 @@ pub fn default_path() -> Option<PathBuf> {
 
 fn read(path: &Path, explicit: bool) -> anyhow::Result<FileConfig> {
     match std::fs::read_to_string(path) {
-        Ok(t) => toml::from_str(&t)
-            .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim().replace('\n', " "))),
+        Ok(t) => toml::from_str(&t).map_err(|e| {
+            anyhow::anyhow!(jio_common::suggest::config_file_error(
+                &path.display().to_string(),
+                &e.to_string(),
+                "  "
+            ))
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(FileConfig::default()),
         Err(e) => Err(e).with_context(|| format!("{}: cannot read", path.display())),
     }

@@ -478,7 +478,7 @@ impl Agent {
             r.confirmed = true;
         }
         self.ledger.save();
-        tracing::info!(command = %id, attempt, argv = ?argv, run_dir = %run_dir.display(), "fleet command starts");
+        tracing::info!(command = %id, attempt, argv = %crate::runner::display_argv(&argv), run_dir = %run_dir.display(), "fleet command starts");
         let env: Vec<(String, String)> = [
             ("JIO_COMMAND", id.to_string()),
             ("JIO_HOST", self.cfg.hostname.to_string()),
@@ -509,7 +509,7 @@ impl Agent {
         let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace, &mut on_spawn).await;
         let ended = self.clock.unix_now();
         let outcome = runner::plain_outcome(&format!("action {:?}", rec.action), &f.exit);
-        tracing::info!(command = %id, exit = ?f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "fleet command finished");
+        tracing::info!(command = %id, exit = %f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "fleet command finished");
         if matches!(outcome, Outcome::Interrupted) {
             // The agent is stopping: the journal keeps the run, and the next start
             // reports it (or runs it again, if the command allows).

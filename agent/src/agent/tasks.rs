@@ -222,7 +222,7 @@ impl Agent {
                 stdout: &run_dir.join(format!("{base}.stdout")),
                 stderr: &run_dir.join(format!("{base}.stderr")),
             };
-            tracing::info!(service = %s, phase, task = %task.name, command = ?task.command, "task starts");
+            tracing::info!(service = %s, phase, task = %task.name, command = %crate::runner::display_argv(&task.command), "task starts");
             let ledger = &mut self.ledger;
             let mut on_spawn = |group: ProcessGroup| {
                 if let Some(run) = ledger.journal.in_progress.as_mut() {
@@ -231,7 +231,7 @@ impl Agent {
                 }
             };
             let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace, &mut on_spawn).await;
-            tracing::info!(service = %s, phase, task = %task.name, exit = ?f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "task finished");
+            tracing::info!(service = %s, phase, task = %task.name, exit = %f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "task finished");
             let outcome = runner::plain_outcome(&format!("task {:?} of {s}", task.name), &f.exit);
             match outcome {
                 Outcome::Success { .. } => {
