@@ -2,26 +2,25 @@
 
 use std::time::Duration;
 
-/// Parses a duration; the error says what was expected.
+/// Parses a duration, by jiff's "friendly" format (`90s`, `1h30m`, `1h 30m`,
+/// `2 hours`, `1.5h`), with a day as 24 hours; `0` alone is zero. Negative
+/// durations, months and years are refused. The error says what was expected.
 pub fn parse(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t == "0" {
         return Ok(Duration::ZERO);
     }
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let expected =
-        || format!("invalid duration {s:?}: expected a number and a unit (ms, s, m, h, d), e.g. 30s or 10m");
-    let n: u64 = num.parse().map_err(|_| expected())?;
-    let ms = match unit {
-        "ms" => Some(n),
-        "s" => n.checked_mul(1000),
-        "m" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        "d" => n.checked_mul(86_400_000),
-        _ => return Err(expected()),
+    let expected = || {
+        format!("invalid duration {s:?}: expected numbers with units (ms, s, m, h, d), e.g. 30s, 10m or 1h30m")
     };
-    ms.map(Duration::from_millis).ok_or_else(expected)
+    let span: jiff::Span = t.parse().map_err(|_| expected())?;
+    if span.is_negative() {
+        return Err(expected());
+    }
+    let d = span
+        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
+        .map_err(|_| expected())?;
+    Duration::try_from(d).map_err(|_| expected())
 }
 
 /// Formats a duration in the largest unit that is exact.
@@ -53,6 +52,11 @@ mod tests {
         assert_eq!(parse("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse("0"), Ok(Duration::ZERO));
         assert_eq!(parse("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse("1d12h"), Ok(Duration::from_secs(129_600)));
+        assert_eq!(parse("2m30s"), Ok(Duration::from_secs(150)));
+        assert_eq!(parse("1.5h"), Ok(Duration::from_secs(5400)));
     }
 
     #[test]
@@ -62,9 +66,10 @@ mod tests {
             "10",
             "s",
             "-5s",
-            "1.5m",
-            "10 m",
             "5x",
+            "1mo",
+            "2y",
+            "30s10m5x",
             "99999999999999999999d",
         ] {
             let err = parse(bad).unwrap_err();
