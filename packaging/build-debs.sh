@@ -12,7 +12,7 @@ if ! command -v cargo-deb >/dev/null 2>&1; then
 fi
 cargo build --release --locked -p jio-agent -p jioctl
 # Man pages and completions, generated from the CLI definitions.
-cargo run --quiet --locked -p jio-packaging --bin jio-gen -- target/packaging
+cargo run --quiet --locked -p jio-packaging --bin jio-gen -- --out-dir target/packaging
 OUT=target/debian/$REVISION
 mkdir -p "$OUT"
 for p in jio-agent jioctl; do

@@ -1,4 +1,4 @@
-//! `jio-gen OUT_DIR`: writes the man pages (`jio-agent.8`, `jioctl.1` and one page
+//! `jio-gen --out-dir DIR`: writes the man pages (`jio-agent.8`, `jioctl.1` and one page
 //! per jioctl subcommand) and jioctl's bash, zsh and fish completions, generated
 //! from the same clap definitions the binaries parse, so they never drift.
 
@@ -39,11 +39,28 @@ fn generate(out: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Writes the man pages and completions of jio-agent and jioctl.
+#[derive(clap::Parser)]
+#[command(name = "jio-gen")]
+struct Args {
+    /// The directory to write `man/` and `completions/` into (created if missing)
+    #[arg(long, short = 'o', value_name = "DIR")]
+    out_dir: PathBuf,
+}
+
 fn main() -> ExitCode {
-    let Some(out) = std::env::args_os().nth(1).map(PathBuf::from) else {
-        eprintln!("usage: jio-gen OUT_DIR");
-        return ExitCode::from(64);
+    let args = match <Args as clap::Parser>::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(64)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
     };
+    let out = args.out_dir;
     match generate(&out) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

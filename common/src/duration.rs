@@ -11,7 +11,9 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     let expected = || {
-        format!("invalid duration {s:?}: expected numbers with units (ms, s, m, h, d), e.g. 30s, 10m or 1h30m")
+        format!(
+            "invalid duration {s:?}: expected numbers with units (ms, s, m, h, d), e.g. 30s, 10m or 1h30m"
+        )
     };
     let span: jiff::Span = t.parse().map_err(|_| expected())?;
     if span.is_negative() {
