@@ -90,6 +90,7 @@ pub async fn run(cli: Cli) -> Outcome {
     };
     let config = config::load(cli.config.as_deref(), &flags, |k| std::env::var(k).ok())
         .map_err(|e| Failure::usage(format!("invalid configuration: {e:#}")))?;
+    crate::out::json_mode(cli.json);
     let ctx = Context {
         config,
         json: cli.json,

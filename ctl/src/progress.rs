@@ -57,7 +57,17 @@ pub fn plain_line(role: &str, c: &Counts) -> String {
     )
 }
 
-/// Renders progress to stdout.
+/// Where progress goes: stdout, or stderr under `--json` (stdout is the final
+/// document's alone).
+fn words() -> Box<dyn std::io::Write> {
+    if crate::out::words_to_stderr() {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    }
+}
+
+/// Renders progress to stdout (stderr under `--json`).
 pub struct Progress {
     silent: bool,
     tty: bool,
@@ -88,7 +98,7 @@ impl Progress {
         if self.silent {
             return;
         }
-        let mut out = std::io::stdout().lock();
+        let mut out = words();
         if self.tty && self.drawn > 0 {
             let _ = write!(out, "\x1b[{}A\x1b[J", self.drawn);
             self.drawn = 0;
@@ -102,7 +112,7 @@ impl Progress {
             return;
         }
         let now = counts(hosts);
-        let mut out = std::io::stdout().lock();
+        let mut out = words();
         if self.tty {
             if self.drawn > 0 {
                 let _ = write!(out, "\x1b[{}A", self.drawn);

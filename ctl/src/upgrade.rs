@@ -145,7 +145,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         }
         Ok(Started::Follow(r)) => {
             if !args.quiet {
-                println!(
+                crate::say!(
                     "following rollout {} to {} ({}), started by {} at {}",
                     r.id,
                     r.version,
@@ -191,7 +191,7 @@ pub async fn follow(
             LockOutcome::Taken(l) => driver.lock = Some(l),
             LockOutcome::Held(holder) => {
                 if !args.quiet {
-                    println!(
+                    crate::say!(
                         "rollout {} is driven by {}; this run writes nothing more",
                         record.id,
                         writes::describe(&holder)
@@ -218,26 +218,26 @@ fn say_created(c: &rollouts::Created, before: &Snapshot) {
     let r = &c.record;
     if let Some(old) = &c.replaced {
         match old.ok() {
-            Some(o) if o.state.active() => println!(
+            Some(o) if o.state.active() => crate::say!(
                 "rollout {} to {} ({}) is replaced by this one (recorded aborted)",
                 o.id,
                 o.version,
                 o.state.name()
             ),
             Some(_) => {}
-            None => println!(
+            None => crate::say!(
                 "/rollouts/current named {:?}, which could not be used; it now names this rollout",
                 old.id
             ),
         }
     }
     if let Some(by) = &c.cleared_halt {
-        println!(
+        crate::say!(
             "cleared the emergency stop by {} (it came before this upgrade was started)",
             writes::describe(&Some(by.clone()))
         );
     }
-    println!(
+    crate::say!(
         "rollout {} to {} started by {} (rules {}{})",
         r.id,
         r.version,
@@ -249,13 +249,13 @@ fn say_created(c: &rollouts::Created, before: &Snapshot) {
             .unwrap_or_default()
     );
     if before.current.as_ref() != Some(&r.version) {
-        println!(
+        crate::say!(
             "current_version set to {} (puppet disabled globally; hosts start under the rules)",
             r.version
         );
     }
     if c.pruned > 0 {
-        println!(
+        crate::say!(
             "history keeps the last {} rollouts: {} older record(s) deleted",
             jio_common::rollout::KEEP_HISTORY,
             c.pruned
@@ -269,18 +269,30 @@ async fn detached(store: &DynStore, schema: &Schema, record: &RolloutRecord, arg
     if args.quiet {
         return Ok(());
     }
+    if args.json {
+        println!(
+            "{}",
+            crate::out::document(serde_json::json!({
+                "rollout": record.id.to_string(),
+                "version": record.version,
+                "state": record.state.name(),
+                "driven_by": snap.lock_key.as_ref().map(|_| writes::describe(&snap.lock)),
+                "drive_services": snap.drivers.keys().collect::<Vec<_>>(),
+            }))
+        );
+    }
     match (&snap.lock_key, snap.drivers.is_empty()) {
-        (Some(_), _) => println!(
+        (Some(_), _) => crate::say!(
             "detached: rollout {} is driven by {}; `jioctl rollout status` shows it",
             record.id,
             writes::describe(&snap.lock)
         ),
-        (None, false) => println!(
+        (None, false) => crate::say!(
             "detached: the driver service(s) {} will drive rollout {}; `jioctl rollout status` shows it",
             snap.drivers.keys().cloned().collect::<Vec<_>>().join(", "),
             record.id
         ),
-        (None, true) => println!(
+        (None, true) => crate::say!(
             "detached: rollout {} is recorded, but no driver is running: start `jioctl drive` (a service), or run `jioctl upgrade {}{}` with the same rules to drive it from here",
             record.id,
             record.version,
@@ -327,11 +339,11 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
                 "stages": composed.stages,
                 "finalize": {"role": finalize_role, "when": "after every stage is done, once, on the first healthy host of the role"},
             });
-            println!("{}", serde_json::to_string_pretty(&j)?);
+            println!("{}", crate::out::document(j));
         } else {
-            println!("composable rollout to {} (noop: nothing written):", args.version);
+            crate::say!("composable rollout to {} (noop: nothing written):", args.version);
             for st in &composed.stages {
-                println!(
+                crate::say!(
                     "stage {} ({}): {}",
                     st.name,
                     st.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", "),
@@ -342,7 +354,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
                     }
                 );
                 for p in &st.phases {
-                    println!("  {p}");
+                    crate::say!("  {p}");
                 }
             }
             let blocked: Vec<String> = composed
@@ -352,12 +364,12 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
                 .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
                 .map(|(h, r)| format!("{h}: {}", r.text))
                 .collect();
-            println!(
+            crate::say!(
                 "finalize: once every stage is done, on the first healthy host of role {} (the finalize tasks its task files declare)",
                 finalize_role.as_deref().unwrap_or("-")
             );
             for b in blocked {
-                println!("{b}");
+                crate::say!("{b}");
             }
         }
         return Ok(());
@@ -377,12 +389,12 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
             "plan": render::plan_json(&first),
             "waves": waves,
         });
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        println!("{}", crate::out::document(j));
     } else {
-        println!("plan for {} (noop: nothing written):", args.version);
+        crate::say!("plan for {} (noop: nothing written):", args.version);
         print!("{}", render::plan_table(&first));
         if let Some(a) = render::admitted(&first) {
-            println!("would have {a}");
+            crate::say!("would have {a}");
         }
         print!("{}", waves::to_text(&waves));
     }
@@ -976,7 +988,7 @@ impl Driver<'_> {
         }
         let (plan, rules, resolved) = self.plan_of(snap, hosts, rec).map_err(PassError::Rules)?;
         if self.o.verbose {
-            println!("pass at revision {}:", snap.revision);
+            crate::say!("pass at revision {}:", snap.revision);
             print!("{}", render::plan_table(&plan));
         }
         if self.clock.0.as_ref() != Some(&rec.id) {
@@ -1175,7 +1187,7 @@ impl Driver<'_> {
         };
         let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
         if self.o.verbose {
-            println!("pass at revision {}:", snap.revision);
+            crate::say!("pass at revision {}:", snap.revision);
             print!("{}", render::stages(&composed));
             print!("{}", render::plan_table(&composed.plan));
         }
@@ -1493,7 +1505,7 @@ impl Driver<'_> {
         match ending {
             Ending::StagesDone(left) => {
                 if !self.o.quiet {
-                    println!(
+                    crate::say!(
                         "the stages of rollout {id} started so far are done; not started: {} (`jioctl upgrade {v} --stage {}` with the same rules continues this rollout)",
                         left.join(", "),
                         left.first().map_or("", |s| s.as_str())
@@ -1576,7 +1588,7 @@ impl Driver<'_> {
         if self.o.json {
             println!(
                 "{}",
-                crate::status::to_json(&snap, &hosts, self.o.clock.unix_now())
+                crate::out::document(crate::status::to_json(&snap, &hosts, self.o.clock.unix_now()))
             );
         } else {
             print!(

@@ -15,6 +15,13 @@ impl CurrentVersion {
             return Err(Failure::new(exit::FAILED, "/current_version is not set"));
         };
         match jio_common::values::parse_version(&kv) {
+            Ok(Some(v)) if ctx.json => {
+                println!(
+                    "{}",
+                    crate::out::document(serde_json::json!({"current_version": v}))
+                );
+                Ok(())
+            }
             Ok(Some(v)) => {
                 println!("{v}");
                 Ok(())

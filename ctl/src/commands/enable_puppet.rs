@@ -140,8 +140,18 @@ impl EnablePuppet {
             }
         }
         match self.value {
-            Some(b) if !self.delete => println!("{key} = {b}"),
-            _ => println!("{key} deleted"),
+            Some(b) if !self.delete => crate::say!("{key} = {b}"),
+            _ => crate::say!("{key} deleted"),
+        }
+        if ctx.json {
+            println!(
+                "{}",
+                crate::out::document(serde_json::json!({
+                    "key": key.as_str(),
+                    "value": if self.delete { None } else { self.value },
+                    "deleted": self.delete,
+                }))
+            );
         }
         Ok(())
     }

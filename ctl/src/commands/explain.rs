@@ -44,7 +44,7 @@ impl Explain {
         let now = jio_common::time::unix_now();
         let lines = explain(&snap, h, now);
         if ctx.json {
-            println!("{}", serde_json::to_string_pretty(&lines.json)?);
+            println!("{}", crate::out::document(lines.json.clone()));
         } else {
             for l in lines.text {
                 println!("{l}");

@@ -148,25 +148,37 @@ impl Commands {
                 let store = ctx.open(Access::Write).await?;
                 let c = fleet_commands::cancel(&store, schema, rp, &id, reason).await?;
                 let running = c.running;
+                if ctx.json {
+                    println!(
+                        "{}",
+                        crate::out::document(serde_json::json!({
+                            "id": id.as_str(),
+                            "cancelled": c.cancelled,
+                            "state_before": c.before.as_ref().map(|r| r.state.name()),
+                            "withdrawn": c.withdrawn,
+                            "running": running,
+                        }))
+                    );
+                }
                 let finishing = format!(
                     "{running} host{} running it finish{}",
                     if running == 1 { "" } else { "s" },
                     if running == 1 { "es" } else { "" }
                 );
                 if c.cancelled {
-                    println!("command {id} cancelled: no host starts it any more; {finishing}");
+                    crate::say!("command {id} cancelled: no host starts it any more; {finishing}");
                     return Ok(());
                 }
                 let state = c.before.as_ref().map_or("gone (no record)", |r| r.state.name());
                 if c.withdrawn > 0 {
-                    println!(
+                    crate::say!(
                         "command {id} is already {state}; withdrew the {} admission{} it left",
                         c.withdrawn,
                         if c.withdrawn == 1 { "" } else { "s" }
                     );
                     return Ok(());
                 }
-                println!(
+                crate::say!(
                     "command {id} is already {state}: nothing to cancel{}",
                     if running > 0 {
                         format!(" ({finishing})")

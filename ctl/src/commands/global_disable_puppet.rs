@@ -37,17 +37,28 @@ impl GlobalDisablePuppet {
             if !matches!(store.txn(txn).await?, TxnOutcome::Committed(_)) {
                 continue; // the rollout changed under it: read again
             }
-            println!("puppet disabled globally; every enable_puppet key removed");
+            crate::say!("puppet disabled globally; every enable_puppet key removed");
             if !aborted.is_empty() {
-                println!(
+                crate::say!(
                     "fleet command{} {} ended (aborted by the emergency stop); no host starts one any more, hosts running one finish it",
                     if aborted.len() == 1 { "" } else { "s" },
                     aborted.join(", ")
                 );
             }
+            if ctx.json {
+                println!(
+                    "{}",
+                    crate::out::document(serde_json::json!({
+                        "emergency_stop": true,
+                        "halted_rollout": ended.as_ref().map(|r| r.id.to_string()),
+                        "halted_driver": snap.lock.as_ref().map(|_| writes::describe(&snap.lock)),
+                        "aborted_commands": aborted,
+                    }))
+                );
+            }
             let who: Option<LockRecord> = snap.lock.clone();
             match (ended, &snap.lock) {
-                (Some(r), _) => println!(
+                (Some(r), _) => crate::say!(
                     "rollout {} to {}{} was running: it has been halted (recorded aborted by the emergency stop; nothing more is enabled); hosts already running finish their run",
                     r.id,
                     r.version,
@@ -55,7 +66,7 @@ impl GlobalDisablePuppet {
                         .map(|_| format!(", driven by {}", writes::describe(&who)))
                         .unwrap_or_default()
                 ),
-                (None, Some(_)) => println!(
+                (None, Some(_)) => crate::say!(
                     "a rollout driven by {} was running: it has been halted; hosts already running finish their run",
                     writes::describe(&who)
                 ),

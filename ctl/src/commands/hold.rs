@@ -131,7 +131,7 @@ impl Hold {
                     format!("role {r} ({n} host(s))")
                 }
             };
-            println!(
+            crate::say!(
                 "held {what}{}: kept out of every rollout until `jioctl release {}`",
                 reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
                 name(t)
@@ -143,7 +143,17 @@ impl Hold {
             .map(|h| h.host.as_str())
             .collect();
         if !running.is_empty() {
-            println!("already in flight, finishing their run: {}", running.join(", "));
+            crate::say!("already in flight, finishing their run: {}", running.join(", "));
+        }
+        if ctx.json {
+            println!(
+                "{}",
+                crate::out::document(serde_json::json!({
+                    "held": targets.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+                    "reason": reason,
+                    "in_flight": running,
+                }))
+            );
         }
         Ok(())
     }
@@ -165,7 +175,7 @@ impl Release {
                     .unwrap_or_default(),
                 HoldTarget::Role(_) => String::new(),
             };
-            println!("{t} was not held: nothing to release{role_hint}");
+            crate::say!("{t} was not held: nothing to release{role_hint}");
         }
         if held.is_empty() {
             if targets.len() == not_held.len() && !not_held.is_empty() {
@@ -180,8 +190,17 @@ impl Release {
         writes::write(&store, ctx.schema(), ops)
             .await
             .context("deleting the hold")?;
-        for t in held {
-            println!("released {t}: the rollout admits it again under its rules");
+        for t in &held {
+            crate::say!("released {t}: the rollout admits it again under its rules");
+        }
+        if ctx.json {
+            println!(
+                "{}",
+                crate::out::document(serde_json::json!({
+                    "released": held.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+                    "not_held": not_held.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+                }))
+            );
         }
         Ok(())
     }

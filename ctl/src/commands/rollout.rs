@@ -111,7 +111,7 @@ async fn change(ctx: &Context, c: Change) -> Outcome {
         .filter(|h| matches!(h.state, HostState::Upgrading | HostState::Lost))
         .count();
     if ctx.json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        println!("{}", crate::out::document(serde_json::to_value(r)?));
         return Ok(());
     }
     match c {
@@ -238,7 +238,7 @@ async fn status(ctx: &Context) -> Outcome {
             j["stages"] = serde_json::json!(c.stages);
             j["finalize"] = serde_json::json!(c.finalize);
         }
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        println!("{}", crate::out::document(j));
         return Ok(());
     }
     let Some(cur) = &snap.rollout else {
@@ -298,7 +298,7 @@ async fn history(ctx: &Context, limit: usize) -> Outcome {
                 v
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        println!("{}", crate::out::document(serde_json::Value::Array(j)));
         return Ok(());
     }
     println!(

@@ -147,7 +147,10 @@ impl Run {
                 );
             }
             if ctx.json {
-                println!("{}", serde_json::json!({ "command": record }));
+                println!(
+                    "{}",
+                    crate::out::document(serde_json::json!({ "command": record }))
+                );
             } else {
                 println!("{id}");
             }

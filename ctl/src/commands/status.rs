@@ -72,9 +72,16 @@ impl Status {
         if ctx.json {
             let v = to_json(snap, &hosts, jio_common::time::unix_now());
             if self.watch {
-                println!("{v}");
+                // JSON lines: one compact document per change.
+                let mut line = serde_json::Map::new();
+                line.insert("type".into(), "status".into());
+                line.insert("schema".into(), crate::out::JSON_SCHEMA.into());
+                if let serde_json::Value::Object(m) = v {
+                    line.extend(m);
+                }
+                println!("{}", serde_json::Value::Object(line));
             } else {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                println!("{}", crate::out::document(v));
             }
             return Ok(());
         }

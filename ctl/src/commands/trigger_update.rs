@@ -46,11 +46,22 @@ impl TriggerUpdate {
             s.current = Some(v.clone());
         })
         .await?;
-        println!("current_version set to {v}");
-        if let Some(e) = ended.into_inner() {
+        crate::say!("current_version set to {v}");
+        let ended = ended.into_inner();
+        if ctx.json {
             println!(
+                "{}",
+                crate::out::document(serde_json::json!({
+                    "current_version": v,
+                    "ended_rollout": ended.as_ref().map(|e| e.id.to_string()),
+                }))
+            );
+        }
+        if let Some(e) = ended {
+            crate::say!(
                 "rollout {} to {} ended (recorded aborted): the desired version is no longer its",
-                e.id, e.version
+                e.id,
+                e.version
             );
         }
         Ok(())
