@@ -778,16 +778,20 @@ pub enum HostState {
     /// The enable key that decides for it holds an invalid value: neither its agent
     /// nor `jioctl` moves it until the value is fixed.
     Blocked,
+    /// No `/current_version` is set: there is nothing to be upgraded to, so no
+    /// host can be said to be upgraded (its agent is idle).
+    Unknown,
 }
 
 impl HostState {
-    pub const ALL: [HostState; 6] = [
+    pub const ALL: [HostState; 7] = [
         HostState::Upgraded,
         HostState::Upgrading,
         HostState::Failed,
         HostState::Pending,
         HostState::Lost,
         HostState::Blocked,
+        HostState::Unknown,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -797,6 +801,7 @@ impl HostState {
             HostState::Pending => "pending",
             HostState::Lost => "lost",
             HostState::Blocked => "blocked",
+            HostState::Unknown => "unknown",
         }
     }
     /// Holds a rolling slot (started and not done).
@@ -908,8 +913,9 @@ impl Snapshot {
     }
 }
 
-/// Classifies every host for the current version. Without a current version every
-/// host counts as upgraded (there is nothing to move to), unless its agent runs.
+/// Classifies every host for the current version. Without a current version a
+/// host is `Unknown` (there is nothing to move to, and nothing says it is there),
+/// unless its agent runs.
 pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
     s.hosts()
         .into_iter()
@@ -919,7 +925,7 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
             let (state, reason) = match &s.current {
                 None => match running {
                     Some(r) => (HostState::Upgrading, Some(r)),
-                    None => (HostState::Upgraded, None),
+                    None => (HostState::Unknown, None),
                 },
                 Some(cur) => {
                     let gate = s.gate(&h, &role);
@@ -1054,6 +1060,21 @@ mod tests {
             "gateway",
             "registered: from /hosts, whatever the pattern"
         );
+    }
+
+    #[test]
+    fn without_a_current_version_no_host_is_upgraded() {
+        let kvs = vec![
+            kv("/hosts/cp1", &rec("compute")),
+            kv("/hosts/cp2", &rec("compute")),
+            kv("/running/versions/v1/cp1", "1"),
+            kv("/agents/cp1", IDLE),
+        ];
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        for h in classify(&snap) {
+            assert_eq!(h.state, HostState::Unknown, "{h:?}");
+            assert!(!h.state.in_flight());
+        }
     }
 
     #[test]

@@ -390,6 +390,8 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         let f = &facts[&h.host];
         let res = snap.results.get(&h.host);
         let why = match h.state {
+            // No current version: there is no rollout to plan for.
+            HostState::Unknown => None,
             HostState::Upgraded if f.soaking.is_none() => snap
                 .hold_of(&h.host, &h.role)
                 .map(|(t, rec)| held_reason(&t, rec)),

@@ -31,7 +31,8 @@ pub fn counts(hosts: &[HostStatus]) -> BTreeMap<String, Counts> {
             HostState::Upgraded => c.upgraded += 1,
             HostState::Upgrading => c.upgrading += 1,
             HostState::Failed => c.failed += 1,
-            HostState::Pending => c.pending += 1,
+            // Unknown only without a current version, which a rollout always has.
+            HostState::Pending | HostState::Unknown => c.pending += 1,
             HostState::Lost => c.lost += 1,
             HostState::Blocked => c.blocked += 1,
         }

@@ -368,23 +368,25 @@ fn table(s: &mut String, hosts: &[HostStatus]) {
         *per_role.entry(&h.role).or_default().entry(h.state).or_default() += 1;
     }
     let any_blocked = hosts.iter().any(|h| h.state == HostState::Blocked);
+    let any_unknown = hosts.iter().any(|h| h.state == HostState::Unknown);
     let _ = writeln!(
         s,
-        "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}",
+        "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}{}",
         "ROLE",
         "UPGRADED",
         "UPGRADING",
         "FAILED",
         "PENDING",
         "LOST",
-        if any_blocked { "  BLOCKED" } else { "" }
+        if any_blocked { "  BLOCKED" } else { "" },
+        if any_unknown { "  UNKNOWN" } else { "" }
     );
     for (role, counts) in &per_role {
         let c = |st| counts.get(&st).copied().unwrap_or(0);
         let total: usize = counts.values().sum();
         let _ = writeln!(
             s,
-            "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}",
+            "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}{}",
             role.as_str(),
             format!("{}/{}", c(HostState::Upgraded), total),
             c(HostState::Upgrading),
@@ -395,11 +397,22 @@ fn table(s: &mut String, hosts: &[HostStatus]) {
                 format!("  {:>7}", c(HostState::Blocked))
             } else {
                 String::new()
+            },
+            if any_unknown {
+                format!("  {:>7}", c(HostState::Unknown))
+            } else {
+                String::new()
             }
         );
     }
     if hosts.is_empty() {
         let _ = writeln!(s, "(no hosts)");
+    }
+    if any_unknown {
+        let _ = writeln!(
+            s,
+            "no /current_version is set: no host can be said to be upgraded (`jioctl upgrade VERSION` sets it and rolls it out)"
+        );
     }
 }
 
