@@ -111,7 +111,6 @@ pub fn main() -> u8 {
             return if e.use_stderr() { exit::USAGE } else { exit::OK };
         }
     };
-    init_tracing(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -126,7 +125,9 @@ pub fn main() -> u8 {
     rt.block_on(dispatch(cli))
 }
 
-fn init_tracing(verbose: u8) {
+/// The log on stderr: lines for people, without a time of our own when stderr is
+/// journald's stream (it stamps every line itself), or JSON objects, one per line.
+fn init_tracing(verbose: u8, format: config::LogFormat) {
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -134,12 +135,35 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("JIO_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        config::LogFormat::Json => fmt.json().flatten_event(true).with_current_span(false).try_init(),
+        config::LogFormat::Text if stderr_is_journal() => fmt.without_time().with_ansi(false).try_init(),
+        config::LogFormat::Text => fmt
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
+}
+
+/// Whether stderr is the stream systemd connected to journald: `JOURNAL_STREAM`
+/// names its device and inode (a child that inherited the variable with another
+/// stderr is not).
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Some((dev, ino)) = std::env::var("JOURNAL_STREAM")
+        .ok()
+        .and_then(|v| {
+            v.split_once(':')
+                .map(|(d, i)| (d.parse::<u64>(), i.parse::<u64>()))
+        })
+        .and_then(|(d, i)| Some((d.ok()?, i.ok()?)))
+    else {
+        return false;
+    };
+    std::fs::metadata("/proc/self/fd/2").is_ok_and(|m| m.dev() == dev && m.ino() == ino)
 }
 
 fn overrides(cli: &Cli) -> Overrides {
@@ -194,6 +218,7 @@ async fn dispatch(cli: Cli) -> u8 {
         Ok(c) => c,
         Err(e) => return fail(e, exit::USAGE),
     };
+    init_tracing(cli.verbose, cfg.log_format);
     match cli.command {
         Command::LocalVersion { version } => local_version(&cfg, version),
         Command::PendingUpdate => pending_update(&cfg).await,

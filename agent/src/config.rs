@@ -58,6 +58,16 @@ pub struct Config {
     pub store_retry: Duration,
     /// Where run logs go, when configured.
     pub swift: Option<std::sync::Arc<jio_common::swift::SwiftClient>>,
+    /// How the log lines on stderr are written.
+    pub log_format: LogFormat,
+}
+
+/// `log_format`: lines for people (`text`, the default) or one JSON object per
+/// line (`json`, for a log shipper).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The file's keys; every one optional, unknown ones rejected.
@@ -90,6 +100,7 @@ pub struct FileConfig {
     pub lease_ttl: Option<String>,
     pub stop_grace: Option<String>,
     pub store_retry: Option<String>,
+    pub log_format: Option<String>,
     pub swift: Option<jio_common::swift::SwiftSettings>,
 }
 
@@ -118,6 +129,7 @@ pub const SCALAR_KEYS: &[&str] = &[
     "lease_ttl",
     "stop_grace",
     "store_retry",
+    "log_format",
 ];
 
 /// Every problem found, one per line.
@@ -462,6 +474,17 @@ fn build(
         "/usr/lib/jiocloud/actions",
     );
     let allow_any_command = src.boolean("allow_any_command", file.allow_any_command.take(), false);
+    let log_format = match src.pick("log_format", file.log_format.take()) {
+        None => LogFormat::Text,
+        Some((v, _)) if v == "text" => LogFormat::Text,
+        Some((v, _)) if v == "json" => LogFormat::Json,
+        Some((v, from)) => {
+            src.error(format!(
+                "log_format: {v:?} (from the {from}) is neither \"text\" nor \"json\""
+            ));
+            LogFormat::Text
+        }
+    };
     let swift = file.swift.take().and_then(|settings| {
         jio_common::swift::SwiftClient::new(settings)
             .map(std::sync::Arc::new)
@@ -496,6 +519,7 @@ fn build(
         stop_grace: t.stop_grace,
         store_retry: t.store_retry,
         swift,
+        log_format,
     })
 }
 

@@ -1826,3 +1826,59 @@ async fn maintenance_windows_keep_a_role_out_while_closed() {
         d.kill().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_as_json_and_without_our_time_under_journald() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("store.db").display());
+    // JSON: every log line is one object with its level, message and fields.
+    let host = Host::new("compute8", &store, &["true".to_string()], "log_format = \"json\"");
+    let out = agent(&host, &["once"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let logged: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("jio-agent: "))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in {stderr}")))
+        .collect();
+    assert!(
+        logged
+            .iter()
+            .any(|v| v["message"] == "using store" && v["level"] == "INFO" && v["store"] == store.as_str()),
+        "{stderr}"
+    );
+    // Text on journald's stream (JOURNAL_STREAM names stderr): no time of ours,
+    // journald stamps each line.
+    let host = Host::new("compute9", &store, &["true".to_string()], "");
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    let st = nix::sys::stat::fstat(&writer).unwrap();
+    let mut child = Command::from(host.agent(&bin(), &["once"]))
+        .env("JOURNAL_STREAM", format!("{}:{}", st.st_dev, st.st_ino))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(writer))
+        .spawn()
+        .unwrap();
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    let mut journal = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(reader), &mut journal).unwrap();
+    let line = journal
+        .lines()
+        .find(|l| l.contains("using store"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with(" INFO using store") || line.starts_with("INFO using store"),
+        "{journal}"
+    );
+    // Without it (or with another stream named), the time leads each line.
+    let out = Command::from(host.agent(&bin(), &["once"]))
+        .env("JOURNAL_STREAM", "1:1")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("using store"))
+        .unwrap_or_default();
+    assert!(line.starts_with("20"), "{stderr}");
+}
