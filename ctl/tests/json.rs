@@ -122,3 +122,41 @@ async fn every_subcommand_prints_one_json_document() {
         assert_eq!(v["schema"], 1, "{l}");
     }
 }
+
+/// `status --watch` while the store goes away and comes back: it says since when
+/// the store is unreachable (once), then redraws once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_says_when_the_store_is_unreachable_and_recovers() {
+    let mut etcd = Etcd::start().await;
+    let url = etcd.url();
+    let out = run(&url, &["trigger-update", "v1"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let mut watch = jioctl(&url, &["--json", "status", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut next = async || -> Value {
+        let l = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("a line within 60 s")
+            .unwrap()
+            .expect("status --watch ended");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"))
+    };
+    assert_eq!(next().await["type"], "status");
+    etcd.kill(0);
+    let v = next().await;
+    assert_eq!(v["type"], "unreachable", "{v}");
+    assert!(v["since"].as_u64().is_some(), "{v}");
+    etcd.restart(0).await;
+    let v = next().await;
+    assert_eq!(v["type"], "status", "redrawn once the store answers: {v}");
+    assert_eq!(v["current_version"], "v1", "{v}");
+    // And it watches again: a change is drawn.
+    let out = run(&url, &["trigger-update", "v2"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let v = next().await;
+    assert_eq!(v["current_version"], "v2", "{v}");
+}

@@ -11,9 +11,15 @@ use jio_common::command::{Targets, resolve_targets};
 use jio_common::fleet::{self, Snapshot};
 use jio_common::names::Role;
 
+use jio_common::store::{ErrorKind, StoreError};
+
 use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
 use crate::status::{only_role, to_json, to_text};
+
+/// How long `--watch` waits without any change before it checks that the store
+/// is still there.
+const QUIET: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Args, Debug)]
 pub struct Status {
@@ -30,10 +36,21 @@ impl Status {
         let store = ctx.open(Access::Read).await?;
         let mut stream = None;
         let mut checked = false;
+        // `--watch`: since when the store cannot be reached (said once per outage).
+        let mut unreachable: Option<u64> = None;
         loop {
-            let snap = ctx.snapshot(&store).await?;
+            let snap = match ctx.snapshot(&store).await {
+                Ok(s) => s,
+                Err(e) if self.watch && checked && e.kind() == ErrorKind::Unavailable => {
+                    self.unreachable(ctx, &mut unreachable, &e);
+                    stream = None;
+                    tokio::time::sleep(QUIET).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            unreachable = None;
             if let Some(r) = self.role.as_ref().filter(|_| !checked) {
-                checked = true;
                 if let Err(errors) = resolve_targets(&Targets::Roles(vec![r.clone()]), &snap) {
                     let roles: BTreeSet<Role> = snap.hosts().iter().map(|h| snap.role_of(h)).collect();
                     let roles: Vec<&str> = roles.iter().map(Role::as_str).collect();
@@ -48,22 +65,82 @@ impl Status {
                     )));
                 }
             }
+            checked = true;
             self.draw(ctx, &snap, store.url())?;
             if !self.watch {
                 return Ok(());
             }
             if stream.is_none() {
-                stream = Some(store.watch(&ctx.schema().root(), snap.revision + 1).await?);
+                match store.watch(&ctx.schema().root(), snap.revision + 1).await {
+                    Ok(w) => stream = Some(w),
+                    Err(e) if e.kind() == ErrorKind::Unavailable => {
+                        self.unreachable(ctx, &mut unreachable, &e);
+                        tokio::time::sleep(QUIET).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             let Some(w) = stream.as_mut() else { continue };
-            match w.next().await {
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e.into()),
-                None => return Ok(()),
+            // Wait for a change; when all is quiet for a while, make sure the store
+            // is still there (a frozen store sends no event and no error).
+            let mut reopen = false;
+            loop {
+                match tokio::time::timeout(QUIET, w.next()).await {
+                    Ok(Some(Ok(_))) => break,
+                    Ok(Some(Err(e))) if e.kind() == ErrorKind::Unavailable => {
+                        self.unreachable(ctx, &mut unreachable, &e);
+                        reopen = true;
+                        break;
+                    }
+                    Ok(Some(Err(e))) => return Err(e.into()),
+                    Ok(None) => return Ok(()),
+                    Err(_quiet) => match store.ping().await {
+                        // Back: read again and redraw, on a new watch.
+                        Ok(_) if unreachable.is_some() => {
+                            reopen = true;
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.kind() == ErrorKind::Unavailable => {
+                            self.unreachable(ctx, &mut unreachable, &e);
+                        }
+                        Err(e) => return Err(e.into()),
+                    },
+                }
+            }
+            if reopen {
+                stream = None;
+                continue;
             }
             // Coalesce a burst of changes into one redraw.
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
+        }
+    }
+
+    /// Says, once per outage, that the view drawn is as of before the store went.
+    fn unreachable(&self, ctx: &Context, since: &mut Option<u64>, e: &StoreError) {
+        if since.is_some() {
+            return;
+        }
+        let now = jio_common::time::unix_now();
+        *since = Some(now);
+        if ctx.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "type": "unreachable",
+                    "schema": crate::out::JSON_SCHEMA,
+                    "since": now,
+                    "error": e.to_string(),
+                })
+            );
+        } else {
+            println!(
+                "store unreachable since {} ({e}); the view above is the last one read, redrawn once the store answers",
+                jio_common::time::utc_stamp(now)
+            );
         }
     }
 
