@@ -50,20 +50,20 @@ impl Status {
                 Err(e) => return Err(e.into()),
             };
             unreachable = None;
-            if let Some(r) = self.role.as_ref().filter(|_| !checked) {
-                if let Err(errors) = resolve_targets(&Targets::Roles(vec![r.clone()]), &snap) {
-                    let roles: BTreeSet<Role> = snap.hosts().iter().map(|h| snap.role_of(h)).collect();
-                    let roles: Vec<&str> = roles.iter().map(Role::as_str).collect();
-                    return Err(Failure::usage(format!(
-                        "{} (the fleet's roles: {})",
-                        errors.join("; "),
-                        if roles.is_empty() {
-                            "none".into()
-                        } else {
-                            roles.join(", ")
-                        }
-                    )));
-                }
+            if let Some(r) = self.role.as_ref().filter(|_| !checked)
+                && let Err(errors) = resolve_targets(&Targets::Roles(vec![r.clone()]), &snap)
+            {
+                let roles: BTreeSet<Role> = snap.hosts().iter().map(|h| snap.role_of(h)).collect();
+                let roles: Vec<&str> = roles.iter().map(Role::as_str).collect();
+                return Err(Failure::usage(format!(
+                    "{} (the fleet's roles: {})",
+                    errors.join("; "),
+                    if roles.is_empty() {
+                        "none".into()
+                    } else {
+                        roles.join(", ")
+                    }
+                )));
             }
             checked = true;
             self.draw(ctx, &snap, store.url())?;
