@@ -378,7 +378,7 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
             r.version,
             r.result.as_str(),
             r.step,
-            jio_common::time::utc_stamp(r.finished),
+            jio_common::time::utc_display(r.finished),
             r.reason.as_ref().map(|x| format!(": {x}")).unwrap_or_default(),
             r.run_dir.display()
         ),
@@ -410,7 +410,7 @@ fn decision_text(d: &Decision) -> String {
         }
         Decision::Backoff { version, until } => format!(
             "update to {version} failed; retry after {}",
-            jio_common::time::utc_stamp(*until)
+            jio_common::time::utc_display(*until)
         ),
         Decision::Upgrade { version, .. } => format!("upgrade to {version}"),
         Decision::Blocked { reason } => format!("blocked: {reason}"),

@@ -19,7 +19,6 @@ use crate::keys::HoldTarget;
 use crate::names::{HostName, Role};
 use crate::rollout::{RolloutRecord, RolloutState};
 use crate::rules::Resolved;
-use crate::time::utc_stamp;
 use crate::window::{self, WindowState};
 
 /// What the planner needs besides the fleet and the rules.
@@ -261,17 +260,7 @@ pub fn waits_forever(hosts: &[HostStatus], plan: &Plan) -> bool {
 
 /// Unix time as people read it in reasons.
 pub fn when(t: u64) -> String {
-    let s = utc_stamp(t);
-    // YYYYMMDDTHHMMSSZ → YYYY-MM-DD HH:MM:SS UTC
-    format!(
-        "{}-{}-{} {}:{}:{} UTC",
-        &s[0..4],
-        &s[4..6],
-        &s[6..8],
-        &s[9..11],
-        &s[11..13],
-        &s[13..15]
-    )
+    crate::time::utc_display(t)
 }
 
 /// One host's facts the planner derives beyond its classification.

@@ -1,4 +1,4 @@
-//! Wall-clock helpers without a date library.
+//! Wall-clock helpers: the time now, and Unix times written for names and for people.
 
 /// Seconds since the Unix epoch: the wall clock itself (`clock::SystemClock` and
 /// the edges of the programs read it here).
@@ -10,26 +10,24 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// `YYYYMMDDTHHMMSSZ` for a Unix time (UTC), sortable and safe in file and object names.
+/// `YYYYMMDDTHHMMSSZ` for a Unix time (UTC), sortable and safe in file and object
+/// names: the stamp of rollout and command ids and of run directories.
 pub fn utc_stamp(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    utc(secs, "%Y%m%dT%H%M%SZ")
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC`: a Unix time as people read it in messages.
+pub fn utc_display(secs: u64) -> String {
+    utc(secs, "%Y-%m-%d %H:%M:%S UTC")
+}
+
+fn utc(secs: u64, format: &str) -> String {
+    // Beyond jiff's range (year 9999) only for nonsense read from the store.
+    let t = i64::try_from(secs)
+        .ok()
+        .and_then(|s| jiff::Timestamp::from_second(s).ok())
+        .unwrap_or(jiff::Timestamp::MAX);
+    t.strftime(format).to_string()
 }
 
 #[cfg(test)]
@@ -39,5 +37,7 @@ mod tests {
         assert_eq!(super::utc_stamp(0), "19700101T000000Z");
         assert_eq!(super::utc_stamp(951_782_400), "20000229T000000Z");
         assert_eq!(super::utc_stamp(1_795_267_815), "20261121T133015Z");
+        assert_eq!(super::utc_display(1_795_267_815), "2026-11-21 13:30:15 UTC");
+        assert!(super::utc_stamp(u64::MAX).starts_with("9999"));
     }
 }

@@ -270,7 +270,7 @@ pub fn paused_line(r: &RolloutRecord, in_flight: usize) -> String {
         r.id,
         reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
         until
-            .map(|t| format!(", until {}", jio_common::time::utc_stamp(t)))
+            .map(|t| format!(", until {}", jio_common::time::utc_display(t)))
             .unwrap_or_default()
     )
 }

@@ -308,7 +308,7 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
         r.version,
         r.state.name(),
         r.started_by(),
-        jio_common::time::utc_stamp(r.started_at()),
+        jio_common::time::utc_display(r.started_at()),
         r.rules_digest()
     )];
     let hosts = fleet::classify(snap);

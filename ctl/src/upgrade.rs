@@ -34,7 +34,7 @@ use jio_common::roles::RolePattern;
 use jio_common::rollout::{RolloutId, RolloutRecord, RolloutState};
 use jio_common::rules::{self, Plan, Rules};
 use jio_common::store::{DynStore, ErrorKind, Op, Revision, StoreError, WatchEvent, WatchStream};
-use jio_common::time::utc_stamp;
+use jio_common::time::utc_display;
 
 use crate::exit::{self, Failure, Outcome};
 use crate::progress::Progress;
@@ -151,7 +151,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
                     r.version,
                     r.state.name(),
                     r.started_by(),
-                    utc_stamp(r.started_at())
+                    utc_display(r.started_at())
                 );
             }
             *r

@@ -422,7 +422,7 @@ pub fn describe(r: &Option<LockRecord>) -> String {
             r.holder,
             r.host,
             r.pid,
-            jio_common::time::utc_stamp(r.since)
+            jio_common::time::utc_display(r.since)
         ),
         None => "another jioctl".into(),
     }

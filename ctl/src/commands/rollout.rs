@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use jio_common::fleet::{self, HostState, Snapshot};
 use jio_common::rollout::{KEEP_HISTORY, RolloutRecord, RolloutState};
-use jio_common::time::utc_stamp;
+use jio_common::time::utc_display;
 
 use crate::context::{Access, Context};
 use crate::exit::{self, Failure, Outcome};
@@ -248,7 +248,7 @@ async fn status(ctx: &Context) -> Outcome {
                 l.id,
                 l.version,
                 l.state.name(),
-                utc_stamp(l.changed_at())
+                utc_display(l.changed_at())
             ),
             None => println!("no rollout is active, and none is recorded"),
         }
@@ -264,7 +264,7 @@ async fn status(ctx: &Context) -> Outcome {
         for c in &r.changes {
             println!(
                 "  {} {} by {}{}",
-                utc_stamp(c.at),
+                utc_display(c.at),
                 c.state,
                 c.by,
                 c.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
@@ -313,7 +313,7 @@ async fn history(ctx: &Context, limit: usize) -> Outcome {
             r.previous.as_ref().map(|p| p.as_str()).unwrap_or("-"),
             r.rules_digest(),
             r.started_by(),
-            utc_stamp(r.started_at()),
+            utc_display(r.started_at()),
             outcome(&r.state),
             jio_common::duration::format(Duration::from_secs(r.duration_s()))
         );

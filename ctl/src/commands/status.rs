@@ -139,7 +139,7 @@ impl Status {
         } else {
             println!(
                 "store unreachable since {} ({e}); the view above is the last one read, redrawn once the store answers",
-                jio_common::time::utc_stamp(now)
+                jio_common::time::utc_display(now)
             );
         }
     }
