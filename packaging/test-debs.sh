@@ -48,7 +48,7 @@ out=$(dpkg_i "$CTL1") || fail "jioctl install failed: $out"
 in_root jio-agent --version | has '^jio-agent ' || fail "jio-agent --version"
 in_root jioctl --version | has '^jioctl ' || fail "jioctl --version"
 for f in /etc/jiocloud/agent.toml /lib/systemd/system/jio-agent.service /lib/systemd/system/jio-agent-bootstrap.service \
-         /usr/share/man/man8/jio-agent.8.gz /usr/share/man/man1/jioctl.1.gz /usr/share/man/man1/jioctl-upgrade.1.gz \
+         /usr/share/man/man8/jio-agent.8.gz /usr/share/man/man8/jio-agent-run.8.gz /usr/share/man/man5/agent.toml.5.gz /usr/share/bash-completion/completions/jio-agent /usr/share/man/man1/jioctl.1.gz /usr/share/man/man1/jioctl-upgrade.1.gz \
          /usr/share/bash-completion/completions/jioctl /usr/share/zsh/vendor-completions/_jioctl \
          /usr/share/fish/vendor_completions.d/jioctl.fish /usr/share/doc/jioctl/examples/jio-upgrade.json \
          /lib/systemd/system/jioctl-drive.service /usr/share/jiocloud/etcd-roles.sh \

@@ -93,7 +93,10 @@ pub enum Command {
     PendingUpdate,
     /// Print the local version, or set it
     #[command(alias = "local_version")]
-    LocalVersion { version: Option<String> },
+    LocalVersion {
+        /// The version to record as this host's (none: print it)
+        version: Option<String>,
+    },
     /// What this host sees: desired and local version, enable decision, last run
     Status {
         /// Machine-readable output

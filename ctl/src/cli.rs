@@ -14,7 +14,20 @@ use crate::exit::{self, Failure, Outcome};
 #[command(
     name = "jioctl",
     version,
-    about = "Drive rolling upgrades of the jiocloud fleet"
+    about = "Drive rolling upgrades of the jiocloud fleet",
+    after_help = concat!(
+        "Examples:\n",
+        "  jioctl status                 the fleet by state and role, and why each host waits\n",
+        "  jioctl upgrade v42 --instructions-file /etc/jio-upgrade.json\n",
+        "                                roll v42 out under the rules, and follow it\n",
+        "  jioctl --json status          the same for programs (one JSON document)\n",
+        "  jioctl global-disable-puppet  the emergency stop\n",
+        "  jioctl run --role compute restart-nova\n",
+        "                                a fleet command, role by role under the rules\n",
+        "\n",
+        "Exit status: 0 success, 1 failed, 2 store unreachable, 3 invalid rules,\n",
+        "8 refused by the store, 64 bad usage; the whole table is in jioctl(1)."
+    )
 )]
 pub struct Cli {
     /// Store URL: etcd://host:port[,host:port...], etcds://...?ca_file=PATH&cert_file=PATH&key_file=PATH&server_name=NAME&user=NAME&password_file=PATH, sqlite://PATH, or consul[s]://host:port[?dc=NAME&token_file=PATH&ca_file=...] [env: JIO_STORE]

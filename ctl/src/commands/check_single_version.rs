@@ -11,6 +11,7 @@ use crate::exit::{self, Failure, Outcome};
 
 #[derive(Args, Debug)]
 pub struct CheckSingleVersion {
+    /// The version every host of the fleet must run
     version: Version,
 }
 

@@ -17,6 +17,7 @@ use crate::exit::{self, Failure, Outcome};
 
 #[derive(Args, Debug)]
 pub struct Explain {
+    /// The host whose chain of decisions to show
     host: HostName,
 }
 

@@ -25,16 +25,19 @@ enum Sub {
     },
     /// One command: its record and every host's result (exit code, duration, log)
     Show {
+        /// The command's id (`jioctl commands list` shows them)
         #[arg(value_parser = fleet_commands::parse_id)]
         id: CommandId,
     },
     /// Follow a command to its end, driving it while nobody else does
     Follow {
+        /// The command's id (`jioctl commands list` shows them)
         #[arg(value_parser = fleet_commands::parse_id)]
         id: CommandId,
     },
     /// Stop admitting hosts: no host starts it any more; hosts running it finish
     Cancel {
+        /// The command's id (`jioctl commands list` shows them)
         #[arg(value_parser = fleet_commands::parse_id)]
         id: CommandId,
         /// Why (recorded)

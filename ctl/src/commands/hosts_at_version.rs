@@ -9,6 +9,7 @@ use crate::exit::Outcome;
 
 #[derive(Args, Debug)]
 pub struct HostsAtVersion {
+    /// The version whose hosts to list
     version: Version,
 }
 

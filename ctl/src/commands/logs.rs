@@ -15,6 +15,7 @@ use crate::exit::{self, Failure, Outcome};
 
 #[derive(Args, Debug)]
 pub struct Logs {
+    /// The host whose run (or fleet command) output to print
     host: HostName,
     /// The output of a fleet command on HOST instead (its id, from jioctl commands list)
     #[arg(long, value_parser = crate::fleet_commands::parse_id, conflicts_with_all = ["version", "phase"])]

@@ -11,6 +11,7 @@ use crate::release::release_checked;
 
 #[derive(Args, Debug)]
 pub struct TriggerUpdate {
+    /// The desired version to set (/current_version)
     version: Version,
     /// Write it even though it releases hosts at once, outside any rolling rules
     #[arg(long)]

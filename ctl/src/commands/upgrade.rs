@@ -16,6 +16,7 @@ pub use crate::upgrade::DEFAULT_RULES;
 
 #[derive(Args, Debug)]
 pub struct Upgrade {
+    /// The version to roll out
     version: Version,
     /// The rules as JSON [default: /etc/jio-upgrade.json when it exists]
     #[arg(long, conflicts_with = "instructions_file")]
