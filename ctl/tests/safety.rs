@@ -574,6 +574,36 @@ async fn nonsense_is_refused_and_no_rules_is_said() {
     assert!(!text(&out).contains("no rolling limit"), "{}", text(&out));
 }
 
+/// A store URL whose port is some other HTTP server's: named as not etcd, with the
+/// status line it answered and never its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_etcd_is_named_as_such() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        while let Ok((mut c, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = c.read(&mut buf).await;
+                let _ = c
+                    .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 15\r\n\r\nsecret-page-body")
+                    .await;
+            });
+        }
+    });
+    let url = format!("etcd://127.0.0.1:{port}");
+    let out = run(&url, &["status"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not etcd's gRPC API") && stderr.contains("HTTP/1.1 404 Not Found"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("secret-page-body"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
 /// Not a test of its own: the log parser above must see what overlapped.
 #[test]
 fn the_overlap_check_can_fail() {

@@ -534,6 +534,28 @@ impl CallError {
     }
 }
 
+/// The first line of a plain HTTP/1 server's answer to `GET /version` (`HTTP/1.0
+/// 404 File not found`), if one answers within 2 s; what follows it is not read.
+async fn http1_status_line(addr: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET /version HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = [0u8; 128];
+        let n = s.read(&mut buf).await.ok()?;
+        let head = String::from_utf8_lossy(&buf[..n]);
+        let line = head.lines().next()?.trim();
+        line.starts_with("HTTP/")
+            .then(|| line.chars().take(80).collect::<String>())
+    };
+    tokio::time::timeout(Duration::from_secs(2), probe)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Whether an error's chain says the connection was never made.
 fn never_connected(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
@@ -630,8 +652,34 @@ impl Store for EtcdStore {
                 || "reading the revision".to_string(),
                 |mut c| async move { c.txn(GTxn::new()).await },
             )
-            .await?;
-        Ok(revision(r.header(), |h| h.revision()))
+            .await;
+        match r {
+            Ok(r) => Ok(revision(r.header(), |h| h.revision())),
+            // An HTTP/1 answer read as HTTP/2 frames: not etcd at all. Said as such,
+            // with the server's status line (never its body).
+            Err(StoreError::Unavailable { url, op, reason })
+                if reason.contains("frame with invalid size") =>
+            {
+                let mut answers = Vec::new();
+                for e in self.inner.endpoints.urls() {
+                    if let Some(addr) = e.strip_prefix("http://")
+                        && let Some(line) = http1_status_line(addr).await
+                    {
+                        answers.push(format!("{addr} answered {line:?}"));
+                    }
+                }
+                let reason = if answers.is_empty() {
+                    format!("not etcd's gRPC API (the server does not speak HTTP/2): {reason}")
+                } else {
+                    format!(
+                        "not etcd's gRPC API: an HTTP/1 server answered ({}); is the port etcd's client port (usually 2379)?",
+                        answers.join(", ")
+                    )
+                };
+                Err(StoreError::Unavailable { url, op, reason })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn get(&self, key: &Key) -> Result<Option<KeyValue>> {

@@ -430,6 +430,11 @@ impl Endpoints {
         }
     }
 
+    /// Every endpoint's URL.
+    pub(crate) fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
     /// How many endpoints there are.
     pub(crate) fn len(&self) -> usize {
         self.urls.len()
