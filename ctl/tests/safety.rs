@@ -574,6 +574,62 @@ async fn nonsense_is_refused_and_no_rules_is_said() {
     assert!(!text(&out).contains("no rolling limit"), "{}", text(&out));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_host_removes_a_decommissioned_host_in_one_go() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let s = open(&url).await;
+    let mut f = Fleet::start(&url, &["compute1", "compute2"], 0.2).await;
+    let out = run(
+        &url,
+        &[
+            "upgrade",
+            "v1",
+            "--instructions",
+            r#"{"rolling_rules":{"global":1}}"#,
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(&url, &["hold", "compute2"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let naming = |keys: &std::collections::BTreeMap<String, String>, h: &str| -> Vec<String> {
+        keys.keys()
+            .filter(|k| k.split('/').any(|seg| seg == h))
+            .cloned()
+            .collect()
+    };
+    let before = keys_under(&s, "/").await;
+    assert!(naming(&before, "compute2").len() >= 5, "{before:#?}");
+    // Alive: refused, nothing written.
+    let out = run(&url, &["forget-host", "compute2"]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("agent is alive"), "{}", text(&out));
+    assert_eq!(keys_under(&s, "/").await, before, "nothing was written");
+    // Decommissioned: its agent gone (its lease expires), every key naming it goes.
+    f.daemons[1].kill().await.unwrap();
+    wait_for("compute2's lease to expire", Duration::from_secs(20), || async {
+        s.get(&Schema::default().agent(&jio_common::names::HostName::new("compute2").unwrap()))
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    let out = run(&url, &["forget-host", "compute2"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let after = keys_under(&s, "/").await;
+    assert_eq!(naming(&after, "compute2"), Vec::<String>::new(), "{after:#?}");
+    assert!(!naming(&after, "compute1").is_empty(), "the other host stays");
+    let out = run(&url, &["status"]).await;
+    assert!(!text(&out).contains("compute2"), "{}", text(&out));
+    // Nothing left to forget: said, exit 1; --force forgets a live one.
+    let out = run(&url, &["forget-host", "compute2"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("knows nothing of compute2"), "{}", text(&out));
+    let out = run(&url, &["forget-host", "compute1", "--force"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
 /// A store URL whose port is some other HTTP server's: named as not etcd, with the
 /// status line it answered and never its body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

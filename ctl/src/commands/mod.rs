@@ -8,6 +8,7 @@ mod drive;
 mod enable_puppet;
 mod explain;
 mod fleet_cmds;
+mod forget_host;
 mod get_failures;
 mod global_disable_puppet;
 mod hold;
@@ -76,6 +77,8 @@ pub enum Command {
     Run(run::Run),
     /// Fleet commands: list, show, follow, cancel
     Commands(fleet_cmds::Commands),
+    /// Remove a decommissioned host from the store (every key that names it), in one transaction
+    ForgetHost(forget_host::ForgetHost),
 }
 
 impl Command {
@@ -98,6 +101,7 @@ impl Command {
             Command::CheckSingleVersion(c) => c.run(ctx).await,
             Command::Logs(c) => c.run(ctx).await,
             Command::GetFailures(c) => c.run(ctx).await,
+            Command::ForgetHost(c) => c.run(ctx).await,
             Command::Run(c) => c.run(ctx).await,
             Command::Commands(c) => c.run(ctx).await,
         }
