@@ -120,6 +120,7 @@ state_dir = "$d/state"
 version_file = "$d/current_version"
 facts_file = "$d/facts.d/current_version.txt"
 validation_dir = "$d/tests"
+hiera_file = "$d/hieradata/jiocloud.yaml"
 pre_commands = []
 puppet_command = $cmd
 lease_ttl = "5s"

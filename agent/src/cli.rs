@@ -596,6 +596,12 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
     if bootstrap && let Err(code) = provision(&store, &cfg).await {
         return code;
     }
+    // Before the pass (and its Puppet run): the Hiera data as the store has it.
+    if let Some(path) = &cfg.hiera_file
+        && let Err(e) = crate::hiera::refresh(&store, &cfg.schema, path).await
+    {
+        tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; Puppet sees the file as it was");
+    }
     let result = passes(&mut agent, &store).await;
     drain_uploads(&cfg, &store).await;
     let code = once_outcome(&agent, &result);
@@ -821,6 +827,15 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         Ok(a) => a,
         Err(e) => return Ok(fail(&e, error_code(&e))),
     };
+    // The Hiera data follows /active_roles/ for as long as the daemon runs.
+    let hiera = cfg.hiera_file.clone().map(|path| {
+        tokio::spawn(crate::hiera::run(
+            store.clone(),
+            cfg.schema.clone(),
+            path,
+            stop_uploads.clone(),
+        ))
+    });
     let uploader = cfg.swift.as_ref().map(|client| {
         let u = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone());
         agent.set_upload_wake(u.wake.clone());
@@ -854,6 +869,9 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
     );
     if let Some(u) = uploader {
         let _ = u.await;
+    }
+    if let Some(h) = hiera {
+        let _ = h.await;
     }
     match res {
         Ok(()) if restarting() => Err(()),

@@ -20,6 +20,9 @@ pub const DEFAULT_CONFIG: &str = "/etc/jiocloud/agent.toml";
 /// (the one rule, shared with `jioctl`).
 pub use jio_common::roles::DEFAULT_ROLE_PATTERN;
 
+/// Where the Hiera data file is kept by default.
+pub const DEFAULT_HIERA_FILE: &str = "/etc/puppet/hieradata/jiocloud.yaml";
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -60,6 +63,8 @@ pub struct Config {
     pub swift: Option<std::sync::Arc<jio_common::swift::SwiftClient>>,
     /// How the log lines on stderr are written.
     pub log_format: LogFormat,
+    /// The Hiera data file kept from `/active_roles/` (`None`: `hiera_file = ""`, off).
+    pub hiera_file: Option<PathBuf>,
 }
 
 /// `log_format`: lines for people (`text`, the default) or one JSON object per
@@ -101,6 +106,7 @@ pub struct FileConfig {
     pub stop_grace: Option<String>,
     pub store_retry: Option<String>,
     pub log_format: Option<String>,
+    pub hiera_file: Option<PathBuf>,
     pub swift: Option<jio_common::swift::SwiftSettings>,
 }
 
@@ -130,6 +136,7 @@ pub const SCALAR_KEYS: &[&str] = &[
     "stop_grace",
     "store_retry",
     "log_format",
+    "hiera_file",
 ];
 
 /// Every problem found, one per line.
@@ -474,6 +481,14 @@ fn build(
         "/usr/lib/jiocloud/actions",
     );
     let allow_any_command = src.boolean("allow_any_command", file.allow_any_command.take(), false);
+    let hiera_file = match src.pick(
+        "hiera_file",
+        file.hiera_file.take().map(|p| p.to_string_lossy().into_owned()),
+    ) {
+        None => Some(PathBuf::from(DEFAULT_HIERA_FILE)),
+        Some((p, _)) if p.is_empty() => None,
+        Some((p, _)) => Some(PathBuf::from(p)),
+    };
     let log_format = match src.pick("log_format", file.log_format.take()) {
         None => LogFormat::Text,
         Some((v, _)) if v == "text" => LogFormat::Text,
@@ -520,6 +535,7 @@ fn build(
         store_retry: t.store_retry,
         swift,
         log_format,
+        hiera_file,
     })
 }
 

@@ -9,6 +9,7 @@ pub mod config;
 pub mod daemon;
 pub mod decide;
 pub mod error;
+pub mod hiera;
 pub mod identity;
 pub mod ledger;
 pub mod liveness;

@@ -752,11 +752,12 @@ pub async fn footprint(bs: &BenchStore, idle: Duration) -> Footprint {
         .expect("put");
     std::fs::write(work.path().join("version"), "f1\n").expect("version");
     let config = format!(
-        "store = \"{}\"\nhostname = \"idle1\"\nstate_dir = \"{}\"\nversion_file = \"{}\"\nfacts_file = \"{}\"\n",
+        "store = \"{}\"\nhostname = \"idle1\"\nstate_dir = \"{}\"\nversion_file = \"{}\"\nfacts_file = \"{}\"\nhiera_file = \"{}\"\n",
         bs.url,
         work.path().join("state").display(),
         work.path().join("version").display(),
-        work.path().join("facts").display()
+        work.path().join("facts").display(),
+        work.path().join("hieradata/jiocloud.yaml").display()
     );
     std::fs::write(work.path().join("agent.toml"), config).expect("config");
     let mut child = tokio::process::Command::new(&agent)

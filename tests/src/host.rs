@@ -27,13 +27,14 @@ impl Host {
         let p = |x: PathBuf| toml_str(&x.display().to_string());
         let cmd: Vec<String> = puppet_command.iter().map(|a| toml_str(a)).collect();
         let config = format!(
-            "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\npre_commands = []\npuppet_command = [{}]\nlease_ttl = \"3s\"\n{extra}\n",
+            "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\nhiera_file = {}\npre_commands = []\npuppet_command = [{}]\nlease_ttl = \"3s\"\n{extra}\n",
             toml_str(store),
             toml_str(name),
             p(h.state_dir()),
             p(h.version_file()),
             p(h.facts_file()),
             p(h.validation_dir()),
+            p(h.hiera_file()),
             cmd.join(", "),
         );
         std::fs::write(h.config(), config).expect("write agent.toml");
@@ -57,6 +58,10 @@ impl Host {
     }
     pub fn validation_dir(&self) -> PathBuf {
         self.dir.path().join("tests")
+    }
+    /// The Hiera data file its agent keeps.
+    pub fn hiera_file(&self) -> PathBuf {
+        self.dir.path().join("hieradata/jiocloud.yaml")
     }
 
     /// Makes the validation directory pass or fail (a real `run-parts` script).

@@ -36,6 +36,11 @@ impl Puppet {
         p
     }
 
+    /// Puppet's `--confdir` (where it reads `hiera.yaml`).
+    pub fn confdir(&self) -> PathBuf {
+        self.dir.path().join("conf")
+    }
+
     /// A scratch directory the manifests may manage files in.
     pub fn scratch(&self) -> PathBuf {
         let p = self.dir.path().join("scratch");

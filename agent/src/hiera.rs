@@ -1,0 +1,266 @@
+//! The Hiera data file (seed 003): every role's hosts and their addresses from
+//! `/active_roles/<role>/<host>/<interface>`, for Puppet's `lookup()`, as
+//! `etcdlookup::active_roles` (role → host → interface → address) and one key per
+//! role, `etcdlookup::active_roles::<role>` (host → interface → address).
+//!
+//! The daemon keeps it current from a watch (one listing at start, then events);
+//! `once` writes it before its pass. It is written atomically (a temporary file
+//! renamed over it), and only when its text changes. Rendering is pure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use jio_common::backoff::Backoff;
+use jio_common::keys::{Key, Parsed, Schema};
+use jio_common::store::{DynStore, KeyValue, StoreError, WatchEvent};
+use tokio::sync::watch;
+
+/// role → host → interface → address.
+pub type ActiveRoles = BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>;
+
+/// The file's text: block YAML, every scalar double-quoted (an address read from
+/// the store cannot inject structure).
+pub fn render(roles: &ActiveRoles) -> String {
+    let q = |s: &str| {
+        let mut out = String::from("\"");
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+        out
+    };
+    let hosts = |out: &mut String, hosts: &BTreeMap<String, BTreeMap<String, String>>, indent: &str| {
+        for (h, ifaces) in hosts {
+            out.push_str(&format!("{indent}{}:\n", q(h)));
+            for (i, addr) in ifaces {
+                out.push_str(&format!("{indent}  {}: {}\n", q(i), q(addr)));
+            }
+        }
+    };
+    let mut out = String::from("# Written by jio-agent from /active_roles/ in the store; do not edit.\n");
+    if roles.is_empty() {
+        out.push_str("\"etcdlookup::active_roles\": {}\n");
+        return out;
+    }
+    out.push_str("\"etcdlookup::active_roles\":\n");
+    for (role, hs) in roles {
+        out.push_str(&format!("  {}:\n", q(role)));
+        hosts(&mut out, hs, "    ");
+    }
+    for (role, hs) in roles {
+        out.push_str(&format!("{}:\n", q(&format!("etcdlookup::active_roles::{role}"))));
+        hosts(&mut out, hs, "  ");
+    }
+    out
+}
+
+/// Adds (or with `None`, removes) one `/active_roles/` key's entry.
+fn apply(roles: &mut ActiveRoles, schema: &Schema, key: &Key, value: Option<&str>) {
+    let Some(Parsed::ActiveRole(r, h, i)) = schema.parse(key) else {
+        return;
+    };
+    match value {
+        Some(v) => {
+            roles
+                .entry(r.to_string())
+                .or_default()
+                .entry(h.to_string())
+                .or_default()
+                .insert(i.as_str().to_string(), v.to_string());
+        }
+        None => {
+            if let Some(hs) = roles.get_mut(r.as_str()) {
+                if let Some(ifs) = hs.get_mut(h.as_str()) {
+                    ifs.remove(i.as_str());
+                    if ifs.is_empty() {
+                        hs.remove(h.as_str());
+                    }
+                }
+                if hs.is_empty() {
+                    roles.remove(r.as_str());
+                }
+            }
+        }
+    }
+}
+
+/// A stored entry; one that is not text is left out, named.
+fn put(roles: &mut ActiveRoles, schema: &Schema, kv: &KeyValue) {
+    if kv.not_text {
+        tracing::warn!(key = %kv.key, "not text: left out of the hiera data");
+        apply(roles, schema, &kv.key, None);
+    } else {
+        apply(roles, schema, &kv.key, Some(&kv.value));
+    }
+}
+
+fn from_kvs(schema: &Schema, kvs: &[KeyValue]) -> ActiveRoles {
+    let mut roles = ActiveRoles::new();
+    for kv in kvs {
+        put(&mut roles, schema, kv);
+    }
+    roles
+}
+
+/// Writes `text` to `path` atomically, creating its directory; nothing when the
+/// file already holds it. Whether it wrote.
+pub fn write(path: &Path, text: &str) -> std::io::Result<bool> {
+    if std::fs::read_to_string(path).is_ok_and(|t| t == text) {
+        return Ok(false);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("yaml.jio-tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(true)
+}
+
+/// Reads `/active_roles/` once and writes the file (`once`, and the daemon's start).
+pub async fn refresh(store: &DynStore, schema: &Schema, path: &Path) -> Result<(), StoreError> {
+    let listing = store.list(&schema.active_roles()).await?;
+    save(path, &from_kvs(schema, &listing.kvs));
+    Ok(())
+}
+
+fn save(path: &Path, roles: &ActiveRoles) {
+    match write(path, &render(roles)) {
+        Ok(true) => tracing::info!(file = %path.display(), roles = roles.len(), "hiera data written"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot write the hiera data file"),
+    }
+}
+
+/// The daemon's task: keeps the file current until `stop` turns true.
+pub async fn run(store: DynStore, schema: Schema, path: PathBuf, mut stop: watch::Receiver<bool>) {
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let prefix = schema.active_roles();
+    while !*stop.borrow() {
+        let listing = tokio::select! {
+            l = store.list(&prefix) => l,
+            _ = stop.changed() => return,
+        };
+        let stream = match listing {
+            Ok(l) => {
+                let mut roles = from_kvs(&schema, &l.kvs);
+                save(&path, &roles);
+                match store.watch(&prefix, l.revision + 1).await {
+                    Ok(s) => Some((s, std::mem::take(&mut roles))),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch /active_roles/ for the hiera data; retrying");
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; retrying");
+                None
+            }
+        };
+        let Some((mut events, mut roles)) = stream else {
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.fail()) => continue,
+                _ = stop.changed() => return,
+            }
+        };
+        backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        loop {
+            let ev = tokio::select! {
+                e = events.next() => e,
+                _ = stop.changed() => return,
+            };
+            match ev {
+                Some(Ok(WatchEvent::Put(kv))) => put(&mut roles, &schema, &kv),
+                Some(Ok(WatchEvent::Delete { key, .. })) => apply(&mut roles, &schema, &key, None),
+                Some(Ok(WatchEvent::Reset { kvs, .. })) => roles = from_kvs(&schema, &kvs),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "the /active_roles/ watch failed; reading it again");
+                    break;
+                }
+                None => return,
+            }
+            // A burst of changes (a host publishing its interfaces) is one write.
+            while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(events.next()) {
+                match ev {
+                    WatchEvent::Put(kv) => put(&mut roles, &schema, &kv),
+                    WatchEvent::Delete { key, .. } => apply(&mut roles, &schema, &key, None),
+                    WatchEvent::Reset { kvs, .. } => roles = from_kvs(&schema, &kvs),
+                }
+            }
+            save(&path, &roles);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_hosts_and_addresses_render_as_quoted_yaml() {
+        let schema = Schema::default();
+        let kv = |k: &str, v: &str| KeyValue {
+            key: Key::new(k).unwrap(),
+            value: v.to_string(),
+            mod_revision: 1,
+            create_revision: 1,
+            version: 1,
+            lease: None,
+            not_text: false,
+        };
+        let mut roles = from_kvs(
+            &schema,
+            &[
+                kv("/active_roles/controller/controller1/eth0", "10.0.0.1"),
+                kv("/active_roles/controller/controller2/eth0", "10.0.0.2"),
+                kv("/active_roles/compute/compute1/eth0", "evil\"\n: {x}"),
+            ],
+        );
+        let text = render(&roles);
+        assert!(
+            text.contains(
+                "\"etcdlookup::active_roles::controller\":\n  \"controller1\":\n    \"eth0\": \"10.0.0.1\"\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("\"eth0\": \"evil\\\"\\u000a: {x}\""), "{text}");
+        apply(
+            &mut roles,
+            &schema,
+            &Key::new("/active_roles/controller/controller2/eth0").unwrap(),
+            None,
+        );
+        let text = render(&roles);
+        assert!(!text.contains("controller2"), "{text}");
+        apply(
+            &mut roles,
+            &schema,
+            &Key::new("/active_roles/compute/compute1/eth0").unwrap(),
+            None,
+        );
+        assert!(!render(&roles).contains("compute"), "an emptied role goes");
+    }
+
+    #[test]
+    fn the_file_is_replaced_whole_and_only_on_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("hieradata/jiocloud.yaml");
+        assert!(write(&p, "a: 1\n").unwrap());
+        assert!(!write(&p, "a: 1\n").unwrap());
+        assert!(write(&p, "a: 2\n").unwrap());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a: 2\n");
+        assert_eq!(
+            std::fs::read_dir(p.parent().unwrap()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
+    }
+}
