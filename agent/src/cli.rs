@@ -216,6 +216,10 @@ fn error_code(e: &AgentError) -> u8 {
 }
 
 async fn dispatch(cli: Cli) -> u8 {
+    // A daemon (started again by a reload, say) must not die of a SIGHUP that comes
+    // before its handler listens: tokio's handler, once installed, stays.
+    let _hup = matches!(cli.command, Command::Run)
+        .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok());
     let sources = overrides(&cli);
     let cfg = match config::load(&sources, identity::system_hostname) {
         Ok(c) => c,
@@ -493,10 +497,14 @@ fn shutdown_signal() -> watch::Receiver<bool> {
 }
 
 /// SIGTERM/SIGINT turn the returned flag true. With `reload` (the daemon's sources
-/// of configuration), SIGHUP re-reads the configuration: one with problems is
-/// logged and the daemon runs on as it was; a valid one stops the daemon like
-/// SIGTERM with the second flag set, for `run` to start again in place.
-fn shutdown_or_reload_signal(reload: Option<Overrides>) -> (watch::Receiver<bool>, watch::Receiver<bool>) {
+/// of configuration, and what it runs on), SIGHUP reads the configuration again: one
+/// with a problem is logged and the daemon runs on as it was; the same one is said
+/// and changes nothing; a changed one stops the daemon like SIGTERM with the second
+/// flag set, for `run` to start again in place. A SIGTERM/SIGINT after that turns
+/// the second flag back off: a stop wins over a reload.
+fn shutdown_or_reload_signal(
+    reload: Option<(Overrides, String)>,
+) -> (watch::Receiver<bool>, watch::Receiver<bool>) {
     let (tx, rx) = watch::channel(false);
     let (restart_tx, restart_rx) = watch::channel(false);
     // Registered before the task runs, so a SIGHUP from now on never kills.
@@ -521,11 +529,14 @@ fn shutdown_or_reload_signal(reload: Option<Overrides>) -> (watch::Receiver<bool
                     break;
                 }
                 Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
-                    let Some(ov) = reload.as_ref() else { continue };
+                    let Some((ov, running)) = reload.as_ref() else { continue };
                     match config::load(ov, identity::system_hostname) {
+                        Ok(c) if &fingerprint(&c) == running => {
+                            tracing::info!("SIGHUP: the configuration is unchanged; nothing to do");
+                        }
                         Ok(_) => {
                             tracing::info!(
-                                "SIGHUP: the configuration is valid; finishing up, then starting again in place to apply it"
+                                "SIGHUP: the configuration changed and is valid; finishing up, then starting again in place to apply it"
                             );
                             let _ = restart_tx.send(true);
                             break;
@@ -538,12 +549,31 @@ fn shutdown_or_reload_signal(reload: Option<Overrides>) -> (watch::Receiver<bool
             }
         }
         let _ = tx.send(true);
-        // Keep the senders alive so receivers do not see them closed.
-        let _keep = restart_tx;
-        std::future::pending::<()>().await;
+        // Finishing up: a stop asked for now means stop, not start again.
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if *restart_tx.borrow() {
+                tracing::info!(
+                    "stop asked while finishing up for a reload: stopping instead of starting again"
+                );
+                let _ = restart_tx.send(false);
+            }
+        }
     });
     (rx, restart_rx)
 }
+
+/// What a configuration amounts to, to tell a changed one from the same (never
+/// shown: it may hold secrets' settings).
+fn fingerprint(cfg: &Config) -> String {
+    format!("{cfg:?}")
+}
+
+/// Set in the environment of a `jio-agent run` that started again in place.
+const RESTARTED_ENV: &str = "JIO_AGENT_RESTARTED";
 
 /// Replaces this process with a new `jio-agent` of the same arguments and
 /// environment (the same PID, so systemd keeps it as the service's main process);
@@ -557,7 +587,12 @@ fn restart_in_place() -> u8 {
     let exe = match argv0.filter(|p| p.components().count() > 1) {
         Some(p) => p,
         None => match std::env::current_exe() {
-            Ok(p) => p,
+            // Replaced on disk since it started (a package upgrade): the new one.
+            Ok(p) => p
+                .to_str()
+                .and_then(|t| t.strip_suffix(" (deleted)"))
+                .map(PathBuf::from)
+                .unwrap_or(p),
             Err(e) => {
                 return fail(
                     format!("cannot restart: cannot find this program: {e}"),
@@ -567,7 +602,10 @@ fn restart_in_place() -> u8 {
         },
     };
     tracing::info!(exe = %exe.display(), "starting again in place");
-    let e = std::process::Command::new(&exe).args(args).exec();
+    let e = std::process::Command::new(&exe)
+        .args(args)
+        .env(RESTARTED_ENV, "1")
+        .exec();
     fail(format!("cannot restart {}: {e}", exe.display()), exit::SOFTWARE)
 }
 
@@ -763,11 +801,19 @@ async fn record_provisioned(store: &DynStore, cfg: &Config, failure: Option<&str
 }
 
 async fn run(cfg: Config, sources: Overrides) -> u8 {
-    let code = serve_until_stopped(cfg, sources).await;
-    match code {
-        Ok(code) => code,
-        // The lock and every connection are gone with the old daemon's state.
-        Err(()) => restart_in_place(),
+    loop {
+        match serve_until_stopped(cfg.clone(), sources.clone()).await {
+            Ok(code) => return code,
+            // Checked again now: the file may have changed while the daemon finished
+            // up, and a new process that cannot start would leave the host unmanaged.
+            Err(()) => match config::load(&sources, identity::system_hostname) {
+                // The lock and every connection are gone with the old daemon's state.
+                Ok(_) => return restart_in_place(),
+                Err(e) => tracing::error!(
+                    "the configuration changed again while finishing up and now has a problem; serving on with the one this agent started with: {e}"
+                ),
+            },
+        }
     }
 }
 
@@ -778,7 +824,13 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         Err(e @ state::StateError::Locked { .. }) => return Ok(fail(e, exit::LOCKED)),
         Err(e) => return Ok(fail(e, exit::SOFTWARE)),
     };
-    let (mut shutdown, restart) = shutdown_or_reload_signal(Some(sources));
+    let (mut shutdown, restart) = shutdown_or_reload_signal(Some((sources, fingerprint(&cfg))));
+    // After a reload systemd keeps the watchdog armed: ping it while the store is
+    // waited for, too.
+    let restarted = std::env::var_os(RESTARTED_ENV).is_some();
+    if restarted {
+        crate::notify::spawn_watchdog();
+    }
     let restarting = move || *restart.borrow();
     // The daemon waits for the store instead of exiting.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
@@ -814,7 +866,9 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
     };
     // Ready once the store answered: systemd's `Type=notify` waits for this.
     crate::notify::notify(&format!("READY=1\nSTATUS=connected to {}", cfg.store));
-    crate::notify::spawn_watchdog();
+    if !restarted {
+        crate::notify::spawn_watchdog();
+    }
     let addrs = identity::addresses();
     if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
         tracing::warn!(error = %e, "cannot publish active role addresses");

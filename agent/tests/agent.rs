@@ -795,6 +795,14 @@ async fn sighup_reloads_the_configuration_in_place_or_says_why_not() {
     })
     .await;
     let good = std::fs::read_to_string(host.config()).unwrap();
+    // The same configuration: said, nothing else happens.
+    hup();
+    wait_for(
+        "the unchanged reload to be logged",
+        Duration::from_secs(10),
+        || async { read(&log).contains("SIGHUP: the configuration is unchanged; nothing to do") },
+    )
+    .await;
     // A configuration with a problem: said, and the daemon runs on as it was.
     std::fs::write(host.config(), format!("{good}no_such_key = 1\n")).unwrap();
     hup();
@@ -823,12 +831,21 @@ async fn sighup_reloads_the_configuration_in_place_or_says_why_not() {
         agent_state(&s, "compute7").await.is_some()
     })
     .await;
+    // A reload then at once a stop: the stop wins, it does not start again.
+    std::fs::write(host.config(), format!("{good}role = \"compute\"\n")).unwrap();
+    hup();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(status.code(), Some(0), "{}", read(&log));
+    assert_eq!(
+        read(&log).matches("jio-agent running").count(),
+        2,
+        "{}",
+        read(&log)
+    );
 }
 
 // ---- Issue 11: stored values never end the daemon, fenced starts, local failures ----

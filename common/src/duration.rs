@@ -22,7 +22,11 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     let d = span
         .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
         .map_err(|_| expected())?;
-    Duration::try_from(d).map_err(|_| expected())
+    let d = Duration::try_from(d).map_err(|_| expected())?;
+    if !d.is_zero() && d < Duration::from_millis(1) {
+        return Err(format!("invalid duration {s:?}: below the smallest unit, 1ms"));
+    }
+    Ok(d)
 }
 
 /// Formats a duration in the largest unit that is exact.
@@ -72,6 +76,8 @@ mod tests {
             "1mo",
             "2y",
             "30s10m5x",
+            "1us",
+            "5ns",
             "99999999999999999999d",
         ] {
             let err = parse(bad).unwrap_err();

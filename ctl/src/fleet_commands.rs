@@ -753,7 +753,7 @@ pub fn exit_of(state: &CommandState) -> Outcome {
 /// Prints how a command ended: the table (or JSON) and one line.
 pub fn print_end(r: &Read, json_out: bool) {
     if json_out {
-        println!("{}", json(r));
+        println!("{}", crate::out::document(json(r)));
         return;
     }
     print!("{}", table(r));

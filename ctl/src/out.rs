@@ -34,6 +34,18 @@ macro_rules! say {
     };
 }
 
+/// Text for people without a newline of its own: stdout, or stderr under `--json`.
+#[macro_export]
+macro_rules! say_text {
+    ($($t:tt)*) => {
+        if $crate::out::words_to_stderr() {
+            eprint!($($t)*)
+        } else {
+            print!($($t)*)
+        }
+    };
+}
+
 /// One JSON document as printed: `{"schema": N, ...the object's fields}`, pretty.
 pub fn document(v: Value) -> String {
     let v = match v {

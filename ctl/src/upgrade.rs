@@ -989,7 +989,7 @@ impl Driver<'_> {
         let (plan, rules, resolved) = self.plan_of(snap, hosts, rec).map_err(PassError::Rules)?;
         if self.o.verbose {
             crate::say!("pass at revision {}:", snap.revision);
-            print!("{}", render::plan_table(&plan));
+            crate::say_text!("{}", render::plan_table(&plan));
         }
         if self.clock.0.as_ref() != Some(&rec.id) {
             self.clock = (Some(rec.id.clone()), ProgressClock::default());
@@ -1188,8 +1188,8 @@ impl Driver<'_> {
         let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
         if self.o.verbose {
             crate::say!("pass at revision {}:", snap.revision);
-            print!("{}", render::stages(&composed));
-            print!("{}", render::plan_table(&composed.plan));
+            crate::say_text!("{}", render::stages(&composed));
+            crate::say_text!("{}", render::plan_table(&composed.plan));
         }
         if self.clock.0.as_ref() != Some(&rec.id) {
             self.clock = (Some(rec.id.clone()), ProgressClock::default());

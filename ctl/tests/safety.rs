@@ -520,7 +520,7 @@ async fn nonsense_is_refused_and_no_rules_is_said() {
     for (args, expect) in [
         (
             vec!["enable-puppet", "true", "--host", "compute9"],
-            "--hosts compute9: not a host of the fleet",
+            "--host compute9: not a host of the fleet",
         ),
         (
             vec!["enable-puppet", "false", "--role", "computer"],

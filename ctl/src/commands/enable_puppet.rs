@@ -81,7 +81,8 @@ impl EnablePuppet {
                 if let Err(errors) = resolve_targets(&t, &snap) {
                     return Err(Failure::usage(format!(
                         "{}; nothing was written (--force writes it all the same, for a host that has not joined yet)",
-                        errors.join("; ")
+                        // Named by this command's own flag.
+                        errors.join("; ").replace("--hosts ", "--host ")
                     )));
                 }
             }

@@ -106,7 +106,7 @@ impl Commands {
                     .await
                     .map_err(fleet_commands::failure)?;
                 if ctx.json {
-                    println!("{}", fleet_commands::json(&r));
+                    println!("{}", crate::out::document(fleet_commands::json(&r)));
                     return Ok(());
                 }
                 let rec = &r.record;

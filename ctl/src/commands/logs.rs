@@ -51,8 +51,7 @@ impl Logs {
             let settings = self.swift_settings(ctx.config.swift.clone())?;
             let client = SwiftClient::new(settings).map_err(Failure::usage)?;
             let body = client.fetch(&link).await.map_err(failed)?;
-            std::io::stdout().write_all(&body)?;
-            return Ok(());
+            return print_log(ctx, &self.host, &body);
         }
         let settings = self.swift_settings(ctx.config.swift.clone())?;
         let client = SwiftClient::new(settings).map_err(Failure::usage)?;
@@ -81,8 +80,7 @@ impl Logs {
             )));
         }
         let body = client.fetch(&kv.value).await.map_err(failed)?;
-        std::io::stdout().write_all(&body)?;
-        Ok(())
+        print_log(ctx, &self.host, &body)
     }
 
     /// The link to the host's output of the fleet command `id`, which its agent
@@ -188,5 +186,25 @@ async fn current_version(ctx: &Context, store: &DynStore) -> Result<Version, Fai
             None => Err(failed("/current_version is empty; give --version")),
         },
         None => Err(failed("/current_version is not set; give --version")),
+    }
+}
+
+/// The log as fetched (`--json`: `{"schema", "host", "log"}`). A reader that left
+/// (`jioctl logs H | head`) ends it quietly, as a closed pipe ends any command.
+fn print_log(ctx: &Context, host: &HostName, body: &[u8]) -> Outcome {
+    let written = if ctx.json {
+        let doc = crate::out::document(serde_json::json!({
+            "host": host,
+            "log": String::from_utf8_lossy(body),
+        }));
+        writeln!(std::io::stdout(), "{doc}")
+    } else {
+        std::io::stdout()
+            .write_all(body)
+            .and_then(|()| std::io::stdout().flush())
+    };
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::quiet(exit::CLOSED_OUTPUT)),
+        other => Ok(other?),
     }
 }

@@ -180,12 +180,13 @@ async fn undo(ctx: &Context, detach: bool) -> Outcome {
         return Err(Failure::new(exit::SOFTWARE, "undo recorded no rollout"));
     };
     if changed.aborted_first {
-        println!(
+        crate::say!(
             "rollout {} to {} aborted (undone)",
-            changed.record.id, changed.record.version
+            changed.record.id,
+            changed.record.version
         );
     }
-    println!(
+    crate::say!(
         "rollout {} back to {} started with the same rules ({}); current_version set to {}",
         back.id,
         back.version,
