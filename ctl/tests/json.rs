@@ -32,6 +32,22 @@ async fn doc(url: &str, args: &[&str]) -> (Option<i32>, Value) {
     (out.status.code(), v)
 }
 
+/// `jioctl --json status --watch`, and its lines (it is killed when dropped).
+fn watch_json(
+    url: &str,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    let mut watch = jioctl(url, &["--json", "status", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    (watch, lines)
+}
+
 /// An object with the schema version, as every document of ours (not the
 /// original's plain shapes) is.
 fn ours(args: &[&str], v: &Value) {
@@ -99,12 +115,7 @@ async fn every_subcommand_prints_one_json_document() {
     assert_eq!(v["value"], true, "{v}");
 
     // A stream: JSON lines, each with its type.
-    let mut watch = jioctl(&url, &["--json", "status", "--watch"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    let (_watch, mut lines) = watch_json(&url);
     let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
         .await
         .unwrap()
@@ -131,12 +142,7 @@ async fn status_watch_says_when_the_store_is_unreachable_and_recovers() {
     let url = etcd.url();
     let out = run(&url, &["trigger-update", "v1"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let mut watch = jioctl(&url, &["--json", "status", "--watch"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    let (_watch, mut lines) = watch_json(&url);
     let mut next = async || -> Value {
         let l = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
             .await
