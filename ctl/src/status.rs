@@ -38,6 +38,44 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
         .filter_map(|h| adm.reasons.get(&h.host).map(|r| (h.host.as_str(), r)))
         .collect();
     out.insert("reasons".into(), json!(reasons));
+    // Each host on its own: where it stands, why, its agent, what it runs, its last
+    // run and the log to read.
+    let detail: BTreeMap<&str, Value> = hosts
+        .iter()
+        .map(|h| {
+            let result = snap.results.get(&h.host);
+            let log = snap
+                .failures
+                .get(&h.host)
+                .map(|(_, l)| l.as_str())
+                .filter(|l| is_link(l))
+                .or_else(|| result.and_then(|r| r.log.as_deref()));
+            let agent = match snap.agents.get(&h.host) {
+                Some(Some(a)) => json!(a),
+                Some(None) => json!({"error": format!("/agents/{} cannot be read", h.host)}),
+                None => Value::Null,
+            };
+            let reason = adm
+                .reasons
+                .get(&h.host)
+                .map(|r| json!(r))
+                .or_else(|| h.reason.as_ref().map(|r| json!({"text": r})))
+                .unwrap_or(Value::Null);
+            (
+                h.host.as_str(),
+                json!({
+                    "role": h.role,
+                    "state": h.state.as_str(),
+                    "reason": reason,
+                    "agent": agent,
+                    "versions": snap.running.get(&h.host),
+                    "last_run": result,
+                    "log": log,
+                }),
+            )
+        })
+        .collect();
+    out.insert("hosts".into(), json!(detail));
     if let Some(p) = &adm.problem {
         out.insert("rules_problem".into(), json!(p));
     }

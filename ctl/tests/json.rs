@@ -66,6 +66,16 @@ async fn every_subcommand_prints_one_json_document() {
     ours(&["upgrade"], &v);
     assert_eq!(v["current_version"], "v1");
     assert_eq!(v["upgraded"]["compute"].as_array().unwrap().len(), 2, "{v}");
+    // Each host in detail.
+    let h = &v["hosts"]["compute1"];
+    assert_eq!(h["role"], "compute", "{h}");
+    assert_eq!(h["state"], "upgraded", "{h}");
+    assert!(
+        h["agent"]["state"].is_string() && h["agent"]["since"].is_u64(),
+        "{h}"
+    );
+    assert_eq!(h["versions"], serde_json::json!(["v1"]), "{h}");
+    assert_eq!(h["last_run"]["version"], "v1", "{h}");
 
     let ok = Some(0);
     let cases: Vec<(Vec<&str>, Option<i32>, bool)> = vec![
