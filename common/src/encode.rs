@@ -1,15 +1,16 @@
 //! Percent-encoding of URL paths (store keys, object names), keeping `/`.
 
+/// Everything but RFC 3986's unreserved characters and `/`.
+const PATH: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
+
 /// Encodes every byte but unreserved characters and `/`.
 pub fn path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for b in p.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => out.push(b as char),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(p, PATH).to_string()
 }
 
 /// Bytes for a message: printable ASCII as it is, everything else as `\xNN`, at
