@@ -22,6 +22,7 @@ NEEDED=(
   "systemd-analyze:systemd"
   "protoc:protobuf-compiler"
   "python3:python3"
+  "promtool:prometheus"
 )
 
 missing=()

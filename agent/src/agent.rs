@@ -85,6 +85,8 @@ pub struct Agent {
     published: Option<jio_common::compose::Catalog>,
     /// The last note logged about fleet commands (logged again only when it changes).
     command_note: Option<String>,
+    /// What the daemon exports to Prometheus.
+    metrics: crate::metrics::Metrics,
 }
 
 impl Agent {
@@ -138,7 +140,9 @@ impl Agent {
             logs: cfg.swift.is_some(),
             retry_interval: cfg.retry_interval,
         })?;
+        let metrics = crate::metrics::Metrics::new(cfg.hostname.as_str(), cfg.role.as_str(), &cfg.state_dir);
         Ok(Agent {
+            metrics,
             steps: Arc::new(CommandSteps::from_config(&cfg)),
             cfg,
             store,
@@ -187,6 +191,16 @@ impl Agent {
     /// The liveness record's keeper, to stop it (revoking the lease).
     pub fn take_liveness(&mut self) -> Option<Liveness> {
         self.liveness.take()
+    }
+
+    /// Records into `m` (the daemon's, already served) from now on.
+    pub fn set_metrics(&mut self, m: crate::metrics::Metrics) {
+        self.metrics = m;
+    }
+
+    /// What the daemon exports to Prometheus (shared with the metrics' server).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     pub fn journal(&self) -> &Journal {
@@ -330,6 +344,7 @@ impl Agent {
             return Ok(done);
         }
         let decision = decide::decide(obs);
+        self.metrics.decided(obs, &decision);
         if self.last_decision.as_ref() != Some(&decision) {
             log_decision(&decision, obs);
             self.last_decision = Some(decision.clone());
@@ -521,10 +536,12 @@ impl Agent {
             on_spawn: &mut on_spawn,
             exit_code: None,
         };
-        let outcome = match step {
-            Step::Configured => steps.configure(&mut ctx).await,
-            Step::Validated => steps.validate(&mut ctx).await,
+        let began = tokio::time::Instant::now();
+        let (name, outcome) = match step {
+            Step::Configured => ("configure", steps.configure(&mut ctx).await),
+            Step::Validated => ("validate", steps.validate(&mut ctx).await),
         };
+        self.metrics.step(name, began.elapsed());
         (outcome, ctx.exit_code)
     }
 

@@ -832,6 +832,16 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         crate::notify::spawn_watchdog();
     }
     let restarting = move || *restart.borrow();
+    // Prometheus metrics, when configured: served and written from now on (a store
+    // that cannot be reached shows as `jio_agent_store_up 0`).
+    let metrics = crate::metrics::Metrics::new(cfg.hostname.as_str(), cfg.role.as_str(), &cfg.state_dir);
+    let metrics_task = (cfg.metrics != crate::metrics::Outputs::default()).then(|| {
+        tokio::spawn(crate::metrics::run(
+            metrics.clone(),
+            cfg.metrics.clone(),
+            shutdown.clone(),
+        ))
+    });
     // The daemon waits for the store instead of exiting.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
     let mut last_refusal = String::new();
@@ -839,6 +849,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         match connect(&cfg).await {
             Ok(s) => break s,
             Err(e) if e.kind() == ErrorKind::Unavailable => {
+                metrics.pass_failed(true);
                 if backoff.failures() == 0 {
                     tracing::warn!(error = %e, "store unreachable; waiting for it");
                 }
@@ -851,6 +862,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
             // certificate re-issued, a password reset, a role granted) as often as
             // here, so the daemon waits and says why, again only when the reason changes.
             Err(e) if e.kind() == ErrorKind::Denied => {
+                metrics.pass_failed(true);
                 let msg = e.to_string();
                 if msg != last_refusal {
                     tracing::error!(error = %msg, "the store refused this agent; waiting (check its certificate, user, password and role)");
@@ -881,6 +893,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         Ok(a) => a,
         Err(e) => return Ok(fail(&e, error_code(&e))),
     };
+    agent.set_metrics(metrics.clone());
     // The Hiera data follows /active_roles/ for as long as the daemon runs.
     let hiera = cfg.hiera_file.clone().map(|path| {
         tokio::spawn(crate::hiera::run(
@@ -926,6 +939,9 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
     }
     if let Some(h) = hiera {
         let _ = h.await;
+    }
+    if let Some(m) = metrics_task {
+        let _ = m.await;
     }
     match res {
         Ok(()) if restarting() => Err(()),

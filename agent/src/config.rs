@@ -65,6 +65,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The Hiera data file kept from `/active_roles/` (`None`: `hiera_file = ""`, off).
     pub hiera_file: Option<PathBuf>,
+    /// Where the Prometheus metrics go (both off by default).
+    pub metrics: crate::metrics::Outputs,
 }
 
 /// `log_format`: lines for people (`text`, the default) or one JSON object per
@@ -107,6 +109,8 @@ pub struct FileConfig {
     pub store_retry: Option<String>,
     pub log_format: Option<String>,
     pub hiera_file: Option<PathBuf>,
+    pub metrics_listen: Option<String>,
+    pub metrics_textfile: Option<PathBuf>,
     pub swift: Option<jio_common::swift::SwiftSettings>,
 }
 
@@ -137,6 +141,8 @@ pub const SCALAR_KEYS: &[&str] = &[
     "store_retry",
     "log_format",
     "hiera_file",
+    "metrics_listen",
+    "metrics_textfile",
 ];
 
 /// Every problem found, one per line.
@@ -489,6 +495,31 @@ fn build(
         Some((p, _)) if p.is_empty() => None,
         Some((p, _)) => Some(PathBuf::from(p)),
     };
+    let metrics = crate::metrics::Outputs {
+        listen: match src.pick("metrics_listen", file.metrics_listen.take()) {
+            None => None,
+            Some((v, _)) if v.is_empty() => None,
+            Some((v, from)) => parse_listen(&v)
+                .map_err(|e| src.error(format!("metrics_listen: {v:?} (from the {from}) {e}")))
+                .ok(),
+        },
+        textfile: match src.pick(
+            "metrics_textfile",
+            file.metrics_textfile
+                .take()
+                .map(|p| p.to_string_lossy().into_owned()),
+        ) {
+            None => None,
+            Some((p, _)) if p.is_empty() => None,
+            Some((p, from)) if !p.ends_with(".prom") => {
+                src.error(format!(
+                    "metrics_textfile: {p:?} (from the {from}) does not end in .prom, and node-exporter's textfile collector reads only *.prom files"
+                ));
+                None
+            }
+            Some((p, _)) => Some(PathBuf::from(p)),
+        },
+    };
     let log_format = match src.pick("log_format", file.log_format.take()) {
         None => LogFormat::Text,
         Some((v, _)) if v == "text" => LogFormat::Text,
@@ -536,6 +567,18 @@ fn build(
         swift,
         log_format,
         hiera_file,
+        metrics,
+    })
+}
+
+/// `metrics_listen`: `IP:PORT`, or a bare port (`9464`, `:9464`) on the loopback.
+fn parse_listen(v: &str) -> Result<std::net::SocketAddr, String> {
+    let port = v.strip_prefix(':').unwrap_or(v);
+    if let Ok(p) = port.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], p)));
+    }
+    v.parse().map_err(|_| {
+        "is not an address to listen on: give IP:PORT (127.0.0.1:9464, [::1]:9464) or a port for the loopback".to_string()
     })
 }
 
@@ -605,6 +648,41 @@ mod tests {
         ] {
             assert!(msg.contains(needle), "{needle} missing from:\n{msg}");
         }
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_on_the_loopback_for_a_bare_port() {
+        let (_d, ov) = with_file("");
+        assert_eq!(
+            load(&ov, host).unwrap().metrics,
+            crate::metrics::Outputs::default()
+        );
+        for (given, want) in [
+            ("9464", "127.0.0.1:9464"),
+            (":9464", "127.0.0.1:9464"),
+            ("0.0.0.0:9100", "0.0.0.0:9100"),
+            ("[::1]:9464", "[::1]:9464"),
+        ] {
+            let (_d, ov) = with_file(&format!("metrics_listen = \"{given}\"\n"));
+            let c = load(&ov, host).unwrap();
+            assert_eq!(
+                c.metrics.listen.map(|a| a.to_string()).as_deref(),
+                Some(want),
+                "{given}"
+            );
+        }
+        let (_d, ov) = with_file("metrics_listen = \"localhost:x\"\nmetrics_textfile = \"/tmp/jio.txt\"\n");
+        let msg = load(&ov, host).unwrap_err().to_string();
+        assert!(
+            msg.contains("metrics_listen: \"localhost:x\" (from the file) is not an address"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("metrics_textfile: \"/tmp/jio.txt\" (from the file) does not end in .prom"),
+            "{msg}"
+        );
+        let (_d, ov) = with_file("metrics_textfile = \"/var/lib/prometheus/node-exporter/jio-agent.prom\"\n");
+        assert!(load(&ov, host).unwrap().metrics.textfile.is_some());
     }
 
     #[test]

@@ -24,12 +24,13 @@ pub async fn serve(mut agent: Agent) -> Result<(), AgentError> {
     agent.learn_running_versions().await;
     let cfg = agent.config();
     let local = state::read_local_version(&cfg.version_file).ok().flatten();
-    let liveness = Liveness::start(
+    let liveness = Liveness::start_reporting(
         agent.store().clone(),
         cfg.schema.agent(&cfg.hostname),
         cfg.lease_ttl,
         AgentState::Idle,
         local,
+        Some(agent.metrics().clone()),
     );
     agent.set_liveness(liveness);
     let res = run(&mut agent).await;
@@ -138,6 +139,7 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
         let due = health.due();
         let wait = match agent.pass(due).await {
             Ok(result) => {
+                agent.metrics().passed(&result, agent.journal().last_run.as_ref());
                 if failures.succeed()
                     && let Some(e) = last_error.take()
                 {
@@ -160,6 +162,7 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
                 }
             }
             Err(e) => {
+                agent.metrics().pass_failed(e.store_unavailable());
                 let msg = e.to_string();
                 if last_error.as_ref() != Some(&msg) {
                     if e.store_unavailable() {
@@ -182,13 +185,16 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
                     Some(Ok(ev)) => agent.watched(&ev),
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "watch failed; reopening");
+                        agent.metrics().store_failed();
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         watches = open_watches(agent).await;
                         agent.watches_reopened();
+                        agent.metrics().watches_reopened();
                     }
                     None => {
                         watches = open_watches(agent).await;
                         agent.watches_reopened();
+                        agent.metrics().watches_reopened();
                     }
                 }
                 // Drain whatever else already arrived: one pass covers it all.
@@ -251,6 +257,7 @@ async fn open_watches(agent: &Agent) -> SelectAll<WatchStream> {
             }
         }
         let Some(e) = failed else { return all };
+        agent.metrics().store_failed();
         tracing::warn!(error = %e, "cannot open watches; retrying");
         tokio::select! {
             _ = tokio::time::sleep(backoff.fail()) => {}

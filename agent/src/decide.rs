@@ -302,6 +302,33 @@ pub enum Decision {
     },
 }
 
+impl Decision {
+    /// A short name for metrics and JSON (`up_to_date`, `upgrade`, `disabled`...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Decision::Report => "report",
+            Decision::NoDesiredVersion => "no_desired_version",
+            Decision::UpToDate => "up_to_date",
+            Decision::Blocked { .. } => "blocked",
+            Decision::Disabled { .. } => "disabled",
+            Decision::Backoff { .. } => "backoff",
+            Decision::Upgrade { .. } => "upgrade",
+            Decision::HealthCheck { .. } => "health_check",
+            Decision::Repair { .. } => "repair",
+            Decision::HealthHeld { .. } => "health_held",
+            Decision::Held { .. } => "held",
+            Decision::OutsideWindow { .. } => "outside_window",
+            Decision::RolloutUnusable { .. } => "rollout_unusable",
+            Decision::Soaking { .. } => "soaking",
+            Decision::SoakCheck { .. } => "soak_check",
+            Decision::Tasks { .. } => "tasks",
+            Decision::AwaitingPhase { .. } => "awaiting_phase",
+            Decision::FailedHere { .. } => "failed_here",
+            Decision::LeftBehind { .. } => "left_behind",
+        }
+    }
+}
+
 /// The longest wait between retries, as a multiple of the retry interval.
 const MAX_BACKOFF_FACTOR: u32 = 16;
 

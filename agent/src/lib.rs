@@ -13,6 +13,7 @@ pub mod hiera;
 pub mod identity;
 pub mod ledger;
 pub mod liveness;
+pub mod metrics;
 pub mod notify;
 pub mod observe;
 pub mod report;

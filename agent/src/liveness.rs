@@ -46,6 +46,19 @@ impl Liveness {
         state: AgentState,
         version: Option<Version>,
     ) -> Liveness {
+        Liveness::start_reporting(store, key, ttl, state, version, None)
+    }
+
+    /// `start`, telling `metrics` when the store stops (and starts again) taking
+    /// the record: the daemon's first sign of a store gone quiet between passes.
+    pub fn start_reporting(
+        store: DynStore,
+        key: Key,
+        ttl: Duration,
+        state: AgentState,
+        version: Option<Version>,
+        metrics: Option<crate::metrics::Metrics>,
+    ) -> Liveness {
         let (record, rx) = watch::channel(AgentRecord {
             state,
             version,
@@ -54,7 +67,15 @@ impl Liveness {
         });
         let (stop, stop_rx) = watch::channel(false);
         let lease: Lease = Arc::new(Mutex::new(None));
-        let task = tokio::spawn(keep(store.clone(), key.clone(), ttl, lease.clone(), rx, stop_rx));
+        let task = tokio::spawn(keep(
+            store.clone(),
+            key.clone(),
+            ttl,
+            lease.clone(),
+            rx,
+            stop_rx,
+            metrics,
+        ));
         Liveness {
             record,
             lease,
@@ -160,6 +181,7 @@ async fn keep(
     shared: Lease,
     mut record: watch::Receiver<AgentRecord>,
     mut stop: watch::Receiver<bool>,
+    metrics: Option<crate::metrics::Metrics>,
 ) {
     let mut dirty = true;
     let mut failing = false;
@@ -195,12 +217,18 @@ async fn keep(
             Ok(()) if failing => {
                 tracing::info!(key = %key, "liveness record restored");
                 failing = false;
+                if let Some(m) = &metrics {
+                    m.store_answered();
+                }
             }
             Ok(()) => {}
             Err(e) => {
                 if !failing {
                     tracing::warn!(key = %key, error = %e, "cannot write the liveness record; retrying");
                     failing = true;
+                    if let Some(m) = &metrics {
+                        m.store_failed();
+                    }
                 }
             }
         }
@@ -221,6 +249,9 @@ async fn keep(
                         Err(e) => {
                             tracing::warn!(key = %key, error = %e, "cannot renew the liveness lease; retrying");
                             failing = true;
+                            if let Some(m) = &metrics {
+                                m.store_failed();
+                            }
                             // Only a write that succeeds says the record is back: the
                             // next step rewrites it (and meets the same refusal, said
                             // once, while it lasts). The renewal is then tried at once.

@@ -59,6 +59,11 @@ pub fn enqueue(state_dir: &Path, log: &Path, entry: &Entry) -> std::io::Result<(
     Ok(())
 }
 
+/// How many logs wait to be uploaded.
+pub fn queue_length(state_dir: &Path) -> usize {
+    queued(state_dir).len()
+}
+
 /// Queued entries, oldest first: (metadata path, log path).
 fn queued(state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
     let Ok(rd) = std::fs::read_dir(dir(state_dir)) else {

@@ -11,6 +11,7 @@ pub mod command;
 pub mod compose;
 pub mod duration;
 pub mod encode;
+pub mod exposition;
 pub mod fleet;
 pub mod gate;
 pub mod keys;

@@ -12,6 +12,7 @@ pub mod host;
 pub mod inspect;
 pub mod pki;
 pub mod process;
+pub mod prometheus;
 pub mod puppet;
 pub mod recorder;
 pub mod swift;

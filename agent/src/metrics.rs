@@ -1,0 +1,424 @@
+//! The agent's Prometheus metrics: what the daemon learns as it goes (versions,
+//! the gate and the decision, runs and their steps, store errors), kept in one
+//! shared record, and the two ways out: `/metrics` on `metrics_listen`, and a file
+//! for node-exporter's textfile collector (`metrics_textfile`). Both are off by
+//! default. Nothing here reads the store or decides anything.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jio_common::exposition::{Exposition, Kind};
+
+use crate::agent::PassResult;
+use crate::decide::{Decision, Observation};
+use crate::state::LastRun;
+
+/// What the agent knows, as of its last pass.
+#[derive(Debug, Default)]
+struct Record {
+    desired: Option<String>,
+    local: Option<String>,
+    /// The gate's answer (`enabled`, `disabled`, `blocked`) and its level.
+    gate: Option<(&'static str, &'static str)>,
+    decision: Option<&'static str>,
+    last_run: Option<LastRun>,
+    /// How long each step of the last run that ran it took, in seconds.
+    steps: BTreeMap<&'static str, f64>,
+    /// Finished runs by kind (`upgrade`, `health_check`, `repair`, `command`) and result.
+    runs: BTreeMap<(&'static str, &'static str), u64>,
+    passes_failed: u64,
+    store_errors: u64,
+    watch_reopens: u64,
+    /// The last pass could use the store (`None`: none has ended yet).
+    store_up: Option<bool>,
+}
+
+/// The shared record; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    record: Arc<Mutex<Record>>,
+    host: String,
+    role: String,
+    state_dir: PathBuf,
+    started: f64,
+    /// Wakes the textfile writer after a pass.
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Metrics {
+    pub fn new(host: &str, role: &str, state_dir: &Path) -> Metrics {
+        Metrics {
+            record: Arc::default(),
+            host: host.to_string(),
+            role: role.to_string(),
+            state_dir: state_dir.to_path_buf(),
+            started: jio_common::time::unix_now() as f64,
+            changed: Arc::default(),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Record) -> T) -> T {
+        let mut r = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut r)
+    }
+
+    /// A pass observed `obs` and decided `decision`.
+    pub fn decided(&self, obs: &Observation, decision: &Decision) {
+        self.with(|r| {
+            r.desired = obs.desired.as_ref().map(ToString::to_string);
+            r.local = obs.local.as_ref().map(ToString::to_string);
+            let answer = if obs.gate.blocked.is_some() {
+                "blocked"
+            } else if obs.gate.enabled {
+                "enabled"
+            } else {
+                "disabled"
+            };
+            r.gate = Some((answer, obs.gate.level.as_str()));
+            r.decision = Some(decision.kind());
+        });
+    }
+
+    /// A step of a run took `took`.
+    pub fn step(&self, step: &'static str, took: Duration) {
+        self.with(|r| {
+            r.steps.insert(step, took.as_secs_f64());
+        });
+    }
+
+    /// A pass ended with `result`; `last_run` is the journal's last upgrade.
+    pub fn passed(&self, result: &PassResult, last_run: Option<&LastRun>) {
+        self.with(|r| {
+            r.store_up = Some(true);
+            let run = match result {
+                PassResult::Ran { result, .. } => Some(("upgrade", result.as_str())),
+                PassResult::Checked { ok, .. } => {
+                    Some(("health_check", if *ok { "success" } else { "failed" }))
+                }
+                PassResult::Repaired { ok, .. } => Some(("repair", if *ok { "success" } else { "failed" })),
+                PassResult::Command { outcome, .. } => Some(("command", outcome.as_str())),
+                _ => None,
+            };
+            if let Some(k) = run {
+                *r.runs.entry(k).or_default() += 1;
+            }
+            r.last_run = last_run.cloned();
+        });
+        self.changed.notify_one();
+    }
+
+    /// A pass failed; `store` says whether the store was unreachable.
+    pub fn pass_failed(&self, store: bool) {
+        self.with(|r| r.passes_failed += 1);
+        if store {
+            self.store_failed();
+        } else {
+            self.changed.notify_one();
+        }
+    }
+
+    /// The store failed the daemon (a pass, a watch, or opening the watches).
+    pub fn store_failed(&self) {
+        self.with(|r| {
+            r.store_errors += 1;
+            r.store_up = Some(false);
+        });
+        self.changed.notify_one();
+    }
+
+    /// The store took a write again (the liveness record) after failing.
+    pub fn store_answered(&self) {
+        self.with(|r| r.store_up = Some(true));
+        self.changed.notify_one();
+    }
+
+    /// The watches on the store were opened again (after they failed or ended).
+    pub fn watches_reopened(&self) {
+        self.with(|r| r.watch_reopens += 1);
+    }
+
+    /// The text of one scrape.
+    pub fn render(&self) -> String {
+        let queue = crate::uploads::queue_length(&self.state_dir) as f64;
+        let r = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        let host = || ("host", self.host.clone());
+        let mut e = Exposition::new();
+        e.family(
+            "jio_agent_info",
+            Kind::Gauge,
+            "The agent's build, host and role (always 1).",
+            [(
+                vec![
+                    ("version", env!("CARGO_PKG_VERSION").to_string()),
+                    host(),
+                    ("role", self.role.clone()),
+                ],
+                1.0,
+            )],
+        )
+        .single(
+            "jio_agent_start_time_seconds",
+            Kind::Gauge,
+            "When the agent started (Unix time).",
+            self.started,
+        );
+        let version = |v: &Option<String>| {
+            v.iter()
+                .map(|v| (vec![("version", v.clone())], 1.0))
+                .collect::<Vec<_>>()
+        };
+        e.family(
+            "jio_agent_desired_version_info",
+            Kind::Gauge,
+            "The fleet's desired version (/current_version) as last read (always 1; absent when none is set).",
+            version(&r.desired),
+        )
+        .family(
+            "jio_agent_local_version_info",
+            Kind::Gauge,
+            "The version this host runs (always 1; absent before its first converge).",
+            version(&r.local),
+        )
+        .family(
+            "jio_agent_gate_info",
+            Kind::Gauge,
+            "The enable gate as last decided: enabled, disabled or blocked, and the key level that decided (host, role, global, default).",
+            r.gate
+                .iter()
+                .map(|(d, l)| (vec![("decision", d.to_string()), ("level", l.to_string())], 1.0)),
+        )
+        .family(
+            "jio_agent_decision_info",
+            Kind::Gauge,
+            "What the agent's last pass decided (up_to_date, upgrade, disabled, held, ...).",
+            r.decision.iter().map(|d| (vec![("decision", d.to_string())], 1.0)),
+        );
+        if let Some(run) = &r.last_run {
+            let labels = || {
+                vec![
+                    ("version", run.version.to_string()),
+                    ("result", run.result.as_str().to_string()),
+                ]
+            };
+            e.family(
+                "jio_agent_last_run_info",
+                Kind::Gauge,
+                "The last upgrade run: its version and result (success, failed, interrupted).",
+                [(
+                    {
+                        let mut l = labels();
+                        l.push(("step", run.step.clone()));
+                        l
+                    },
+                    1.0,
+                )],
+            )
+            .single(
+                "jio_agent_last_run_success",
+                Kind::Gauge,
+                "1 when the last upgrade run succeeded, 0 otherwise.",
+                f64::from(u8::from(run.result == crate::state::RunResult::Success)),
+            )
+            .single(
+                "jio_agent_last_run_timestamp_seconds",
+                Kind::Gauge,
+                "When the last upgrade run ended (Unix time).",
+                run.finished as f64,
+            )
+            .single(
+                "jio_agent_last_run_duration_seconds",
+                Kind::Gauge,
+                "How long the last upgrade run took.",
+                run.finished.saturating_sub(run.started) as f64,
+            );
+        }
+        e.family(
+            "jio_agent_step_duration_seconds",
+            Kind::Gauge,
+            "How long each step took the last time it ran (configure: pre-commands and Puppet; validate).",
+            r.steps.iter().map(|(s, d)| (vec![("step", s.to_string())], *d)),
+        )
+        .family(
+            "jio_agent_runs_total",
+            Kind::Counter,
+            "Runs since the agent started, by kind (upgrade, health_check, repair, command) and result.",
+            r.runs
+                .iter()
+                .map(|((k, res), n)| (vec![("kind", k.to_string()), ("result", res.to_string())], *n as f64)),
+        )
+        .single(
+            "jio_agent_failures_total",
+            Kind::Counter,
+            "Runs that failed since the agent started (every kind).",
+            r.runs
+                .iter()
+                .filter(|((_, res), _)| *res == "failed")
+                .map(|(_, n)| *n as f64)
+                .sum(),
+        )
+        .single(
+            "jio_agent_pass_errors_total",
+            Kind::Counter,
+            "Passes that ended in an error (retried with backoff).",
+            r.passes_failed as f64,
+        )
+        .single(
+            "jio_agent_store_errors_total",
+            Kind::Counter,
+            "Store failures: passes that found it unreachable, watches that failed or could not be opened, liveness renewals that began to fail.",
+            r.store_errors as f64,
+        )
+        .single(
+            "jio_agent_store_reconnects_total",
+            Kind::Counter,
+            "Times the agent opened its store watches again after they failed or ended.",
+            r.watch_reopens as f64,
+        );
+        if let Some(up) = r.store_up {
+            e.single(
+                "jio_agent_store_up",
+                Kind::Gauge,
+                "1 when the store last answered the agent (a pass, its liveness record), 0 when it last failed to.",
+                f64::from(u8::from(up)),
+            );
+        }
+        e.single(
+            "jio_agent_upload_queue_length",
+            Kind::Gauge,
+            "Run logs waiting to be uploaded to Swift.",
+            queue,
+        );
+        e.finish()
+    }
+}
+
+/// Where the metrics go, from the configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outputs {
+    pub listen: Option<SocketAddr>,
+    pub textfile: Option<PathBuf>,
+}
+
+/// How often the textfile is written even when no pass ended (the upload queue
+/// changes on its own).
+const TEXTFILE_EVERY: Duration = Duration::from_secs(15);
+
+/// Serves and writes the metrics until `stop` turns true. A port that cannot be
+/// taken or a file that cannot be written is logged (once per reason) and tried
+/// again; it never stops the agent.
+pub async fn run(metrics: Metrics, out: Outputs, stop: tokio::sync::watch::Receiver<bool>) {
+    let serve = out
+        .listen
+        .map(|addr| tokio::spawn(serve(metrics.clone(), addr, stop.clone())));
+    if let Some(path) = out.textfile {
+        write_textfile(&metrics, &path, stop).await;
+    }
+    if let Some(s) = serve {
+        let _ = s.await;
+    }
+}
+
+async fn write_textfile(metrics: &Metrics, path: &Path, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut last_error = None;
+    loop {
+        let text = metrics.render();
+        match crate::state::write_atomic(path, text.as_bytes()) {
+            Ok(()) => {
+                if last_error.take().is_some() {
+                    tracing::info!(path = %path.display(), "the metrics file is written again");
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if last_error.as_ref() != Some(&msg) {
+                    tracing::warn!(path = %path.display(), error = %msg, "cannot write the metrics file; trying again");
+                    last_error = Some(msg);
+                }
+            }
+        }
+        if *stop.borrow() {
+            return;
+        }
+        tokio::select! {
+            _ = metrics.changed.notified() => {}
+            _ = tokio::time::sleep(TEXTFILE_EVERY) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// How long a client may take to send its request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn serve(metrics: Metrics, addr: SocketAddr, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut backoff = jio_common::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(e) => {
+                if backoff.failures() == 0 {
+                    tracing::error!(%addr, error = %e, "cannot serve metrics on metrics_listen; trying again");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.fail()) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    };
+    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics on /metrics");
+    loop {
+        let conn = tokio::select! {
+            c = listener.accept() => c,
+            _ = stop.changed() => return,
+        };
+        let Ok((stream, _)) = conn else { continue };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, std::convert::Infallible>(respond(&metrics, &req)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+type Body = http_body_util::Full<bytes::Bytes>;
+
+/// `GET /metrics` (or `HEAD`); anything else is 404 or 405.
+fn respond<B>(metrics: &Metrics, req: &hyper::Request<B>) -> hyper::Response<Body> {
+    let (status, ctype, body) = if req.uri().path() != "/metrics" {
+        (
+            404,
+            "text/plain; charset=utf-8",
+            "not found: the metrics are on /metrics\n".to_string(),
+        )
+    } else if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        (
+            405,
+            "text/plain; charset=utf-8",
+            "method not allowed: use GET\n".to_string(),
+        )
+    } else {
+        (200, "text/plain; version=0.0.4; charset=utf-8", metrics.render())
+    };
+    let mut resp = hyper::Response::new(Body::new(bytes::Bytes::from(body)));
+    *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::OK);
+    if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
+        resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    if status == 405
+        && let Ok(v) = hyper::header::HeaderValue::from_str("GET, HEAD")
+    {
+        resp.headers_mut().insert(hyper::header::ALLOW, v);
+    }
+    resp
+}

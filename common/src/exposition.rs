@@ -1,0 +1,134 @@
+//! Prometheus's text exposition format (version 0.0.4): what the agent serves on
+//! `/metrics` and writes for node-exporter's textfile collector, and what `jioctl
+//! drive` exports. Only the writing lives here (families, samples, escaping); what
+//! is measured belongs to each program.
+//!
+//! The text format, not OpenMetrics: node-exporter's textfile collector and every
+//! Prometheus read it, and it keeps the types of counters (`foo_total`) that
+//! OpenMetrics writes under a different family name.
+
+use std::fmt::Write as _;
+
+/// A family's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Gauge,
+    Counter,
+}
+
+/// One scrape's text, family by family.
+#[derive(Debug, Default)]
+pub struct Exposition {
+    out: String,
+}
+
+/// One sample: its labels and its value.
+pub type Sample<'a> = (Vec<(&'a str, String)>, f64);
+
+impl Exposition {
+    pub fn new() -> Exposition {
+        Exposition::default()
+    }
+
+    /// One family: `# HELP`, `# TYPE` and its samples (nothing when there are none).
+    /// A counter's name ends in `_total`, as Prometheus's naming rules ask.
+    pub fn family<'a>(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        help: &str,
+        samples: impl IntoIterator<Item = Sample<'a>>,
+    ) -> &mut Exposition {
+        let mut samples = samples.into_iter().peekable();
+        if samples.peek().is_none() {
+            return self;
+        }
+        let kind = match kind {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        };
+        let _ = writeln!(self.out, "# HELP {name} {}", escape_help(help));
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            self.out.push_str(name);
+            if !labels.is_empty() {
+                self.out.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
+                }
+                self.out.push('}');
+            }
+            let _ = writeln!(self.out, " {}", number(value));
+        }
+        self
+    }
+
+    /// One family of a single unlabelled sample.
+    pub fn single(&mut self, name: &str, kind: Kind, help: &str, value: f64) -> &mut Exposition {
+        self.family(name, kind, help, [(Vec::new(), value)])
+    }
+
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// A sample value: integers without a fraction, the special values as Prometheus
+/// spells them.
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        // Rust writes the shortest text that reads back as the same f64.
+        format!("{v}")
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_samples_and_escaping() {
+        let mut e = Exposition::new();
+        e.single("up", Kind::Gauge, "1 when\nup", 1.0)
+            .family(
+                "runs_total",
+                Kind::Counter,
+                "Runs by result.",
+                [
+                    (vec![("result", "ok".to_string())], 3.0),
+                    (vec![("result", "a\"b\\c\nd".to_string()), ("x", "y".into())], 0.5),
+                ],
+            )
+            .family("empty", Kind::Gauge, "never written", []);
+        assert_eq!(
+            e.finish(),
+            "# HELP up 1 when\\nup\n# TYPE up gauge\nup 1\n\
+             # HELP runs_total Runs by result.\n# TYPE runs_total counter\n\
+             runs_total{result=\"ok\"} 3\nruns_total{result=\"a\\\"b\\\\c\\nd\",x=\"y\"} 0.5\n"
+        );
+    }
+
+    #[test]
+    fn special_values() {
+        assert_eq!(number(f64::NAN), "NaN");
+        assert_eq!(number(f64::INFINITY), "+Inf");
+        assert_eq!(number(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(number(1_700_000_000.0), "1700000000");
+        assert_eq!(number(0.25), "0.25");
+    }
+}
