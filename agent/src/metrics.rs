@@ -295,6 +295,13 @@ impl Metrics {
     }
 }
 
+#[async_trait::async_trait]
+impl jio_common::exposition::Scrape for Metrics {
+    async fn scrape(&self) -> String {
+        self.render()
+    }
+}
+
 /// Where the metrics go, from the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Outputs {
@@ -310,9 +317,14 @@ const TEXTFILE_EVERY: Duration = Duration::from_secs(15);
 /// taken or a file that cannot be written is logged (once per reason) and tried
 /// again; it never stops the agent.
 pub async fn run(metrics: Metrics, out: Outputs, stop: tokio::sync::watch::Receiver<bool>) {
-    let serve = out
-        .listen
-        .map(|addr| tokio::spawn(serve(metrics.clone(), addr, stop.clone())));
+    let serve = out.listen.map(|addr| {
+        tokio::spawn(jio_common::exposition::serve(
+            addr,
+            Arc::new(metrics.clone()),
+            stop.clone(),
+            "metrics_listen",
+        ))
+    });
     if let Some(path) = out.textfile {
         write_textfile(&metrics, &path, stop).await;
     }
@@ -348,77 +360,4 @@ async fn write_textfile(metrics: &Metrics, path: &Path, mut stop: tokio::sync::w
             _ = stop.changed() => {}
         }
     }
-}
-
-/// How long a client may take to send its request's headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn serve(metrics: Metrics, addr: SocketAddr, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut backoff = jio_common::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-    let listener = loop {
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => break l,
-            Err(e) => {
-                if backoff.failures() == 0 {
-                    tracing::error!(%addr, error = %e, "cannot serve metrics on metrics_listen; trying again");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff.fail()) => {}
-                    _ = stop.changed() => return,
-                }
-            }
-        }
-    };
-    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics on /metrics");
-    loop {
-        let conn = tokio::select! {
-            c = listener.accept() => c,
-            _ = stop.changed() => return,
-        };
-        let Ok((stream, _)) = conn else { continue };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let metrics = metrics.clone();
-                async move { Ok::<_, std::convert::Infallible>(respond(&metrics, &req)) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-        });
-    }
-}
-
-type Body = http_body_util::Full<bytes::Bytes>;
-
-/// `GET /metrics` (or `HEAD`); anything else is 404 or 405.
-fn respond<B>(metrics: &Metrics, req: &hyper::Request<B>) -> hyper::Response<Body> {
-    let (status, ctype, body) = if req.uri().path() != "/metrics" {
-        (
-            404,
-            "text/plain; charset=utf-8",
-            "not found: the metrics are on /metrics\n".to_string(),
-        )
-    } else if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
-        (
-            405,
-            "text/plain; charset=utf-8",
-            "method not allowed: use GET\n".to_string(),
-        )
-    } else {
-        (200, "text/plain; version=0.0.4; charset=utf-8", metrics.render())
-    };
-    let mut resp = hyper::Response::new(Body::new(bytes::Bytes::from(body)));
-    *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::OK);
-    if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
-        resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    if status == 405
-        && let Ok(v) = hyper::header::HeaderValue::from_str("GET, HEAD")
-    {
-        resp.headers_mut().insert(hyper::header::ALLOW, v);
-    }
-    resp
 }

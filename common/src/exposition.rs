@@ -1,13 +1,16 @@
 //! Prometheus's text exposition format (version 0.0.4): what the agent serves on
 //! `/metrics` and writes for node-exporter's textfile collector, and what `jioctl
-//! drive` exports. Only the writing lives here (families, samples, escaping); what
-//! is measured belongs to each program.
+//! drive` exports. The writing (families, samples, escaping) and the serving (GET
+//! `/metrics` over HTTP/1) live here; what is measured belongs to each program.
 //!
 //! The text format, not OpenMetrics: node-exporter's textfile collector and every
 //! Prometheus read it, and it keeps the types of counters (`foo_total`) that
 //! OpenMetrics writes under a different family name.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// A family's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +98,96 @@ fn escape_label(v: &str) -> String {
 
 fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// What a scrape of `/metrics` answers.
+#[async_trait::async_trait]
+pub trait Scrape: Send + Sync + 'static {
+    async fn scrape(&self) -> String;
+}
+
+/// How long a client may take to send its request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `GET /metrics` on `addr` until `stop` turns true. An address that cannot
+/// be taken (in use, not this host's) is logged, naming `setting`, and tried again
+/// with backoff: metrics never stop the program they describe.
+pub async fn serve(
+    addr: SocketAddr,
+    scrape: Arc<dyn Scrape>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    setting: &'static str,
+) {
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(e) => {
+                if backoff.failures() == 0 {
+                    tracing::error!(%addr, error = %e, "cannot serve metrics on {setting}; trying again");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.fail()) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    };
+    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics on /metrics");
+    loop {
+        let conn = tokio::select! {
+            c = listener.accept() => c,
+            _ = stop.changed() => return,
+        };
+        let Ok((stream, _)) = conn else { continue };
+        let scrape = scrape.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let scrape = scrape.clone();
+                async move { Ok::<_, std::convert::Infallible>(respond(scrape.as_ref(), &req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+type Body = http_body_util::Full<bytes::Bytes>;
+
+/// `GET /metrics` (or `HEAD`); anything else is 404 or 405.
+async fn respond<B>(scrape: &dyn Scrape, req: &hyper::Request<B>) -> hyper::Response<Body> {
+    use hyper::{Method, StatusCode, header};
+    let (status, ctype, body) = if req.uri().path() != "/metrics" {
+        (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found: the metrics are on /metrics\n".to_string(),
+        )
+    } else if req.method() != Method::GET && req.method() != Method::HEAD {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "method not allowed: use GET\n".to_string(),
+        )
+    } else {
+        (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            scrape.scrape().await,
+        )
+    };
+    let mut resp = hyper::Response::new(Body::new(bytes::Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ctype));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        resp.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+    }
+    resp
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod config;
 pub mod context;
 pub mod exit;
 pub mod fleet_commands;
+pub mod metrics;
 pub mod out;
 pub mod progress;
 pub mod release;

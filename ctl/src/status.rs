@@ -185,6 +185,35 @@ pub struct Admission {
     pub problem: Option<String>,
 }
 
+/// The groups the limits apply to, as the active rollout's rules make them (each
+/// role its own group without a rollout, or when its rules do not fit the fleet),
+/// with the rules resolved (`None`: not even the defaults resolve).
+pub fn groups(
+    snap: &Snapshot,
+    hosts: &[HostStatus],
+) -> (BTreeMap<Role, String>, Option<jio_common::rules::Resolved>) {
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
+    let rules = snap
+        .rollout
+        .as_ref()
+        .and_then(|c| c.ok())
+        .filter(|r| r.state.active())
+        .and_then(|r| Rules::parse(&r.rules.to_string()).ok());
+    let resolved = rules
+        .and_then(|r| r.resolve(&roles).ok())
+        .or_else(|| Rules::default().resolve(&roles).ok());
+    match resolved {
+        Some(r) => (r.group_of.clone(), Some(r)),
+        None => (
+            hosts
+                .iter()
+                .map(|h| (h.role.clone(), h.role.to_string()))
+                .collect(),
+            None,
+        ),
+    }
+}
+
 pub fn admission(snap: &Snapshot, now: u64) -> Admission {
     let hosts = fleet::classify(snap);
     let roles = hosts.iter().map(|h| h.role.clone()).collect();

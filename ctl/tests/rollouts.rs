@@ -431,3 +431,133 @@ async fn bad_values_never_end_the_driver_service_nor_blind_status() {
         text(&out)
     );
 }
+
+/// `jioctl drive --metrics-listen`: the fleet per group, role and state, the
+/// rollout's state and the lock, as Prometheus reads them (checked by promtool),
+/// through a rollout that fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
+    use jio_tests::prometheus::{check, value};
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let f = Fleet::start(&url, &["compute1", "compute2", "compute3", "controller1"], 1.0).await;
+    let port = jio_tests::free_port();
+    let metrics = format!("http://127.0.0.1:{port}/metrics");
+    let service = spawn(&url, &["drive", "--metrics-listen", &port.to_string()]);
+    let scrape = || async {
+        match reqwest::get(&metrics).await {
+            Ok(r) if r.status() == 200 => r.text().await.unwrap_or_default(),
+            _ => String::new(),
+        }
+    };
+    let until = |series: &'static str, want: f64| async move {
+        let mut last = String::new();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            last = scrape().await;
+            if value(&last, series) == Some(want) {
+                return last;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("timed out waiting for {series} = {want}; the last scrape:\n{last}");
+    };
+    let scraped = until(
+        "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"upgraded\"}",
+        3.0,
+    )
+    .await;
+    check(&scraped).unwrap();
+    for (series, want) in [
+        (
+            "jio_fleet_hosts{group=\"controller\",role=\"controller\",state=\"upgraded\"}",
+            Some(1.0),
+        ),
+        (
+            "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"failed\"}",
+            Some(0.0),
+        ),
+        ("jio_fleet_desired_version_info{version=\"v1\"}", Some(1.0)),
+        ("jio_drive_lock_held", Some(0.0)),
+        ("jio_drive_store_up", Some(1.0)),
+        ("jio_fleet_emergency_stop", Some(0.0)),
+        ("jio_rollout_state{state=\"running\"}", None),
+    ] {
+        assert_eq!(value(&scraped, series), want, "{series} in\n{scraped}");
+    }
+
+    // compute3's configuration step fails: one compute at a time, then the rollout
+    // stops as failed, and the metrics say all of it.
+    f.fail("compute3", true);
+    // Runs long enough to be seen through the metrics' 5s cache.
+    f.set_seconds(6.0);
+    let t0 = now();
+    let out = run(&url, &["upgrade", "v2", "--instructions", COMPUTE_1, "--detach"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let scraped = until(
+        "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"upgrading\"}",
+        1.0,
+    )
+    .await;
+    check(&scraped).unwrap();
+    assert_eq!(
+        value(&scraped, "jio_fleet_group_in_flight{group=\"compute\"}"),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert_eq!(
+        value(&scraped, "jio_fleet_group_limit{group=\"compute\"}"),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert_eq!(value(&scraped, "jio_drive_lock_held"), Some(1.0), "{scraped}");
+    assert_eq!(
+        value(&scraped, "jio_rollout_state{state=\"running\"}"),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert_eq!(value(&scraped, "jio_rollout_active"), Some(1.0), "{scraped}");
+    assert_eq!(
+        value(&scraped, "jio_fleet_desired_version_info{version=\"v2\"}"),
+        Some(1.0),
+        "{scraped}"
+    );
+    let scraped = until("jio_rollout_state{state=\"failed\"}", 1.0).await;
+    check(&scraped).unwrap();
+    assert_eq!(
+        value(
+            &scraped,
+            "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"failed\"}"
+        ),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert_eq!(
+        value(&scraped, "jio_rollout_state{state=\"running\"}"),
+        Some(0.0),
+        "{scraped}"
+    );
+    assert_eq!(value(&scraped, "jio_rollout_active"), Some(0.0), "{scraped}");
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l.starts_with("jio_rollout_info{") && l.contains("version=\"v2\",state=\"failed\"")),
+        "{scraped}"
+    );
+    // Only what the failure left: the computes moved one at a time.
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, t0);
+    assert!(
+        most <= 2,
+        "{most} ran at once (a compute and the controller at most): {at:?}\n{runs:#?}"
+    );
+    signal(&service, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(service, Duration::from_secs(20)).await;
+    assert!(
+        text(&out).contains(&format!(
+            "metrics of the fleet and the rollout on http://127.0.0.1:{port}/metrics"
+        )),
+        "{}",
+        text(&out)
+    );
+}

@@ -1,0 +1,241 @@
+//! What `jioctl drive --metrics-listen` exports: the fleet as the store has it
+//! (hosts per state, role and group; each group's hosts in flight and its limit),
+//! the rollout's state, the emergency stop, and whether this driver holds the
+//! rollout lock. Read afresh at a scrape (at most once per `FRESH`), never from the
+//! driver's own bookkeeping, so it shows what every driver and agent sees.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jio_common::exposition::{Exposition, Kind, Sample};
+use jio_common::fleet::{self, HostState, LockRecord, Snapshot};
+use jio_common::keys::Schema;
+use jio_common::rollout::RolloutRecord;
+use jio_common::store::DynStore;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+/// A scrape within this long of the last one is answered from it: a busy
+/// Prometheus cannot turn into a load on the store.
+const FRESH: Duration = Duration::from_secs(5);
+
+/// The states of a rollout, each a series of `jio_rollout_state`.
+const ROLLOUT_STATES: [&str; 6] = ["running", "paused", "stuck", "done", "failed", "aborted"];
+
+/// The fleet's metrics at `now`; `me` is this driver (the lock's holder when it
+/// holds it).
+pub fn render(
+    snap: &Snapshot,
+    last_rollout: Option<&RolloutRecord>,
+    me: &LockRecord,
+    errors: u64,
+    up: bool,
+) -> String {
+    let hosts = fleet::classify(snap);
+    let (group_of, resolved) = crate::status::groups(snap, &hosts);
+    let group =
+        |role: &jio_common::names::Role| group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
+    // (group, role) → hosts per state, every state present (0 included, for alerts).
+    let mut per: BTreeMap<(String, String), BTreeMap<HostState, usize>> = BTreeMap::new();
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut in_flight: BTreeMap<String, usize> = BTreeMap::new();
+    for h in &hosts {
+        let g = group(&h.role);
+        let states = per
+            .entry((g.clone(), h.role.to_string()))
+            .or_insert_with(|| HostState::ALL.iter().map(|s| (*s, 0)).collect());
+        *states.entry(h.state).or_default() += 1;
+        *sizes.entry(g.clone()).or_default() += 1;
+        *in_flight.entry(g).or_default() += usize::from(h.state.in_flight());
+    }
+    let mut e = Exposition::new();
+    e.single(
+        "jio_drive_store_up",
+        Kind::Gauge,
+        "1 when the last read of the store worked, 0 when it failed (the figures are then from the read before).",
+        f64::from(u8::from(up)),
+    )
+    .single(
+        "jio_drive_store_errors_total",
+        Kind::Counter,
+        "Reads of the store for a scrape that failed.",
+        errors as f64,
+    )
+    .family(
+        "jio_fleet_desired_version_info",
+        Kind::Gauge,
+        "The fleet's desired version, /current_version (always 1; absent when none is set).",
+        snap.current.iter().map(|v| (vec![("version", v.to_string())], 1.0)),
+    )
+    .family(
+        "jio_fleet_hosts",
+        Kind::Gauge,
+        "Hosts by rollout group, role and state (upgraded, upgrading, failed, pending, lost, blocked, unknown).",
+        per.iter().flat_map(|((g, r), states)| {
+            states.iter().map(move |(s, n)| -> Sample<'_> {
+                (
+                    vec![
+                        ("group", g.clone()),
+                        ("role", r.clone()),
+                        ("state", s.as_str().to_string()),
+                    ],
+                    *n as f64,
+                )
+            })
+        }),
+    )
+    .family(
+        "jio_fleet_group_in_flight",
+        Kind::Gauge,
+        "Hosts of each group holding a rolling slot (upgrading, failed or lost).",
+        in_flight.iter().map(|(g, n)| (vec![("group", g.clone())], *n as f64)),
+    );
+    if let Some(r) = &resolved {
+        e.family(
+            "jio_fleet_group_limit",
+            Kind::Gauge,
+            "Each group's limit on hosts in flight under the active rollout's rules (absent: no limit).",
+            sizes.iter().filter_map(|(g, size)| {
+                r.limits
+                    .get(g)
+                    .and_then(|ls| ls.iter().map(|l| l.of(*size, true)).min())
+                    .map(|n| (vec![("group", g.clone())], n as f64))
+            }),
+        );
+    }
+    let current = snap.rollout.as_ref().and_then(|c| c.record.as_ref().ok());
+    let rollout = current.or(last_rollout);
+    e.single(
+        "jio_rollout_active",
+        Kind::Gauge,
+        "1 while a rollout is current (/rollouts/current), running, paused or stuck.",
+        f64::from(u8::from(current.is_some_and(|r| r.state.active()))),
+    )
+    .family(
+        "jio_rollout_info",
+        Kind::Gauge,
+        "The current rollout, or the last one when none is current: its id, version and state (always 1; absent before the first).",
+        rollout.iter().map(|r| {
+            (
+                vec![
+                    ("id", r.id.to_string()),
+                    ("version", r.version.to_string()),
+                    ("state", r.state.name().to_string()),
+                ],
+                1.0,
+            )
+        }),
+    )
+    .family(
+        "jio_rollout_state",
+        Kind::Gauge,
+        "1 for the state the current (or last) rollout is in, 0 for the others (absent before the first).",
+        rollout.iter().flat_map(|r| {
+            ROLLOUT_STATES
+                .iter()
+                .map(|s| (vec![("state", s.to_string())], f64::from(u8::from(r.state.name() == *s))))
+        }),
+    )
+    .single(
+        "jio_fleet_emergency_stop",
+        Kind::Gauge,
+        "1 while global-disable-puppet's emergency stop is in force.",
+        f64::from(u8::from(snap.halt.is_some())),
+    )
+    .single(
+        "jio_drive_lock_held",
+        Kind::Gauge,
+        "1 when this driver holds the rollout lock.",
+        f64::from(u8::from(
+            snap.lock
+                .as_ref()
+                .is_some_and(|l| l.host == me.host && l.pid == me.pid),
+        )),
+    )
+    .single(
+        "jio_fleet_problems",
+        Kind::Gauge,
+        "Values in the store that cannot be read (jioctl status names each key).",
+        snap.problems.len() as f64,
+    );
+    e.finish()
+}
+
+/// A scrape reads the store (at most once per `FRESH`) and renders.
+pub struct FleetMetrics {
+    store: DynStore,
+    schema: Schema,
+    me: LockRecord,
+    last: Mutex<Last>,
+}
+
+#[derive(Default)]
+struct Last {
+    at: Option<Instant>,
+    snap: Option<Snapshot>,
+    last_rollout: Option<RolloutRecord>,
+    text: String,
+    errors: u64,
+    /// The last read failed (said once, until one works again).
+    down: bool,
+}
+
+impl FleetMetrics {
+    pub fn new(store: DynStore, schema: Schema) -> FleetMetrics {
+        FleetMetrics {
+            store,
+            schema,
+            me: crate::writes::holder(),
+            last: Mutex::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl jio_common::exposition::Scrape for FleetMetrics {
+    async fn scrape(&self) -> String {
+        let mut last = self.last.lock().await;
+        if last.at.is_some_and(|at| at.elapsed() < FRESH) {
+            return last.text.clone();
+        }
+        let read = async {
+            let snap = Snapshot::read(&self.store, &self.schema).await?;
+            // The last rollout's record, once the current one has ended.
+            let last = match snap.rollout {
+                Some(_) => None,
+                None => crate::rollouts::last_record(&self.store, &self.schema).await?,
+            };
+            Ok::<_, jio_common::store::StoreError>((snap, last))
+        };
+        let up = match read.await {
+            Ok((s, r)) => {
+                last.last_rollout = r;
+                if std::mem::take(&mut last.down) {
+                    eprintln!("jioctl drive: metrics: the store answers again");
+                }
+                last.snap = Some(s);
+                true
+            }
+            Err(e) => {
+                if !last.down {
+                    eprintln!(
+                        "jioctl drive: metrics: cannot read the store ({e}); the figures are from the last read that worked"
+                    );
+                    last.down = true;
+                }
+                last.errors += 1;
+                false
+            }
+        };
+        let empty = Snapshot::default();
+        last.text = render(
+            last.snap.as_ref().unwrap_or(&empty),
+            last.last_rollout.as_ref(),
+            &self.me,
+            last.errors,
+            up,
+        );
+        last.at = Some(Instant::now());
+        last.text.clone()
+    }
+}
