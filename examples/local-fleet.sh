@@ -156,13 +156,13 @@ if [ "$COMPOSABLE" -eq 1 ]; then
   echo "==> stage controlplane: controllers and storage hosts, step by step in lockstep"
   "${JIOCTL[@]}" upgrade "$TO" --instructions-file "$RULES" --stage controlplane || status=$?
   echo "==> status between the stages (the computes stay at $FROM, healthy)"
-  "${JIOCTL[@]}" status
+  "${JIOCTL[@]}" status || true  # exits 1 when a host failed: said above
   if [ "$status" -eq 0 ]; then
     echo "==> stage compute: the same rollout goes on"
     "${JIOCTL[@]}" upgrade "$TO" --instructions-file "$RULES" --stage compute || status=$?
   fi
   echo "==> final status"
-  "${JIOCTL[@]}" status
+  "${JIOCTL[@]}" status || true  # exits 1 when a host failed: said above
   "${JIOCTL[@]}" rollout status || true
   echo "==> the task log, seconds from the first task: no host of a stage starts a step"
   echo "    before every host of the stage has ended the one before (each host's Puppet"
@@ -183,7 +183,7 @@ status=0
 "${JIOCTL[@]}" upgrade "$TO" --instructions-file examples/rolling.json --retry || status=$?
 
 echo "==> final status"
-"${JIOCTL[@]}" status
+"${JIOCTL[@]}" status || true  # exits 1 when a host failed: said above
 [ "$status" -eq 0 ] || exit $status
 
 echo "==> a fleet command under the same rules: restart-service web, role by role"

@@ -205,6 +205,7 @@ pub async fn follow(
     let ending = tokio::select! {
         r = driver.drive() => r,
         sig = interrupted() => {
+            driver.progress.finish();
             let driving = driver.release_all().await;
             let msg = driver.interrupted_message(sig, record, driving);
             return Err(Failure::new(signal_code(sig), msg));
@@ -642,7 +643,15 @@ impl<'a> Driver<'a> {
     }
 
     /// Runs steps until the rollout ends (a driver service: until an error).
+    /// Drives (or follows) until the rollout ends; the progress bars are finished
+    /// before the caller says how it ended.
     async fn drive(&mut self) -> Result<Ending, Failure> {
+        let ended = self.passes().await;
+        self.progress.finish();
+        ended
+    }
+
+    async fn passes(&mut self) -> Result<Ending, Failure> {
         let mut observed = self.observe().await?;
         loop {
             match next::next(&observed, &self.state()) {
@@ -856,7 +865,7 @@ impl Driver<'_> {
             }),
             Step::TakeLock => Ok(self.take().await?),
             Step::Watch(rec) => {
-                self.progress.update(&hosts);
+                self.progress.update(snap, &hosts);
                 if let Some(outcome) = self.watch_composable(snap, &hosts, &rec, now) {
                     return Ok(outcome);
                 }
@@ -880,7 +889,7 @@ impl Driver<'_> {
                 })
             }
             Step::Paused(rec) => {
-                self.progress.update(&hosts);
+                self.progress.update(snap, &hosts);
                 if let RolloutState::Paused { until: Some(t), .. } = &rec.state {
                     self.wake_at = Some(*t);
                 }
@@ -1050,7 +1059,7 @@ impl Driver<'_> {
             After::Apply => return Ok(self.apply(snap, &plan).await?),
             After::Settle { disarm, end } => (disarm, end),
         };
-        self.progress.update(hosts);
+        self.progress.update(snap, hosts);
         let by = "jioctl";
         match end {
             Settled::Finished { .. } | Settled::Stopped => {
@@ -1196,7 +1205,7 @@ impl Driver<'_> {
         }
         let progressed = self.clock.1.note(composed.progress, now);
         self.wake_at = composed.plan.wake_at;
-        self.progress.update(hosts);
+        self.progress.update(snap, hosts);
         if composed.writes() {
             let ops = writes::compose_ops(self.schema, &composed);
             if let Some(end) = self.fenced(ops, snap).await? {

@@ -561,3 +561,115 @@ async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
         text(&out)
     );
 }
+
+/// Runs `jioctl args` on a terminal of 80 columns and 24 rows (a real pseudo
+/// terminal): its exit code, and every screen it drew, as a terminal shows them.
+async fn on_a_terminal(url: &str, args: &[&str]) -> (Option<i32>, Vec<String>) {
+    use std::io::Read as _;
+    let size = nix::pty::Winsize {
+        ws_row: 24,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None).unwrap();
+    let mut child = common::jioctl(url, args)
+        .env("TERM", "xterm")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(pty.slave))
+        .spawn()
+        .unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    let screens = tokio::task::spawn_blocking(move || {
+        let size = |n| std::num::NonZeroU16::new(n).unwrap();
+        let mut parser = vt100::Parser::new(size(24), size(80), 0);
+        let mut screens = Vec::new();
+        let mut buf = [0u8; 4096];
+        // EIO once the last process holding the terminal has gone.
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            parser.process(&buf[..n]);
+            // Row by row as the terminal shows them (a full row is not joined to the next).
+            screens.push(parser.screen().rows(0, 80).collect::<Vec<_>>().join("\n"));
+        }
+        screens
+    });
+    let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    (status.code(), screens.await.unwrap())
+}
+
+/// `jioctl upgrade`'s progress on an 80-column terminal: a bar per rollout group
+/// that fits the line (frames never pile up), the hosts in flight named, notes
+/// stamped with the time; and timestamped lines per group when not on a terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_fits_the_terminal_with_a_bar_per_group() {
+    let etcd = Etcd::start().await;
+    let url = etcd.url();
+    let names = ["compute1", "compute2", "compute3", "compute4", "controller1"];
+    let f = Fleet::start(&url, &names, 1.5).await;
+    let rules =
+        r#"{"rolling_rules":{"roles":{"compute":2,"controller":1}},"role_order":{"compute":"controller"}}"#;
+    let (code, screens) = on_a_terminal(&url, &["upgrade", "v2", "--instructions", rules]).await;
+    let last = screens.last().cloned().unwrap_or_default();
+    assert_eq!(code, Some(0), "{last}");
+    assert!(f.all_at("v2"), "{last}");
+    // Every screen: at most one line per group (a frame drawn over the last, not
+    // below it), none wider than the terminal.
+    for s in &screens {
+        for group in ["compute ", "controller "] {
+            let n = s
+                .lines()
+                .filter(|l| l.starts_with(group) && l.contains("] "))
+                .count();
+            assert!(n <= 1, "{n} lines for {group:?} on one screen:\n{s}");
+        }
+    }
+    assert!(
+        screens.iter().any(|s| s
+            .lines()
+            .any(|l| l.starts_with("compute ") && l.contains("2 upgrading (compute"))),
+        "the computes in flight are named: {last}"
+    );
+    let bar = |g: &str| {
+        last.lines()
+            .find(|l| l.starts_with(g))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(bar("compute ").contains("4/4"), "{last}");
+    assert!(bar("controller ").contains("1/1"), "{last}");
+    assert!(bar("compute ").contains(" done "), "{last}");
+    assert!(
+        screens.iter().any(|s| s
+            .lines()
+            .any(|l| l.starts_with("compute ") && l.contains(" eta "))),
+        "an estimate while the computes move: {last}"
+    );
+    // The notes carry the time.
+    assert!(last.lines().any(|l| l.contains(" UTC ")), "{last}");
+
+    // Not on a terminal: a stamped line per group whose counts changed.
+    let out = run(&url, &["upgrade", "v3", "--instructions", rules]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stamped =
+        regex::Regex::new(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC compute: \d/4 upgraded, \d upgrading")
+            .unwrap();
+    assert!(stdout.lines().any(|l| stamped.is_match(l)), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.ends_with("compute: 4/4 upgraded, 0 upgrading, 0 pending")),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains('\x1b'),
+        "no terminal codes in a pipe: {stdout:?}"
+    );
+}

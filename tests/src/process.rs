@@ -20,8 +20,37 @@ pub fn require_binary(binary: &str, install: &str) -> PathBuf {
     );
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, for a server a test starts.
+///
+/// Taken below Linux's ephemeral range (32768 and up), where the kernel picks the
+/// local ports of outgoing connections: a port handed out there could be taken by
+/// a client's connection before the server binds it (seen: Swift's proxy could
+/// not bind while other tests' clients were busy). Never the same port twice in
+/// one test process.
 pub fn free_port() -> u16 {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    const LOW: u64 = 20_000;
+    const SPAN: u64 = 12_000;
+    // A different starting point per process (pid and time), then a stride.
+    let seed = u64::from(std::process::id()).wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::from(d.subsec_nanos()));
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (seed.wrapping_add(n.wrapping_mul(7_919))) % SPAN) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port on 127.0.0.1");
     l.local_addr().expect("local address").port()
 }

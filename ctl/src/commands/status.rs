@@ -66,9 +66,15 @@ impl Status {
                 )));
             }
             checked = true;
-            self.draw(ctx, &snap, store.url())?;
+            let troubled = self.draw(ctx, &snap, store.url())?;
             if !self.watch {
-                return Ok(());
+                // Like a check: 1 when a host shown has failed or is lost (the
+                // output above says which), so a script or a probe can act on it.
+                return if troubled {
+                    Err(Failure::quiet(crate::exit::FAILED))
+                } else {
+                    Ok(())
+                };
             }
             if stream.is_none() {
                 match store.watch(&ctx.schema().root(), snap.revision + 1).await {
@@ -144,8 +150,12 @@ impl Status {
         }
     }
 
-    fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str) -> Outcome {
+    /// Draws the fleet; `true` when a host shown has failed or is lost.
+    fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str) -> Result<bool, Failure> {
         let hosts = only_role(fleet::classify(snap), self.role.as_ref());
+        let troubled = hosts
+            .iter()
+            .any(|h| matches!(h.state, fleet::HostState::Failed | fleet::HostState::Lost));
         if ctx.json {
             let v = to_json(snap, &hosts, jio_common::time::unix_now());
             if self.watch {
@@ -160,7 +170,7 @@ impl Status {
             } else {
                 println!("{}", crate::out::document(v));
             }
-            return Ok(());
+            return Ok(troubled);
         }
         let tty = std::io::stdout().is_terminal();
         if self.watch && tty {
@@ -170,6 +180,6 @@ impl Status {
         if self.watch && !tty {
             println!("--");
         }
-        Ok(())
+        Ok(troubled)
     }
 }

@@ -747,8 +747,15 @@ pub async fn json(url: &str, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
     let out = super::run(url, &all).await;
-    assert_eq!(out.status.code(), Some(0), "jioctl {all:?}: {}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("jioctl {all:?}: {e}: {}", text(&out)))
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("jioctl {all:?}: {e}: {}", text(&out)));
+    let want = if args.first() == Some(&"status") {
+        super::status_code(&v)
+    } else {
+        0
+    };
+    assert_eq!(out.status.code(), Some(want), "jioctl {all:?}: {}", text(&out));
+    v
 }
 
 /// The rollout record from `jioctl --json rollout status`: the active one

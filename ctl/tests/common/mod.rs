@@ -36,3 +36,16 @@ pub fn jioctl(url: &str, args: &[&str]) -> Command {
 pub async fn run(url: &str, args: &[&str]) -> Output {
     jioctl(url, args).output().await.unwrap()
 }
+
+/// What `jioctl status` exits with, as documented: 1 when the fleet it shows (its
+/// JSON document) has a failed or lost host, 0 otherwise.
+pub fn status_code(v: &serde_json::Value) -> i32 {
+    let any = |state: &str| {
+        v[state].as_object().is_some_and(|roles| {
+            roles
+                .values()
+                .any(|hosts| hosts.as_array().is_some_and(|h| !h.is_empty()))
+        })
+    };
+    i32::from(any("failed") || any("lost"))
+}
