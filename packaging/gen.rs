@@ -138,7 +138,7 @@ const CTL_EXTRA: Extra = &[
             ("0", "success; a followed rollout is done"),
             (
                 "1",
-                "the rollout failed, a fleet command did not succeed everywhere, a check is false, or a rollout change is not allowed"
+                "the rollout failed, a fleet command did not succeed everywhere, a check is false, status shows a failed or lost host, or a rollout change is not allowed"
             ),
             ("2", "the store is unreachable"),
             (
