@@ -143,7 +143,10 @@ fn init_tracing(verbose: u8, format: config::LogFormat) {
         .with_writer(std::io::stderr)
         .with_target(false);
     let _ = match format {
-        config::LogFormat::Json => fmt.json().flatten_event(true).with_current_span(false).try_init(),
+        config::LogFormat::Json => {
+            LOGS_JSON.store(true, std::sync::atomic::Ordering::Relaxed);
+            fmt.json().flatten_event(true).with_current_span(false).try_init()
+        }
         config::LogFormat::Text if stderr_is_journal() => fmt.without_time().with_ansi(false).try_init(),
         config::LogFormat::Text => fmt
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -193,9 +196,26 @@ fn overrides(cli: &Cli) -> Overrides {
 }
 
 fn fail(msg: impl std::fmt::Display, code: u8) -> u8 {
-    eprintln!("jio-agent: {msg}");
+    say(msg, Some(code));
     code
 }
+
+/// A command's own word on stderr, `jio-agent: ...`; under `log_format = "json"`
+/// one JSON object like every log line (with `exit_code` when it ends the
+/// command), so that a log shipper never meets a plain line.
+fn say(msg: impl std::fmt::Display, exit_code: Option<u8>) {
+    if LOGS_JSON.load(std::sync::atomic::Ordering::Relaxed) {
+        match exit_code {
+            Some(code) => tracing::error!(exit_code = code, "{msg}"),
+            None => tracing::error!("{msg}"),
+        }
+    } else {
+        eprintln!("jio-agent: {msg}");
+    }
+}
+
+/// The log lines are JSON objects (`log_format = "json"`, once set up).
+static LOGS_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The exit code of a store that could not be used: refused (8), or unreachable (2).
 fn store_code(e: &StoreError) -> u8 {
@@ -289,7 +309,7 @@ async fn pending_update(cfg: &Config) -> u8 {
         Err(e) => return fail(e, exit::SOFTWARE),
     };
     let unreachable = |e: &dyn std::fmt::Display| {
-        eprintln!("jio-agent: {e}");
+        say(e, None);
         if local.is_some() {
             exit::UNREACHABLE
         } else {
@@ -794,7 +814,7 @@ async fn record_provisioned(store: &DynStore, cfg: &Config, failure: Option<&str
     match store.txn(txn).await {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("jio-agent: cannot record provisioning: {e}");
+            say(format!("cannot record provisioning: {e}"), None);
             false
         }
     }

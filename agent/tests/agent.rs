@@ -1855,7 +1855,6 @@ async fn log_lines_as_json_and_without_our_time_under_journald() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let logged: Vec<serde_json::Value> = stderr
         .lines()
-        .filter(|l| !l.starts_with("jio-agent: "))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in {stderr}")))
         .collect();
     assert!(
@@ -1864,6 +1863,24 @@ async fn log_lines_as_json_and_without_our_time_under_journald() {
             .any(|v| v["message"] == "using store" && v["level"] == "INFO" && v["store"] == store.as_str()),
         "{stderr}"
     );
+    // A command's closing word is a JSON line too, with its exit code.
+    put(&open(&store).await, Schema::default().current_version(), "v2").await;
+    let failing = Host::new(
+        "compute7",
+        &store,
+        &["false".to_string()],
+        "log_format = \"json\"",
+    );
+    let out = agent(&failing, &["once"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last: serde_json::Value = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?} in {stderr}")))
+        .next_back()
+        .unwrap();
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    assert_eq!(last["exit_code"], 1, "{stderr}");
     // Text on journald's stream (JOURNAL_STREAM names stderr): no time of ours,
     // journald stamps each line.
     let host = Host::new("compute9", &store, &["true".to_string()], "");
