@@ -87,6 +87,8 @@ pub struct Agent {
     command_note: Option<String>,
     /// What the daemon exports to Prometheus.
     metrics: crate::metrics::Metrics,
+    /// True while a reload waits: the daemon ends between passes, never in a run.
+    reload: Option<watch::Receiver<bool>>,
 }
 
 impl Agent {
@@ -143,6 +145,7 @@ impl Agent {
         let metrics = crate::metrics::Metrics::new(cfg.hostname.as_str(), cfg.role.as_str(), &cfg.state_dir);
         Ok(Agent {
             metrics,
+            reload: None,
             steps: Arc::new(CommandSteps::from_config(&cfg)),
             cfg,
             store,
@@ -191,6 +194,31 @@ impl Agent {
     /// The liveness record's keeper, to stop it (revoking the lease).
     pub fn take_liveness(&mut self) -> Option<Liveness> {
         self.liveness.take()
+    }
+
+    /// Ends the daemon's loop between passes once `reload` turns true (SIGHUP with
+    /// a changed configuration): a run going on finishes first.
+    pub fn set_reload(&mut self, reload: watch::Receiver<bool>) {
+        self.reload = Some(reload);
+    }
+
+    /// A reload is asked for: the daemon ends before its next pass.
+    pub fn reload_asked(&self) -> bool {
+        self.reload.as_ref().is_some_and(|r| *r.borrow())
+    }
+
+    /// Wakes when a reload is asked for (never, without one to follow).
+    pub async fn reload_changed(&self) {
+        let Some(mut r) = self.reload.clone() else {
+            return std::future::pending().await;
+        };
+        // Asked for already (since the last look): at once.
+        if *r.borrow_and_update() {
+            return;
+        }
+        if r.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Records into `m` (the daemon's, already served) from now on.

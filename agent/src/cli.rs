@@ -513,24 +513,36 @@ fn decision_text(d: &Decision) -> String {
 
 /// SIGTERM/SIGINT turn the returned flag true.
 fn shutdown_signal() -> watch::Receiver<bool> {
-    shutdown_or_reload_signal(None).0
+    shutdown_or_reload_signal(None).rx
 }
 
-/// SIGTERM/SIGINT turn the returned flag true. With `reload` (the daemon's sources
-/// of configuration, and what it runs on), SIGHUP reads the configuration again: one
+/// What the signals ask of the daemon.
+struct Signals {
+    /// True once it must stop (SIGTERM/SIGINT, or `stop` below).
+    rx: watch::Receiver<bool>,
+    /// True while a reload is asked for: the daemon starts again in place once no
+    /// run is going on.
+    restart: watch::Receiver<bool>,
+    /// Turns `rx` true: the daemon finished for a reload, its helpers stop too.
+    stop: Arc<watch::Sender<bool>>,
+}
+
+/// SIGTERM/SIGINT turn the stop flag true. With `reload` (the daemon's sources of
+/// configuration, and what it runs on), SIGHUP reads the configuration again: one
 /// with a problem is logged and the daemon runs on as it was; the same one is said
-/// and changes nothing; a changed one stops the daemon like SIGTERM with the second
-/// flag set, for `run` to start again in place. A SIGTERM/SIGINT after that turns
-/// the second flag back off: a stop wins over a reload.
-fn shutdown_or_reload_signal(
-    reload: Option<(Overrides, String)>,
-) -> (watch::Receiver<bool>, watch::Receiver<bool>) {
+/// and changes nothing (and calls off a reload still waiting); a changed one sets
+/// the restart flag, which the daemon obeys once no run is going on (a run is never
+/// cut short for a reload). A SIGTERM/SIGINT turns the restart flag back off: a
+/// stop wins over a reload.
+fn shutdown_or_reload_signal(reload: Option<(Overrides, String)>) -> Signals {
     let (tx, rx) = watch::channel(false);
+    let tx = Arc::new(tx);
     let (restart_tx, restart_rx) = watch::channel(false);
     // Registered before the task runs, so a SIGHUP from now on never kills.
     let hup = reload
         .as_ref()
         .and_then(|_| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok());
+    let stop = tx.clone();
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
@@ -552,14 +564,18 @@ fn shutdown_or_reload_signal(
                     let Some((ov, running)) = reload.as_ref() else { continue };
                     match config::load(ov, identity::system_hostname) {
                         Ok(c) if &fingerprint(&c) == running => {
-                            tracing::info!("SIGHUP: the configuration is unchanged; nothing to do");
+                            if *restart_tx.borrow() {
+                                tracing::info!("SIGHUP: the configuration is back to the one running; the reload that waited is called off");
+                                let _ = restart_tx.send(false);
+                            } else {
+                                tracing::info!("SIGHUP: the configuration is unchanged; nothing to do");
+                            }
                         }
                         Ok(_) => {
                             tracing::info!(
-                                "SIGHUP: the configuration changed and is valid; finishing up, then starting again in place to apply it"
+                                "SIGHUP: the configuration changed and is valid; starting again in place to apply it as soon as no run is going on (a run going on finishes first)"
                             );
                             let _ = restart_tx.send(true);
-                            break;
                         }
                         Err(e) => tracing::error!(
                             "SIGHUP: the configuration was not reloaded, this agent runs on with the one it started with: {e}"
@@ -568,22 +584,20 @@ fn shutdown_or_reload_signal(
                 }
             }
         }
-        let _ = tx.send(true);
-        // Finishing up: a stop asked for now means stop, not start again.
-        loop {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            if *restart_tx.borrow() {
-                tracing::info!(
-                    "stop asked while finishing up for a reload: stopping instead of starting again"
-                );
-                let _ = restart_tx.send(false);
-            }
+        if *restart_tx.borrow() {
+            tracing::info!("stop asked while a reload was under way: stopping instead of starting again");
+            let _ = restart_tx.send(false);
         }
+        let _ = tx.send(true);
+        // The flags' senders stay (a closed channel would wake every waiter).
+        std::future::pending::<()>().await;
+        drop(restart_tx);
     });
-    (rx, restart_rx)
+    Signals {
+        rx,
+        restart: restart_rx,
+        stop,
+    }
 }
 
 /// What a configuration amounts to, to tell a changed one from the same (never
@@ -844,7 +858,10 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         Err(e @ state::StateError::Locked { .. }) => return Ok(fail(e, exit::LOCKED)),
         Err(e) => return Ok(fail(e, exit::SOFTWARE)),
     };
-    let (mut shutdown, restart) = shutdown_or_reload_signal(Some((sources, fingerprint(&cfg))));
+    let signals = shutdown_or_reload_signal(Some((sources, fingerprint(&cfg))));
+    let mut shutdown = signals.rx.clone();
+    let restart = signals.restart.clone();
+    let mut reload = signals.restart.clone();
     // After a reload systemd keeps the watchdog armed: ping it while the store is
     // waited for, too.
     let restarted = std::env::var_os(RESTARTED_ENV).is_some();
@@ -876,6 +893,8 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.fail()) => {}
                     _ = shutdown.changed() => return if restarting() { Err(()) } else { Ok(exit::OK) },
+                    // Nothing runs while the store is waited for: a reload applies now.
+                    _ = reload.changed() => if restarting() { return Err(()) },
                 }
             }
             // TLS, authentication or permission: fixed on the store's side (a
@@ -891,6 +910,8 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.fail()) => {}
                     _ = shutdown.changed() => return if restarting() { Err(()) } else { Ok(exit::OK) },
+                    // Nothing runs while the store is waited for: a reload applies now.
+                    _ = reload.changed() => if restarting() { return Err(()) },
                 }
             }
             Err(e) => return Ok(fail(e, exit::USAGE)),
@@ -946,7 +967,11 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         });
     }
     tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
+    agent.set_reload(signals.restart.clone());
     let res = crate::daemon::serve(agent).await;
+    // The daemon finished (stopped, or for a reload with no run going on): its
+    // helpers stop with it.
+    let _ = signals.stop.send(true);
     // systemd's reload protocol: RELOADING=1, then the new process's READY=1.
     crate::notify::notify(if restarting() { "RELOADING=1" } else { "STOPPING=1" });
     tracing::info!(

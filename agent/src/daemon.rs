@@ -136,6 +136,10 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
         if agent.stopping() {
             return Ok(());
         }
+        if agent.reload_asked() {
+            tracing::info!("no run is going on: finishing up to start again with the new configuration");
+            return Ok(());
+        }
         let due = health.due();
         let wait = match agent.pass(due).await {
             Ok(result) => {
@@ -204,6 +208,7 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
             }
             _ = files_or(agent.services_poll(), wait) => {}
             _ = stop.changed() => {}
+            _ = agent.reload_changed() => {}
         }
     }
 }

@@ -831,6 +831,46 @@ async fn sighup_reloads_the_configuration_in_place_or_says_why_not() {
         agent_state(&s, "compute7").await.is_some()
     })
     .await;
+    // A reload during a run: the run is not cut short; the reload comes after it.
+    let marker = dir.path().join("puppet-runs");
+    let slow = format!(
+        "{good}puppet_command = [\"/bin/sh\", \"-c\", \"echo start >> {m}; sleep 3; echo end >> {m}; exit 2\"]\n",
+        m = marker.display()
+    );
+    let slow = slow.replacen("puppet_command = [\"true\"]\n", "", 1);
+    std::fs::write(host.config(), format!("{slow}role = \"storage\"\n")).unwrap();
+    hup();
+    wait_for(
+        "the slow configuration to be running",
+        Duration::from_secs(30),
+        || async { read(&log).matches("jio-agent running").count() == 3 },
+    )
+    .await;
+    put(&s, Schema::default().current_version(), "v9").await;
+    wait_for("the slow run to start", Duration::from_secs(30), || async {
+        read(&marker).contains("start")
+    })
+    .await;
+    std::fs::write(
+        host.config(),
+        format!("{slow}role = \"storage\"\nretry_interval = \"1h\"\n"),
+    )
+    .unwrap();
+    hup();
+    wait_for("the agent to start again", Duration::from_secs(30), || async {
+        read(&log).matches("jio-agent running").count() == 4
+    })
+    .await;
+    assert_eq!(
+        read(&marker),
+        "start\nend\n",
+        "the run finished before the reload: {}",
+        read(&log)
+    );
+    assert_eq!(host.local_version().as_deref(), Some("v9"), "{}", read(&log));
+    let l = read(&log);
+    assert!(l.contains("as soon as no run is going on"), "{l}");
+    assert!(!l.contains("interrupted"), "{l}");
     // A reload then at once a stop: the stop wins, it does not start again.
     std::fs::write(host.config(), format!("{good}role = \"compute\"\n")).unwrap();
     hup();
@@ -842,7 +882,7 @@ async fn sighup_reloads_the_configuration_in_place_or_says_why_not() {
     assert_eq!(status.code(), Some(0), "{}", read(&log));
     assert_eq!(
         read(&log).matches("jio-agent running").count(),
-        2,
+        4,
         "{}",
         read(&log)
     );
