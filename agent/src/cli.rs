@@ -886,7 +886,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         match connect(&cfg).await {
             Ok(s) => break s,
             Err(e) if e.kind() == ErrorKind::Unavailable => {
-                metrics.pass_failed(true);
+                metrics.store_failed();
                 if backoff.failures() == 0 {
                     tracing::warn!(error = %e, "store unreachable; waiting for it");
                 }
@@ -901,7 +901,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
             // certificate re-issued, a password reset, a role granted) as often as
             // here, so the daemon waits and says why, again only when the reason changes.
             Err(e) if e.kind() == ErrorKind::Denied => {
-                metrics.pass_failed(true);
+                metrics.store_failed();
                 let msg = e.to_string();
                 if msg != last_refusal {
                     tracing::error!(error = %msg, "the store refused this agent; waiting (check its certificate, user, password and role)");

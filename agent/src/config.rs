@@ -499,7 +499,7 @@ fn build(
         listen: match src.pick("metrics_listen", file.metrics_listen.take()) {
             None => None,
             Some((v, _)) if v.is_empty() => None,
-            Some((v, from)) => parse_listen(&v)
+            Some((v, from)) => jio_common::exposition::parse_listen(&v)
                 .map_err(|e| src.error(format!("metrics_listen: {v:?} (from the {from}) {e}")))
                 .ok(),
         },
@@ -514,6 +514,12 @@ fn build(
             Some((p, from)) if !p.ends_with(".prom") => {
                 src.error(format!(
                     "metrics_textfile: {p:?} (from the {from}) does not end in .prom, and node-exporter's textfile collector reads only *.prom files"
+                ));
+                None
+            }
+            Some((p, from)) if !p.starts_with('/') => {
+                src.error(format!(
+                    "metrics_textfile: {p:?} (from the {from}) is not an absolute path (node-exporter reads a directory of its own)"
                 ));
                 None
             }
@@ -568,17 +574,6 @@ fn build(
         log_format,
         hiera_file,
         metrics,
-    })
-}
-
-/// `metrics_listen`: `IP:PORT`, or a bare port (`9464`, `:9464`) on the loopback.
-fn parse_listen(v: &str) -> Result<std::net::SocketAddr, String> {
-    let port = v.strip_prefix(':').unwrap_or(v);
-    if let Ok(p) = port.parse::<u16>() {
-        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], p)));
-    }
-    v.parse().map_err(|_| {
-        "is not an address to listen on: give IP:PORT (127.0.0.1:9464, [::1]:9464) or a port for the loopback".to_string()
     })
 }
 
@@ -671,6 +666,10 @@ mod tests {
                 "{given}"
             );
         }
+        let (_d, ov) = with_file("metrics_listen = \"0\"\nmetrics_textfile = \"jio.prom\"\n");
+        let msg = load(&ov, host).unwrap_err().to_string();
+        assert!(msg.contains("port 0"), "{msg}");
+        assert!(msg.contains("not an absolute path"), "{msg}");
         let (_d, ov) = with_file("metrics_listen = \"localhost:x\"\nmetrics_textfile = \"/tmp/jio.txt\"\n");
         let msg = load(&ov, host).unwrap_err().to_string();
         assert!(

@@ -99,7 +99,14 @@ impl Metrics {
                     Some(("health_check", if *ok { "success" } else { "failed" }))
                 }
                 PassResult::Repaired { ok, .. } => Some(("repair", if *ok { "success" } else { "failed" })),
-                PassResult::Command { outcome, .. } => Some(("command", outcome.as_str())),
+                // The same words for every kind: success, failed, interrupted, refused.
+                PassResult::Command { outcome, .. } => Some((
+                    "command",
+                    match outcome {
+                        jio_common::command::RunOutcome::Succeeded => "success",
+                        o => o.as_str(),
+                    },
+                )),
                 _ => None,
             };
             if let Some(k) = run {
@@ -256,8 +263,8 @@ impl Metrics {
             r.runs
                 .iter()
                 .filter(|((_, res), _)| *res == "failed")
-                .map(|(_, n)| *n as f64)
-                .sum(),
+                .map(|(_, n)| *n)
+                .sum::<u64>() as f64,
         )
         .single(
             "jio_agent_pass_errors_total",
@@ -274,8 +281,8 @@ impl Metrics {
         .single(
             "jio_agent_store_reconnects_total",
             Kind::Counter,
-            "Times the agent opened its store watches again after they failed or ended.",
-            r.watch_reopens as f64,
+            "Times a store watch was re-established after its connection was lost (by the store's client, or by the agent reopening it).",
+            (r.watch_reopens + jio_common::store::watch_reconnects()) as f64,
         );
         if let Some(up) = r.store_up {
             e.single(
@@ -323,6 +330,7 @@ pub async fn run(metrics: Metrics, out: Outputs, stop: tokio::sync::watch::Recei
             Arc::new(metrics.clone()),
             stop.clone(),
             "metrics_listen",
+            |at| tracing::info!(addr = %at, "serving metrics on /metrics"),
         ))
     });
     if let Some(path) = out.textfile {

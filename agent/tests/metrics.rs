@@ -198,6 +198,19 @@ async fn metrics_follow_the_agent_and_pass_promtool() {
     );
     etcd.restart(0).await;
     until(&url, "jio_agent_store_up", 1.0).await;
+    // Its watches reconnected: counted.
+    let mut scraped = String::new();
+    for _ in 0..300 {
+        scraped = scrape(&url).await;
+        if value(&scraped, "jio_agent_store_reconnects_total").is_some_and(|n| n >= 1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        value(&scraped, "jio_agent_store_reconnects_total").is_some_and(|n| n >= 1.0),
+        "{scraped}"
+    );
     // The watches follow the store that came back: a new version is taken up at
     // once (the resync is minutes away).
     host.set_validation(true);

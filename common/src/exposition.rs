@@ -100,6 +100,25 @@ fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
+/// Where metrics are served from: `IP:PORT`, or a bare port (`9464`, `:9464`) on
+/// the loopback. The error says why, after the value.
+pub fn parse_listen(v: &str) -> Result<SocketAddr, String> {
+    let port = v.strip_prefix(':').unwrap_or(v);
+    let addr = match port.parse::<u16>() {
+        Ok(p) => SocketAddr::from(([127, 0, 0, 1], p)),
+        Err(_) => v.parse().map_err(|_| {
+            "is not an address to listen on: give IP:PORT (127.0.0.1:9464, [::1]:9464) or a port for the loopback"
+                .to_string()
+        })?,
+    };
+    if addr.port() == 0 {
+        return Err(
+            "names port 0, a port picked at random that Prometheus could not be told: give a port".into(),
+        );
+    }
+    Ok(addr)
+}
+
 /// What a scrape of `/metrics` answers.
 #[async_trait::async_trait]
 pub trait Scrape: Send + Sync + 'static {
@@ -109,14 +128,24 @@ pub trait Scrape: Send + Sync + 'static {
 /// How long a client may take to send its request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long one connection may stay open, whatever it does.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections served at once; more wait in the listen queue. A scraper needs
+/// one: the bound keeps a flood of connections from taking the program's file
+/// descriptors (which its real work needs).
+const MAX_CONNECTIONS: usize = 16;
+
 /// Serves `GET /metrics` on `addr` until `stop` turns true. An address that cannot
 /// be taken (in use, not this host's) is logged, naming `setting`, and tried again
-/// with backoff: metrics never stop the program they describe.
+/// with backoff: metrics never stop the program they describe. `bound` is told the
+/// address once it is served (the port, when `addr` asked for any).
 pub async fn serve(
     addr: SocketAddr,
     scrape: Arc<dyn Scrape>,
     mut stop: tokio::sync::watch::Receiver<bool>,
     setting: &'static str,
+    bound: impl FnOnce(SocketAddr) + Send,
 ) {
     let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let listener = loop {
@@ -133,24 +162,50 @@ pub async fn serve(
             }
         }
     };
-    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics on /metrics");
+    bound(listener.local_addr().unwrap_or(addr));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut failing = crate::backoff::Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
+        // A slot first: beyond the bound, connections wait in the kernel's queue.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s,
+            _ = stop.changed() => return,
+        };
+        let Ok(slot) = slot else { return };
         let conn = tokio::select! {
             c = listener.accept() => c,
             _ = stop.changed() => return,
         };
-        let Ok((stream, _)) = conn else { continue };
+        let stream = match conn {
+            Ok((stream, _)) => {
+                failing.succeed();
+                stream
+            }
+            // Out of file descriptors (or another passing failure): said once,
+            // then a pause, never a loop that spins.
+            Err(e) => {
+                if failing.failures() == 0 {
+                    tracing::warn!(error = %e, "metrics: cannot accept a connection; pausing");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(failing.fail()) => {}
+                    _ = stop.changed() => return,
+                }
+                continue;
+            }
+        };
         let scrape = scrape.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let scrape = scrape.clone();
                 async move { Ok::<_, std::convert::Infallible>(respond(scrape.as_ref(), &req).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
         });
     }
 }

@@ -88,7 +88,8 @@ fn init_logging(verbose: u8) {
             tracing_subscriber::EnvFilter::try_from_env("JIO_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         )
-        .with_writer(std::io::stderr)
+        // Through the progress bars, when they are drawn: a log line never cuts one.
+        .with_writer(|| crate::progress::Stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();

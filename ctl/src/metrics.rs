@@ -19,6 +19,11 @@ use tokio::time::Instant;
 /// Prometheus cannot turn into a load on the store.
 const FRESH: Duration = Duration::from_secs(5);
 
+/// How long a scrape waits for the store: well within Prometheus's default scrape
+/// timeout (10s), so that a store gone quiet shows as `jio_drive_store_up 0` (with
+/// the last figures read), not as a failed scrape.
+const READ_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The states of a rollout, each a series of `jio_rollout_state`.
 const ROLLOUT_STATES: [&str; 6] = ["running", "paused", "stuck", "done", "failed", "aborted"];
 
@@ -206,6 +211,15 @@ impl jio_common::exposition::Scrape for FleetMetrics {
                 None => crate::rollouts::last_record(&self.store, &self.schema).await?,
             };
             Ok::<_, jio_common::store::StoreError>((snap, last))
+        };
+        let read = async {
+            match tokio::time::timeout(READ_TIMEOUT, read).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err(format!(
+                    "no answer within {}",
+                    jio_common::duration::format(READ_TIMEOUT)
+                )),
+            }
         };
         let up = match read.await {
             Ok((s, r)) => {

@@ -26,11 +26,13 @@ pub fn words_to_stderr() -> bool {
 #[macro_export]
 macro_rules! say {
     ($($t:tt)*) => {
-        if $crate::out::words_to_stderr() {
-            eprintln!($($t)*)
-        } else {
-            println!($($t)*)
-        }
+        $crate::progress::while_drawn(|| {
+            if $crate::out::words_to_stderr() {
+                eprintln!($($t)*)
+            } else {
+                println!($($t)*)
+            }
+        })
     };
 }
 
@@ -38,11 +40,13 @@ macro_rules! say {
 #[macro_export]
 macro_rules! say_text {
     ($($t:tt)*) => {
-        if $crate::out::words_to_stderr() {
-            eprint!($($t)*)
-        } else {
-            print!($($t)*)
-        }
+        $crate::progress::while_drawn(|| {
+            if $crate::out::words_to_stderr() {
+                eprint!($($t)*)
+            } else {
+                print!($($t)*)
+            }
+        })
     };
 }
 

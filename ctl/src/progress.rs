@@ -170,11 +170,44 @@ enum Mode {
     Lines {
         last: BTreeMap<String, Group>,
     },
-    /// A bar per group in a terminal.
+    /// A bar per group in a terminal (`style`: laid out for the terminal at the
+    /// first update).
     Bars {
         multi: MultiProgress,
         bars: BTreeMap<String, ProgressBar>,
+        style: Option<ProgressStyle>,
     },
+}
+
+/// The bars being drawn, for whatever else prints meanwhile (`while_drawn`).
+static DRAWN: std::sync::Mutex<Option<MultiProgress>> = std::sync::Mutex::new(None);
+
+/// Runs `print` with the bars taken off the terminal and drawn again after it:
+/// every other word on the terminal (`say!`, the log lines) goes through here, so
+/// that nothing is cut by a redraw nor leaves a stale frame behind.
+pub fn while_drawn<R>(print: impl FnOnce() -> R) -> R {
+    let drawn = DRAWN.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    match drawn {
+        Some(m) => m.suspend(print),
+        None => print(),
+    }
+}
+
+/// Standard error for the log lines, through `while_drawn`.
+pub struct Stderr;
+
+impl std::io::Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        while_drawn(|| std::io::stderr().write_all(buf)).map(|()| buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+fn set_drawn(m: Option<MultiProgress>) {
+    *DRAWN.lock().unwrap_or_else(|p| p.into_inner()) = m;
 }
 
 /// Renders progress (stdout, or stderr under `--json`).
@@ -182,15 +215,27 @@ pub struct Progress {
     mode: Mode,
 }
 
-/// The bar: name, bar, upgraded/total, elapsed, time left, then the hosts in flight
-/// (cut to the terminal's width).
-const TEMPLATE: &str = "{prefix:12!} [{bar:16}] {pos:>3}/{len:<3} {elapsed:>4} {left:<9} {wide_msg}";
+/// The bar laid out for a terminal `cols` wide, with group names up to `name`
+/// long: name, bar, upgraded/total, elapsed, time left, then the hosts in flight
+/// (cut to the terminal's width). Below 72 columns, no bar and no elapsed time.
+fn template(cols: u16, name: usize) -> String {
+    let name = name.clamp(4, usize::from(cols / 4).max(8));
+    if cols < 72 {
+        format!("{{prefix:{name}!}} {{pos:>3}}/{{len:<3}} {{left:<9}} {{wide_msg}}")
+    } else {
+        format!(
+            "{{prefix:{name}!}} [{{bar:16}}] {{pos:>3}}/{{len:<3}} {{elapsed:>4}} {{left:<9}} {{wide_msg}}"
+        )
+    }
+}
 
 /// The time left, as the bar shows it: `eta 4m10s` from the pace so far, `eta ?`
 /// before the group's first host is done, `done` once all are.
 fn left(state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
     let _ = match (state.pos(), state.len()) {
         (p, Some(l)) if p >= l => w.write_str("done"),
+        // Following ended (the rollout failed, was stopped, or this jioctl was).
+        _ if state.is_finished() => w.write_str("ended"),
         (0, _) => w.write_str("eta ?"),
         _ => write!(w, "eta {}", compact(state.eta().as_secs())),
     };
@@ -208,15 +253,19 @@ fn compact(secs: u64) -> String {
 impl Progress {
     /// Bars when `tty`, lines otherwise.
     pub fn new(tty: bool) -> Progress {
-        let mode = if tty {
-            let target = if crate::out::words_to_stderr() {
-                ProgressDrawTarget::stderr()
-            } else {
-                ProgressDrawTarget::stdout()
-            };
+        let target = if crate::out::words_to_stderr() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::stdout()
+        };
+        // A terminal that cannot draw bars (TERM=dumb) gets the lines.
+        let mode = if tty && !target.is_hidden() {
+            let multi = MultiProgress::with_draw_target(target);
+            set_drawn(Some(multi.clone()));
             Mode::Bars {
-                multi: MultiProgress::with_draw_target(target),
+                multi,
                 bars: BTreeMap::new(),
+                style: None,
             }
         } else {
             Mode::Lines {
@@ -266,11 +315,39 @@ impl Progress {
                 let _ = out.flush();
                 *last = now;
             }
-            Mode::Bars { multi, bars } => {
-                let style = ProgressStyle::with_template(TEMPLATE)
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .with_key("left", left)
-                    .progress_chars("#>-");
+            Mode::Bars { multi, bars, style } => {
+                let term = if crate::out::words_to_stderr() {
+                    console::Term::stderr()
+                } else {
+                    console::Term::stdout()
+                };
+                let (rows, cols) = term.size_checked().unwrap_or((24, 80));
+                // More groups than the terminal has rows for: lines, said once.
+                if now.len() + 2 > usize::from(rows) {
+                    multi.clear().ok();
+                    set_drawn(None);
+                    let _ = writeln!(
+                        words(),
+                        "{} {} groups do not fit a terminal of {rows} rows: progress as lines",
+                        stamp(),
+                        now.len()
+                    );
+                    self.mode = Mode::Lines {
+                        last: BTreeMap::new(),
+                    };
+                    return self.update(snap, hosts);
+                }
+                let style = style.get_or_insert_with(|| {
+                    let name = now
+                        .iter()
+                        .map(|(n, g)| g.title(n).chars().count())
+                        .max()
+                        .unwrap_or(8);
+                    ProgressStyle::with_template(&template(cols, name))
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .with_key("left", left)
+                        .progress_chars("#>-")
+                });
                 for (name, g) in &now {
                     let bar = bars.entry(name.clone()).or_insert_with(|| {
                         let b = multi.add(ProgressBar::new(g.counts.total() as u64));
@@ -298,6 +375,7 @@ impl Progress {
                 b.disable_steady_tick();
                 b.abandon();
             }
+            set_drawn(None);
             self.mode = Mode::Done;
         }
     }

@@ -615,7 +615,8 @@ impl<'a> Driver<'a> {
         role_pattern: &'a RolePattern,
         o: DriverOpts,
     ) -> Driver<'a> {
-        let tty = std::io::stdout().is_terminal() && !o.json && !o.daemon;
+        // `-v` prints every pass's plan: lines, not bars, around it.
+        let tty = std::io::stdout().is_terminal() && !o.json && !o.daemon && !o.verbose;
         Driver {
             store,
             schema,

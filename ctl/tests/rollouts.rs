@@ -562,19 +562,20 @@ async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
     );
 }
 
-/// Runs `jioctl args` on a terminal of 80 columns and 24 rows (a real pseudo
-/// terminal): its exit code, and every screen it drew, as a terminal shows them.
-async fn on_a_terminal(url: &str, args: &[&str]) -> (Option<i32>, Vec<String>) {
+/// Runs `jioctl args` on a terminal (a real pseudo terminal) of `cols` columns
+/// and 24 rows, of type `term`: its exit code, and every screen it drew, as a
+/// terminal shows them.
+async fn on_a_terminal(url: &str, args: &[&str], cols: u16, term: &str) -> (Option<i32>, Vec<String>) {
     use std::io::Read as _;
     let size = nix::pty::Winsize {
         ws_row: 24,
-        ws_col: 80,
+        ws_col: cols,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
     let pty = nix::pty::openpty(Some(&size), None).unwrap();
     let mut child = common::jioctl(url, args)
-        .env("TERM", "xterm")
+        .env("TERM", term)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
         .stderr(std::process::Stdio::from(pty.slave))
@@ -583,7 +584,7 @@ async fn on_a_terminal(url: &str, args: &[&str]) -> (Option<i32>, Vec<String>) {
     let mut master = std::fs::File::from(pty.master);
     let screens = tokio::task::spawn_blocking(move || {
         let size = |n| std::num::NonZeroU16::new(n).unwrap();
-        let mut parser = vt100::Parser::new(size(24), size(80), 0);
+        let mut parser = vt100::Parser::new(size(24), size(cols), 0);
         let mut screens = Vec::new();
         let mut buf = [0u8; 4096];
         // EIO once the last process holding the terminal has gone.
@@ -593,7 +594,7 @@ async fn on_a_terminal(url: &str, args: &[&str]) -> (Option<i32>, Vec<String>) {
             }
             parser.process(&buf[..n]);
             // Row by row as the terminal shows them (a full row is not joined to the next).
-            screens.push(parser.screen().rows(0, 80).collect::<Vec<_>>().join("\n"));
+            screens.push(parser.screen().rows(0, cols).collect::<Vec<_>>().join("\n"));
         }
         screens
     });
@@ -615,7 +616,7 @@ async fn progress_fits_the_terminal_with_a_bar_per_group() {
     let f = Fleet::start(&url, &names, 1.5).await;
     let rules =
         r#"{"rolling_rules":{"roles":{"compute":2,"controller":1}},"role_order":{"compute":"controller"}}"#;
-    let (code, screens) = on_a_terminal(&url, &["upgrade", "v2", "--instructions", rules]).await;
+    let (code, screens) = on_a_terminal(&url, &["upgrade", "v2", "--instructions", rules], 80, "xterm").await;
     let last = screens.last().cloned().unwrap_or_default();
     assert_eq!(code, Some(0), "{last}");
     assert!(f.all_at("v2"), "{last}");
@@ -654,8 +655,38 @@ async fn progress_fits_the_terminal_with_a_bar_per_group() {
     // The notes carry the time.
     assert!(last.lines().any(|l| l.contains(" UTC ")), "{last}");
 
+    // 50 columns: a shorter bar that still fits a row and names the hosts.
+    let (code, screens) = on_a_terminal(&url, &["upgrade", "v3", "--instructions", rules], 50, "xterm").await;
+    let last = screens.last().cloned().unwrap_or_default();
+    assert_eq!(code, Some(0), "{last}");
+    for s in &screens {
+        let bars: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains("/4 ") && l.contains(" upgrading"))
+            .collect();
+        assert!(bars.len() <= 1, "one bar row for the computes:\n{s}");
+        // A bar that wrapped would leave its tail (the time left) on the next row.
+        assert!(
+            !s.lines().any(|l| l.starts_with("s ") || l.starts_with("ta ")),
+            "a wrapped bar:\n{s}"
+        );
+    }
+    assert!(
+        screens
+            .iter()
+            .any(|s| s.lines().any(|l| l.contains("/4 ") && l.contains("(compute"))),
+        "the computes in flight are named on 50 columns: {last}"
+    );
+    // A terminal that cannot draw (TERM=dumb): the stamped lines, notes included.
+    let (code, screens) = on_a_terminal(&url, &["upgrade", "v4", "--instructions", rules], 80, "dumb").await;
+    let last = screens.last().cloned().unwrap_or_default();
+    assert_eq!(code, Some(0), "{last}");
+    let all = screens.join("\n");
+    assert!(all.contains(" UTC waiting for: "), "{last}");
+    assert!(all.contains(" UTC compute: 4/4 upgraded"), "{last}");
+
     // Not on a terminal: a stamped line per group whose counts changed.
-    let out = run(&url, &["upgrade", "v3", "--instructions", rules]).await;
+    let out = run(&url, &["upgrade", "v5", "--instructions", rules]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stamped =

@@ -868,6 +868,7 @@ async fn watch_task(
         };
         if backoff.succeed() {
             tracing::info!(prefix = %prefix, "consul watch reconnected");
+            super::count_watch_reconnect();
         }
         let new_state: BTreeMap<Key, KeyValue> = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
         if new_index < index {

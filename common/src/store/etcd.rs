@@ -535,7 +535,9 @@ impl CallError {
 }
 
 /// The first line of a plain HTTP/1 server's answer to `GET /version` (`HTTP/1.0
-/// 404 File not found`), if one answers within 2 s; what follows it is not read.
+/// 404 File not found`), if one answers within 2 s and it is not etcd's own answer
+/// (etcd serves `/version` over HTTP/1 too, naming `etcdserver`). The rest of the
+/// answer is read only to tell, never shown.
 async fn http1_status_line(addr: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let probe = async {
@@ -543,11 +545,17 @@ async fn http1_status_line(addr: &str) -> Option<String> {
         s.write_all(format!("GET /version HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
             .await
             .ok()?;
-        let mut buf = [0u8; 128];
-        let n = s.read(&mut buf).await.ok()?;
-        let head = String::from_utf8_lossy(&buf[..n]);
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while answer.len() < 4096 {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+        let head = String::from_utf8_lossy(&answer);
         let line = head.lines().next()?.trim();
-        line.starts_with("HTTP/")
+        (line.starts_with("HTTP/") && !head.contains("etcdserver"))
             .then(|| line.chars().take(80).collect::<String>())
     };
     tokio::time::timeout(Duration::from_secs(2), probe)
@@ -657,8 +665,12 @@ impl Store for EtcdStore {
             Ok(r) => Ok(revision(r.header(), |h| h.revision())),
             // An HTTP/1 answer read as HTTP/2 frames: not etcd at all. Said as such,
             // with the server's status line (never its body).
+            // (or, as often, the connection broken while the client wrote to a
+            // server that had answered and closed)
             Err(StoreError::Unavailable { url, op, reason })
-                if reason.contains("frame with invalid size") =>
+                if reason.contains("frame with invalid size")
+                    || reason.contains("broken pipe")
+                    || reason.contains("connection reset") =>
             {
                 let mut answers = Vec::new();
                 for e in self.inner.endpoints.urls() {
@@ -668,7 +680,10 @@ impl Store for EtcdStore {
                         answers.push(format!("{addr} answered {line:?}"));
                     }
                 }
-                let reason = if answers.is_empty() {
+                let reason = if answers.is_empty() && !reason.contains("frame with invalid size") {
+                    // A broken connection, and no other server answers: as it was.
+                    reason
+                } else if answers.is_empty() {
                     format!("not etcd's gRPC API (the server does not speak HTTP/2): {reason}")
                 } else {
                     format!(
@@ -1082,6 +1097,7 @@ async fn watch_once(
             backoff.succeed();
             if *broken {
                 tracing::info!(prefix = %prefix, "watch reconnected");
+                super::count_watch_reconnect();
                 *broken = false;
             }
         }

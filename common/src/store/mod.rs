@@ -21,6 +21,19 @@ use futures_util::Stream;
 
 use crate::keys::Key;
 
+/// Watches re-established after their connection was lost, by every store of this
+/// process (etcd's and Consul's reconnect by themselves): for the agent's metrics.
+static WATCH_RECONNECTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many watches this process's stores re-established so far.
+pub fn watch_reconnects() -> u64 {
+    WATCH_RECONNECTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn count_watch_reconnect() {
+    WATCH_RECONNECTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 pub use self::consul::{CONSUL_MAX_TXN_OPS, CONSUL_MIN_TTL, ConsulStore};
 pub use self::counting::CountingStore;
 pub use self::etcd::{EtcdOptions, EtcdStore};

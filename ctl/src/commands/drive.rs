@@ -15,18 +15,8 @@ pub struct Drive {
     lease: Duration,
     /// Serve Prometheus metrics of the fleet and the rollout on GET /metrics at
     /// ADDR (IP:PORT; a bare port is on the loopback)
-    #[arg(long, value_name = "ADDR", value_parser = listen_addr)]
+    #[arg(long, value_name = "ADDR", value_parser = jio_common::exposition::parse_listen)]
     metrics_listen: Option<std::net::SocketAddr>,
-}
-
-/// `--metrics-listen`: `IP:PORT`, or a bare port (`9465`, `:9465`) on the loopback.
-fn listen_addr(v: &str) -> Result<std::net::SocketAddr, String> {
-    let port = v.strip_prefix(':').unwrap_or(v);
-    if let Ok(p) = port.parse::<u16>() {
-        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], p)));
-    }
-    v.parse()
-        .map_err(|_| "not an address to listen on: give IP:PORT (127.0.0.1:9465, [::1]:9465) or a port for the loopback".to_string())
 }
 
 impl Drive {
@@ -49,8 +39,8 @@ impl Drive {
                 scrape,
                 stop,
                 "--metrics-listen",
+                |at| eprintln!("jioctl drive: metrics of the fleet and the rollout on http://{at}/metrics"),
             ));
-            eprintln!("jioctl drive: metrics of the fleet and the rollout on http://{addr}/metrics");
         }
         crate::upgrade::drive(
             &store,

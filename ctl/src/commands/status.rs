@@ -17,6 +17,18 @@ use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
 use crate::status::{only_role, to_json, to_text};
 
+/// A host `status` exits 1 for: failed, lost, or without a live agent while it
+/// is not upgraded (upgrading, pending or blocked: nothing moves it until its
+/// agent is back).
+fn troubled(snap: &Snapshot, h: &fleet::HostStatus) -> bool {
+    use fleet::HostState::*;
+    match h.state {
+        Failed | Lost => true,
+        Upgrading | Pending | Blocked => !snap.agents.contains_key(&h.host),
+        Upgraded | Unknown => false,
+    }
+}
+
 /// How long `--watch` waits without any change before it checks that the store
 /// is still there.
 const QUIET: std::time::Duration = std::time::Duration::from_secs(5);
@@ -153,9 +165,7 @@ impl Status {
     /// Draws the fleet; `true` when a host shown has failed or is lost.
     fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str) -> Result<bool, Failure> {
         let hosts = only_role(fleet::classify(snap), self.role.as_ref());
-        let troubled = hosts
-            .iter()
-            .any(|h| matches!(h.state, fleet::HostState::Failed | fleet::HostState::Lost));
+        let troubled = hosts.iter().any(|h| troubled(snap, h));
         if ctx.json {
             let v = to_json(snap, &hosts, jio_common::time::unix_now());
             if self.watch {

@@ -38,7 +38,8 @@ pub async fn run(url: &str, args: &[&str]) -> Output {
 }
 
 /// What `jioctl status` exits with, as documented: 1 when the fleet it shows (its
-/// JSON document) has a failed or lost host, 0 otherwise.
+/// JSON document) has a failed or lost host, or one without a live agent that is
+/// not upgraded; 0 otherwise.
 pub fn status_code(v: &serde_json::Value) -> i32 {
     let any = |state: &str| {
         v[state].as_object().is_some_and(|roles| {
@@ -47,5 +48,10 @@ pub fn status_code(v: &serde_json::Value) -> i32 {
                 .any(|hosts| hosts.as_array().is_some_and(|h| !h.is_empty()))
         })
     };
-    i32::from(any("failed") || any("lost"))
+    let agentless = v["hosts"].as_object().is_some_and(|hosts| {
+        hosts.values().any(|h| {
+            matches!(h["state"].as_str(), Some("upgrading" | "pending" | "blocked")) && h["agent"].is_null()
+        })
+    });
+    i32::from(any("failed") || any("lost") || agentless)
 }
