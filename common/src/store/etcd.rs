@@ -564,6 +564,54 @@ async fn http1_status_line(addr: &str) -> Option<String> {
         .flatten()
 }
 
+/// Why the TLS server at `addr` refuses this client, when it does so for want of
+/// a client certificate (none is configured): a handshake, then a read without
+/// writing anything, so the server's alert comes before it closes. A request
+/// written meanwhile can lose that alert to a reset, which then reads as a plain
+/// closed connection. `None` when the server does not refuse it (or cannot be
+/// asked: no `ca_file` to check it with, a client certificate given).
+async fn tls_refusal(addr: &str, tls: &TlsSettings) -> Option<String> {
+    use rustls_pki_types::pem::PemObject as _;
+    use tokio::io::AsyncReadExt as _;
+    use tokio_rustls::rustls;
+    if tls.cert_file.is_some() {
+        return None;
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(tls.ca_file.as_ref()?).ok()? {
+        roots.add(cert.ok()?).ok()?;
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+            .with_safe_default_protocol_versions()
+            .ok()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_matches(['[', ']']);
+    let name =
+        rustls_pki_types::ServerName::try_from(tls.server_name.clone().unwrap_or_else(|| host.to_string()))
+            .ok()?;
+    let probe = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut s = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .ok()?;
+        let mut b = [0u8; 1];
+        match s.read(&mut b).await {
+            Err(e) => tls_failure(&error_chain(&e), Some(tls)),
+            Ok(_) => None,
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), probe)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Whether an error's chain says the connection was never made.
 fn never_connected(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
@@ -691,6 +739,20 @@ impl Store for EtcdStore {
                         answers.join(", ")
                     )
                 };
+                Err(StoreError::Unavailable { url, op, reason })
+            }
+            // A TLS server without a word: one that wants a client certificate
+            // closes on a client without one, and the alert saying so can be lost.
+            Err(StoreError::Unavailable { url, op, reason }) if self.inner.tls.is_some() => {
+                if let Some(tls) = &self.inner.tls {
+                    for e in self.inner.endpoints.urls() {
+                        if let Some(addr) = e.strip_prefix("https://")
+                            && let Some(message) = tls_refusal(addr, tls).await
+                        {
+                            return Err(StoreError::Denied { url, op, message });
+                        }
+                    }
+                }
                 Err(StoreError::Unavailable { url, op, reason })
             }
             Err(e) => Err(e),
