@@ -13,35 +13,12 @@ use std::time::Duration;
 use jio_common::keys::{EnableLevel, Schema};
 use jio_common::names::HostName;
 use jio_tests::inspect::{open, wait_for};
-use jio_tests::prometheus::{check, value};
+use jio_tests::prometheus::{check, scrape, until, value};
 use jio_tests::{Etcd, Host, Puppet, free_port};
 use tokio::process::Command;
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_jio-agent"))
-}
-
-async fn scrape(url: &str) -> String {
-    match reqwest::get(url).await {
-        Ok(r) if r.status() == 200 => r.text().await.unwrap_or_default(),
-        _ => String::new(),
-    }
-}
-
-/// Waits until the scrape at `url` has `series` at `want`, and returns it.
-async fn until(url: &str, series: &str, want: f64) -> String {
-    let mut last = String::new();
-    let found = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            last = scrape(url).await;
-            if value(&last, series) == Some(want) {
-                return last.clone();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    found.unwrap_or_else(|_| panic!("timed out waiting for {series} = {want}; the last scrape:\n{last}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -437,32 +437,15 @@ async fn bad_values_never_end_the_driver_service_nor_blind_status() {
 /// through a rollout that fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
-    use jio_tests::prometheus::{check, value};
+    use jio_tests::prometheus::{check, until, value};
     let etcd = Etcd::start().await;
     let url = etcd.url();
     let f = Fleet::start(&url, &["compute1", "compute2", "compute3", "controller1"], 1.0).await;
     let port = jio_tests::free_port();
     let metrics = format!("http://127.0.0.1:{port}/metrics");
     let service = spawn(&url, &["drive", "--metrics-listen", &port.to_string()]);
-    let scrape = || async {
-        match reqwest::get(&metrics).await {
-            Ok(r) if r.status() == 200 => r.text().await.unwrap_or_default(),
-            _ => String::new(),
-        }
-    };
-    let until = |series: &'static str, want: f64| async move {
-        let mut last = String::new();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(60) {
-            last = scrape().await;
-            if value(&last, series) == Some(want) {
-                return last;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!("timed out waiting for {series} = {want}; the last scrape:\n{last}");
-    };
     let scraped = until(
+        &metrics,
         "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"upgraded\"}",
         3.0,
     )
@@ -495,6 +478,7 @@ async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
     let out = run(&url, &["upgrade", "v2", "--instructions", COMPUTE_1, "--detach"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let scraped = until(
+        &metrics,
         "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"upgrading\"}",
         1.0,
     )
@@ -522,7 +506,7 @@ async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
         Some(1.0),
         "{scraped}"
     );
-    let scraped = until("jio_rollout_state{state=\"failed\"}", 1.0).await;
+    let scraped = until(&metrics, "jio_rollout_state{state=\"failed\"}", 1.0).await;
     check(&scraped).unwrap();
     assert_eq!(
         value(

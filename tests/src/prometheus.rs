@@ -1,6 +1,7 @@
 //! Prometheus's own checker for what we export: `promtool check metrics` (Debian's
 //! `prometheus` package) parses the text format and applies Prometheus's naming
-//! rules; and a lookup of one sample's value in a scrape, for the assertions.
+//! rules; a scrape over HTTP, a wait for one sample's value, and a lookup of one
+//! sample's value in a scrape, for the assertions.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -41,4 +42,29 @@ pub fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The text `GET url` answers with 200 (empty for any other answer, or none).
+pub async fn scrape(url: &str) -> String {
+    match reqwest::get(url).await {
+        Ok(r) if r.status() == 200 => r.text().await.unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// Scrapes `url` until `series` has the value `want` (within a minute), and returns
+/// that scrape; fails the test with the last scrape otherwise.
+pub async fn until(url: &str, series: &str, want: f64) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let last = scrape(url).await;
+        if value(&last, series) == Some(want) {
+            return last;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "timed out waiting for {series} = {want}; the last scrape:\n{last}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
