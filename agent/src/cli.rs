@@ -600,6 +600,18 @@ fn shutdown_or_reload_signal(reload: Option<(Overrides, String)>) -> Signals {
     }
 }
 
+/// Whether a reload still stands a moment before the process replaces itself. A
+/// SIGTERM that came with the reload is taken by this process's handler; the
+/// signal task must see it before the exec, or the new process would never know
+/// it was asked to stop. The pause lets it (a stop wins over a reload).
+async fn restart_wins(restarting: &impl Fn() -> bool) -> bool {
+    if !restarting() {
+        return false;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    restarting()
+}
+
 /// What a configuration amounts to, to tell a changed one from the same (never
 /// shown: it may hold secrets' settings).
 fn fingerprint(cfg: &Config) -> String {
@@ -892,9 +904,9 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.fail()) => {}
-                    _ = shutdown.changed() => return if restarting() { Err(()) } else { Ok(exit::OK) },
+                    _ = shutdown.changed() => return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) },
                     // Nothing runs while the store is waited for: a reload applies now.
-                    _ = reload.changed() => if restarting() { return Err(()) },
+                    _ = reload.changed() => if restarting() { return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) } },
                 }
             }
             // TLS, authentication or permission: fixed on the store's side (a
@@ -909,9 +921,9 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.fail()) => {}
-                    _ = shutdown.changed() => return if restarting() { Err(()) } else { Ok(exit::OK) },
+                    _ = shutdown.changed() => return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) },
                     // Nothing runs while the store is waited for: a reload applies now.
-                    _ = reload.changed() => if restarting() { return Err(()) },
+                    _ = reload.changed() => if restarting() { return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) } },
                 }
             }
             Err(e) => return Ok(fail(e, exit::USAGE)),
@@ -989,7 +1001,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         let _ = m.await;
     }
     match res {
-        Ok(()) if restarting() => Err(()),
+        Ok(()) if restart_wins(&restarting).await => Err(()),
         Ok(()) => {
             tracing::info!("stopped");
             Ok(exit::OK)
