@@ -444,6 +444,7 @@ impl Agent {
             version: version.clone(),
             since: self.clock.unix_now(),
             pid: std::process::id(),
+            clock: None,
         };
         let marker_key = self.cfg.schema.run(&self.cfg.hostname);
         let marker = Op::put(
@@ -1076,15 +1077,6 @@ fn log_decision(d: &Decision, obs: &Observation) {
                 key = %hold.key,
                 "held by {} whose record cannot be read ({why}); it holds all the same: not starting the upgrade to {version}",
                 hold.key
-            ),
-        },
-        Decision::OutsideWindow { version, opens_at } => match opens_at {
-            Some(t) => tracing::info!(
-                "outside the maintenance window: the upgrade to {version} starts when it opens at {}",
-                jio_common::plan::when(*t)
-            ),
-            None => tracing::info!(
-                "outside the maintenance window: the upgrade to {version} waits; no window opens within a week"
             ),
         },
         Decision::RolloutUnusable { version, reason } => tracing::warn!(

@@ -457,15 +457,6 @@ fn decision_text(d: &Decision) -> String {
                 hold.key
             ),
         },
-        Decision::OutsideWindow { version, opens_at } => match opens_at {
-            Some(t) => format!(
-                "outside the maintenance window: the upgrade to {version} starts when it opens at {}",
-                jio_common::plan::when(*t)
-            ),
-            None => format!(
-                "outside the maintenance window: the upgrade to {version} waits (no window opens within a week)"
-            ),
-        },
         Decision::RolloutUnusable { version, reason } => {
             format!("the upgrade to {version} waits: the active rollout's record cannot be used: {reason}")
         }

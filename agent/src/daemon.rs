@@ -114,10 +114,6 @@ fn after_pass(
             let wait = resync.min(soak);
             Next::Wait(health.left().map_or(wait, |left| wait.min(left)))
         }
-        // A closed window wakes the agent when it opens (never later than a resync).
-        PassResult::Idle(Decision::OutsideWindow {
-            opens_at: Some(at), ..
-        }) => Next::Wait(resync.min(Duration::from_secs(at.saturating_sub(now_unix).max(1)))),
         PassResult::Idle(_) => Next::Wait(resync),
     }
 }
@@ -305,29 +301,15 @@ mod tests {
         let off = &mut HealthTimer::new(Duration::ZERO);
         assert_eq!(after_pass(&up, false, off, resync, 0), Next::Wait(resync));
         assert!(!off.due());
-        // A closed window wakes it when it opens, the soak when its check is due;
-        // never later than a resync, never sooner than a second.
-        let window = |opens_at| {
-            PassResult::Idle(Decision::OutsideWindow {
-                version: v.clone(),
-                opens_at,
-            })
-        };
+        // The soak wakes it when its check is due; never later than a resync, never
+        // sooner than a second.
         let soaking = |check_at| {
             PassResult::Idle(Decision::Soaking {
                 version: v.clone(),
                 check_at,
             })
         };
-        for (result, want) in [
-            (window(Some(130)), 30),
-            (window(Some(100)), 1),
-            (window(Some(100_000)), 600),
-            (window(None), 600),
-            (soaking(102), 2),
-            (soaking(90), 1),
-            (soaking(100_000), 600),
-        ] {
+        for (result, want) in [(soaking(102), 2), (soaking(90), 1), (soaking(100_000), 600)] {
             assert_eq!(
                 after_pass(&result, false, off, resync, 100),
                 Next::Wait(Duration::from_secs(want)),

@@ -4,10 +4,14 @@
 //! pass is chosen by `decide`, and the tables in the tests below are the spec.
 //!
 //! Admission: an upgrade the gate allows still waits while a hold names the host or
-//! its role (whatever the hold's value), while the active rollout's record cannot be
-//! used, and outside the rollout's maintenance windows. A first converge ignores the
-//! windows and the rollout, as it ignores the gate (the host serves nothing yet), but
-//! not a hold. A run already going always finishes: these rules only gate starts.
+//! its role (whatever the hold's value), and while the active rollout's record cannot
+//! be used. A first converge ignores the rollout, as it ignores the gate (the host
+//! serves nothing yet), but not a hold. A run already going always finishes: these
+//! rules only gate starts. Maintenance windows are not decided here: the agent's
+//! clock may be wrong, so the driver decides them by its own clock, admits a host
+//! only inside its window and disarms, fenced, every admitted host that has not
+//! started when the window closes (an agent starts only in a transaction fenced on
+//! the enable keys it read).
 //!
 //! The soak: after a successful upgrade under a rollout with `min_healthy_time` M,
 //! the host holds its slot until a health check passes after the run, so one runs
@@ -20,7 +24,6 @@ use jio_common::gate::{Gate, Level};
 use jio_common::names::Version;
 use jio_common::store::Revision;
 use jio_common::values::{AgentState, HoldRecord, HostResult};
-use jio_common::window::WindowState;
 
 use crate::runner::Outcome;
 pub use crate::state::Failure;
@@ -118,9 +121,6 @@ pub struct Hold {
 /// The facts of the active rollout's rules this host needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RolloutFacts {
-    /// The rollout's windows for this host's role, at `now` (`Always`: no rollout or
-    /// no window).
-    pub window: WindowState,
     /// `min_healthy_time`: how long an upgraded host soaks.
     pub min_healthy_time: Option<Duration>,
     /// The active rollout's id: a result whose `rollout` is another id is not its
@@ -134,7 +134,6 @@ pub struct RolloutFacts {
 impl Default for RolloutFacts {
     fn default() -> RolloutFacts {
         RolloutFacts {
-            window: WindowState::Always,
             min_healthy_time: None,
             id: None,
             unusable: None,
@@ -247,12 +246,6 @@ pub enum Decision {
         version: Version,
         hold: Hold,
     },
-    /// An upgrade would start, but the rollout's maintenance windows are closed; it
-    /// starts when they open at `opens_at` (Unix time; `None`: not within a week).
-    OutsideWindow {
-        version: Version,
-        opens_at: Option<u64>,
-    },
     /// An upgrade would start, but the active rollout's record cannot be used (the
     /// reason names the key): its windows are unknown, so nothing starts.
     RolloutUnusable {
@@ -317,7 +310,6 @@ impl Decision {
             Decision::Repair { .. } => "repair",
             Decision::HealthHeld { .. } => "health_held",
             Decision::Held { .. } => "held",
-            Decision::OutsideWindow { .. } => "outside_window",
             Decision::RolloutUnusable { .. } => "rollout_unusable",
             Decision::Soaking { .. } => "soaking",
             Decision::SoakCheck { .. } => "soak_check",
@@ -378,19 +370,13 @@ pub fn decide(o: &Observation) -> Decision {
             hold: hold.clone(),
         };
     }
-    if why != Why::FirstConverge {
-        if let Some(reason) = &o.rollout.unusable {
-            return Decision::RolloutUnusable {
-                version: desired,
-                reason: reason.clone(),
-            };
-        }
-        if let WindowState::Closed { opens_at } = o.rollout.window {
-            return Decision::OutsideWindow {
-                version: desired,
-                opens_at,
-            };
-        }
+    if why != Why::FirstConverge
+        && let Some(reason) = &o.rollout.unusable
+    {
+        return Decision::RolloutUnusable {
+            version: desired,
+            reason: reason.clone(),
+        };
     }
     if let Some(f) = &o.failure
         && f.version == desired
@@ -496,7 +482,7 @@ fn failed_here(o: &Observation, desired: &Version, phase: &str) -> Option<Decisi
 }
 
 /// An upgrade (or a step) that would start: the gate, a hold, the rollout's
-/// record and windows, and a failure's backoff may still keep it.
+/// record and a failure's backoff may still keep it.
 fn upgrade(o: &Observation, desired: Version, why: Why) -> Decision {
     if let Some(reason) = &o.gate.blocked {
         return Decision::Blocked {
@@ -519,12 +505,6 @@ fn upgrade(o: &Observation, desired: Version, why: Why) -> Decision {
         return Decision::RolloutUnusable {
             version: desired,
             reason: reason.clone(),
-        };
-    }
-    if let WindowState::Closed { opens_at } = o.rollout.window {
-        return Decision::OutsideWindow {
-            version: desired,
-            opens_at,
         };
     }
     if let Some(f) = &o.failure
@@ -1140,94 +1120,54 @@ mod tests {
                 by: by.into(),
                 reason: Some("disk".into()),
                 at: 1,
+                created_keys: Vec::new(),
             }),
         }
     }
 
     #[test]
-    fn admission_holds_windows_and_the_rollout() {
+    fn admission_holds_and_the_rollout() {
         use Decision::*;
         let host_hold = hold("/holds/host/compute1", "sre");
         let unreadable = Hold {
             key: "/holds/role/compute".into(),
             record: Err("value \"x\" of key /holds/role/compute is invalid".into()),
         };
-        let closed = WindowState::Closed {
-            opens_at: Some(12_000),
-        };
-        let open = WindowState::Open { closes_at: 11_000 };
         let bad = Some("key /rollouts/r: missing (named by /rollouts/current)".to_string());
         let up = |why| Upgrade {
             version: v("v2"),
             why,
         };
         let enabled = Why::Enabled(Level::Host);
-        // local, enabled, hold, window, rollout unusable => decision
+        let held = |h: &Hold| Held {
+            version: v("v2"),
+            hold: h.clone(),
+        };
+        // local, enabled, hold, rollout unusable => decision. No window: the agent's
+        // clock decides none (the driver disarms a host when its window closes).
         let table = [
-            (Some("v1"), true, None, WindowState::Always, None, up(enabled)),
-            (Some("v1"), true, None, open, None, up(enabled)),
-            (
-                Some("v1"),
-                true,
-                Some(host_hold.clone()),
-                WindowState::Always,
-                None,
-                Held {
-                    version: v("v2"),
-                    hold: host_hold.clone(),
-                },
-            ),
+            (Some("v1"), true, None, None, up(enabled)),
+            (Some("v1"), true, Some(host_hold.clone()), None, held(&host_hold)),
             // An unreadable hold holds all the same.
             (
                 Some("v1"),
                 true,
                 Some(unreadable.clone()),
-                open,
                 None,
-                Held {
-                    version: v("v2"),
-                    hold: unreadable.clone(),
-                },
+                held(&unreadable),
             ),
-            // A hold comes before the window and the rollout.
+            // A hold comes before the rollout.
             (
                 Some("v1"),
                 true,
                 Some(host_hold.clone()),
-                closed,
                 bad.clone(),
-                Held {
-                    version: v("v2"),
-                    hold: host_hold.clone(),
-                },
+                held(&host_hold),
             ),
             (
                 Some("v1"),
                 true,
                 None,
-                closed,
-                None,
-                OutsideWindow {
-                    version: v("v2"),
-                    opens_at: Some(12_000),
-                },
-            ),
-            (
-                Some("v1"),
-                true,
-                None,
-                WindowState::Closed { opens_at: None },
-                None,
-                OutsideWindow {
-                    version: v("v2"),
-                    opens_at: None,
-                },
-            ),
-            (
-                Some("v1"),
-                true,
-                None,
-                WindowState::Always,
                 bad.clone(),
                 RolloutUnusable {
                     version: v("v2"),
@@ -1239,60 +1179,36 @@ mod tests {
                 Some("v1"),
                 false,
                 Some(host_hold.clone()),
-                closed,
                 None,
                 Disabled {
                     version: v("v2"),
                     level: Level::Host,
                 },
             ),
-            // A first converge ignores the windows and the rollout, not a hold.
-            (None, false, None, closed, bad.clone(), up(Why::FirstConverge)),
-            (
-                None,
-                false,
-                Some(host_hold.clone()),
-                WindowState::Always,
-                None,
-                Held {
-                    version: v("v2"),
-                    hold: host_hold.clone(),
-                },
-            ),
+            // A first converge ignores the rollout, not a hold.
+            (None, false, None, bad.clone(), up(Why::FirstConverge)),
+            (None, false, Some(host_hold.clone()), None, held(&host_hold)),
             // Up to date: nothing to admit, whatever holds.
-            (
-                Some("v2"),
-                true,
-                Some(host_hold.clone()),
-                closed,
-                bad.clone(),
-                UpToDate,
-            ),
+            (Some("v2"), true, Some(host_hold.clone()), bad.clone(), UpToDate),
         ];
-        for (local, enabled, h, window, unusable, want) in table {
+        for (local, enabled, h, unusable, want) in table {
             let mut o = obs(Some("v2"), local, enabled, Level::Host);
             o.hold = h.clone();
-            o.rollout.window = window;
             o.rollout.unusable = unusable.clone();
-            assert_eq!(
-                decide(&o),
-                want,
-                "{local:?} enabled={enabled} {h:?} {window:?} {unusable:?}"
-            );
+            assert_eq!(decide(&o), want, "{local:?} enabled={enabled} {h:?} {unusable:?}");
             assert_ne!(
                 idle_state(&decide(&o), &o),
                 AgentState::Failed,
                 "waiting is not failing"
             );
         }
-        // Held and outside the window, a failed attempt still shows failed.
+        // Held, a failed attempt still shows failed.
         let mut o = obs(Some("v2"), Some("v1"), true, Level::Host);
         o.hold = Some(host_hold);
         o.failure = Some(failure("v2", 10_000, 1));
         assert_eq!(idle_state(&decide(&o), &o), AgentState::Failed);
-        // Once nothing holds and the window is open, the backoff still applies.
+        // Once nothing holds, the backoff still applies.
         let mut o = obs(Some("v2"), Some("v1"), true, Level::Host);
-        o.rollout.window = open;
         o.failure = Some(failure("v2", 10_000, 1));
         assert!(matches!(decide(&o), Backoff { until: 10_600, .. }));
     }

@@ -5,7 +5,9 @@
 //! One task owns the lease: it renews every TTL/2 (a failed renewal is retried every
 //! second), grants a new lease when the old
 //! one ended (the store was unreachable for longer than the TTL), and rewrites the
-//! record whenever it changes. It logs on change, not on every renewal. A run starts
+//! record whenever it changes, and at least every `CLOCK_REFRESH` with the agent's
+//! clock in it (so readers can tell a skewed clock). It logs on change, not on
+//! every renewal. A run starts
 //! with `commit`, which writes the record in a transaction fenced on what the agent
 //! decided on, and ends with the run's last report, in one transaction with it; the
 //! task and `commit` take turns on one lock, so a stale rewrite can
@@ -17,8 +19,8 @@ use std::time::Duration;
 use jio_common::keys::Key;
 use jio_common::names::Version;
 use jio_common::store::{Compare, DynStore, ErrorKind, LeaseId, Op, Revision, StoreError, Txn, TxnOutcome};
-use jio_common::time::unix_now;
-use jio_common::values::{AgentRecord, AgentState};
+use jio_common::time::{unix_now, unix_now_ms};
+use jio_common::values::{AgentRecord, AgentState, CLOCK_REFRESH};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -64,6 +66,7 @@ impl Liveness {
             version,
             since: unix_now(),
             pid: std::process::id(),
+            clock: None,
         });
         let (stop, stop_rx) = watch::channel(false);
         let lease: Lease = Arc::new(Mutex::new(None));
@@ -104,6 +107,7 @@ impl Liveness {
                 version,
                 since: unix_now(),
                 pid: r.pid,
+                clock: None,
             };
             true
         });
@@ -130,6 +134,7 @@ impl Liveness {
             version,
             since: unix_now(),
             pid: std::process::id(),
+            clock: Some(unix_now_ms()),
         };
         let mut ops = vec![Op::Put {
             key: self.key.clone(),
@@ -192,6 +197,7 @@ async fn keep(
     let period = ttl / 2;
     let retry = Duration::from_secs(1).min(period);
     let mut renew_at = Instant::now() + period;
+    let mut written_at = Instant::now();
     loop {
         let step: Result<(), StoreError> = async {
             let mut lease = shared.lock().await;
@@ -200,8 +206,10 @@ async fn keep(
                 renew_at = Instant::now() + period;
                 dirty = true;
             }
-            if dirty {
-                let value = serde_json::to_string(&*record.borrow_and_update()).unwrap_or_default();
+            if dirty || written_at.elapsed() >= CLOCK_REFRESH {
+                let mut rec = record.borrow_and_update().clone();
+                rec.clock = Some(unix_now_ms());
+                let value = serde_json::to_string(&rec).unwrap_or_default();
                 if let Err(e) = store.put(&key, &value, lease.as_ref()).await {
                     if e.kind() == ErrorKind::NotFound {
                         *lease = None;
@@ -209,6 +217,7 @@ async fn keep(
                     return Err(e);
                 }
                 dirty = false;
+                written_at = Instant::now();
             }
             Ok(())
         }
@@ -232,11 +241,15 @@ async fn keep(
                 }
             }
         }
-        let wake = if failing { Instant::now() + retry } else { renew_at };
+        let wake = if failing {
+            Instant::now() + retry
+        } else {
+            renew_at.min(written_at + CLOCK_REFRESH)
+        };
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => {
                 let current = shared.lock().await.clone();
-                if let Some(l) = current && !failing {
+                if let Some(l) = current && !failing && Instant::now() >= renew_at {
                     match store.keep_alive(&l).await {
                         Ok(_) => renew_at = Instant::now() + period,
                         Err(e) if e.kind() == ErrorKind::NotFound => {

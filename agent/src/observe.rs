@@ -17,7 +17,6 @@ use jio_common::names::{HostName, Role};
 use jio_common::rules::Rules;
 use jio_common::store::{Compare, DynStore, KeyValue, Op, Revision, StoreError, WatchEvent};
 use jio_common::values::{HostResult, parse_json, parse_version};
-use jio_common::window;
 
 use crate::decide::{CommandFacts, ComposeFacts, Health, Hold, Observation, RolloutFacts};
 use crate::error::AgentError;
@@ -102,7 +101,7 @@ impl Subject<'_> {
 
     /// The compares that fence the start of an upgrade on what `obs` read: the
     /// desired version, the enable keys, both hold keys (still absent: a hold
-    /// written after the observation wins) and `/rollouts/current` (its windows).
+    /// written after the observation wins) and `/rollouts/current` (its soak and id).
     pub fn start_fence(&self, obs: &Observation) -> Vec<Compare> {
         let mut c = self.decided_fence(obs);
         c.extend(
@@ -353,7 +352,7 @@ pub async fn observe(
             *mem.rollout_cache = None;
             RolloutFacts::default()
         }
-        Some(cur) => rollout_facts(store, who, cur, mem.now, mem.rollout_cache).await?,
+        Some(cur) => rollout_facts(store, who, cur, mem.rollout_cache).await?,
     };
     let compose = compose_facts(
         who,
@@ -550,18 +549,16 @@ fn compose_facts(
     f
 }
 
-/// What the rollout `/rollouts/current` (as read: `cur`) names says for this host at
-/// `now`: its windows for the host's role, `min_healthy_time` and start. A record
-/// that is missing or cannot be read is a fact (`unusable`, naming the key).
+/// What the rollout `/rollouts/current` (as read: `cur`) names says for this host:
+/// its `min_healthy_time` and id. A record that is missing or cannot be read is a
+/// fact (`unusable`, naming the key). Its windows are the driver's to decide.
 async fn rollout_facts(
     store: &DynStore,
     who: Subject<'_>,
     cur: &KeyValue,
-    now: u64,
     cache: &mut RolloutCache,
 ) -> Result<RolloutFacts, AgentError> {
     let facts = |id: &str, rules: &Rules| RolloutFacts {
-        window: window::state(&rules.windows_for(who.role), now),
         min_healthy_time: rules.min_healthy_time,
         id: Some(id.to_string()),
         unusable: None,

@@ -492,6 +492,7 @@ fn upgrade_args(version: &str, rules: &str) -> jioctl::upgrade::Args {
         quiet: true,
         timeout: None,
         stages: Vec::new(),
+        force: false,
     }
 }
 

@@ -1001,6 +1001,7 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
+                    clock: None,
                 }),
             );
         }
@@ -1164,6 +1165,7 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
+                clock: None,
             }),
         );
         f.inboxes.insert(
@@ -1312,6 +1314,7 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
+                    clock: None,
                 }),
             );
         }
@@ -1493,6 +1496,7 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
+                clock: None,
             }),
         );
         let mut runs = Runs::default();

@@ -277,9 +277,22 @@ impl Snapshot {
         Ok((kvs, revisions))
     }
 
-    /// Every known host: registered, or found at some version.
+    /// Every known host: registered, found at some version, or in flight whatever
+    /// the registry says (a run marker, or an agent that says it runs something or
+    /// whose record cannot be read): a host in flight always counts.
     pub fn hosts(&self) -> BTreeSet<HostName> {
-        self.roles.keys().chain(self.running.keys()).cloned().collect()
+        let running_agents = self
+            .agents
+            .iter()
+            .filter(|(_, r)| r.as_ref().is_none_or(|r| r.state.running()))
+            .map(|(h, _)| h);
+        self.roles
+            .keys()
+            .chain(self.running.keys())
+            .chain(self.runs.keys())
+            .chain(running_agents)
+            .cloned()
+            .collect()
     }
 
     /// A host's role: registered, else from its name by `role_pattern`, else `unknown`.
@@ -422,6 +435,15 @@ impl LiveSnapshot {
                 }
                 Err(e) => self.problem(&kv.key, e.to_string()),
             },
+            // Only another program writes a name no host can have (RFC 1123:
+            // letters, digits, '-' and '.'): reported, not shown as a host.
+            Some(Parsed::RunningVersion(_, h)) if !h.is_dns_name() => self.problem(
+                &kv.key,
+                format!(
+                    "key {}: {h:?} is not a valid host name (letters, digits, '-' and '.' only): ignored",
+                    kv.key
+                ),
+            ),
             Some(Parsed::RunningVersion(v, h)) => {
                 self.snap.running.entry(h).or_default().insert(v);
             }
@@ -922,7 +944,11 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
         .map(|h| {
             let role = s.role_of(&h);
             let running = s.agent_running(&h);
+            // A run that started and was not seen to end, with no live agent: lost
+            // in flight (it keeps its slot), whatever its keys say.
+            let lost_run = s.runs.contains_key(&h) && !s.agents.contains_key(&h);
             let (state, reason) = match &s.current {
+                _ if lost_run && !s.failures.contains_key(&h) => (HostState::Lost, running),
                 None => match running {
                     Some(r) => (HostState::Upgrading, Some(r)),
                     None => (HostState::Unknown, None),

@@ -160,9 +160,31 @@ name_type!(
     "service"
 );
 
+impl HostName {
+    /// The name could be a real host's (RFC 1123: ASCII letters, digits, '-' and
+    /// '.'). Names from the store that are not are reported, never shown as hosts.
+    pub fn is_dns_name(&self) -> bool {
+        self.0
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_rfc_1123_names_are_dns_names() {
+        for (name, ok) in [
+            ("compute1", true),
+            ("ocdb3-prod.lab", true),
+            ("Bad_Host", false),
+            ("é", false),
+        ] {
+            assert_eq!(HostName::new(name).unwrap().is_dns_name(), ok, "{name}");
+        }
+    }
 
     #[test]
     fn accepts_ordinary_names() {

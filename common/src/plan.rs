@@ -199,12 +199,13 @@ pub struct Plan {
     pub wake_at: Option<u64>,
     /// Every host that is not upgraded and settled, with why.
     pub reasons: BTreeMap<HostName, Reason>,
-    /// Held hosts still enabled (by a role or global key) and not running: their
-    /// host keys are set to false, so that a release does not start them outside
-    /// the plan.
+    /// Held hosts still enabled (by a role or global key) and not running, and
+    /// enabled hosts not started when their window closed: their host keys are set
+    /// to false, so that a release does not start them outside the plan, and no
+    /// admission outlives its window.
     pub disable_hosts: Vec<HostName>,
-    /// Hosts enabled but waiting for their window to open (their agents start them
-    /// then).
+    /// Hosts enabled but not started while their window is closed (by the driver's
+    /// clock): this plan disarms them (they are in `disable_hosts` too).
     pub armed_outside_window: Vec<HostName>,
     /// A host holding a slot has no live agent (lost in flight, or soaking): the
     /// rollout cannot be said to wait on purpose.
@@ -426,12 +427,15 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
                         None,
                     ),
                     _ => match window_of(&group_of(&h.role)) {
+                        // Admitted, not started, and its window is closed by this
+                        // clock: disarmed (an agent's clock decides no window).
                         WindowState::Closed { opens_at } => {
                             plan.armed_outside_window.push(h.host.clone());
+                            plan.disable_hosts.push(h.host.clone());
                             reason(
                                 ReasonCode::OutsideWindow,
                                 format!(
-                                    "enabled, but outside the maintenance window: its agent starts it when the window opens{}",
+                                    "enabled but not started, and outside the maintenance window: this plan disarms it (host key false); admitted again when the window opens{}",
                                     opens_at.map(|t| format!(" at {}", when(t))).unwrap_or_default()
                                 ),
                                 opens_at,
@@ -824,8 +828,19 @@ fn lost_reason(snap: &Snapshot, h: &HostName, in_flight: bool) -> Reason {
     let heard = since
         .map(|t| format!("; last heard of at {}", when(t)))
         .unwrap_or_default();
+    let run = match snap.runs.get(h) {
+        Some(Some(r)) => format!(
+            ", its run of {} (started at {}) never ended",
+            r.version.as_ref().map_or("-", |v| v.as_str()),
+            when(r.since)
+        ),
+        Some(None) => ", its run marker cannot be read".into(),
+        None => String::new(),
+    };
     let text = if in_flight {
-        format!("lost while in flight: no live agent (no /agents/{h} lease){heard}; it keeps its slot")
+        format!(
+            "lost while in flight: no live agent (no /agents/{h} lease){run}{heard}; it keeps its slot until its agent is back or an operator acts"
+        )
     } else {
         format!("lost: no live agent (no /agents/{h} lease){heard}; never admitted")
     };

@@ -577,6 +577,31 @@ impl Rules {
     }
 }
 
+/// Refuses rules whose intent is unclear, unless `force`: rules that name a role,
+/// group or window target the fleet does not have (a misspelt role would lift the
+/// limit meant for it), and, with `unlimited: Some(n)`, rules that set no rolling
+/// limit at all (every one of `n` hosts would start at once). The one check
+/// `upgrade`, `run`, `rollout undo` and the driver service share; `Err` lists every
+/// reason, and says how to force it.
+pub fn check_intent(resolved: &Resolved, unlimited: Option<usize>, force: bool) -> Result<(), String> {
+    if force {
+        return Ok(());
+    }
+    let mut why: Vec<String> = resolved.warnings.clone();
+    if let Some(n) = unlimited {
+        why.push(format!(
+            "the rules set no rolling limit (no rolling_rules, no fleet limit): {n} host(s) would start at once"
+        ));
+    }
+    if why.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the rules' intent is unclear, so nothing was written:\n  {}\ngive --force to go ahead as written (a role that will exist later, or no limit on purpose)",
+        why.join("\n  ")
+    ))
+}
+
 impl Resolved {
     /// The group's slot limit for a group of `size` hosts (`None`: unlimited).
     pub fn limit_of(&self, group: &str, size: usize) -> Option<u64> {

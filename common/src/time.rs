@@ -10,6 +10,15 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Milliseconds since the Unix epoch (the clock an agent publishes in its record).
+#[allow(clippy::disallowed_methods)]
+pub fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// `YYYYMMDDTHHMMSSZ` for a Unix time (UTC), sortable and safe in file and object
 /// names: the stamp of rollout and command ids and of run directories.
 pub fn utc_stamp(secs: u64) -> String {

@@ -120,6 +120,17 @@ pub enum AgentState {
 }
 
 impl AgentState {
+    /// As written in the record.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Idle => "idle",
+            AgentState::Upgrading => "upgrading",
+            AgentState::Checking => "checking",
+            AgentState::Failed => "failed",
+            AgentState::Command => "command",
+        }
+    }
+
     /// The agent is running a command: the host holds a rolling slot whatever its
     /// gate and whatever version it runs.
     pub fn running(self) -> bool {
@@ -140,6 +151,59 @@ pub struct AgentRecord {
     /// Unix time the agent entered this state.
     pub since: u64,
     pub pid: u32,
+    /// The agent's clock when it wrote the record, in Unix milliseconds: rewritten
+    /// at least every `CLOCK_REFRESH`, so readers can tell a skewed agent clock
+    /// (`clock_skew`). Absent from agents before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<u64>,
+}
+
+/// An agent rewrites its record at least this often, with its clock.
+pub const CLOCK_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Skew below this is not worth a word (a record travels, clocks tick in seconds).
+pub const SKEW_TOLERANCE_MS: u64 = 5_000;
+
+/// How far an agent's clock is off the reader's, as far as one record can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skew {
+    /// Ahead by at least this many milliseconds (a record cannot be written in the
+    /// reader's future).
+    Ahead(u64),
+    /// Behind by at least this many milliseconds (the record is at most
+    /// `CLOCK_REFRESH` old, give or take the tolerance).
+    Behind(u64),
+}
+
+impl Skew {
+    /// For people: "its clock is at least 90 s behind this one".
+    pub fn describe(self) -> String {
+        let (ms, dir) = match self {
+            Skew::Ahead(ms) => (ms, "ahead of"),
+            Skew::Behind(ms) => (ms, "behind"),
+        };
+        format!(
+            "its agent's clock is at least {} s {dir} this one (its liveness record's clock); windows are decided by the driver's clock, soaks and retries by the agent's",
+            ms / 1000
+        )
+    }
+}
+
+impl AgentRecord {
+    /// The agent's clock skew, read at `now_ms` (the reader's Unix milliseconds),
+    /// when it exceeds `SKEW_TOLERANCE_MS`: ahead when the record says a time later
+    /// than now, behind when it says a time older than the record can be.
+    pub fn clock_skew(&self, now_ms: u64) -> Option<Skew> {
+        let clock = self.clock?;
+        let oldest = CLOCK_REFRESH.as_millis() as u64 + SKEW_TOLERANCE_MS;
+        if clock > now_ms.saturating_add(SKEW_TOLERANCE_MS) {
+            Some(Skew::Ahead(clock - now_ms))
+        } else if now_ms.saturating_sub(clock) > oldest + SKEW_TOLERANCE_MS {
+            Some(Skew::Behind(now_ms - clock - CLOCK_REFRESH.as_millis() as u64))
+        } else {
+            None
+        }
+    }
 }
 
 /// A hold under `/holds/host/<host>` or `/holds/role/<role>`: the host (or every
@@ -152,6 +216,10 @@ pub struct HoldRecord {
     pub reason: Option<String>,
     /// Unix time the hold was placed.
     pub at: u64,
+    /// Enable keys the hold wrote (to false) where none was set: its release
+    /// deletes those still false, so it leaves no key behind it did not find.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub created_keys: Vec<String>,
 }
 
 /// How the host's last run ended, under `/results/<host>` (written by the agent in
@@ -305,16 +373,49 @@ mod tests {
     }
 
     #[test]
+    fn clock_skew_is_told_only_beyond_what_one_record_can_explain() {
+        let at = |clock| AgentRecord {
+            state: AgentState::Idle,
+            version: None,
+            since: 0,
+            pid: 1,
+            clock,
+        };
+        let now = 1_000_000_000u64;
+        // (agent's clock, skew read at `now`)
+        let table = [
+            (None, None),
+            (Some(now), None),
+            (Some(now + 4_000), None),
+            (Some(now + 90_000), Some(Skew::Ahead(90_000))),
+            // Written up to a refresh ago: a minute old is not skew.
+            (Some(now - 60_000), None),
+            (Some(now - 69_000), None),
+            (Some(now - 150_000), Some(Skew::Behind(90_000))),
+        ];
+        for (clock, want) in table {
+            assert_eq!(at(clock).clock_skew(now), want, "{clock:?}");
+        }
+        assert!(Skew::Behind(90_000).describe().contains("at least 90 s behind"));
+    }
+
+    #[test]
     fn records_round_trip_and_name_the_bad_field() {
         let rec = AgentRecord {
             state: AgentState::Upgrading,
             version: Some(Version::new("v2").unwrap()),
             since: 5,
             pid: 42,
+            clock: None,
         };
         let json = serde_json::to_string(&rec).unwrap();
         assert_eq!(json, r#"{"state":"upgrading","version":"v2","since":5,"pid":42}"#);
         assert_eq!(parse_json::<AgentRecord>(&kv(&json)), Ok(rec));
+        let with_clock = r#"{"state":"idle","version":null,"since":1,"pid":1,"clock":1000}"#;
+        assert_eq!(
+            parse_json::<AgentRecord>(&kv(with_clock)).unwrap().clock,
+            Some(1000)
+        );
         let err =
             parse_json::<AgentRecord>(&kv(r#"{"state":"idle","version":null,"since":1,"pid":1,"x":1}"#))
                 .unwrap_err()

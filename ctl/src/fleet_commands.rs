@@ -64,15 +64,11 @@ pub async fn create(
         .rules
         .resolve(&roles_of(&fleet, &fleet.hosts().into_iter().collect::<Vec<_>>()))
         .map_err(|e| Failure::with(exit::INVALID_RULES, anyhow::Error::new(e)))?;
-    if new.strict && !resolved.warnings.is_empty() {
-        return Err(Failure::with(
-            exit::INVALID_RULES,
-            anyhow!(
-                "the rules name what the fleet does not have, so they would not limit anything there (a misspelt role?); nothing was written:\n  {}",
-                resolved.warnings.join("\n  ")
-            ),
-        ));
-    }
+    // Rules given on the command line are checked as a rollout's are (names the
+    // fleet does not have); a command without rules runs under the defaults, and
+    // its own targets bound it.
+    jio_common::rules::check_intent(&resolved, None, !new.strict)
+        .map_err(|e| Failure::with(exit::INVALID_RULES, anyhow!("{e}")))?;
     for w in &resolved.warnings {
         eprintln!("jioctl: warning: {w}");
     }

@@ -133,9 +133,22 @@ pub fn admitted(plan: &Plan) -> Option<String> {
         parts.push(format!("host {}", hosts.join(", ")));
     }
     let mut line = (!parts.is_empty()).then(|| format!("enabled {}", parts.join("; ")));
-    if !plan.disable_hosts.is_empty() {
-        let hosts: Vec<&str> = plan.disable_hosts.iter().map(|h| h.as_str()).collect();
-        let off = format!("disabled held host {} (its key was still on)", hosts.join(", "));
+    let (closed, held): (Vec<&HostName>, Vec<&HostName>) = plan
+        .disable_hosts
+        .iter()
+        .partition(|h| plan.armed_outside_window.contains(h));
+    for (hosts, why) in [
+        (held, "disabled held host {} (its key was still on)"),
+        (
+            closed,
+            "disarmed host {} (its window closed before its agent started it)",
+        ),
+    ] {
+        if hosts.is_empty() {
+            continue;
+        }
+        let names: Vec<&str> = hosts.iter().map(|h| h.as_str()).collect();
+        let off = why.replace("{}", &names.join(", "));
         line = Some(line.map_or(off.clone(), |l| format!("{l}; {off}")));
     }
     line

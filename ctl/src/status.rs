@@ -61,9 +61,18 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
                 .map(|r| json!(r))
                 .or_else(|| h.reason.as_ref().map(|r| json!({"text": r})))
                 .unwrap_or(Value::Null);
+            let skew = snap
+                .agents
+                .get(&h.host)
+                .and_then(|a| a.as_ref()?.clock_skew(jio_common::time::unix_now_ms()))
+                .map(|s| match s {
+                    jio_common::values::Skew::Ahead(ms) => json!({"ahead_ms": ms}),
+                    jio_common::values::Skew::Behind(ms) => json!({"behind_ms": ms}),
+                });
             (
                 h.host.as_str(),
                 json!({
+                    "clock_skew": skew,
                     "role": h.role,
                     "state": h.state.as_str(),
                     "reason": reason,
@@ -87,6 +96,7 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
     out.insert("lock".into(), json!(snap.lock));
     out.insert("rollout".into(), rollout_json(snap));
     out.insert("drivers".into(), json!(snap.drivers));
+    out.insert("not_driven".into(), json!(undriven_line(snap)));
     out.insert(
         "emergency_stop".into(),
         json!(snap.halt.as_ref().map(|(by, _)| by)),
@@ -285,6 +295,12 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
                 r.code = ReasonCode::WaitingFor;
                 r.text = "pending: no rollout is active (`jioctl upgrade VERSION` starts one)".into();
             }
+            // The plan is a read-only view: with nobody to drive the rollout, no
+            // driver's pass admits the host.
+            (None, Some(_)) if undriven_line(snap).is_some() => {
+                r.code = ReasonCode::WaitingFor;
+                r.text = "would be admitted by a driver's next pass, but no driver is running (`jioctl drive`, or `jioctl upgrade` with the same rules)".into();
+            }
             (None, Some(_)) => {}
         }
     }
@@ -328,11 +344,11 @@ fn stages_json(c: &jio_common::compose::Composed) -> (Value, Value) {
 fn header(snap: &Snapshot, store: &str) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let cur = snap
-        .current
-        .as_ref()
-        .map(|v| v.to_string())
-        .unwrap_or_else(|| "(not set)".into());
+    let cur = match (&snap.current, &snap.current_invalid) {
+        (Some(v), _) => v.to_string(),
+        (None, Some(why)) => format!("(invalid: {why})"),
+        (None, None) => "(not set)".into(),
+    };
     let _ = writeln!(s, "current version: {cur}    store: {store}");
     if let Some(l) = &snap.lock {
         let _ = writeln!(
@@ -348,13 +364,43 @@ fn header(snap: &Snapshot, store: &str) -> String {
             crate::writes::describe(&Some(by.clone()))
         );
     }
+    if let Some(line) = undriven_line(snap) {
+        let _ = writeln!(s, "{line}");
+    }
     for line in rollout_lines(snap) {
         let _ = writeln!(s, "{line}");
     }
     for p in &snap.problems {
         let _ = writeln!(s, "warning: {p}");
     }
+    for (h, skew) in skewed_agents(snap, jio_common::time::unix_now_ms()) {
+        let _ = writeln!(s, "warning: {h}: {}", skew.describe());
+    }
     s
+}
+
+/// The active rollout has nobody to drive it (no process holds the rollout lock and
+/// no driver service runs): nothing is admitted, however calm the table looks.
+pub fn undriven_line(snap: &Snapshot) -> Option<String> {
+    let r = snap.rollout.as_ref()?.ok()?;
+    if !r.state.active() || snap.lock.is_some() || !snap.drivers.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "NOT DRIVEN: rollout {} is {} but no driver is running, so no host is admitted; start `jioctl drive`, or run `jioctl upgrade {}{}` with the same rules",
+        r.id,
+        r.state.name(),
+        r.version,
+        crate::upgrade::stage_args(r)
+    ))
+}
+
+/// Agents whose clock is off this one's by more than the tolerance.
+pub fn skewed_agents(snap: &Snapshot, now_ms: u64) -> Vec<(&HostName, jio_common::values::Skew)> {
+    snap.agents
+        .iter()
+        .filter_map(|(h, a)| Some((h, a.as_ref()?.clock_skew(now_ms)?)))
+        .collect()
 }
 
 /// The active rollout: its state, and what it waits for when it cannot move

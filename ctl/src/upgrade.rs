@@ -74,6 +74,8 @@ pub struct Args {
     pub timeout: Option<Duration>,
     /// `--stage`: the stages of a composable rollout to start (empty: every stage).
     pub stages: Vec<String>,
+    /// `--force`: rules whose intent is unclear go ahead (`rules::check_intent`).
+    pub force: bool,
 }
 
 /// Runs a rollout in-process (for programs that embed it), with the default role
@@ -104,15 +106,24 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         .rules
         .resolve(&roles)
         .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    let moving = snap
+        .hosts()
+        .iter()
+        .filter(|h| !snap.running.get(*h).is_some_and(|vs| vs.contains(&args.version)))
+        .count();
+    let unlimited = args.rules.sets_no_limit().then_some(moving);
+    jio_common::rules::check_intent(&resolved, unlimited, args.force).map_err(|e| {
+        Failure::new(
+            exit::INVALID_RULES,
+            format!("{e} (the rules come from --instructions, --instructions-file, or {DEFAULT_RULES})"),
+        )
+    })?;
     for w in &resolved.warnings {
-        eprintln!("jioctl: warning: {w}");
+        eprintln!("jioctl: warning: {w} (--force)");
     }
     if args.rules.sets_no_limit() {
         eprintln!(
-            "jioctl: warning: the rules set no rolling limit (no rolling_rules, and no {} or --instructions with one): \
-             every one of the fleet's {} hosts that is not at {} may start at once",
-            DEFAULT_RULES,
-            snap.hosts().len(),
+            "jioctl: warning: --force: the rules set no rolling limit: {moving} host(s) not at {} may start at once",
             args.version
         );
     }

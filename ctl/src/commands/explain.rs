@@ -69,6 +69,9 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
     let reason = adm.reasons.get(h);
     let state = status.map_or("unknown", |s| s.state.as_str());
     t.push(format!("host {h} (role {schema_role})"));
+    if let Some(line) = crate::status::undriven_line(snap) {
+        t.push(format!("  {line}"));
+    }
     t.push(format!(
         "  state: {state}{}",
         reason.map(|r| format!(" — {}", r.text)).unwrap_or_default()
@@ -299,9 +302,19 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
             when(a.since)
         )),
         Some(None) => t.push(format!("  agent: alive, but /agents/{h} cannot be read")),
+        None if snap.runs.contains_key(h) => t.push(format!(
+            "  agent: not alive (no /agents/{h} lease) while its run marker is there: the host is lost in flight and keeps its slot"
+        )),
         None => t.push(format!(
             "  agent: not alive (no /agents/{h} lease): the host is lost"
         )),
+    }
+    if let Some(skew) = snap
+        .agents
+        .get(h)
+        .and_then(|a| a.as_ref()?.clock_skew(jio_common::time::unix_now_ms()))
+    {
+        t.push(format!("  warning: {}", skew.describe()));
     }
     if let Some(run) = snap.runs.get(h) {
         t.push(match run {

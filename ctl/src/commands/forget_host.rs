@@ -3,12 +3,16 @@
 //! catalog), `/active_roles/*/<host>/*`, `/running/versions/*/<host>`, its
 //! `/status/` entries, its enable key, last result, run marker, hold and fleet
 //! command inbox. Refused while its agent is alive (its `/agents/<host>` lease
-//! holds), unless `--force`: the transaction checks that the lease is still gone.
+//! holds), unless `--force`; refused while anything of ours runs there (its run
+//! marker, or its agent says it runs), even with `--force`: a host in flight holds
+//! its slot, and forgetting it would free the slot for another host. The
+//! transaction checks that none of this changed since it was read.
 
 use clap::Args;
 use jio_common::keys::{EnableLevel, HoldTarget, Key, Parsed};
 use jio_common::names::HostName;
-use jio_common::store::{Compare, Op, Txn, TxnOutcome};
+use jio_common::store::{Compare, KeyValue, Op, Txn, TxnOutcome};
+use jio_common::values::{AgentRecord, parse_json};
 use serde_json::json;
 
 use crate::context::{Access, Context};
@@ -29,7 +33,19 @@ impl ForgetHost {
         let h = &self.host;
         let schema = ctx.schema();
         let store = ctx.open(Access::Write).await?;
-        let agent = store.get(&schema.agent(h)).await?;
+        let (agent, marker) = match &store.get_many(&[schema.agent(h), schema.run(h)]).await?[..] {
+            [a, m] => (a.clone(), m.clone()),
+            _ => (None, None),
+        };
+        if let Some(why) = in_flight(agent.as_ref(), marker.as_ref()) {
+            return Err(Failure::new(
+                exit::FAILED,
+                format!(
+                    "{h} is in flight ({why}): forgetting it would free its slot for another host while it runs; nothing was written. Let its run end (`jioctl status {h}`), or stop its agent and delete its run marker {} once nothing runs there, then forget it",
+                    schema.run(h)
+                ),
+            ));
+        }
         if agent.is_some() && !self.force {
             return Err(Failure::usage(format!(
                 "{h}'s agent is alive ({} exists): stop it first, or give --force (it registers again at its next start); nothing was written",
@@ -81,11 +97,13 @@ impl ForgetHost {
                 format!("the store knows nothing of {h}: nothing to forget"),
             ));
         }
-        let mut txn = Txn::new();
-        if agent.is_none() {
-            // An agent that starts meanwhile would register again: then refuse.
-            txn = txn.when(Compare::Absent(schema.agent(h)));
-        }
+        // An agent that starts meanwhile would register again, one that starts a run
+        // would hold a slot: then refuse.
+        let mut txn = Txn::new().when(Compare::Absent(schema.run(h)));
+        txn = txn.when(match &agent {
+            None => Compare::Absent(schema.agent(h)),
+            Some(kv) => Compare::ModRevision(schema.agent(h), kv.mod_revision),
+        });
         txn.ops = keys.iter().cloned().map(Op::Delete).collect();
         txn.ops.push(writes::epoch_put(schema));
         match store.txn(txn).await? {
@@ -94,7 +112,7 @@ impl ForgetHost {
                 return Err(Failure::new(
                     exit::FAILED,
                     format!(
-                        "{h}'s agent started while its keys were being read: nothing was written; run it again once the agent is stopped"
+                        "{h}'s agent started, or started a run, while its keys were being read: nothing was written; run it again once the agent is stopped"
                     ),
                 ));
             }
@@ -116,5 +134,32 @@ impl ForgetHost {
             );
         }
         Ok(())
+    }
+}
+
+/// Why the host is in flight, from its agent's record and its run marker as read.
+/// A record or marker that cannot be read counts as running (the safe reading).
+fn in_flight(agent: Option<&KeyValue>, marker: Option<&KeyValue>) -> Option<String> {
+    if let Some(m) = marker {
+        return Some(match parse_json::<AgentRecord>(m) {
+            Ok(r) => format!(
+                "its run marker {} says a run of {} started and never ended",
+                m.key,
+                r.version.as_ref().map_or("no version", |v| v.as_str())
+            ),
+            Err(e) => format!("its run marker cannot be read: {e}"),
+        });
+    }
+    let a = agent?;
+    match parse_json::<AgentRecord>(a) {
+        Ok(r) if r.state.running() => Some(format!(
+            "its agent ({}, pid {}) is {} {}",
+            a.key,
+            r.pid,
+            r.state.as_str(),
+            r.version.as_ref().map_or("-", |v| v.as_str())
+        )),
+        Ok(_) => None,
+        Err(e) => Some(format!("its agent's record cannot be read: {e}")),
     }
 }

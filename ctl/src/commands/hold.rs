@@ -12,7 +12,8 @@ use jio_common::fleet::{self, HostState};
 use jio_common::gate::KeyState;
 use jio_common::keys::{EnableLevel, HoldTarget};
 use jio_common::names::{HostName, Role};
-use jio_common::store::Op;
+use jio_common::store::{Compare, Op, Txn, TxnOutcome};
+use jio_common::suggest::closest;
 use jio_common::values::{HoldRecord, format_bool};
 
 use crate::context::{Access, Context};
@@ -30,6 +31,9 @@ pub struct Hold {
     /// Why (recorded and shown in status and explain)
     #[arg(long)]
     reason: Option<String>,
+    /// Hold a host or role the fleet does not know (yet): a host that has not joined
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -78,6 +82,34 @@ fn disable_ops(
     ops
 }
 
+/// Targets the fleet does not know: a host with no record, version or agent, a
+/// role no host has.
+fn unknown_targets(snap: &jio_common::fleet::Snapshot, targets: &[HoldTarget]) -> Vec<String> {
+    let known = snap.hosts();
+    let roles: std::collections::BTreeSet<Role> = known.iter().map(|h| snap.role_of(h)).collect();
+    targets
+        .iter()
+        .filter_map(|t| match t {
+            HoldTarget::Host(h) if !known.contains(h) && !snap.agents.contains_key(h) => {
+                let names: Vec<&str> = known.iter().map(|h| h.as_str()).collect();
+                Some(format!(
+                    "host {h} is not known in this fleet (no /hosts record, no running version, no live agent){}",
+                    closest(h.as_str(), &names).map(|c| format!("; did you mean {c}?")).unwrap_or_default()
+                ))
+            }
+            HoldTarget::Role(r) if !roles.contains(r) => {
+                let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+                Some(format!(
+                    "role {r} has no hosts in this fleet{} (roles: {})",
+                    closest(r.as_str(), &names).map(|c| format!("; did you mean {c}?")).unwrap_or_default(),
+                    names.join(", ")
+                ))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 fn name(t: &HoldTarget) -> String {
     match t {
         HoldTarget::Host(h) => h.to_string(),
@@ -89,23 +121,45 @@ impl Hold {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let targets = targets(&self.hosts, &self.role);
         let reason = self.reason.filter(|r| !r.trim().is_empty());
-        let rec = HoldRecord {
-            by: crate::rollouts::by(),
-            reason: reason.clone(),
-            at: jio_common::time::unix_now(),
-        };
-        let value = serde_json::to_string(&rec).map_err(anyhow::Error::from)?;
         let store = ctx.open(Access::Write).await?;
         let before = ctx.snapshot(&store).await?;
-        let mut ops: Vec<Op> = targets
-            .iter()
-            .map(|t| Op::put(ctx.schema().hold(t), value.clone()))
-            .collect();
-        // Held hosts are disabled in the same transaction: a host enabled but not yet
-        // started must not start on its release outside the plan (a key the planner
-        // wrote after this read fails its fence on the epoch this moves, and a held
-        // host still enabled keeps its slot until the planner disables it).
-        ops.extend(disable_ops(ctx.schema(), &before, &targets));
+        let unknown = unknown_targets(&before, &targets);
+        if !unknown.is_empty() && !self.force {
+            return Err(Failure::usage(format!(
+                "{}; nothing was held (a misspelt name would leave the real one unprotected): check `jioctl status`, or give --force to hold a host that has not joined yet",
+                unknown.join("; ")
+            )));
+        }
+        let schema = ctx.schema();
+        let mut ops: Vec<Op> = Vec::new();
+        for t in &targets {
+            // Held hosts are disabled in the same transaction: a host enabled but not
+            // yet started must not start on its release outside the plan (a key the
+            // planner wrote after this read fails its fence on the epoch this moves,
+            // and a held host still enabled keeps its slot until the planner
+            // disables it).
+            let disable = disable_ops(schema, &before, std::slice::from_ref(t));
+            let created_keys = disable
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Put { key, .. }
+                        if !before.enable_revisions.keys().any(|l| &schema.enable(l) == key) =>
+                    {
+                        Some(key.to_string())
+                    }
+                    _ => None,
+                })
+                .collect();
+            let rec = HoldRecord {
+                by: crate::rollouts::by(),
+                reason: reason.clone(),
+                at: jio_common::time::unix_now(),
+                created_keys,
+            };
+            let value = serde_json::to_string(&rec).map_err(anyhow::Error::from)?;
+            ops.push(Op::put(schema.hold(t), value));
+            ops.extend(disable);
+        }
         writes::write(&store, ctx.schema(), ops)
             .await
             .context("writing the hold")?;
@@ -118,7 +172,18 @@ impl Hold {
                 && !known.contains(h)
             {
                 eprintln!(
-                    "jioctl: warning: host {h} is not known in this fleet (no /hosts record, no running version): held anyway"
+                    "jioctl: warning: --force: host {h} is not known in this fleet (no /hosts record, no running version): held all the same"
+                );
+            }
+            if let Some(Some(old)) = before.holds.get(t) {
+                crate::say!(
+                    "{t} was already held by {} since {}{}: this hold replaces it",
+                    old.by,
+                    jio_common::plan::when(old.at),
+                    old.reason
+                        .as_ref()
+                        .map(|r| format!(" ({r:?})"))
+                        .unwrap_or_default()
                 );
             }
             let what = match t {
@@ -126,7 +191,9 @@ impl Hold {
                 HoldTarget::Role(r) => {
                     let n = hosts.iter().filter(|h| &h.role == r).count();
                     if n == 0 {
-                        eprintln!("jioctl: warning: role {r} has no hosts in this fleet: held anyway");
+                        eprintln!(
+                            "jioctl: warning: --force: role {r} has no hosts in this fleet: held all the same"
+                        );
                     }
                     format!("role {r} ({n} host(s))")
                 }
@@ -186,10 +253,36 @@ impl Release {
             }
             return Ok(());
         }
-        let ops = held.iter().map(|t| Op::Delete(ctx.schema().hold(t))).collect();
-        writes::write(&store, ctx.schema(), ops)
-            .await
-            .context("deleting the hold")?;
+        let schema = ctx.schema();
+        let mut txn = Txn::new();
+        for t in &held {
+            txn.ops.push(Op::Delete(schema.hold(t)));
+            // The keys the hold created go if they still say false (fenced on that).
+            let created = snap
+                .holds
+                .get(*t)
+                .and_then(|r| r.as_ref())
+                .map(|r| r.created_keys.clone());
+            for k in created.unwrap_or_default() {
+                let Ok(key) = jio_common::keys::Key::new(&k) else {
+                    continue;
+                };
+                if let Some(kv) = store.get(&key).await?
+                    && kv.value.trim() == format_bool(false)
+                {
+                    txn.compares
+                        .push(Compare::ModRevision(key.clone(), kv.mod_revision));
+                    txn.ops.push(Op::Delete(key));
+                }
+            }
+        }
+        txn.ops.push(writes::epoch_put(schema));
+        if let TxnOutcome::Lost(_) = store.txn(txn).await.context("deleting the hold")? {
+            return Err(Failure::new(
+                crate::exit::FAILED,
+                "an enable key the hold had set changed while the release was read; nothing was released: run it again",
+            ));
+        }
         for t in &held {
             crate::say!("released {t}: the rollout admits it again under its rules");
         }

@@ -59,6 +59,10 @@ enum RolloutCommand {
         /// Return as soon as it is recorded
         #[arg(long)]
         detach: bool,
+        /// Go back even to a version whose last rollout was aborted or failed, or
+        /// with rules whose intent is unclear
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -75,7 +79,7 @@ impl Rollout {
             RolloutCommand::Resume => change(ctx, Change::Resume).await,
             RolloutCommand::Promote { reason } => change(ctx, Change::Promote { reason }).await,
             RolloutCommand::Abort { reason } => change(ctx, Change::Abort { reason }).await,
-            RolloutCommand::Undo { detach } => undo(ctx, detach).await,
+            RolloutCommand::Undo { detach, force } => undo(ctx, detach, force).await,
         }
     }
 }
@@ -165,8 +169,57 @@ fn say_driver(snap: &Snapshot, r: &RolloutRecord) {
     }
 }
 
-async fn undo(ctx: &Context, detach: bool) -> Outcome {
+/// Refuses an undo whose intent is unclear, unless `force`: back to a version whose
+/// last rollout was aborted or failed (quoting why and who), or with rules the
+/// shared check refuses. Nothing is written before.
+async fn undo_check(ctx: &Context, store: &jio_common::store::DynStore, force: bool) -> Result<(), Failure> {
+    let snap = ctx.snapshot(store).await?;
+    let rec = match snap.rollout.as_ref().and_then(|c| c.ok()) {
+        Some(r) => Some(r.clone()),
+        None => rollouts::last_record(store, ctx.schema()).await?,
+    };
+    let Some(rec) = rec else {
+        return Ok(()); // `change` says there is nothing to undo.
+    };
+    let Some(back) = rec.previous.clone() else {
+        return Ok(());
+    };
+    if force {
+        return Ok(());
+    }
+    let (records, _) = rollouts::history(store, ctx.schema()).await?;
+    let last_to_back = records.iter().find(|r| r.version == back && r.id != rec.id);
+    if let Some(r) = last_to_back {
+        let why = match &r.state {
+            RolloutState::Aborted { by, reason, .. } => Some(format!(
+                "aborted by {by}{}",
+                reason.as_ref().map(|x| format!(": {x:?}")).unwrap_or_default()
+            )),
+            RolloutState::Failed { hosts } => Some(format!("failed ({} host(s) failed)", hosts.len())),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(Failure::usage(format!(
+                "undo would go back to {back}, whose last rollout {} was {why}; nothing was written (give --force to go back to it all the same)",
+                r.id
+            )));
+        }
+    }
+    let hosts = fleet::classify(&snap);
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
+    let rules = jio_common::rules::Rules::parse(&rec.rules.to_string())
+        .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    let resolved = rules
+        .resolve(&roles)
+        .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    let moving = hosts.len();
+    jio_common::rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), false)
+        .map_err(|e| Failure::new(exit::INVALID_RULES, format!("undo: {e}")))
+}
+
+async fn undo(ctx: &Context, detach: bool, force: bool) -> Outcome {
     let store = ctx.open(Access::Write).await?;
+    undo_check(ctx, &store, force).await?;
     let changed = rollouts::change(
         &store,
         ctx.schema(),
@@ -205,6 +258,7 @@ async fn undo(ctx: &Context, detach: bool) -> Outcome {
         quiet: false,
         timeout: None,
         stages: Vec::new(),
+        force: true, // checked above, before anything was written
     };
     crate::upgrade::follow(
         &store,
@@ -282,6 +336,35 @@ async fn status(ctx: &Context) -> Outcome {
     Ok(())
 }
 
+/// Why a rollout ended, when someone or something ended it (not a plain finish).
+fn end_reason(st: &RolloutState) -> Option<String> {
+    match st {
+        RolloutState::Aborted {
+            by,
+            reason,
+            superseded_by,
+            emergency,
+            ..
+        } => Some(match (superseded_by, emergency) {
+            (Some(next), _) => format!("replaced by rollout {next} ({by})"),
+            (None, true) => format!("halted by an emergency stop ({by} ran global-disable-puppet)"),
+            (None, false) => format!(
+                "aborted by {by}{}",
+                reason.as_ref().map(|r| format!(": {r:?}")).unwrap_or_default()
+            ),
+        }),
+        RolloutState::Failed { hosts } => Some(format!(
+            "failed: {}",
+            hosts
+                .iter()
+                .map(|(h, why)| format!("{h} ({why})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => None,
+    }
+}
+
 async fn history(ctx: &Context, limit: usize) -> Outcome {
     let store = ctx.open(Access::Read).await?;
     let (records, problems) = rollouts::history(&store, ctx.schema()).await?;
@@ -318,6 +401,9 @@ async fn history(ctx: &Context, limit: usize) -> Outcome {
             outcome(&r.state),
             jio_common::duration::format(Duration::from_secs(r.duration_s()))
         );
+        if let Some(why) = end_reason(&r.state) {
+            println!("    {why}");
+        }
     }
     println!(
         "{} of {} recorded rollout(s) shown; the store keeps the last {KEEP_HISTORY}",

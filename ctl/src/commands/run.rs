@@ -35,6 +35,9 @@ pub struct Run {
     /// A host whose agent stopped while the action ran runs it again (default: reported interrupted, not run again)
     #[arg(long)]
     rerun_interrupted: bool,
+    /// Go ahead with rules that name roles or groups the fleet does not have (yet)
+    #[arg(long)]
+    force: bool,
     /// Return as soon as the command is recorded (a driver service drives it)
     #[arg(long)]
     detach: bool,
@@ -105,7 +108,7 @@ impl Run {
                 "--timeout must be more than 0s (nothing was written)",
             ));
         }
-        let strict = self.instructions.is_some() || self.instructions_file.is_some();
+        let strict = (self.instructions.is_some() || self.instructions_file.is_some()) && !self.force;
         let (rules, rules_json) = load_rules(self.instructions, self.instructions_file)?;
         let store = ctx.open(Access::Write).await?;
         let schema = ctx.schema();

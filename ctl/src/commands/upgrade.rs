@@ -42,6 +42,9 @@ pub struct Upgrade {
     /// A composable rollout: start (or continue the active rollout with) only these stages of the rules (repeat it, or give a comma-separated list); without it, every stage
     #[arg(long, value_delimiter = ',')]
     stage: Vec<String>,
+    /// Go ahead with rules that name roles or groups the fleet does not have (yet), or that set no rolling limit
+    #[arg(long)]
+    force: bool,
 }
 
 impl Upgrade {
@@ -67,6 +70,7 @@ impl Upgrade {
             quiet: false,
             timeout: self.timeout,
             stages: self.stage,
+            force: self.force,
         };
         crate::upgrade::rollout(&store, ctx.schema(), &ctx.config.role_pattern, args).await
     }

@@ -74,13 +74,16 @@ pub fn step(snap: &Snapshot, target: Option<&RolloutId>, who: Who, now: u64) -> 
     let Some(cur) = &snap.rollout else {
         return if target.is_some() { Step::Ended } else { Step::Idle };
     };
-    if target.is_some_and(|t| t.as_str() != cur.id) {
-        return Step::Ended;
-    }
+    // A value that names no usable rollout (not an id, or an id without a record)
+    // ends nothing: nobody replaced the rollout, a value is to be fixed. Only a
+    // usable record of another rollout means it was replaced.
     let rec = match &cur.record {
         Err(e) => return Step::Unusable(e.clone()),
         Ok(r) => r.clone(),
     };
+    if target.is_some_and(|t| t.as_str() != cur.id) {
+        return Step::Ended;
+    }
     if !rec.state.active() {
         return if target.is_some() { Step::Ended } else { Step::Idle };
     }
@@ -514,8 +517,17 @@ mod tests {
             ),
             (snap(Some(done.clone()), "v2"), None, holding, 1_400, Step::Idle),
             (
-                unusable,
+                unusable.clone(),
                 None,
+                holding,
+                1_000,
+                Step::Unusable("key /rollouts/current: bad".into()),
+            ),
+            // A follower whose rollout id was overwritten with garbage (or an id
+            // with no record) waits for the value to be fixed: nobody ended it.
+            (
+                unusable,
+                Some(&id),
                 holding,
                 1_000,
                 Step::Unusable("key /rollouts/current: bad".into()),
