@@ -23,6 +23,7 @@ NEEDED=(
   "protoc:protobuf-compiler"
   "python3:python3"
   "promtool:prometheus"
+  "faketime:faketime"
 )
 
 missing=()

@@ -119,7 +119,7 @@ pub struct Hold {
 }
 
 /// The facts of the active rollout's rules this host needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RolloutFacts {
     /// `min_healthy_time`: how long an upgraded host soaks.
     pub min_healthy_time: Option<Duration>,
@@ -129,16 +129,6 @@ pub struct RolloutFacts {
     /// `/rollouts/current` names a record that is missing or cannot be read: why,
     /// naming the key. No upgrade starts meanwhile.
     pub unusable: Option<String>,
-}
-
-impl Default for RolloutFacts {
-    fn default() -> RolloutFacts {
-        RolloutFacts {
-            min_healthy_time: None,
-            id: None,
-            unusable: None,
-        }
-    }
 }
 
 /// What the idle health checks found.

@@ -422,9 +422,9 @@ fn canary_rules_naming_no_group_or_zero_canaries_are_refused() {
     }
 }
 
-/// An enabled host whose agent waits for its group's window to open is named so,
-/// and the wait is by design (no progress deadline); with the window open it is
-/// about to start.
+/// An enabled host that has not started when its group's window is closed (by the
+/// driver's clock) is disarmed, and the wait is by design (no progress deadline);
+/// with the window open it is about to start.
 #[test]
 fn an_enabled_host_outside_its_window_waits_by_design() {
     // 22:00-06:00 UTC; NOW is 12:00: closed, opens in 10 hours.
@@ -447,11 +447,14 @@ fn an_enabled_host_outside_its_window_waits_by_design() {
     assert_eq!(why.code, ReasonCode::OutsideWindow, "{}", why.text);
     assert_eq!(why.at, Some(NOW + 10 * 3600));
     assert_eq!(names(&p.armed_outside_window), ["compute1"]);
+    // No admission outlives its window: the driver's clock disarms it, fenced.
+    assert_eq!(names(&p.disable_hosts), ["compute1"]);
     assert!(p.waits_by_design());
     // 23:00: the window is open.
     let (p, _) = run(&kvs, rules, &rec, NOW + 11 * 3600);
     assert_eq!(code(&p, "compute1"), Some(ReasonCode::Upgrading));
     assert!(p.armed_outside_window.is_empty());
+    assert!(p.disable_hosts.is_empty());
     assert!(!p.waits_by_design());
 }
 

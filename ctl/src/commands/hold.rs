@@ -139,7 +139,14 @@ impl Hold {
             // and a held host still enabled keeps its slot until the planner
             // disables it).
             let disable = disable_ops(schema, &before, std::slice::from_ref(t));
-            let created_keys = disable
+            // A hold that replaces another keeps what the other created.
+            let inherited = before
+                .holds
+                .get(t)
+                .and_then(|r| r.as_ref())
+                .map(|r| r.created_keys.clone())
+                .unwrap_or_default();
+            let mut created_keys: Vec<String> = disable
                 .iter()
                 .filter_map(|op| match op {
                     Op::Put { key, .. }
@@ -149,7 +156,10 @@ impl Hold {
                     }
                     _ => None,
                 })
+                .chain(inherited)
                 .collect();
+            created_keys.sort();
+            created_keys.dedup();
             let rec = HoldRecord {
                 by: crate::rollouts::by(),
                 reason: reason.clone(),

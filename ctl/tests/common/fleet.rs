@@ -95,9 +95,11 @@ impl Fleet {
              # `puppet apply --detailed-exitcodes` with changes (2), or 4 when the\n\
              # host's fail file exists.\n\
              dir=$(dirname \"$0\")\n\
-             echo \"start $JIO_HOST $JIO_VERSION $(date +%s.%N)\" >> \"$dir/runs.log\"\n\
+             # The real clock, even under an agent whose clock is faked.\n\
+             now() { env -u LD_PRELOAD -u FAKETIME date +%s.%N; }\n\
+             echo \"start $JIO_HOST $JIO_VERSION $(now)\" >> \"$dir/runs.log\"\n\
              sleep \"$(cat \"$dir/seconds\")\"\n\
-             echo \"end $JIO_HOST $JIO_VERSION $(date +%s.%N)\" >> \"$dir/runs.log\"\n\
+             echo \"end $JIO_HOST $JIO_VERSION $(now)\" >> \"$dir/runs.log\"\n\
              [ -e \"$dir/fail-$JIO_HOST\" ] && exit 4\n\
              exit 2\n",
         )
@@ -145,13 +147,20 @@ impl Fleet {
 
     /// Starts host `i`'s agent daemon (its output appended to `<name>.log`).
     pub fn spawn_agent(&self, i: usize) -> Child {
+        self.spawn_agent_env(i, &[])
+    }
+
+    /// Like `spawn_agent`, with these environment variables (a faked clock).
+    pub fn spawn_agent_env(&self, i: usize, env: &[(&str, &str)]) -> Child {
         let host = &self.hosts[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.work.path().join(format!("{}.log", host.name)))
             .unwrap();
-        Command::from(host.agent(&agent_bin(), &["run"]))
+        let mut cmd = host.agent(&agent_bin(), &["run"]);
+        cmd.envs(env.iter().copied());
+        Command::from(cmd)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .kill_on_drop(true)

@@ -159,10 +159,16 @@ pub enum Fault {
     BadVersion,
     BadEnable,
     BadHostRecord,
+    /// `forget-host --force` on a host whose run marker is there (refused).
+    ForgetInFlight,
+    /// An agent started again with its clock 90 s off (libfaketime).
+    SkewedClock,
+    /// `/rollouts/current` not text for 3 s.
+    BadCurrentRollout,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 15] = [
         Fault::LeaderKill,
         Fault::StoreFreeze,
         Fault::AgentKill,
@@ -175,8 +181,14 @@ impl Fault {
         Fault::BadVersion,
         Fault::BadEnable,
         Fault::BadHostRecord,
+        Fault::ForgetInFlight,
+        Fault::SkewedClock,
+        Fault::BadCurrentRollout,
     ];
 }
+
+/// libfaketime, from Debian's `faketime` (the skewed-clock fault).
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 /// A schedule: faults at offsets from the start of the rollout.
 pub fn schedule(seed: u64, faults: usize) -> Vec<(Duration, Fault)> {
@@ -286,7 +298,7 @@ impl FaultFleet {
             // The configuration step's own log: puppet's exec resources write it.
             let line = |kind: &str| {
                 format!(
-                    "exec {{ 'jio-{kind}': command => '/bin/sh -c \"echo {kind} $JIO_HOST $JIO_VERSION $(date +%s.%N) >> {}\"' }}",
+                    "exec {{ 'jio-{kind}': command => '/bin/sh -c \"echo {kind} $JIO_HOST $JIO_VERSION $(env -u LD_PRELOAD -u FAKETIME date +%s.%N) >> {}\"' }}",
                     runlog.display()
                 )
             };
@@ -334,6 +346,10 @@ impl FaultFleet {
     }
 
     fn start_agent(&mut self, i: usize) {
+        self.start_agent_env(i, &[]);
+    }
+
+    fn start_agent_env(&mut self, i: usize, env: &[(&str, &str)]) {
         let n = &mut self.nodes[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -343,6 +359,7 @@ impl FaultFleet {
         let child = spawn_tied(
             n.host
                 .agent(&self.agent_bin, &["run"])
+                .envs(env.iter().copied())
                 .stdout(Stdio::null())
                 .stderr(log),
         )
@@ -519,6 +536,57 @@ impl FaultFleet {
                 self.put_bytes(&key, b"{not json");
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 self.put_bytes(&key, before.trim_end().as_bytes());
+            }
+            Fault::ForgetInFlight => {
+                let running = self.etcdctl(&["get", "--prefix", "--keys-only", "/runs/"]);
+                let h = running
+                    .lines()
+                    .find_map(|k| k.strip_prefix("/runs/"))
+                    .unwrap_or(HOSTS[rng.below(HOSTS.len())])
+                    .to_string();
+                let out = self
+                    .jioctl(&["forget-host", &h, "--force"])
+                    .output()
+                    .expect("jioctl");
+                self.note(format!(
+                    "forget-host {h} --force: exit {:?}: {}",
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stderr)
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                ));
+            }
+            Fault::SkewedClock => {
+                let i = rng.below(self.nodes.len());
+                let skew = if rng.below(2) == 0 { "-90s" } else { "+90s" };
+                self.note(format!(
+                    "restart the agent of {} with its clock at {skew}",
+                    HOSTS[i]
+                ));
+                if let Some(mut c) = self.nodes[i].daemon.take() {
+                    let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+                    let _ = c.wait();
+                }
+                self.start_agent_env(
+                    i,
+                    &[
+                        ("LD_PRELOAD", FAKETIME_LIB),
+                        ("FAKETIME", skew),
+                        ("DONT_FAKE_MONOTONIC", "1"),
+                    ],
+                );
+            }
+            Fault::BadCurrentRollout => {
+                let before = self.etcdctl(&["get", "--print-value-only", "/rollouts/current"]);
+                self.note("/rollouts/current = x\\xff (not text) for 3 s".into());
+                self.put_bytes("/rollouts/current", b"x\xff");
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                if before.trim().is_empty() {
+                    self.etcdctl(&["del", "/rollouts/current"]);
+                } else {
+                    self.put_bytes("/rollouts/current", before.trim_end().as_bytes());
+                }
             }
         }
     }
