@@ -236,6 +236,21 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The process `pid` that started at `start` still runs (exists and is not a
+/// zombie).
+fn running(pid: u32, start: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some(rest) = stat.rfind(')').and_then(|i| stat.get(i + 2..)) else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next();
+    let started = fields.nth(18).and_then(|f| f.parse::<u64>().ok());
+    started == Some(start) && !matches!(state, Some("Z" | "X"))
+}
+
 /// Stops a group left behind by an agent that died, if its leader is still the
 /// same process. Returns whether it was found. Waits (without blocking the runtime)
 /// up to `KILL_AFTER` for it to end before SIGKILL.
@@ -245,13 +260,15 @@ pub async fn stop_orphan(group: ProcessGroup) -> bool {
     }
     let pg = Pid::from_raw(group.pgid as i32);
     let tree = process_tree(group.pgid);
+    // A leader that already ended but was not reaped (a zombie: no init reaps it
+    // in a container) ran nothing any more: nothing was left running.
+    if tree.iter().all(|&(pid, start)| !running(pid, start)) {
+        return false;
+    }
     signal_all(pg, &tree, Signal::SIGTERM);
     for _ in 0..50 {
         tokio::time::sleep(KILL_AFTER / 50).await;
-        if tree
-            .iter()
-            .all(|&(pid, start)| process_start_time(pid) != Some(start))
-        {
+        if tree.iter().all(|&(pid, start)| !running(pid, start)) {
             return true;
         }
     }
@@ -457,6 +474,28 @@ mod tests {
         let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         // The grandchild was in the group: it must be gone.
         assert!(dies(pid).await, "grandchild {pid} survived the timeout");
+    }
+
+    /// A group whose leader already ended (a zombie nobody reaped) left nothing
+    /// running: not "stopped".
+    #[tokio::test]
+    async fn a_finished_orphan_is_not_stopped() {
+        let mut child = std::process::Command::new("true")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        let start = process_start_time(pgid).unwrap();
+        // Not reaped yet: a zombie once it exits.
+        for _ in 0..100 {
+            if !running(pgid, start) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(process_start_time(pgid), Some(start), "still a zombie");
+        assert!(!stop_orphan(ProcessGroup { pgid, start }).await);
+        child.wait().unwrap();
     }
 
     #[tokio::test]

@@ -775,7 +775,10 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
             matches!(s.state, HostState::Pending | HostState::Blocked | HostState::Lost)
                 && !p.held.contains(&s.host)
         })
-        && !statuses.iter().any(|s| s.state == HostState::Upgrading);
+        && !statuses.iter().any(|s| s.state == HostState::Upgrading)
+        // Hosts outside the command that hold its slots (a rollout's) finish by
+        // themselves: waiting for them is not waiting forever.
+        && busy_outside.is_empty();
     out.plan = p;
     out
 }

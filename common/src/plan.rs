@@ -140,8 +140,13 @@ pub enum GroupAction {
     /// Outside the group's maintenance windows; they open at `opens_at`.
     OutsideWindow { opens_at: Option<u64> },
     /// The canary phase: the group's canaries are out (or it has none); the rest
-    /// waits for a promotion.
-    Canary { canaries: usize },
+    /// waits for a promotion, by an operator or when the canaries have soaked
+    /// (`soaked_at`, with `canary_soak`, once they all finished healthy).
+    Canary {
+        canaries: usize,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        soaked_at: Option<u64>,
+    },
     /// Every pending host fits: these role keys are enabled.
     EnableRoles { roles: Vec<Role> },
     /// These hosts are admitted by their host keys (up to the limits).
@@ -607,6 +612,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
             Some((
                 GroupAction::Canary {
                     canaries: touched.len(),
+                    soaked_at: None,
                 },
                 reason(
                     ReasonCode::Canary,
@@ -768,6 +774,11 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         let promote = soaked_at.is_some_and(|t| t <= now);
         let mark_done = done && r.canary_soak.is_some() && done_at.is_none();
         if let Some(t) = soaked_at {
+            for g in &mut plan.groups {
+                if let GroupAction::Canary { soaked_at, .. } = &mut g.action {
+                    *soaked_at = Some(t);
+                }
+            }
             for why in plan.reasons.values_mut() {
                 if why.code == ReasonCode::Canary {
                     why.text = format!("canary phase: the canaries soak until {}", when(t));

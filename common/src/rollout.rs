@@ -136,6 +136,12 @@ pub struct RolloutRecord {
     /// --stage`); empty: every stage (or not a composable rollout).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<String>,
+    /// The operator went ahead with `--force` although the rules' intent was unclear
+    /// (`rules::check_intent`): drivers drive it as written. Otherwise every driver
+    /// checks it again on every pass, and a rollout whose rules no longer say
+    /// clearly what they limit admits nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forced: bool,
 }
 
 /// A change the rollout's state does not allow, naming both.
@@ -166,6 +172,7 @@ impl RolloutRecord {
             promoted: None,
             canaries_done_at: None,
             stages: Vec::new(),
+            forced: false,
         }
     }
 
@@ -320,6 +327,7 @@ impl RolloutRecord {
         };
         let mut back =
             RolloutRecord::start(previous, Some(self.version.clone()), self.rules.clone(), by, now);
+        back.forced = self.forced;
         // Going back to a version the fleet ran: no canary phase.
         back.promoted = Some(change("promoted", by, now, Some(format!("undo of {}", self.id))));
         Ok(back)

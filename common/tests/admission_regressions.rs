@@ -233,7 +233,13 @@ fn a_canary_is_this_rollouts_run_by_the_id_its_result_records_not_by_clocks() {
     for h in ["compute2", "compute3", "compute4"] {
         assert_eq!(code(&p, h), Some(ReasonCode::Canary), "{h}: {p:#?}");
     }
-    assert_eq!(p.groups[0].action, GroupAction::Canary { canaries: 1 });
+    assert_eq!(
+        p.groups[0].action,
+        GroupAction::Canary {
+            canaries: 1,
+            soaked_at: None
+        }
+    );
 
     // compute1 is at v2 from another rollout's run (or from an agent that records
     // no rollout), its agent's clock ahead: not this rollout's canary, so the canary

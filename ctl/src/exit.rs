@@ -115,6 +115,23 @@ pub fn report(outcome: Outcome) -> u8 {
     }
 }
 
+/// What a process that drives something says on stderr when its stdout is closed
+/// under it (a pager quit): that it stopped, and who drives now. Kept up to date
+/// by the driver; said by `main`'s panic hook before it exits 141.
+static CLOSING_WORDS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Sets (or clears) the words said if stdout closes.
+pub fn set_closing_words(words: Option<String>) {
+    if let Ok(mut w) = CLOSING_WORDS.lock() {
+        *w = words;
+    }
+}
+
+/// The words to say if stdout closes now.
+pub fn closing_words() -> Option<String> {
+    CLOSING_WORDS.lock().ok().and_then(|w| w.clone())
+}
+
 /// Whether a panic is `println!`/`eprintln!` failing on a pipe whose reader left
 /// (EPIPE), the one panic that means "stop quietly", not a bug.
 pub fn is_closed_output_panic(message: Option<&str>) -> bool {

@@ -557,7 +557,7 @@ impl Follower<'_> {
                 "command {id}: the lock's lease ended (this process was cut off); nothing more is admitted by it"
             ));
         }
-        let r = read(self.store, self.schema, self.role_pattern, id).await?;
+        let mut r = read(self.store, self.schema, self.role_pattern, id).await?;
         let work = r.record.state.active() || !r.plan.release.is_empty();
         // Another holder is tried again at most once a lease (a dead process of
         // this host, or a value no driver writes, is taken over at once).
@@ -581,6 +581,10 @@ impl Follower<'_> {
                     self.last_try = Some(tokio::time::Instant::now());
                 }
             }
+        }
+        if self.lock.is_some() {
+            // Read before this process took it: the lock is not absent any more.
+            r.runs.lock_absent = false;
         }
         if let Some(l) = &self.lock
             && work

@@ -33,10 +33,17 @@ pub fn action(a: &GroupAction) -> String {
             Some(t) => format!("outside its window (opens at {})", jio_common::plan::when(*t)),
             None => "outside its window".into(),
         },
-        GroupAction::Canary { canaries } => {
+        GroupAction::Canary { canaries, soaked_at } => {
             format!(
-                "canary phase ({canaries} canar{} out): waits for promotion",
-                if *canaries == 1 { "y" } else { "ies" }
+                "canary phase ({canaries} canar{} out): {}",
+                if *canaries == 1 { "y" } else { "ies" },
+                match soaked_at {
+                    Some(t) => format!(
+                        "the canaries soak until {}, then the rest is admitted",
+                        jio_common::plan::when(*t)
+                    ),
+                    None => "waits for the canaries to finish healthy, then for a promotion (`jioctl rollout promote`, or canary_soak)".into(),
+                }
             )
         }
         GroupAction::FleetCap { in_flight, cap } => {
@@ -156,6 +163,17 @@ pub fn admitted(plan: &Plan) -> Option<String> {
 
 /// At most this many hosts are named per kind in a waiting line.
 const NAMED: usize = 8;
+
+/// The first `NAMED` names, and how many more.
+pub fn first_names(hosts: &[&HostName]) -> String {
+    let mut parts: Vec<&str> = hosts.iter().take(NAMED).map(|h| h.as_str()).collect();
+    let more = hosts.len().saturating_sub(NAMED);
+    let more = format!("and {more} more");
+    if hosts.len() > NAMED {
+        parts.push(&more);
+    }
+    parts.join(", ")
+}
 
 fn named(hosts: &[&HostStatus]) -> String {
     let mut parts: Vec<String> = hosts

@@ -127,6 +127,7 @@ pub async fn start<F, Fut>(
     version: &Version,
     rules: &serde_json::Value,
     stages: &[String],
+    forced: bool,
     now: impl Fn() -> u64,
     read: F,
 ) -> Result<Started, ChangeError>
@@ -176,6 +177,7 @@ where
             &by,
             t,
         );
+        record.forced = forced;
         let other_rules = replaces
             .as_ref()
             .and_then(CurrentRollout::ok)
@@ -352,7 +354,10 @@ pub enum Change {
     Abort {
         reason: Option<String>,
     },
-    Undo,
+    /// `force`: the operator went ahead although the intent was unclear.
+    Undo {
+        force: bool,
+    },
 }
 
 /// Why an operator's change was not made.
@@ -434,13 +439,14 @@ fn change_ops(
                 aborted_first: false,
             }
         }
-        Change::Undo => {
+        Change::Undo { force } => {
             let (ended, aborted_first) = if rec.state.active() {
                 (rec.abort(by, Some("undone".into()), now)?, true)
             } else {
                 (rec.clone(), false)
             };
-            let back = ended.undo(by, now)?;
+            let mut back = ended.undo(by, now)?;
+            back.forced |= *force;
             if aborted_first {
                 ops.push(record_put(schema, &ended));
             }
@@ -505,7 +511,7 @@ where
             None => {
                 let last = last_record(store, schema).await?;
                 match (change, last) {
-                    (Change::Undo, Some(l)) => {
+                    (Change::Undo { .. }, Some(l)) => {
                         let cmp = vec![
                             Compare::Absent(schema.current_rollout()),
                             Compare::ModRevision(schema.lock(jio_common::fleet::EPOCH), snap.epoch),
@@ -715,7 +721,7 @@ mod tests {
         let (ops, ch) = change_ops(&schema, &snap, &rec, &pause, "bob", 20).unwrap();
         assert_eq!(ch.record.state.name(), "paused");
         assert!(ops.iter().any(|o| matches!(o, Op::DeletePrefix(_))), "{ops:?}");
-        let (ops, ch) = change_ops(&schema, &snap, &rec, &Change::Undo, "bob", 30).unwrap();
+        let (ops, ch) = change_ops(&schema, &snap, &rec, &Change::Undo { force: false }, "bob", 30).unwrap();
         assert!(ch.aborted_first);
         assert!(matches!(ch.record.state, RolloutState::Aborted { .. }));
         let back = ch.started.unwrap();
@@ -740,6 +746,7 @@ mod tests {
             &v("v2"),
             &rules,
             &[],
+            false,
             || now,
             || Snapshot::read(store, &schema),
         )
@@ -811,7 +818,7 @@ mod tests {
             },
             7,
         ));
-        let (ops, _) = change_ops(&schema, &snap, &rec, &Change::Undo, "bob", 30).unwrap();
+        let (ops, _) = change_ops(&schema, &snap, &rec, &Change::Undo { force: false }, "bob", 30).unwrap();
         assert!(ops.contains(&Op::Delete(schema.lock(HALT))), "{ops:?}");
     }
 

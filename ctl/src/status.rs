@@ -97,6 +97,7 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
     out.insert("rollout".into(), rollout_json(snap));
     out.insert("drivers".into(), json!(snap.drivers));
     out.insert("not_driven".into(), json!(undriven_line(snap)));
+    out.insert("agents_down".into(), json!(upgraded_without_agent(snap, hosts)));
     out.insert(
         "emergency_stop".into(),
         json!(snap.halt.as_ref().map(|(by, _)| by)),
@@ -151,6 +152,14 @@ pub fn only_role(hosts: Vec<HostStatus>, role: Option<&Role>) -> Vec<HostStatus>
 pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str, now: u64) -> String {
     let adm = admission(snap, now);
     let mut s = header(snap, store);
+    let down = upgraded_without_agent(snap, hosts);
+    if !down.is_empty() {
+        s.push_str(&format!(
+            "agents down on {} upgraded host(s): {} (no /agents record: no health checks or repairs run there, and the next version will find it lost)\n",
+            down.len(),
+            crate::render::first_names(&down)
+        ));
+    }
     if let Some(p) = &adm.problem {
         s.push_str(&format!("warning: {p}\n"));
     }
@@ -393,6 +402,15 @@ pub fn undriven_line(snap: &Snapshot) -> Option<String> {
         r.version,
         crate::upgrade::stage_args(r)
     ))
+}
+
+/// Upgraded hosts whose agent is not alive.
+pub fn upgraded_without_agent<'a>(snap: &Snapshot, hosts: &'a [HostStatus]) -> Vec<&'a HostName> {
+    hosts
+        .iter()
+        .filter(|h| h.state == HostState::Upgraded && !snap.agents.contains_key(&h.host))
+        .map(|h| &h.host)
+        .collect()
 }
 
 /// Agents whose clock is off this one's by more than the tolerance.

@@ -112,6 +112,8 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         .filter(|h| !snap.running.get(*h).is_some_and(|vs| vs.contains(&args.version)))
         .count();
     let unlimited = args.rules.sets_no_limit().then_some(moving);
+    // Recorded as forced only when the check would have refused it.
+    let forced = args.force && jio_common::rules::check_intent(&resolved, unlimited, false).is_err();
     jio_common::rules::check_intent(&resolved, unlimited, args.force).map_err(|e| {
         Failure::new(
             exit::INVALID_RULES,
@@ -141,7 +143,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
     }
     let clock: DynClock = std::sync::Arc::new(SystemClock);
     let started = tokio::select! {
-        s = rollouts::start(store, schema, &args.version, &args.rules_json, &args.stages, || clock.unix_now(), read) => s,
+        s = rollouts::start(store, schema, &args.version, &args.rules_json, &args.stages, forced, || clock.unix_now(), read) => s,
         sig = interrupted() => return Err(Failure::new(
             signal_code(sig),
             format!("{sig}: stopped before the rollout was recorded; nothing was written"),
@@ -833,6 +835,48 @@ impl Driver<'_> {
         outcome
     }
 
+    /// What this follower says if its stdout closes under it: it stops, and who
+    /// drives the rollout then.
+    fn closing_words(&self, snap: &Snapshot) {
+        let Some(rec) = snap
+            .rollout
+            .as_ref()
+            .and_then(|c| c.ok())
+            .filter(|r| self.o.target.as_ref() == Some(&r.id) && r.state.active() && !self.o.daemon)
+        else {
+            crate::exit::set_closing_words(None);
+            return;
+        };
+        let services: Vec<&str> = snap.drivers.keys().map(String::as_str).collect();
+        let next = if services.is_empty() {
+            format!(
+                "nobody drives it now: run `jioctl upgrade {}{}` with the same rules, or start `jioctl drive`",
+                rec.version,
+                stage_args(rec)
+            )
+        } else {
+            format!("the driver service(s) {} drive it now", services.join(", "))
+        };
+        crate::exit::set_closing_words(Some(format!(
+            "its output was closed (a pager quit?): stopped {} rollout {} to {}; it stays recorded{}; {next}",
+            if self.lock.is_some() {
+                "driving"
+            } else {
+                "following"
+            },
+            rec.id,
+            rec.version,
+            if self.lock.is_some() {
+                format!(
+                    " and its lock is free once its lease ends ({} s)",
+                    self.o.ttl.as_secs()
+                )
+            } else {
+                String::new()
+            }
+        )));
+    }
+
     async fn pass_on(&mut self, snap: &Snapshot) -> Result<PassOutcome, PassError> {
         self.last_revision = snap.revision;
         self.wake_at = None;
@@ -849,6 +893,7 @@ impl Driver<'_> {
             holding: self.lock.is_some(),
             may_take: free && (self.o.daemon || snap.drivers.is_empty()),
         };
+        self.closing_words(snap);
         let hosts = fleet::classify(snap);
         self.in_flight = hosts
             .iter()
@@ -988,6 +1033,11 @@ impl Driver<'_> {
         let rules = self.rules_of(rec)?;
         let roles = hosts.iter().map(|h| h.role.clone()).collect();
         let resolved = rules.resolve(&roles)?;
+        // The check `upgrade` made, made again on today's fleet: a driver never
+        // drives rules whose intent is unclear unless the operator forced them.
+        let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
+        rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), rec.forced)
+            .map_err(|e| rules::RulesError(vec![e.replace("nothing was written", "nothing is admitted")]))?;
         let cx = jio_common::plan::Context {
             now: self.o.clock.unix_now(),
             rollout: Some(rec),

@@ -146,7 +146,7 @@ async fn change(ctx: &Context, c: Change) -> Outcome {
                 .map(|p| format!("; `jioctl rollout undo` goes back to {p}"))
                 .unwrap_or_default()
         ),
-        Change::Undo => {}
+        Change::Undo { .. } => {}
     }
     Ok(())
 }
@@ -223,7 +223,7 @@ async fn undo(ctx: &Context, detach: bool, force: bool) -> Outcome {
     let changed = rollouts::change(
         &store,
         ctx.schema(),
-        &Change::Undo,
+        &Change::Undo { force },
         jio_common::time::unix_now,
         || ctx.snapshot(&store),
     )
