@@ -1,6 +1,6 @@
-//! Maintenance windows are decided by the driver's clock alone: an agent whose
-//! clock runs 90 s behind (libfaketime) still starts inside the window the driver
-//! admitted it in, and `status` warns about its clock. Every start is checked on
+//! Maintenance windows are decided by the driver's clock alone: agents whose clock
+//! runs 90 s behind or ahead (libfaketime) still start inside the window the driver
+//! admitted them in, and `status` warns about their clocks. Every start is checked on
 //! the configuration step's own log, written with the real clock.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -29,29 +29,32 @@ async fn a_skewed_agent_clock_never_moves_a_start_outside_the_window() {
     let s = open(&url).await;
     let names = ["compute1", "compute2", "compute3"];
     let mut f = Fleet::start(&url, &names, 4.0).await;
-    // compute1's agent runs 90 s behind.
-    signal(&f.daemons[0], nix::sys::signal::Signal::SIGTERM);
-    let _ = f.daemons[0].wait().await;
-    f.daemons[0] = f.spawn_agent_env(
-        0,
-        &[
-            ("LD_PRELOAD", FAKETIME_LIB),
-            ("FAKETIME", "-90s"),
-            ("DONT_FAKE_MONOTONIC", "1"),
-        ],
-    );
-    let pid = f.daemons[0].id().unwrap();
-    wait_for(
-        "compute1's skewed agent to be alive",
-        Duration::from_secs(30),
-        || async {
-            keys_under(&s, "/agents/compute1")
-                .await
-                .values()
-                .any(|v| v.contains(&format!("\"pid\":{pid}")))
-        },
-    )
-    .await;
+    // compute1's agent runs 90 s behind, compute2's 90 s ahead.
+    for (i, skew) in [(0, "-90s"), (1, "+90s")] {
+        signal(&f.daemons[i], nix::sys::signal::Signal::SIGTERM);
+        let _ = f.daemons[i].wait().await;
+        f.daemons[i] = f.spawn_agent_env(
+            i,
+            &[
+                ("LD_PRELOAD", FAKETIME_LIB),
+                ("FAKETIME", skew),
+                ("DONT_FAKE_MONOTONIC", "1"),
+            ],
+        );
+        let pid = f.daemons[i].id().unwrap();
+        let key = format!("/agents/{}", names[i]);
+        wait_for(
+            "the skewed agent to be alive",
+            Duration::from_secs(30),
+            || async {
+                keys_under(&s, &key)
+                    .await
+                    .values()
+                    .any(|v| v.contains(&format!("\"pid\":{pid}")))
+            },
+        )
+        .await;
+    }
     // A one-minute window opening at the next minute at least 15 s away.
     let t = now() as u64;
     let opens = (t + 15).div_ceil(60) * 60;
@@ -71,6 +74,10 @@ async fn a_skewed_agent_clock_never_moves_a_start_outside_the_window() {
     let st = text(&run(&url, &["status"]).await);
     assert!(
         st.contains("compute1: its agent's clock is at least") && st.contains("behind this one"),
+        "{st}"
+    );
+    assert!(
+        st.contains("compute2: its agent's clock is at least") && st.contains("ahead of this one"),
         "{st}"
     );
     let out = finish(driver, Duration::from_secs(120)).await;
