@@ -755,7 +755,7 @@ async fn after_an_emergency_stop_cleared_by_an_upgrade_a_command_runs_and_a_new_
     let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
     let stop = run(&url, &["global-disable-puppet"]).await;
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
-    let up = run_bounded(&url, &["upgrade", "v1", "--detach"]).await;
+    let up = run_bounded(&url, &["upgrade", "v1", "--detach", "--force"]).await;
     assert_eq!(up.status.code(), Some(0), "{}", text(&up));
     let out = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
     let t = text(&out);

@@ -421,10 +421,12 @@ async fn bad_input_is_refused_and_writes_nothing() {
         ),
         (vec!["verify-hosts", "v1", "../etc"], 64, "invalid host name"),
         (vec!["status", "--role", ".."], 64, "must not be '.' or '..'"),
-        (vec!["upgrade", "v3", "--noop"], 0, "plan for v3"),
+        // No rules at all: refused, saying how many hosts would start at once.
+        (vec!["upgrade", "v3", "--noop"], 3, "host(s) would start at once"),
+        (vec!["upgrade", "v3", "--noop", "--force"], 0, "plan for v3"),
         // The whole planned sequence, not only the first pass.
         (
-            vec!["upgrade", "v3", "--noop"],
+            vec!["upgrade", "v3", "--noop", "--force"],
             0,
             "wave(s), if every host admitted finishes and none fails:\n  wave 1:",
         ),
@@ -473,7 +475,7 @@ async fn a_held_lock_is_named_and_once_writes_nothing_more() {
     };
     let before = keys(s.list(&enable).await.unwrap().kvs);
     // One pass: the rollout is recorded, and left to the driver that holds the lock.
-    let out = run(&url, &["upgrade", "v2", "--once"]).await;
+    let out = run(&url, &["upgrade", "v2", "--once", "--force"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(
         text(&out).contains("is driven by alice on laptop7 (pid 4242")

@@ -231,7 +231,7 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     let s = open(&url).await;
     let names = ["compute1", "compute2", "compute3"];
     let f = Fleet::start(&url, &names, 0.2).await;
-    let out = run(&url, &["upgrade", "v2", "--retry"]).await;
+    let out = run(&url, &["upgrade", "v2", "--retry", "--force"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("nothing is left armed"), "{}", text(&out));
     assert_eq!(
@@ -303,7 +303,10 @@ async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
         (vec!["status"], "compute                    2/2"),
         (vec!["status", "--json"], "compute1"),
         (vec!["running-versions"], "v1\t4 host(s)"),
-        (vec!["upgrade", "v2", "--noop"], "would have enabled role compute"),
+        (
+            vec!["upgrade", "v2", "--noop", "--force"],
+            "would have enabled role compute",
+        ),
     ] {
         let out = run(&url, &args).await;
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
@@ -333,7 +336,7 @@ async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
         "{st}"
     );
     // A rollout does not wait silently: it says what blocks it, and --timeout ends it.
-    let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "3s"]).await;
+    let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "3s", "--force"]).await;
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     assert!(
         text(&out).contains("--timeout passed") && text(&out).contains("blocked: compute1"),
@@ -362,7 +365,7 @@ async fn a_lost_host_is_named_while_the_rollout_waits() {
     )
     .await
     .unwrap();
-    let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "4s"]).await;
+    let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "4s", "--force"]).await;
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     let t = text(&out);
     // Never admitted (issue 14): named as lost while the rollout waits.
@@ -552,11 +555,20 @@ async fn nonsense_is_refused_and_no_rules_is_said() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = run(&url, &["status", "--role", "compute"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    // No rules at all: said, with how many hosts may start at once.
+    // No rules at all: refused, with how many hosts would start at once; forced,
+    // said again.
     let out = run(&url, &["upgrade", "v2", "--noop"]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("the rules set no rolling limit")
+            && text(&out).contains("2 host(s) would start at once"),
+        "{}",
+        text(&out)
+    );
+    let out = run(&url, &["upgrade", "v2", "--noop", "--force"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(
-        text(&out).contains("the rules set no rolling limit") && text(&out).contains("fleet's 2 hosts"),
+        text(&out).contains("--force: the rules set no rolling limit: 2 host(s)"),
         "{}",
         text(&out)
     );

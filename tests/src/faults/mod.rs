@@ -539,15 +539,33 @@ impl FaultFleet {
             }
             Fault::ForgetInFlight => {
                 let running = self.etcdctl(&["get", "--prefix", "--keys-only", "/runs/"]);
-                let h = running
+                // Only a host in flight: forgetting an idle one is a legitimate
+                // decommission, not a fault.
+                let Some(h) = running
                     .lines()
                     .find_map(|k| k.strip_prefix("/runs/"))
-                    .unwrap_or(HOSTS[rng.below(HOSTS.len())])
-                    .to_string();
+                    .map(str::to_string)
+                else {
+                    self.note("forget-host of a host in flight: none is in flight now".into());
+                    return;
+                };
+                // Its agent paused meanwhile, so that the run cannot end (and the
+                // marker go) between the read above and the command.
+                let i = HOSTS.iter().position(|x| *x == h).unwrap_or(0);
+                let pid = self.nodes[i]
+                    .daemon
+                    .as_ref()
+                    .map(|c| Pid::from_raw(c.id() as i32));
+                if let Some(p) = pid {
+                    let _ = kill(p, Signal::SIGSTOP);
+                }
                 let out = self
                     .jioctl(&["forget-host", &h, "--force"])
                     .output()
                     .expect("jioctl");
+                if let Some(p) = pid {
+                    let _ = kill(p, Signal::SIGCONT);
+                }
                 self.note(format!(
                     "forget-host {h} --force: exit {:?}: {}",
                     out.status.code(),
