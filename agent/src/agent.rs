@@ -444,7 +444,6 @@ impl Agent {
             version: version.clone(),
             since: self.clock.unix_now(),
             pid: std::process::id(),
-            clock: None,
         };
         let marker_key = self.cfg.schema.run(&self.cfg.hostname);
         let marker = Op::put(

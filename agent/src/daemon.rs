@@ -26,7 +26,10 @@ pub async fn serve(mut agent: Agent) -> Result<(), AgentError> {
     let local = state::read_local_version(&cfg.version_file).ok().flatten();
     let liveness = Liveness::start_reporting(
         agent.store().clone(),
-        cfg.schema.agent(&cfg.hostname),
+        (
+            cfg.schema.agent(&cfg.hostname),
+            Some(cfg.schema.clock(&cfg.hostname)),
+        ),
         cfg.lease_ttl,
         AgentState::Idle,
         local,

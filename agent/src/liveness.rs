@@ -5,9 +5,10 @@
 //! One task owns the lease: it renews every TTL/2 (a failed renewal is retried every
 //! second), grants a new lease when the old
 //! one ended (the store was unreachable for longer than the TTL), and rewrites the
-//! record whenever it changes, and at least every `CLOCK_REFRESH` with the agent's
-//! clock in it (so readers can tell a skewed clock). It logs on change, not on
-//! every renewal. A run starts
+//! record whenever it changes. With a clock key, it writes the agent's clock there
+//! (bound to the lease) at every new lease and every `CLOCK_REFRESH`, so readers
+//! can tell a skewed clock; no watcher wakes on that key. It logs on change, not
+//! on every renewal. A run starts
 //! with `commit`, which writes the record in a transaction fenced on what the agent
 //! decided on, and ends with the run's last report, in one transaction with it; the
 //! task and `commit` take turns on one lock, so a stale rewrite can
@@ -48,31 +49,33 @@ impl Liveness {
         state: AgentState,
         version: Option<Version>,
     ) -> Liveness {
-        Liveness::start_reporting(store, key, ttl, state, version, None)
+        Liveness::start_reporting(store, (key, None), ttl, state, version, None)
     }
 
     /// `start`, telling `metrics` when the store stops (and starts again) taking
     /// the record: the daemon's first sign of a store gone quiet between passes.
+    /// `keys`: the record's key, and the clock's (`Schema::clock`) when the agent
+    /// publishes its clock.
     pub fn start_reporting(
         store: DynStore,
-        key: Key,
+        keys: (Key, Option<Key>),
         ttl: Duration,
         state: AgentState,
         version: Option<Version>,
         metrics: Option<crate::metrics::Metrics>,
     ) -> Liveness {
+        let key = keys.0.clone();
         let (record, rx) = watch::channel(AgentRecord {
             state,
             version,
             since: unix_now(),
             pid: std::process::id(),
-            clock: None,
         });
         let (stop, stop_rx) = watch::channel(false);
         let lease: Lease = Arc::new(Mutex::new(None));
         let task = tokio::spawn(keep(
             store.clone(),
-            key.clone(),
+            keys,
             ttl,
             lease.clone(),
             rx,
@@ -107,7 +110,6 @@ impl Liveness {
                 version,
                 since: unix_now(),
                 pid: r.pid,
-                clock: None,
             };
             true
         });
@@ -134,7 +136,6 @@ impl Liveness {
             version,
             since: unix_now(),
             pid: std::process::id(),
-            clock: Some(unix_now_ms()),
         };
         let mut ops = vec![Op::Put {
             key: self.key.clone(),
@@ -181,7 +182,7 @@ impl Liveness {
 
 async fn keep(
     store: DynStore,
-    key: Key,
+    (key, clock_key): (Key, Option<Key>),
     ttl: Duration,
     shared: Lease,
     mut record: watch::Receiver<AgentRecord>,
@@ -197,7 +198,8 @@ async fn keep(
     let period = ttl / 2;
     let retry = Duration::from_secs(1).min(period);
     let mut renew_at = Instant::now() + period;
-    let mut written_at = Instant::now();
+    let mut clock_dirty = true;
+    let mut clock_at = Instant::now();
     loop {
         let step: Result<(), StoreError> = async {
             let mut lease = shared.lock().await;
@@ -205,11 +207,10 @@ async fn keep(
                 *lease = Some(store.grant_lease(ttl).await?.id);
                 renew_at = Instant::now() + period;
                 dirty = true;
+                clock_dirty = true;
             }
-            if dirty || written_at.elapsed() >= CLOCK_REFRESH {
-                let mut rec = record.borrow_and_update().clone();
-                rec.clock = Some(unix_now_ms());
-                let value = serde_json::to_string(&rec).unwrap_or_default();
+            if dirty {
+                let value = serde_json::to_string(&*record.borrow_and_update()).unwrap_or_default();
                 if let Err(e) = store.put(&key, &value, lease.as_ref()).await {
                     if e.kind() == ErrorKind::NotFound {
                         *lease = None;
@@ -217,7 +218,18 @@ async fn keep(
                     return Err(e);
                 }
                 dirty = false;
-                written_at = Instant::now();
+            }
+            if let Some(ck) = &clock_key
+                && (clock_dirty || clock_at.elapsed() >= CLOCK_REFRESH)
+            {
+                if let Err(e) = store.put(ck, &unix_now_ms().to_string(), lease.as_ref()).await {
+                    if e.kind() == ErrorKind::NotFound {
+                        *lease = None;
+                    }
+                    return Err(e);
+                }
+                clock_dirty = false;
+                clock_at = Instant::now();
             }
             Ok(())
         }
@@ -244,7 +256,10 @@ async fn keep(
         let wake = if failing {
             Instant::now() + retry
         } else {
-            renew_at.min(written_at + CLOCK_REFRESH)
+            match &clock_key {
+                Some(_) => renew_at.min(clock_at + CLOCK_REFRESH),
+                None => renew_at,
+            }
         };
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => {

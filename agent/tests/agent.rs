@@ -1818,7 +1818,11 @@ async fn a_start_loses_when_a_hold_is_placed_after_the_decision_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn maintenance_windows_keep_a_role_out_while_closed() {
+/// A rollout record that cannot be used holds every start; its windows are not
+/// the agent's to decide (its clock may be wrong): the driver admits a host only
+/// inside its window and disarms it when the window closes, so an agent that is
+/// enabled starts, whatever its own clock says of the window.
+async fn an_unusable_rollout_holds_starts_and_windows_are_the_drivers() {
     let etcd = Etcd::start().await;
     let url = etcd.url();
     let s = open(&url).await;
@@ -1869,15 +1873,9 @@ async fn maintenance_windows_keep_a_role_out_while_closed() {
     // The rollout is recorded (a new /rollouts/current wakes the agents).
     start_rollout(&s, "v2", rules).await;
     reported_at(&s, "db34", "v2", Duration::from_secs(30)).await;
-    let opens = "outside the maintenance window: the upgrade to v2 starts when it opens at";
-    wait_for("the window's log line", Duration::from_secs(15), || async {
-        log(0).contains(opens)
-    })
-    .await;
-    assert_eq!(log(0).matches(opens).count(), 1, "logged once: {}", log(0));
-    assert_eq!(runs(0), 0, "started outside its window: {}", log(0));
-    assert_eq!(hosts[0].0.local_version().as_deref(), Some("v1"));
-    assert_eq!(runs(1), 1);
+    reported_at(&s, "compute34", "v2", Duration::from_secs(30)).await;
+    assert!(!log(0).contains("outside the maintenance window"), "{}", log(0));
+    assert_eq!((runs(0), runs(1)), (1, 1));
     for d in &mut daemons {
         assert!(alive(d));
         d.kill().await.unwrap();

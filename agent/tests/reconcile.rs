@@ -419,9 +419,12 @@ async fn a_passing_soak_check_records_checked_at() {
     r.stop().await;
 }
 
+/// Windows are the driver's to decide, by its clock: an enabled agent starts at
+/// once, whatever its own clock says of the rollout's window (the driver disarms
+/// an admitted host when the window closes).
 #[tokio::test(start_paused = true)]
-async fn a_closed_window_wakes_the_agent_when_it_opens() {
-    // START is 08:00 UTC; the window opens at 08:10.
+async fn an_enabled_agent_starts_whatever_its_clock_says_of_the_window() {
+    // START is 08:00 UTC; by the agent's clock the window opens at 08:10.
     let r = rig(&[], ScriptedSteps::new()).await;
     r.rollout(
         "v2",
@@ -430,19 +433,10 @@ async fn a_closed_window_wakes_the_agent_when_it_opens() {
     .await;
     r.enable_global().await;
     r.desire("v2").await;
-    // Time moves by hand so that an agent polling the store shows in its requests.
-    let before = r.counted.requests();
-    for _ in 0..599 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-        tokio::task::yield_now().await;
-    }
-    assert!(r.at(Step::Configured).is_empty(), "started outside the window");
-    // The liveness lease's renewals are most of them (every TTL/3); a pass a
-    // second would be well above.
-    let used = r.counted.requests() - before;
-    assert!(used < 200, "{used} store requests while waiting for the window");
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(r.at(Step::Configured), [600]);
+    let started = r.at(Step::Configured);
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert!(started[0] < 5, "started at {started:?}, not at once");
     assert_eq!(r.local(), "v2");
     r.stop().await;
 }

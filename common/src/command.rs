@@ -776,11 +776,23 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
                 && !p.held.contains(&s.host)
         })
         && !statuses.iter().any(|s| s.state == HostState::Upgrading)
-        // Hosts outside the command that hold its slots (a rollout's) finish by
-        // themselves: waiting for them is not waiting forever.
-        && busy_outside.is_empty();
+        && !moving_outside(v, r, &statuses, &busy_outside);
     out.plan = p;
     out
+}
+
+/// Hosts outside the command, with a live agent, hold slots of a group where the
+/// command's hosts wait (a rollout's hosts upgrading): they finish by themselves,
+/// so waiting for them is not waiting forever. A lost one is not such a host.
+fn moving_outside(v: &View<'_>, r: &Resolved, statuses: &[HostStatus], busy: &[HostStatus]) -> bool {
+    let group = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
+    let waiting: BTreeSet<String> = statuses
+        .iter()
+        .filter(|s| s.state == HostState::Pending)
+        .map(|s| group(&s.role))
+        .collect();
+    busy.iter()
+        .any(|b| v.fleet.agents.contains_key(&b.host) && waiting.contains(&group(&b.role)))
 }
 
 /// Whether the command ends at this pass, and how.
@@ -1004,7 +1016,6 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
-                    clock: None,
                 }),
             );
         }
@@ -1168,7 +1179,6 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
-                clock: None,
             }),
         );
         f.inboxes.insert(
@@ -1317,7 +1327,6 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
-                    clock: None,
                 }),
             );
         }
@@ -1499,7 +1508,6 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
-                clock: None,
             }),
         );
         let mut runs = Runs::default();

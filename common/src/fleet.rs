@@ -86,6 +86,8 @@ pub struct Snapshot {
     /// Run markers: runs that started and were not yet seen to end, whether or not
     /// the agent is alive (`None` when the marker cannot be read).
     pub runs: BTreeMap<HostName, Option<AgentRecord>>,
+    /// Each live agent's clock as it last wrote it (Unix ms), readable ones.
+    pub clocks: BTreeMap<HostName, u64>,
     pub lock: Option<LockRecord>,
     /// The rollout lock key as read (revision, lease), to fence plans on holding it.
     pub lock_key: Option<(Revision, Option<LeaseId>)>,
@@ -251,6 +253,7 @@ impl Snapshot {
             schema.running_versions(),
             schema.agents(),
             schema.runs(),
+            schema.clocks(),
         ];
         if let Some(v) = &cur_version {
             for step in Step::ALL {
@@ -288,11 +291,20 @@ impl Snapshot {
             .map(|(h, _)| h);
         self.roles
             .keys()
-            .chain(self.running.keys())
+            .chain(self.running.keys().filter(|h| !self.stray(h)))
             .chain(self.runs.keys())
             .chain(running_agents)
             .cloned()
             .collect()
+    }
+
+    /// Only `/running/versions/` names `h`, and by a name no host can have (RFC
+    /// 1123): another program wrote it. Reported (`settle`), never shown as a host.
+    fn stray(&self, h: &HostName) -> bool {
+        !h.is_dns_name()
+            && !self.roles.contains_key(h)
+            && !self.agents.contains_key(h)
+            && !self.runs.contains_key(h)
     }
 
     /// A host's role: registered, else from its name by `role_pattern`, else `unknown`.
@@ -435,15 +447,6 @@ impl LiveSnapshot {
                 }
                 Err(e) => self.problem(&kv.key, e.to_string()),
             },
-            // Only another program writes a name no host can have (RFC 1123:
-            // letters, digits, '-' and '.'): reported, not shown as a host.
-            Some(Parsed::RunningVersion(_, h)) if !h.is_dns_name() => self.problem(
-                &kv.key,
-                format!(
-                    "key {}: {h:?} is not a valid host name (letters, digits, '-' and '.' only): ignored",
-                    kv.key
-                ),
-            ),
             Some(Parsed::RunningVersion(v, h)) => {
                 self.snap.running.entry(h).or_default().insert(v);
             }
@@ -476,6 +479,15 @@ impl LiveSnapshot {
                 let rec = record(self);
                 self.snap.runs.insert(h, rec);
             }
+            Some(Parsed::Clock(h)) => match kv.value.trim().parse::<u64>() {
+                Ok(ms) => {
+                    self.snap.clocks.insert(h, ms);
+                }
+                Err(_) => self.problem(
+                    &kv.key,
+                    format!("key {}: not a clock (Unix milliseconds): ignored", kv.key),
+                ),
+            },
             Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
                 self.snap.lock = match parse_json(kv) {
                     Ok(r) => Some(r),
@@ -651,6 +663,9 @@ impl LiveSnapshot {
             Some(Parsed::Run(h)) => {
                 s.runs.remove(h);
             }
+            Some(Parsed::Clock(h)) => {
+                s.clocks.remove(h);
+            }
             Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
                 s.lock = None;
                 s.lock_key = None;
@@ -734,6 +749,17 @@ impl LiveSnapshot {
         s.problems.clear();
         s.problems.extend(self.problems.iter().map(|(_, p)| p.clone()));
         s.problems.extend(rollout_problem);
+        let strays: Vec<String> = s
+            .running
+            .iter()
+            .filter(|(h, _)| s.stray(h))
+            .flat_map(|(h, vs)| vs.iter().map(move |v| format!("/running/versions/{v}/{h}")))
+            .collect();
+        for k in strays {
+            s.problems.push(format!(
+                "key {k}: not a host name any host has (letters, digits, '-' and '.' only) and no host registers it: ignored"
+            ));
+        }
     }
 }
 
@@ -948,7 +974,9 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
             // in flight (it keeps its slot), whatever its keys say.
             let lost_run = s.runs.contains_key(&h) && !s.agents.contains_key(&h);
             let (state, reason) = match &s.current {
-                _ if lost_run && !s.failures.contains_key(&h) => (HostState::Lost, running),
+                _ if lost_run && !s.failures.contains_key(&h) && s.step_failure(&h).is_none() => {
+                    (HostState::Lost, running)
+                }
                 None => match running {
                     Some(r) => (HostState::Upgrading, Some(r)),
                     None => (HostState::Unknown, None),

@@ -123,6 +123,8 @@ pub enum Parsed {
     Agent(HostName),
     /// A run that started and has not been seen to end (not bound to a lease).
     Run(HostName),
+    /// `/running/clocks/<host>`: the agent's clock (Unix ms), bound to its lease.
+    Clock(HostName),
     Lock(String),
     /// `/rollouts/current`: the id of the active rollout.
     CurrentRollout,
@@ -171,6 +173,7 @@ impl fmt::Display for HoldTarget {
 
 const CURRENT_VERSION: &str = "/current_version";
 const RUNNING: &str = "/running/versions/";
+const CLOCKS: &str = "/running/clocks/";
 const ENABLE: &str = "/config_state/enable_puppet/";
 const STATUS: &str = "/status/";
 const ACTIVE_ROLES: &str = "/active_roles/";
@@ -277,6 +280,18 @@ impl Schema {
 
     pub fn running_version_host(&self, v: &Version, h: &HostName) -> Key {
         self.key(&[RUNNING, v.as_str(), "/", h.as_str()])
+    }
+
+    /// Prefix of the agents' clocks.
+    pub fn clocks(&self) -> Key {
+        self.key(&[CLOCKS])
+    }
+
+    /// The host's agent's clock: its Unix time in milliseconds, written with its
+    /// liveness lease when it starts and every `values::CLOCK_REFRESH`, so readers
+    /// can tell a skewed clock. No watcher wakes on it.
+    pub fn clock(&self, h: &HostName) -> Key {
+        self.key(&[CLOCKS, h.as_str()])
     }
 
     /// Prefix of every `enable_puppet` key.
@@ -654,6 +669,9 @@ impl Schema {
         if let Some(h) = rest.strip_prefix(RUNS) {
             return Some(Parsed::Run(HostName::new(h).ok()?));
         }
+        if let Some(h) = rest.strip_prefix(CLOCKS) {
+            return Some(Parsed::Clock(HostName::new(h).ok()?));
+        }
         if let Some(l) = rest.strip_prefix(LOCKS) {
             return (!l.is_empty() && !l.contains('/')).then(|| Parsed::Lock(l.to_string()));
         }
@@ -842,6 +860,7 @@ mod tests {
                 (s.host(&h("c1")), Parsed::Host(h("c1"))),
                 (s.agent(&h("c1")), Parsed::Agent(h("c1"))),
                 (s.run(&h("c1")), Parsed::Run(h("c1"))),
+                (s.clock(&h("c1")), Parsed::Clock(h("c1"))),
                 (s.lock("rollout"), Parsed::Lock("rollout".into())),
                 (s.current_rollout(), Parsed::CurrentRollout),
                 (
@@ -892,5 +911,6 @@ mod tests {
             .expect("the AGENT_WRITES line of etcd-roles.sh");
         assert_eq!(line.split(' ').collect::<Vec<_>>(), AGENT_WRITES);
         assert!(RUNNING.starts_with(AGENT_WRITES[1]));
+        assert!(CLOCKS.starts_with(AGENT_WRITES[1]));
     }
 }

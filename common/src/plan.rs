@@ -435,8 +435,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
                         // Admitted, not started, and its window is closed by this
                         // clock: disarmed (an agent's clock decides no window).
                         WindowState::Closed { opens_at } => {
-                            plan.armed_outside_window.push(h.host.clone());
-                            plan.disable_hosts.push(h.host.clone());
+                            // `disarm_outside_windows` disarms it.
                             reason(
                                 ReasonCode::OutsideWindow,
                                 format!(
@@ -473,6 +472,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
             plan.soaking.push(h.host.clone());
         }
     }
+    disarm_outside_windows(snap, hosts, &mut plan, |h| window_of(&group_of(&h.role)));
     let mut canaries: Vec<HostName> = Vec::new();
     let mut canary_moving = false;
     for (g, hs) in &by_group {
@@ -794,6 +794,36 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         });
     }
     plan
+}
+
+/// No admission outlives its window (by the driver's clock; an agent's decides
+/// none): every host enabled and not running when its group's window is closed is
+/// disarmed, whatever its state (about to start, retrying, failed and waiting for
+/// its backoff, lost before it started). A host with a run marker, or whose agent
+/// runs or cannot be read, keeps its key: its run goes on.
+fn disarm_outside_windows(
+    snap: &Snapshot,
+    hosts: &[HostStatus],
+    plan: &mut Plan,
+    window_of: impl Fn(&HostStatus) -> WindowState,
+) {
+    for h in hosts {
+        let running = snap.runs.contains_key(&h.host)
+            || snap
+                .agents
+                .get(&h.host)
+                .is_some_and(|a| a.as_ref().is_none_or(|a| a.state.running()));
+        if h.state == HostState::Upgraded
+            || running
+            || plan.disable_hosts.contains(&h.host)
+            || !matches!(window_of(h), WindowState::Closed { .. })
+            || !snap.gate(&h.host, &h.role).enabled
+        {
+            continue;
+        }
+        plan.armed_outside_window.push(h.host.clone());
+        plan.disable_hosts.push(h.host.clone());
+    }
 }
 
 fn held_reason(t: &HoldTarget, rec: Option<&crate::values::HoldRecord>) -> Reason {

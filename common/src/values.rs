@@ -151,14 +151,9 @@ pub struct AgentRecord {
     /// Unix time the agent entered this state.
     pub since: u64,
     pub pid: u32,
-    /// The agent's clock when it wrote the record, in Unix milliseconds: rewritten
-    /// at least every `CLOCK_REFRESH`, so readers can tell a skewed agent clock
-    /// (`clock_skew`). Absent from agents before it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clock: Option<u64>,
 }
 
-/// An agent rewrites its record at least this often, with its clock.
+/// An agent rewrites its clock (`/running/clocks/<host>`) at least this often.
 pub const CLOCK_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Skew below this is not worth a word (a record travels, clocks tick in seconds).
@@ -183,23 +178,23 @@ impl Skew {
             Skew::Behind(ms) => (ms, "behind"),
         };
         format!(
-            "its agent's clock is at least {} s {dir} this one (its liveness record's clock); windows are decided by the driver's clock, soaks and retries by the agent's",
+            "its agent's clock is at least {} s {dir} this one (its clock key /running/clocks/<host>); windows are decided by the driver's clock, soaks and retries by the agent's",
             ms / 1000
         )
     }
 }
 
-impl AgentRecord {
-    /// The agent's clock skew, read at `now_ms` (the reader's Unix milliseconds),
-    /// when it exceeds `SKEW_TOLERANCE_MS`: ahead when the record says a time later
-    /// than now, behind when it says a time older than the record can be.
-    pub fn clock_skew(&self, now_ms: u64) -> Option<Skew> {
-        let clock = self.clock?;
-        let oldest = CLOCK_REFRESH.as_millis() as u64 + SKEW_TOLERANCE_MS;
-        if clock > now_ms.saturating_add(SKEW_TOLERANCE_MS) {
-            Some(Skew::Ahead(clock - now_ms))
-        } else if now_ms.saturating_sub(clock) > oldest + SKEW_TOLERANCE_MS {
-            Some(Skew::Behind(now_ms - clock - CLOCK_REFRESH.as_millis() as u64))
+impl Skew {
+    /// The skew of an agent whose clock key says `clock_ms`, read at `now_ms` (the
+    /// reader's Unix milliseconds), when it exceeds `SKEW_TOLERANCE_MS`: ahead when
+    /// it says a time later than now, behind when it says a time older than the key
+    /// can be (it is rewritten every `CLOCK_REFRESH`).
+    pub fn of(clock_ms: u64, now_ms: u64) -> Option<Skew> {
+        let refresh = CLOCK_REFRESH.as_millis() as u64;
+        if clock_ms > now_ms.saturating_add(SKEW_TOLERANCE_MS) {
+            Some(Skew::Ahead(clock_ms - now_ms))
+        } else if now_ms.saturating_sub(clock_ms) > refresh + 2 * SKEW_TOLERANCE_MS {
+            Some(Skew::Behind(now_ms - clock_ms - refresh))
         } else {
             None
         }
@@ -374,13 +369,6 @@ mod tests {
 
     #[test]
     fn clock_skew_is_told_only_beyond_what_one_record_can_explain() {
-        let at = |clock| AgentRecord {
-            state: AgentState::Idle,
-            version: None,
-            since: 0,
-            pid: 1,
-            clock,
-        };
         let now = 1_000_000_000u64;
         // (agent's clock, skew read at `now`)
         let table = [
@@ -394,7 +382,7 @@ mod tests {
             (Some(now - 150_000), Some(Skew::Behind(90_000))),
         ];
         for (clock, want) in table {
-            assert_eq!(at(clock).clock_skew(now), want, "{clock:?}");
+            assert_eq!(clock.and_then(|c| Skew::of(c, now)), want, "{clock:?}");
         }
         assert!(Skew::Behind(90_000).describe().contains("at least 90 s behind"));
     }
@@ -406,16 +394,10 @@ mod tests {
             version: Some(Version::new("v2").unwrap()),
             since: 5,
             pid: 42,
-            clock: None,
         };
         let json = serde_json::to_string(&rec).unwrap();
         assert_eq!(json, r#"{"state":"upgrading","version":"v2","since":5,"pid":42}"#);
         assert_eq!(parse_json::<AgentRecord>(&kv(&json)), Ok(rec));
-        let with_clock = r#"{"state":"idle","version":null,"since":1,"pid":1,"clock":1000}"#;
-        assert_eq!(
-            parse_json::<AgentRecord>(&kv(with_clock)).unwrap().clock,
-            Some(1000)
-        );
         let err =
             parse_json::<AgentRecord>(&kv(r#"{"state":"idle","version":null,"since":1,"pid":1,"x":1}"#))
                 .unwrap_err()

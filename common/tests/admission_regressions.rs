@@ -464,6 +464,36 @@ fn an_enabled_host_outside_its_window_waits_by_design() {
     assert!(!p.waits_by_design());
 }
 
+/// When the window closes, every admitted host that is not running is disarmed,
+/// whatever its state: one waiting for its retry's backoff after a failure, and
+/// one whose agent died before it started. One whose run goes on keeps its key.
+#[test]
+fn no_admission_outlives_its_window_whatever_the_hosts_state() {
+    // 22:00-06:00 UTC; NOW is 12:00: closed.
+    let rules = r#"{"windows":[{"days":"daily","start":"22:00","end":"06:00"}],"max_failures":5}"#;
+    let rec = rollout(rules, NOW - 7 * 3600);
+    let mut kvs = base();
+    host(&mut kvs, "compute1", "compute", true);
+    host(&mut kvs, "compute2", "compute", false);
+    host(&mut kvs, "compute3", "compute", true);
+    kvs.push(kv("/status/configured/failure/v2/compute1", "puppet failed"));
+    for h in ["compute1", "compute2", "compute3"] {
+        kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true"));
+    }
+    // compute3's run goes on.
+    kvs.push(kv(
+        "/runs/compute3",
+        r#"{"state":"upgrading","version":"v2","since":1,"pid":7}"#,
+    ));
+    let (p, hosts) = run(&kvs, rules, &rec, NOW);
+    assert_eq!(status(&hosts, "compute1").state, HostState::Failed);
+    assert_eq!(status(&hosts, "compute2").state, HostState::Lost);
+    assert_eq!(names(&p.disable_hosts), ["compute1", "compute2"], "{p:#?}");
+    // With the window open, nothing is disarmed.
+    let (p, _) = run(&kvs, rules, &rec, NOW + 11 * 3600);
+    assert!(p.disable_hosts.is_empty(), "{p:#?}");
+}
+
 /// A window naming a role of a group covers the whole group, for the agent
 /// (`windows_for`) as for the driver (`resolve`).
 #[test]

@@ -62,9 +62,9 @@ pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
                 .or_else(|| h.reason.as_ref().map(|r| json!({"text": r})))
                 .unwrap_or(Value::Null);
             let skew = snap
-                .agents
+                .clocks
                 .get(&h.host)
-                .and_then(|a| a.as_ref()?.clock_skew(jio_common::time::unix_now_ms()))
+                .and_then(|c| jio_common::values::Skew::of(*c, jio_common::time::unix_now_ms()))
                 .map(|s| match s {
                     jio_common::values::Skew::Ahead(ms) => json!({"ahead_ms": ms}),
                     jio_common::values::Skew::Behind(ms) => json!({"behind_ms": ms}),
@@ -276,6 +276,24 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
             }
         }
     };
+    // The check every driver makes on every pass: rules whose intent is unclear
+    // admit nothing unless forced.
+    if let Some(r) = active
+        && unusable.is_none()
+        && let Ok(rules) = Rules::parse(&r.rules.to_string())
+    {
+        let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
+        if let Err(e) =
+            jio_common::rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), r.forced)
+        {
+            unusable = Some(
+                e.replace("nothing was written", "nothing is admitted")
+                    .replace(":\n  ", ": ")
+                    .replace("\n  ", "; ")
+                    .replace('\n', "; "),
+            );
+        }
+    }
     let cx = PlanContext {
         now,
         rollout: if problem.is_some() { None } else { active },
@@ -415,9 +433,9 @@ pub fn upgraded_without_agent<'a>(snap: &Snapshot, hosts: &'a [HostStatus]) -> V
 
 /// Agents whose clock is off this one's by more than the tolerance.
 pub fn skewed_agents(snap: &Snapshot, now_ms: u64) -> Vec<(&HostName, jio_common::values::Skew)> {
-    snap.agents
+    snap.clocks
         .iter()
-        .filter_map(|(h, a)| Some((h, a.as_ref()?.clock_skew(now_ms)?)))
+        .filter_map(|(h, c)| Some((h, jio_common::values::Skew::of(*c, now_ms)?)))
         .collect()
 }
 

@@ -112,9 +112,15 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         .filter(|h| !snap.running.get(*h).is_some_and(|vs| vs.contains(&args.version)))
         .count();
     let unlimited = args.rules.sets_no_limit().then_some(moving);
+    // Following the active rollout to this version with these rules, which its
+    // operator forced: the intent was given then.
+    let digest = jio_common::rollout::digest(&args.rules_json);
+    let resumes_forced = snap.rollout.as_ref().and_then(|c| c.ok()).is_some_and(|r| {
+        r.forced && r.state.active() && r.version == args.version && r.rules_digest() == digest
+    });
     // Recorded as forced only when the check would have refused it.
     let forced = args.force && jio_common::rules::check_intent(&resolved, unlimited, false).is_err();
-    jio_common::rules::check_intent(&resolved, unlimited, args.force).map_err(|e| {
+    jio_common::rules::check_intent(&resolved, unlimited, args.force || resumes_forced).map_err(|e| {
         Failure::new(
             exit::INVALID_RULES,
             format!("{e} (the rules come from --instructions, --instructions-file, or {DEFAULT_RULES})"),
@@ -196,6 +202,7 @@ pub async fn follow(
         ttl: writes::LOCK_TTL,
         timeout: args.timeout,
         clock: std::sync::Arc::new(SystemClock),
+        force: args.force,
     };
     let mut driver = Driver::new(store, schema, role_pattern, opts);
     match mode {
@@ -511,6 +518,7 @@ pub async fn drive(
         ttl,
         timeout: None,
         clock: std::sync::Arc::new(SystemClock),
+        force: false,
     };
     let mut driver = Driver::new(store, schema, role_pattern, opts);
     let out = tokio::select! {
@@ -590,6 +598,8 @@ struct DriverOpts {
     ttl: Duration,
     timeout: Option<Duration>,
     clock: DynClock,
+    /// `--force`: drive rules whose intent is unclear (`rules::check_intent`).
+    force: bool,
 }
 
 /// The driver's shell: everything `next` needs to know, and the I/O it asks for.
@@ -1033,11 +1043,6 @@ impl Driver<'_> {
         let rules = self.rules_of(rec)?;
         let roles = hosts.iter().map(|h| h.role.clone()).collect();
         let resolved = rules.resolve(&roles)?;
-        // The check `upgrade` made, made again on today's fleet: a driver never
-        // drives rules whose intent is unclear unless the operator forced them.
-        let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
-        rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), rec.forced)
-            .map_err(|e| rules::RulesError(vec![e.replace("nothing was written", "nothing is admitted")]))?;
         let cx = jio_common::plan::Context {
             now: self.o.clock.unix_now(),
             rollout: Some(rec),
@@ -1057,7 +1062,22 @@ impl Driver<'_> {
         if self.rules_of(rec).is_ok_and(|r| r.compose.is_some()) {
             return self.compose_pass(snap, hosts, rec, now).await;
         }
-        let (plan, rules, resolved) = self.plan_of(snap, hosts, rec).map_err(PassError::Rules)?;
+        let (mut plan, rules, resolved) = self.plan_of(snap, hosts, rec).map_err(PassError::Rules)?;
+        // The check `upgrade` made, made again on today's fleet: rules whose intent
+        // is unclear admit nothing unless the operator forced them; what the plan
+        // withdraws (disarms, held hosts) is still written.
+        let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
+        let refused = rules::check_intent(
+            &resolved,
+            rules.sets_no_limit().then_some(moving),
+            rec.forced || self.o.force,
+        )
+        .err();
+        if refused.is_some() {
+            plan.enable_roles.clear();
+            plan.enable_hosts.clear();
+            plan.clear_host_keys.clear();
+        }
         if self.o.verbose {
             crate::say!("pass at revision {}:", snap.revision);
             crate::say_text!("{}", render::plan_table(&plan));
@@ -1116,6 +1136,19 @@ impl Driver<'_> {
                 rec.id
             ));
             return Ok(PassOutcome::Replan);
+        }
+        if let Some(why) = refused
+            && plan.is_empty()
+            && hosts.iter().any(|h| h.state == HostState::Pending)
+        {
+            return Ok(PassOutcome::Continue {
+                waiting: Some(format!(
+                    "{}; `jioctl upgrade {}{} --force` with the same rules drives it as written, `jioctl rollout abort` ends it",
+                    why.replace("nothing was written", "nothing is admitted"),
+                    rec.version,
+                    stage_args(rec)
+                )),
+            });
         }
         let (disarm, end) = match next::after_plan(snap, hosts, &plan) {
             After::Apply => return Ok(self.apply(snap, &plan).await?),
@@ -1566,6 +1599,8 @@ impl Driver<'_> {
 /// The end: what to say, and the final status.
 impl Driver<'_> {
     async fn conclude(&self, ending: Ending, record: &RolloutRecord) -> Outcome {
+        // Following ends here: a closed output no longer stops anything.
+        crate::exit::set_closing_words(None);
         let v = &record.version;
         let id = &record.id;
         let code = ending.code();

@@ -310,9 +310,9 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
         )),
     }
     if let Some(skew) = snap
-        .agents
+        .clocks
         .get(h)
-        .and_then(|a| a.as_ref()?.clock_skew(jio_common::time::unix_now_ms()))
+        .and_then(|c| jio_common::values::Skew::of(*c, jio_common::time::unix_now_ms()))
     {
         t.push(format!("  warning: {}", skew.describe()));
     }

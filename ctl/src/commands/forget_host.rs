@@ -85,6 +85,7 @@ impl ForgetHost {
             schema.run(h),
             schema.hold(&HoldTarget::Host(h.clone())),
             schema.command_inbox(h),
+            schema.clock(h),
         ];
         for (k, kv) in single.iter().zip(store.get_many(&single).await?) {
             if kv.is_some() {
@@ -112,7 +113,7 @@ impl ForgetHost {
                 return Err(Failure::new(
                     exit::FAILED,
                     format!(
-                        "{h}'s agent started, or started a run, while its keys were being read: nothing was written; run it again once the agent is stopped"
+                        "{h}'s agent record or run marker changed while its keys were being read (an agent started, a run started, or the agent refreshed its record): nothing was written; run it again"
                     ),
                 ));
             }

@@ -82,6 +82,28 @@ fn disable_ops(
     ops
 }
 
+/// The enable levels above an enable key (a host key: its role's and the global
+/// key; a role key: the global key), each with whether it says true now.
+fn enabled_above(
+    schema: &jio_common::keys::Schema,
+    snap: &jio_common::fleet::Snapshot,
+    key: &jio_common::keys::Key,
+) -> Option<Vec<(EnableLevel, bool)>> {
+    let on = |st: Option<&KeyState>| st == Some(&KeyState::Set(true));
+    let global = (EnableLevel::Global, on(Some(&snap.global)));
+    match schema.parse(key)? {
+        jio_common::keys::Parsed::Enable(EnableLevel::Host(h)) => {
+            let role = snap.role_of(&h);
+            Some(vec![
+                (EnableLevel::Role(role.clone()), on(snap.role_keys.get(&role))),
+                global,
+            ])
+        }
+        jio_common::keys::Parsed::Enable(EnableLevel::Role(_)) => Some(vec![global]),
+        _ => None,
+    }
+}
+
 /// Targets the fleet does not know: a host with no record, version or agent, a
 /// role no host has.
 fn unknown_targets(snap: &jio_common::fleet::Snapshot, targets: &[HoldTarget]) -> Vec<String> {
@@ -117,6 +139,60 @@ fn name(t: &HoldTarget) -> String {
     }
 }
 
+/// The hold's transaction on the fleet as read (`before`): each target's record
+/// (with the enable keys it creates, and those of a hold it replaces) and the
+/// enable keys it sets to false, fenced on the plan epoch, with the epoch bump.
+fn hold_txn(
+    schema: &jio_common::keys::Schema,
+    before: &jio_common::fleet::Snapshot,
+    targets: &[HoldTarget],
+    reason: Option<&String>,
+) -> Result<Txn, Failure> {
+    let mut ops: Vec<Op> = Vec::new();
+    for t in targets {
+        // Held hosts are disabled in the same transaction: a host enabled but not
+        // yet started must not start on its release outside the plan (a held host
+        // still enabled keeps its slot until the planner disables it).
+        let disable = disable_ops(schema, before, std::slice::from_ref(t));
+        // A hold that replaces another keeps what the other created.
+        let inherited = before
+            .holds
+            .get(t)
+            .and_then(|r| r.as_ref())
+            .map(|r| r.created_keys.clone())
+            .unwrap_or_default();
+        let mut created_keys: Vec<String> = disable
+            .iter()
+            .filter_map(|op| match op {
+                Op::Put { key, .. } if !before.enable_revisions.keys().any(|l| &schema.enable(l) == key) => {
+                    Some(key.to_string())
+                }
+                _ => None,
+            })
+            .chain(inherited)
+            .collect();
+        created_keys.sort();
+        created_keys.dedup();
+        let rec = HoldRecord {
+            by: crate::rollouts::by(),
+            reason: reason.cloned(),
+            at: jio_common::time::unix_now(),
+            created_keys,
+        };
+        let value = serde_json::to_string(&rec).map_err(anyhow::Error::from)?;
+        ops.push(Op::put(schema.hold(t), value));
+        ops.extend(disable);
+    }
+    ops.push(writes::epoch_put(schema));
+    Ok(Txn {
+        compares: vec![Compare::ModRevision(
+            schema.lock(jio_common::fleet::EPOCH),
+            before.epoch,
+        )],
+        ops,
+    })
+}
+
 impl Hold {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let targets = targets(&self.hosts, &self.role);
@@ -131,48 +207,26 @@ impl Hold {
             )));
         }
         let schema = ctx.schema();
-        let mut ops: Vec<Op> = Vec::new();
-        for t in &targets {
-            // Held hosts are disabled in the same transaction: a host enabled but not
-            // yet started must not start on its release outside the plan (a key the
-            // planner wrote after this read fails its fence on the epoch this moves,
-            // and a held host still enabled keeps its slot until the planner
-            // disables it).
-            let disable = disable_ops(schema, &before, std::slice::from_ref(t));
-            // A hold that replaces another keeps what the other created.
-            let inherited = before
-                .holds
-                .get(t)
-                .and_then(|r| r.as_ref())
-                .map(|r| r.created_keys.clone())
-                .unwrap_or_default();
-            let mut created_keys: Vec<String> = disable
-                .iter()
-                .filter_map(|op| match op {
-                    Op::Put { key, .. }
-                        if !before.enable_revisions.keys().any(|l| &schema.enable(l) == key) =>
-                    {
-                        Some(key.to_string())
-                    }
-                    _ => None,
-                })
-                .chain(inherited)
-                .collect();
-            created_keys.sort();
-            created_keys.dedup();
-            let rec = HoldRecord {
-                by: crate::rollouts::by(),
-                reason: reason.clone(),
-                at: jio_common::time::unix_now(),
-                created_keys,
-            };
-            let value = serde_json::to_string(&rec).map_err(anyhow::Error::from)?;
-            ops.push(Op::put(schema.hold(t), value));
-            ops.extend(disable);
+        let mut before = before;
+        let mut attempts = 0;
+        // Fenced on the plan epoch as read: a plan written since (a key this hold
+        // would then record as its own) makes it read again.
+        while !matches!(
+            store
+                .txn(hold_txn(schema, &before, &targets, reason.as_ref())?)
+                .await
+                .context("writing the hold")?,
+            TxnOutcome::Committed(_)
+        ) {
+            attempts += 1;
+            if attempts >= 5 {
+                return Err(Failure::new(
+                    crate::exit::FAILED,
+                    "plans kept writing enable keys while the hold was read (5 attempts); nothing was held: run it again",
+                ));
+            }
+            before = ctx.snapshot(&store).await?;
         }
-        writes::write(&store, ctx.schema(), ops)
-            .await
-            .context("writing the hold")?;
         // What the hold means for hosts already moving.
         let snap = ctx.snapshot(&store).await?;
         let hosts = fleet::classify(&snap);
@@ -265,36 +319,63 @@ impl Release {
         }
         let schema = ctx.schema();
         let mut txn = Txn::new();
+        let mut kept: Vec<String> = Vec::new();
         for t in &held {
+            // The hold as read now: a newer hold in its place is not released
+            // with this one's keys (the delete is fenced on it).
+            let Some(hold_kv) = store.get(&schema.hold(t)).await? else {
+                continue;
+            };
+            txn.compares
+                .push(Compare::ModRevision(schema.hold(t), hold_kv.mod_revision));
             txn.ops.push(Op::Delete(schema.hold(t)));
-            // The keys the hold created go if they still say false (fenced on that).
-            let created = snap
-                .holds
-                .get(*t)
-                .and_then(|r| r.as_ref())
-                .map(|r| r.created_keys.clone());
-            for k in created.unwrap_or_default() {
+            let created = jio_common::values::parse_json::<HoldRecord>(&hold_kv)
+                .map(|r| r.created_keys)
+                .unwrap_or_default();
+            for k in created {
                 let Ok(key) = jio_common::keys::Key::new(&k) else {
                     continue;
                 };
-                if let Some(kv) = store.get(&key).await?
-                    && kv.value.trim() == format_bool(false)
-                {
-                    txn.compares
-                        .push(Compare::ModRevision(key.clone(), kv.mod_revision));
-                    txn.ops.push(Op::Delete(key));
+                let Some(kv) = store.get(&key).await? else {
+                    continue;
+                };
+                if kv.value.trim() != format_bool(false) {
+                    continue;
                 }
+                // Deleting it must not enable anything by itself (a role or the
+                // global key that says true): then it stays false, and the
+                // rollout admits the host under its rules.
+                let Some(above) = enabled_above(schema, &snap, &key) else {
+                    continue;
+                };
+                if above.iter().any(|(_, on)| *on) {
+                    kept.push(k.clone());
+                    continue;
+                }
+                for (level, _) in above {
+                    let rev = snap.enable_revisions.get(&level).copied().unwrap_or(0);
+                    txn.compares
+                        .push(Compare::ModRevision(schema.enable(&level), rev));
+                }
+                txn.compares
+                    .push(Compare::ModRevision(key.clone(), kv.mod_revision));
+                txn.ops.push(Op::Delete(key));
             }
         }
         txn.ops.push(writes::epoch_put(schema));
         if let TxnOutcome::Lost(_) = store.txn(txn).await.context("deleting the hold")? {
             return Err(Failure::new(
                 crate::exit::FAILED,
-                "an enable key the hold had set changed while the release was read; nothing was released: run it again",
+                "the hold, or an enable key it had set, changed while the release was read; nothing was released: run it again",
             ));
         }
         for t in &held {
             crate::say!("released {t}: the rollout admits it again under its rules");
+        }
+        for k in &kept {
+            crate::say!(
+                "kept {k} false, which the hold had set: a key above it says true, so deleting it would start the host outside the plan"
+            );
         }
         if ctx.json {
             println!(

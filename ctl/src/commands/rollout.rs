@@ -170,35 +170,46 @@ fn say_driver(snap: &Snapshot, r: &RolloutRecord) {
 }
 
 /// Refuses an undo whose intent is unclear, unless `force`: back to a version whose
-/// last rollout was aborted or failed (quoting why and who), or with rules the
-/// shared check refuses. Nothing is written before.
-async fn undo_check(ctx: &Context, store: &jio_common::store::DynStore, force: bool) -> Result<(), Failure> {
+/// last rollout an operator aborted or that failed (quoting why and who), or with
+/// rules the shared check refuses. Nothing is written before. `Ok(true)`: the
+/// rules' intent is unclear and `force` overrides it (the new record says so).
+async fn undo_check(
+    ctx: &Context,
+    store: &jio_common::store::DynStore,
+    force: bool,
+) -> Result<bool, Failure> {
     let snap = ctx.snapshot(store).await?;
     let rec = match snap.rollout.as_ref().and_then(|c| c.ok()) {
         Some(r) => Some(r.clone()),
         None => rollouts::last_record(store, ctx.schema()).await?,
     };
     let Some(rec) = rec else {
-        return Ok(()); // `change` says there is nothing to undo.
+        return Ok(false); // `change` says there is nothing to undo.
     };
     let Some(back) = rec.previous.clone() else {
-        return Ok(());
+        return Ok(false);
     };
-    if force {
-        return Ok(());
-    }
     let (records, _) = rollouts::history(store, ctx.schema()).await?;
     let last_to_back = records.iter().find(|r| r.version == back && r.id != rec.id);
     if let Some(r) = last_to_back {
         let why = match &r.state {
-            RolloutState::Aborted { by, reason, .. } => Some(format!(
+            // Replaced or halted is not a verdict on the build: only an operator's
+            // abort or a failure is.
+            RolloutState::Aborted {
+                by,
+                reason,
+                superseded_by: None,
+                emergency: false,
+            } => Some(format!(
                 "aborted by {by}{}",
                 reason.as_ref().map(|x| format!(": {x:?}")).unwrap_or_default()
             )),
             RolloutState::Failed { hosts } => Some(format!("failed ({} host(s) failed)", hosts.len())),
             _ => None,
         };
-        if let Some(why) = why {
+        if let Some(why) = why
+            && !force
+        {
             return Err(Failure::usage(format!(
                 "undo would go back to {back}, whose last rollout {} was {why}; nothing was written (give --force to go back to it all the same)",
                 r.id
@@ -213,13 +224,16 @@ async fn undo_check(ctx: &Context, store: &jio_common::store::DynStore, force: b
         .resolve(&roles)
         .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
     let moving = hosts.len();
-    jio_common::rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), false)
-        .map_err(|e| Failure::new(exit::INVALID_RULES, format!("undo: {e}")))
+    match jio_common::rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), false) {
+        Ok(()) => Ok(false),
+        Err(_) if force || rec.forced => Ok(true),
+        Err(e) => Err(Failure::new(exit::INVALID_RULES, format!("undo: {e}"))),
+    }
 }
 
 async fn undo(ctx: &Context, detach: bool, force: bool) -> Outcome {
     let store = ctx.open(Access::Write).await?;
-    undo_check(ctx, &store, force).await?;
+    let force = undo_check(ctx, &store, force).await?;
     let changed = rollouts::change(
         &store,
         ctx.schema(),

@@ -11,7 +11,8 @@ use jio_common::command::{Targets, resolve_targets};
 use jio_common::fleet::{self, Snapshot};
 use jio_common::names::Role;
 
-use jio_common::store::{ErrorKind, StoreError};
+use jio_common::keys::Parsed;
+use jio_common::store::{ErrorKind, StoreError, WatchEvent};
 
 use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
@@ -105,6 +106,9 @@ impl Status {
             let mut reopen = false;
             loop {
                 match tokio::time::timeout(QUIET, w.next()).await {
+                    // An agent's clock, rewritten every minute, changes no view.
+                    Ok(Some(Ok(WatchEvent::Put(kv))))
+                        if matches!(ctx.schema().parse(&kv.key), Some(Parsed::Clock(_))) => {}
                     Ok(Some(Ok(_))) => break,
                     Ok(Some(Err(e))) if e.kind() == ErrorKind::Unavailable => {
                         self.unreachable(ctx, &mut unreachable, &e);

@@ -76,6 +76,8 @@ impl LiveView {
                     | Some(Parsed::Command(..))
                     | Some(Parsed::CommandRun(..))
                     | Some(Parsed::CommandLock(..))
+                    // An agent's clock, rewritten every minute: no plan reads it.
+                    | Some(Parsed::Clock(..))
             )
         };
         match ev {
