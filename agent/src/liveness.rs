@@ -200,6 +200,9 @@ async fn keep(
     let mut renew_at = Instant::now() + period;
     let mut clock_dirty = true;
     let mut clock_at = Instant::now();
+    // The lease the clock was last written under: a lease `commit` granted (the
+    // old one, and the clock with it, gone) gets the clock again.
+    let mut clock_lease: Option<LeaseId> = None;
     loop {
         let step: Result<(), StoreError> = async {
             let mut lease = shared.lock().await;
@@ -219,6 +222,9 @@ async fn keep(
                 }
                 dirty = false;
             }
+            if clock_lease.as_ref() != lease.as_ref() {
+                clock_dirty = true;
+            }
             if let Some(ck) = &clock_key
                 && (clock_dirty || clock_at.elapsed() >= CLOCK_REFRESH)
             {
@@ -230,6 +236,7 @@ async fn keep(
                 }
                 clock_dirty = false;
                 clock_at = Instant::now();
+                clock_lease = lease.clone();
             }
             Ok(())
         }

@@ -791,8 +791,10 @@ fn moving_outside(v: &View<'_>, r: &Resolved, statuses: &[HostStatus], busy: &[H
         .filter(|s| s.state == HostState::Pending)
         .map(|s| group(&s.role))
         .collect();
-    busy.iter()
-        .any(|b| v.fleet.agents.contains_key(&b.host) && waiting.contains(&group(&b.role)))
+    // Under a fleet cap, a live busy host of any group frees a slot when it ends.
+    busy.iter().any(|b| {
+        v.fleet.agents.contains_key(&b.host) && (r.fleet_limit.is_some() || waiting.contains(&group(&b.role)))
+    })
 }
 
 /// Whether the command ends at this pass, and how.

@@ -146,14 +146,21 @@ where
         let snap = read().await?;
         let replaces = match begin(&snap, version, &digest) {
             Begin::Follow(r) => {
-                let Some(wider) = staged(&order, Some(&r.stages), stages)? else {
+                let wider = staged(&order, Some(&r.stages), stages)?;
+                // Forced now, where its rules' intent no longer passes the check:
+                // every driver drives it as written from now on.
+                let newly_forced = forced && !r.forced;
+                if wider.is_none() && !newly_forced {
                     return Ok(Started::Follow(Box::new(r)));
-                };
-                // The same rollout goes on with more stages: its record says so,
-                // compared on what was read.
+                }
+                // The same rollout goes on with more stages, or forced: its record
+                // says so, compared on what was read.
                 let cur = snap.rollout.as_ref();
                 let mut rec = r.clone();
-                rec.stages = wider;
+                if let Some(w) = wider {
+                    rec.stages = w;
+                }
+                rec.forced |= newly_forced;
                 let compares = compares_on(schema, cur);
                 if apply(store, schema, compares, vec![record_put(schema, &rec)]).await? {
                     return Ok(Started::Follow(Box::new(rec)));

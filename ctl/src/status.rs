@@ -281,6 +281,7 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
     if let Some(r) = active
         && unusable.is_none()
         && let Ok(rules) = Rules::parse(&r.rules.to_string())
+        && rules.compose.is_none()
     {
         let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
         if let Err(e) =

@@ -202,7 +202,6 @@ pub async fn follow(
         ttl: writes::LOCK_TTL,
         timeout: args.timeout,
         clock: std::sync::Arc::new(SystemClock),
-        force: args.force,
     };
     let mut driver = Driver::new(store, schema, role_pattern, opts);
     match mode {
@@ -518,7 +517,6 @@ pub async fn drive(
         ttl,
         timeout: None,
         clock: std::sync::Arc::new(SystemClock),
-        force: false,
     };
     let mut driver = Driver::new(store, schema, role_pattern, opts);
     let out = tokio::select! {
@@ -598,8 +596,6 @@ struct DriverOpts {
     ttl: Duration,
     timeout: Option<Duration>,
     clock: DynClock,
-    /// `--force`: drive rules whose intent is unclear (`rules::check_intent`).
-    force: bool,
 }
 
 /// The driver's shell: everything `next` needs to know, and the I/O it asks for.
@@ -1070,9 +1066,20 @@ impl Driver<'_> {
         let refused = rules::check_intent(
             &resolved,
             rules.sets_no_limit().then_some(moving),
-            rec.forced || self.o.force,
+            rec.forced,
         )
-        .err();
+        .err()
+        .map(|why| {
+            format!(
+                "{}; `jioctl upgrade {}{} --force` with the same rules records it forced and drives it as written, `jioctl rollout abort` ends it",
+                why.replace("nothing was written", "nothing is admitted")
+                    .replace(":\n  ", ": ")
+                    .replace("\n  ", "; ")
+                    .replace('\n', "; "),
+                rec.version,
+                stage_args(rec)
+            )
+        });
         if refused.is_some() {
             plan.enable_roles.clear();
             plan.enable_hosts.clear();
@@ -1096,7 +1103,8 @@ impl Driver<'_> {
         }
         // A soak ending or a window opening changes the plan without any write.
         self.wake_at = plan.wake_at;
-        if plan.canary.as_ref().is_some_and(|c| c.mark_done)
+        if refused.is_none()
+            && plan.canary.as_ref().is_some_and(|c| c.mark_done)
             && let Some(done) = rec.canaries_done(now)
         {
             // The soak counts from now, on this driver's clock.
@@ -1116,7 +1124,7 @@ impl Driver<'_> {
             ));
             return Ok(PassOutcome::Replan);
         }
-        if plan.canary.as_ref().is_some_and(|c| c.promote) {
+        if refused.is_none() && plan.canary.as_ref().is_some_and(|c| c.promote) {
             let soak = rules
                 .canary_soak
                 .map(jio_common::duration::format)
@@ -1136,19 +1144,6 @@ impl Driver<'_> {
                 rec.id
             ));
             return Ok(PassOutcome::Replan);
-        }
-        if let Some(why) = refused
-            && plan.is_empty()
-            && hosts.iter().any(|h| h.state == HostState::Pending)
-        {
-            return Ok(PassOutcome::Continue {
-                waiting: Some(format!(
-                    "{}; `jioctl upgrade {}{} --force` with the same rules drives it as written, `jioctl rollout abort` ends it",
-                    why.replace("nothing was written", "nothing is admitted"),
-                    rec.version,
-                    stage_args(rec)
-                )),
-            });
         }
         let (disarm, end) = match next::after_plan(snap, hosts, &plan) {
             After::Apply => return Ok(self.apply(snap, &plan).await?),
@@ -1208,7 +1203,7 @@ impl Driver<'_> {
                 })
             }
             Settled::Waiting => {
-                let line = waiting_line(hosts, &plan);
+                let line = refused.unwrap_or_else(|| waiting_line(hosts, &plan));
                 let holding = || render::holding(hosts, &plan, &resolved.group_of);
                 let deadline = rules.progress_deadline;
                 self.waiting(snap, rec, line, holding, progressed, deadline, now, Unit::Host)

@@ -82,24 +82,42 @@ fn disable_ops(
     ops
 }
 
-/// The enable levels above an enable key (a host key: its role's and the global
-/// key; a role key: the global key), each with whether it says true now.
-fn enabled_above(
-    schema: &jio_common::keys::Schema,
+/// What deleting an enable key would leave in force: the levels below it that now
+/// decide (a host key: its role's and the global key; a role key: the global
+/// key), and whether one of them that is set would then enable the host (a plan's
+/// role key during a rollout, say). With none set, the host is back to the
+/// default it had before the hold. `None`: not an enable key a hold writes.
+fn without(
     snap: &jio_common::fleet::Snapshot,
     key: &jio_common::keys::Key,
-) -> Option<Vec<(EnableLevel, bool)>> {
-    let on = |st: Option<&KeyState>| st == Some(&KeyState::Set(true));
-    let global = (EnableLevel::Global, on(Some(&snap.global)));
+    schema: &jio_common::keys::Schema,
+) -> Option<(Vec<EnableLevel>, bool)> {
+    use jio_common::gate::{GateKeys, decide};
+    let role_state = |r: &Role| snap.role_keys.get(r).cloned().unwrap_or_default();
     match schema.parse(key)? {
         jio_common::keys::Parsed::Enable(EnableLevel::Host(h)) => {
             let role = snap.role_of(&h);
-            Some(vec![
-                (EnableLevel::Role(role.clone()), on(snap.role_keys.get(&role))),
-                global,
-            ])
+            let gate = decide(&GateKeys {
+                host: KeyState::Unset,
+                role: role_state(&role),
+                global: snap.global.clone(),
+            });
+            Some((
+                vec![EnableLevel::Role(role), EnableLevel::Global],
+                gate.enabled && gate.level != jio_common::gate::Level::Default,
+            ))
         }
-        jio_common::keys::Parsed::Enable(EnableLevel::Role(_)) => Some(vec![global]),
+        jio_common::keys::Parsed::Enable(EnableLevel::Role(_)) => {
+            let gate = decide(&GateKeys {
+                host: KeyState::Unset,
+                role: KeyState::Unset,
+                global: snap.global.clone(),
+            });
+            Some((
+                vec![EnableLevel::Global],
+                gate.enabled && gate.level != jio_common::gate::Level::Default,
+            ))
+        }
         _ => None,
     }
 }
@@ -343,19 +361,21 @@ impl Release {
                     continue;
                 }
                 // Deleting it must not enable anything by itself (a role or the
-                // global key that says true): then it stays false, and the
-                // rollout admits the host under its rules.
-                let Some(above) = enabled_above(schema, &snap, &key) else {
+                // global key that says true): then it stays false, and only a plan
+                // or an operator enables the host.
+                let Some((below, enables)) = without(&snap, &key, schema) else {
                     continue;
                 };
-                if above.iter().any(|(_, on)| *on) {
+                if enables {
                     kept.push(k.clone());
                     continue;
                 }
-                for (level, _) in above {
+                for level in below {
                     let rev = snap.enable_revisions.get(&level).copied().unwrap_or(0);
-                    txn.compares
-                        .push(Compare::ModRevision(schema.enable(&level), rev));
+                    let c = Compare::ModRevision(schema.enable(&level), rev);
+                    if !txn.compares.contains(&c) {
+                        txn.compares.push(c);
+                    }
                 }
                 txn.compares
                     .push(Compare::ModRevision(key.clone(), kv.mod_revision));
@@ -374,7 +394,7 @@ impl Release {
         }
         for k in &kept {
             crate::say!(
-                "kept {k} false, which the hold had set: a key above it says true, so deleting it would start the host outside the plan"
+                "kept {k} false, which the hold had set: without it a key below (the role's or the global key) would enable the host by itself; a rollout's plan or `jioctl enable-puppet` decides it"
             );
         }
         if ctx.json {

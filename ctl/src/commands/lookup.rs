@@ -10,7 +10,10 @@ use jio_common::store::{DynStore, StoreError};
 /// The hosts at each version.
 pub fn versions(snap: &Snapshot) -> BTreeMap<Version, Vec<HostName>> {
     let mut out: BTreeMap<Version, Vec<HostName>> = BTreeMap::new();
-    for (h, vs) in &snap.running {
+    let hosts = snap.hosts();
+    // A name no host can have, which only /running/versions has, is reported
+    // (the snapshot's problems), not counted.
+    for (h, vs) in snap.running.iter().filter(|(h, _)| hosts.contains(*h)) {
         for v in vs {
             out.entry(v.clone()).or_default().push(h.clone());
         }

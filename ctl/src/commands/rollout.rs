@@ -272,7 +272,9 @@ async fn undo(ctx: &Context, detach: bool, force: bool) -> Outcome {
         quiet: false,
         timeout: None,
         stages: Vec::new(),
-        force: true, // checked above, before anything was written
+        // Checked above, before anything was written; the driver checks the
+        // record (forced or not) on every pass.
+        force: false,
     };
     crate::upgrade::follow(
         &store,
