@@ -127,6 +127,17 @@ pub fn set_closing_words(words: Option<String>) {
     }
 }
 
+/// The reader of our output left: says the closing words on stderr when stdout
+/// is what closed (and stderr is still open), and ends with 141, as a tool killed
+/// by SIGPIPE does.
+pub fn output_closed(stdout: bool) -> ! {
+    if stdout && let Some(words) = closing_words() {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "jioctl: {words}");
+    }
+    std::process::exit(CLOSED_OUTPUT.into())
+}
+
 /// The words to say if stdout closes now.
 pub fn closing_words() -> Option<String> {
     CLOSING_WORDS.lock().ok().and_then(|w| w.clone())

@@ -22,13 +22,7 @@ fn end_quietly_on_a_closed_output() {
         if jioctl::exit::is_closed_output_panic(message) {
             // A driver whose stdout closed says so on stderr (if that is still
             // open): it stopped, and who drives now.
-            if message.is_some_and(|m| m.starts_with("failed printing to stdout"))
-                && let Some(words) = jioctl::exit::closing_words()
-            {
-                use std::io::Write as _;
-                let _ = writeln!(std::io::stderr(), "jioctl: {words}");
-            }
-            std::process::exit(jioctl::exit::CLOSED_OUTPUT.into());
+            jioctl::exit::output_closed(message.is_some_and(|m| m.starts_with("failed printing to stdout")));
         }
         default(info);
     }));

@@ -152,6 +152,17 @@ fn stamp() -> String {
     jio_common::time::utc_display(jio_common::time::unix_now())
 }
 
+/// A line that could not be written because the reader of the output left (a
+/// pager quit): ends the process as a closed output does (`exit::output_closed`),
+/// instead of driving on unseen. Other errors are ignored, as before.
+fn closed_unless(r: std::io::Result<()>) {
+    if let Err(e) = r
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        crate::exit::output_closed(!crate::out::words_to_stderr());
+    }
+}
+
 /// Where the words go: stdout, or stderr under `--json` (stdout is the final
 /// document's alone).
 fn words() -> Box<dyn std::io::Write> {
@@ -292,8 +303,7 @@ impl Progress {
             }
             Mode::Lines { .. } | Mode::Done => {
                 let mut out = words();
-                let _ = writeln!(out, "{line}");
-                let _ = out.flush();
+                closed_unless(writeln!(out, "{line}").and_then(|()| out.flush()));
             }
         }
     }
@@ -309,10 +319,10 @@ impl Progress {
                 let mut out = words();
                 for (name, g) in &now {
                     if last.get(name) != Some(g) {
-                        let _ = writeln!(out, "{} {}", stamp(), g.line(name));
+                        closed_unless(writeln!(out, "{} {}", stamp(), g.line(name)));
                     }
                 }
-                let _ = out.flush();
+                closed_unless(out.flush());
                 *last = now;
             }
             Mode::Bars { multi, bars, style } => {

@@ -158,7 +158,8 @@ async fn a_role_hold_keeps_every_host_of_the_role_out_and_its_dependents_wait() 
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let rules = r#"{"role_order":{"compute":"controller"},"progress_deadline":"4s"}"#;
     let rec = recorder(&s, rules).await;
-    let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;
+    // No limit on purpose: the order alone keeps the computes waiting.
+    let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--force"]).await;
     // Nothing can move: the computes wait for a held controller, which never goes.
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
     assert_eq!(f.started("v2"), 0, "{:#?}", f.runs());

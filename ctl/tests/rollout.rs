@@ -348,9 +348,9 @@ async fn status_requests_do_not_grow_with_the_fleet() {
         "store requests for 100 and 10,000 hosts: {counts:?}"
     );
     // The locks, then the version, enable keys, current rollout, driver services and
-    // holds, then hosts, versions, agents, run markers, results, failures (2) and the
-    // rollout record (none here).
-    assert!(counts[0] <= 14, "{counts:?}");
+    // holds, then hosts, versions, agents, run markers, clocks, results, failures (2)
+    // and the rollout record (none here).
+    assert!(counts[0] <= 15, "{counts:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
