@@ -538,42 +538,41 @@ impl FaultFleet {
                 self.put_bytes(&key, before.trim_end().as_bytes());
             }
             Fault::ForgetInFlight => {
+                // Every agent paused first, so that no run can end (and its marker
+                // go) between reading the markers and the command: forgetting an
+                // idle host is a legitimate decommission, not this fault.
+                let pids: Vec<Pid> = self
+                    .nodes
+                    .iter()
+                    .filter_map(|n| n.daemon.as_ref().map(|c| Pid::from_raw(c.id() as i32)))
+                    .collect();
+                for p in &pids {
+                    let _ = kill(*p, Signal::SIGSTOP);
+                }
                 let running = self.etcdctl(&["get", "--prefix", "--keys-only", "/runs/"]);
-                // Only a host in flight: forgetting an idle one is a legitimate
-                // decommission, not a fault.
-                let Some(h) = running
+                let host = running
                     .lines()
                     .find_map(|k| k.strip_prefix("/runs/"))
-                    .map(str::to_string)
-                else {
-                    self.note("forget-host of a host in flight: none is in flight now".into());
-                    return;
-                };
-                // Its agent paused meanwhile, so that the run cannot end (and the
-                // marker go) between the read above and the command.
-                let i = HOSTS.iter().position(|x| *x == h).unwrap_or(0);
-                let pid = self.nodes[i]
-                    .daemon
-                    .as_ref()
-                    .map(|c| Pid::from_raw(c.id() as i32));
-                if let Some(p) = pid {
-                    let _ = kill(p, Signal::SIGSTOP);
+                    .map(str::to_string);
+                let out = host.as_ref().map(|h| {
+                    self.jioctl(&["forget-host", h, "--force"])
+                        .output()
+                        .expect("jioctl")
+                });
+                for p in &pids {
+                    let _ = kill(*p, Signal::SIGCONT);
                 }
-                let out = self
-                    .jioctl(&["forget-host", &h, "--force"])
-                    .output()
-                    .expect("jioctl");
-                if let Some(p) = pid {
-                    let _ = kill(p, Signal::SIGCONT);
+                match (host, out) {
+                    (Some(h), Some(out)) => self.note(format!(
+                        "forget-host {h} --force: exit {:?}: {}",
+                        out.status.code(),
+                        String::from_utf8_lossy(&out.stderr)
+                            .lines()
+                            .next()
+                            .unwrap_or_default()
+                    )),
+                    _ => self.note("forget-host of a host in flight: none is in flight now".into()),
                 }
-                self.note(format!(
-                    "forget-host {h} --force: exit {:?}: {}",
-                    out.status.code(),
-                    String::from_utf8_lossy(&out.stderr)
-                        .lines()
-                        .next()
-                        .unwrap_or_default()
-                ));
             }
             Fault::SkewedClock => {
                 let i = rng.below(self.nodes.len());
