@@ -602,6 +602,17 @@ pub fn check_intent(resolved: &Resolved, unlimited: Option<usize>, force: bool) 
     ))
 }
 
+/// A refusal of `check_intent` as a driver (or a view of it) says it about a
+/// rollout already recorded: on one line, and nothing is admitted (rather than
+/// written).
+pub fn admits_nothing(refusal: &str) -> String {
+    refusal
+        .replace("nothing was written", "nothing is admitted")
+        .replace(":\n  ", ": ")
+        .replace("\n  ", "; ")
+        .replace('\n', "; ")
+}
+
 impl Resolved {
     /// The group's slot limit for a group of `size` hosts (`None`: unlimited).
     pub fn limit_of(&self, group: &str, size: usize) -> Option<u64> {

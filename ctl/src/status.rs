@@ -287,12 +287,7 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
         if let Err(e) =
             jio_common::rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), r.forced)
         {
-            unusable = Some(
-                e.replace("nothing was written", "nothing is admitted")
-                    .replace(":\n  ", ": ")
-                    .replace("\n  ", "; ")
-                    .replace('\n', "; "),
-            );
+            unusable = Some(jio_common::rules::admits_nothing(&e));
         }
     }
     let cx = PlanContext {

@@ -106,35 +106,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         .rules
         .resolve(&roles)
         .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
-    let moving = snap
-        .hosts()
-        .iter()
-        .filter(|h| !snap.running.get(*h).is_some_and(|vs| vs.contains(&args.version)))
-        .count();
-    let unlimited = args.rules.sets_no_limit().then_some(moving);
-    // Following the active rollout to this version with these rules, which its
-    // operator forced: the intent was given then.
-    let digest = jio_common::rollout::digest(&args.rules_json);
-    let resumes_forced = snap.rollout.as_ref().and_then(|c| c.ok()).is_some_and(|r| {
-        r.forced && r.state.active() && r.version == args.version && r.rules_digest() == digest
-    });
-    // Recorded as forced only when the check would have refused it.
-    let forced = args.force && jio_common::rules::check_intent(&resolved, unlimited, false).is_err();
-    jio_common::rules::check_intent(&resolved, unlimited, args.force || resumes_forced).map_err(|e| {
-        Failure::new(
-            exit::INVALID_RULES,
-            format!("{e} (the rules come from --instructions, --instructions-file, or {DEFAULT_RULES})"),
-        )
-    })?;
-    for w in &resolved.warnings {
-        eprintln!("jioctl: warning: {w} (--force)");
-    }
-    if args.rules.sets_no_limit() {
-        eprintln!(
-            "jioctl: warning: --force: the rules set no rolling limit: {moving} host(s) not at {} may start at once",
-            args.version
-        );
-    }
+    let forced = intent(&snap, &resolved, &args)?;
     if args.noop {
         return noop(snap, &resolved, &args);
     }
@@ -180,6 +152,43 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         Err(e) => return Err(Failure::new(exit::SOFTWARE, e.to_string())),
     };
     follow(store, schema, role_pattern, &record, args.mode, &args).await
+}
+
+/// The shared check of the rules' intent (`rules::check_intent`) before a rollout
+/// is recorded, with what `--force` lets through said as warnings. `Ok(true)`:
+/// forced past a refusal (the record says so). Following the active rollout to
+/// this version with these rules, which its operator forced, needs no `--force`.
+fn intent(snap: &Snapshot, resolved: &rules::Resolved, args: &Args) -> Result<bool, Failure> {
+    let moving = snap
+        .hosts()
+        .iter()
+        .filter(|h| !snap.running.get(*h).is_some_and(|vs| vs.contains(&args.version)))
+        .count();
+    let unlimited = args.rules.sets_no_limit().then_some(moving);
+    // Following the active rollout to this version with these rules, which its
+    // operator forced: the intent was given then.
+    let digest = jio_common::rollout::digest(&args.rules_json);
+    let resumes_forced = snap.rollout.as_ref().and_then(|c| c.ok()).is_some_and(|r| {
+        r.forced && r.state.active() && r.version == args.version && r.rules_digest() == digest
+    });
+    // Recorded as forced only when the check would have refused it.
+    let forced = args.force && jio_common::rules::check_intent(resolved, unlimited, false).is_err();
+    jio_common::rules::check_intent(resolved, unlimited, args.force || resumes_forced).map_err(|e| {
+        Failure::new(
+            exit::INVALID_RULES,
+            format!("{e} (the rules come from --instructions, --instructions-file, or {DEFAULT_RULES})"),
+        )
+    })?;
+    for w in &resolved.warnings {
+        eprintln!("jioctl: warning: {w} (--force)");
+    }
+    if args.rules.sets_no_limit() {
+        eprintln!(
+            "jioctl: warning: --force: the rules set no rolling limit: {moving} host(s) not at {} may start at once",
+            args.version
+        );
+    }
+    Ok(forced)
 }
 
 /// Follows a recorded rollout as `mode` says (driving it while no driver service
@@ -1072,10 +1081,7 @@ impl Driver<'_> {
         .map(|why| {
             format!(
                 "{}; `jioctl upgrade {}{} --force` with the same rules records it forced and drives it as written, `jioctl rollout abort` ends it",
-                why.replace("nothing was written", "nothing is admitted")
-                    .replace(":\n  ", ": ")
-                    .replace("\n  ", "; ")
-                    .replace('\n', "; "),
+                rules::admits_nothing(&why),
                 rec.version,
                 stage_args(rec)
             )

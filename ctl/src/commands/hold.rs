@@ -250,41 +250,7 @@ impl Hold {
         let hosts = fleet::classify(&snap);
         let known = snap.hosts();
         for t in &targets {
-            if let HoldTarget::Host(h) = t
-                && !known.contains(h)
-            {
-                eprintln!(
-                    "jioctl: warning: --force: host {h} is not known in this fleet (no /hosts record, no running version): held all the same"
-                );
-            }
-            if let Some(Some(old)) = before.holds.get(t) {
-                crate::say!(
-                    "{t} was already held by {} since {}{}: this hold replaces it",
-                    old.by,
-                    jio_common::plan::when(old.at),
-                    old.reason
-                        .as_ref()
-                        .map(|r| format!(" ({r:?})"))
-                        .unwrap_or_default()
-                );
-            }
-            let what = match t {
-                HoldTarget::Host(h) => format!("host {h}"),
-                HoldTarget::Role(r) => {
-                    let n = hosts.iter().filter(|h| &h.role == r).count();
-                    if n == 0 {
-                        eprintln!(
-                            "jioctl: warning: --force: role {r} has no hosts in this fleet: held all the same"
-                        );
-                    }
-                    format!("role {r} ({n} host(s))")
-                }
-            };
-            crate::say!(
-                "held {what}{}: kept out of every rollout until `jioctl release {}`",
-                reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
-                name(t)
-            );
+            say_held(t, &before, &known, &hosts, reason.as_ref());
         }
         let running: Vec<&str> = hosts
             .iter()
@@ -306,6 +272,110 @@ impl Hold {
         }
         Ok(())
     }
+}
+
+/// What holding `t` did: a target the fleet does not know (held under
+/// `--force`), the hold it replaced, and how many hosts it keeps out.
+fn say_held(
+    t: &HoldTarget,
+    before: &jio_common::fleet::Snapshot,
+    known: &std::collections::BTreeSet<HostName>,
+    hosts: &[jio_common::fleet::HostStatus],
+    reason: Option<&String>,
+) {
+    if let HoldTarget::Host(h) = t
+        && !known.contains(h)
+    {
+        eprintln!(
+            "jioctl: warning: --force: host {h} is not known in this fleet (no /hosts record, no running version): held all the same"
+        );
+    }
+    if let Some(Some(old)) = before.holds.get(t) {
+        crate::say!(
+            "{t} was already held by {} since {}{}: this hold replaces it",
+            old.by,
+            jio_common::plan::when(old.at),
+            old.reason
+                .as_ref()
+                .map(|r| format!(" ({r:?})"))
+                .unwrap_or_default()
+        );
+    }
+    let what = match t {
+        HoldTarget::Host(h) => format!("host {h}"),
+        HoldTarget::Role(r) => {
+            let n = hosts.iter().filter(|h| &h.role == r).count();
+            if n == 0 {
+                eprintln!("jioctl: warning: --force: role {r} has no hosts in this fleet: held all the same");
+            }
+            format!("role {r} ({n} host(s))")
+        }
+    };
+    crate::say!(
+        "held {what}{}: kept out of every rollout until `jioctl release {}`",
+        reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
+        name(t)
+    );
+}
+
+/// The release's transaction (without the epoch bump): each hold deleted, fenced
+/// on the hold as read now (a newer hold in its place is not released with this
+/// one's keys), and the enable keys it created deleted where they still say false,
+/// fenced on them and the keys below. Also the created keys kept false, because
+/// deleting them would enable the host.
+async fn release_txn(
+    store: &jio_common::store::DynStore,
+    schema: &jio_common::keys::Schema,
+    snap: &jio_common::fleet::Snapshot,
+    held: &[&HoldTarget],
+) -> Result<(Txn, Vec<String>), Failure> {
+    let mut txn = Txn::new();
+    let mut kept: Vec<String> = Vec::new();
+    for t in held {
+        // The hold as read now: a newer hold in its place is not released
+        // with this one's keys (the delete is fenced on it).
+        let Some(hold_kv) = store.get(&schema.hold(t)).await? else {
+            continue;
+        };
+        txn.compares
+            .push(Compare::ModRevision(schema.hold(t), hold_kv.mod_revision));
+        txn.ops.push(Op::Delete(schema.hold(t)));
+        let created = jio_common::values::parse_json::<HoldRecord>(&hold_kv)
+            .map(|r| r.created_keys)
+            .unwrap_or_default();
+        for k in created {
+            let Ok(key) = jio_common::keys::Key::new(&k) else {
+                continue;
+            };
+            let Some(kv) = store.get(&key).await? else {
+                continue;
+            };
+            if kv.value.trim() != format_bool(false) {
+                continue;
+            }
+            // Deleting it must not enable anything by itself (a role or the
+            // global key that says true): then it stays false, and only a plan
+            // or an operator enables the host.
+            let Some((below, enables)) = without(snap, &key, schema) else {
+                continue;
+            };
+            if enables {
+                kept.push(k.clone());
+                continue;
+            }
+            for level in below {
+                let rev = snap.enable_revisions.get(&level).copied().unwrap_or(0);
+                let c = Compare::ModRevision(schema.enable(&level), rev);
+                if !txn.compares.contains(&c) {
+                    txn.compares.push(c);
+                }
+            }
+            txn.compares
+                .push(Compare::ModRevision(key.clone(), kv.mod_revision));
+            txn.ops.push(Op::Delete(key));
+        }
+    }
+    Ok((txn, kept))
 }
 
 impl Release {
@@ -336,52 +406,7 @@ impl Release {
             return Ok(());
         }
         let schema = ctx.schema();
-        let mut txn = Txn::new();
-        let mut kept: Vec<String> = Vec::new();
-        for t in &held {
-            // The hold as read now: a newer hold in its place is not released
-            // with this one's keys (the delete is fenced on it).
-            let Some(hold_kv) = store.get(&schema.hold(t)).await? else {
-                continue;
-            };
-            txn.compares
-                .push(Compare::ModRevision(schema.hold(t), hold_kv.mod_revision));
-            txn.ops.push(Op::Delete(schema.hold(t)));
-            let created = jio_common::values::parse_json::<HoldRecord>(&hold_kv)
-                .map(|r| r.created_keys)
-                .unwrap_or_default();
-            for k in created {
-                let Ok(key) = jio_common::keys::Key::new(&k) else {
-                    continue;
-                };
-                let Some(kv) = store.get(&key).await? else {
-                    continue;
-                };
-                if kv.value.trim() != format_bool(false) {
-                    continue;
-                }
-                // Deleting it must not enable anything by itself (a role or the
-                // global key that says true): then it stays false, and only a plan
-                // or an operator enables the host.
-                let Some((below, enables)) = without(&snap, &key, schema) else {
-                    continue;
-                };
-                if enables {
-                    kept.push(k.clone());
-                    continue;
-                }
-                for level in below {
-                    let rev = snap.enable_revisions.get(&level).copied().unwrap_or(0);
-                    let c = Compare::ModRevision(schema.enable(&level), rev);
-                    if !txn.compares.contains(&c) {
-                        txn.compares.push(c);
-                    }
-                }
-                txn.compares
-                    .push(Compare::ModRevision(key.clone(), kv.mod_revision));
-                txn.ops.push(Op::Delete(key));
-            }
-        }
+        let (mut txn, kept) = release_txn(&store, schema, &snap, &held).await?;
         txn.ops.push(writes::epoch_put(schema));
         if let TxnOutcome::Lost(_) = store.txn(txn).await.context("deleting the hold")? {
             return Err(Failure::new(
