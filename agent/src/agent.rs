@@ -22,7 +22,7 @@ use crate::observe::{self, Memory, Subject};
 use crate::runner::{self, Outcome, ProcessGroup};
 use crate::state::{Journal, LastRun, RunResult, RunStart};
 use crate::steps::{CommandSteps, StepCtx, StepRunner};
-use crate::{report, results, rundir};
+use crate::{results, rundir};
 
 mod commands;
 mod tasks;
@@ -524,11 +524,15 @@ impl Agent {
 
     /// Removes the run marker once no run is going on (after a run, and at start-up:
     /// a killed agent's marker stays until its successor has stopped the orphans).
+    /// Read first: only this agent writes its marker, and a delete is a write to
+    /// every member even when the key is absent (a fleet starting at once would
+    /// queue one per agent).
     async fn clear_run_marker(&mut self) -> Result<(), AgentError> {
         if self.run_marker {
-            self.store
-                .delete(&self.cfg.schema.run(&self.cfg.hostname))
-                .await?;
+            let key = self.cfg.schema.run(&self.cfg.hostname);
+            if self.store.get(&key).await?.is_some() {
+                self.store.delete(&key).await?;
+            }
             self.run_marker = false;
         }
         Ok(())
@@ -540,6 +544,18 @@ impl Agent {
         self.step_coded(step, version, run_dir).await.0
     }
 
+    /// Before Puppet may run: the Hiera data file as the store has it now (one
+    /// listing of `/active_roles/`). Read here rather than watched, so that a
+    /// fleet's registrations cost no event per host per registration; a failure
+    /// leaves the file as it was, said.
+    pub(crate) async fn refresh_hiera(&self) {
+        if let Some(path) = &self.cfg.hiera_file
+            && let Err(e) = crate::hiera::refresh(&self.store, &self.cfg.schema, path).await
+        {
+            tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; Puppet sees the file as it was");
+        }
+    }
+
     /// `step`, and the exit code of the last command it ran.
     async fn step_coded(
         &mut self,
@@ -547,6 +563,9 @@ impl Agent {
         version: &Version,
         run_dir: &std::path::Path,
     ) -> (Outcome, Option<i32>) {
+        if step == Step::Configured {
+            self.refresh_hiera().await;
+        }
         let steps = self.steps.clone();
         let ledger = &mut self.ledger;
         let mut on_spawn = |group: ProcessGroup| {
@@ -1018,15 +1037,6 @@ impl Agent {
             }
         }
         Ok(false)
-    }
-
-    /// Learns once where this host is listed, so that reports during a rollout do
-    /// not list the whole fleet's versions each time.
-    pub(crate) async fn learn_running_versions(&mut self) {
-        match report::running_versions_of(&self.store, &self.cfg.schema, &self.cfg.hostname).await {
-            Ok(v) => self.ledger.set_running_versions(v),
-            Err(e) => tracing::debug!(error = %e, "cannot list running versions yet; the first report will"),
-        }
     }
 }
 

@@ -671,12 +671,6 @@ async fn once(cfg: Config, bootstrap: bool) -> u8 {
     if bootstrap && let Err(code) = provision(&store, &cfg).await {
         return code;
     }
-    // Before the pass (and its Puppet run): the Hiera data as the store has it.
-    if let Some(path) = &cfg.hiera_file
-        && let Err(e) = crate::hiera::refresh(&store, &cfg.schema, path).await
-    {
-        tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; Puppet sees the file as it was");
-    }
     let result = passes(&mut agent, &store).await;
     drain_uploads(&cfg, &store).await;
     let code = once_outcome(&agent, &result);
@@ -894,7 +888,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
                     tracing::warn!(error = %e, "store unreachable; waiting for it");
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff.fail()) => {}
+                    _ = tokio::time::sleep(backoff.fail_spread()) => {}
                     _ = shutdown.changed() => return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) },
                     // Nothing runs while the store is waited for: a reload applies now.
                     _ = reload.changed() => if restarting() { return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) } },
@@ -911,7 +905,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
                     last_refusal = msg;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff.fail()) => {}
+                    _ = tokio::time::sleep(backoff.fail_spread()) => {}
                     _ = shutdown.changed() => return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) },
                     // Nothing runs while the store is waited for: a reload applies now.
                     _ = reload.changed() => if restarting() { return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) } },
@@ -925,10 +919,15 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
     if !restarted {
         crate::notify::spawn_watchdog();
     }
-    let addrs = identity::addresses();
-    if let Err(e) = report::publish_addresses(&store, &cfg.schema, &cfg.hostname, &cfg.role, &addrs).await {
-        tracing::warn!(error = %e, "cannot publish active role addresses");
-    }
+    // Retried until it lands: a host missing from /active_roles/ is missing from
+    // every other host's Hiera data.
+    let publishing = tokio::spawn(report::keep_publishing(
+        store.clone(),
+        cfg.schema.clone(),
+        (cfg.hostname.clone(), cfg.role.clone()),
+        identity::addresses(),
+        shutdown.clone(),
+    ));
     // Count store requests: the startup cost and the steady state are logged.
     let counting = store::CountingStore::new(store);
     let store: DynStore = Arc::new(counting.clone());
@@ -938,15 +937,6 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         Err(e) => return Ok(fail(&e, error_code(&e))),
     };
     agent.set_metrics(metrics.clone());
-    // The Hiera data follows /active_roles/ for as long as the daemon runs.
-    let hiera = cfg.hiera_file.clone().map(|path| {
-        tokio::spawn(crate::hiera::run(
-            store.clone(),
-            cfg.schema.clone(),
-            path,
-            stop_uploads.clone(),
-        ))
-    });
     let uploader = cfg.swift.as_ref().map(|client| {
         let u = Uploader::new(cfg.state_dir.clone(), client.clone(), store.clone());
         agent.set_upload_wake(u.wake.clone());
@@ -985,9 +975,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
     if let Some(u) = uploader {
         let _ = u.await;
     }
-    if let Some(h) = hiera {
-        let _ = h.await;
-    }
+    let _ = publishing.await;
     if let Some(m) = metrics_task {
         let _ = m.await;
     }

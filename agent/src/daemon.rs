@@ -21,7 +21,6 @@ use crate::state;
 /// shutdown signal; the lease is revoked at the end. `jio-agent run` and agents
 /// embedded in another program (benchmarks, tests) both go through here.
 pub async fn serve(mut agent: Agent) -> Result<(), AgentError> {
-    agent.learn_running_versions().await;
     let cfg = agent.config();
     let local = state::read_local_version(&cfg.version_file).ok().flatten();
     let liveness = Liveness::start_reporting(
@@ -179,7 +178,7 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
                 if due {
                     health.restart();
                 }
-                failures.fail()
+                failures.fail_spread()
             }
         };
         tokio::select! {
@@ -251,20 +250,16 @@ async fn open_watches(agent: &Agent) -> SelectAll<WatchStream> {
         if agent.watches_steps() {
             keys.push(agent.subject().steps_watch());
         }
-        for key in keys {
-            match agent.store().watch(&key, 0).await {
-                Ok(w) => all.push(w),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
+        // All on one stream: on etcd, one gRPC watch stream per agent.
+        match agent.store().watch_many(&keys, 0).await {
+            Ok(w) => all.push(w),
+            Err(e) => failed = Some(e),
         }
         let Some(e) = failed else { return all };
         agent.metrics().store_failed();
         tracing::warn!(error = %e, "cannot open watches; retrying");
         tokio::select! {
-            _ = tokio::time::sleep(backoff.fail()) => {}
+            _ = tokio::time::sleep(backoff.fail_spread()) => {}
             _ = stop.changed() => return all,
         }
     }

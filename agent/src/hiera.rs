@@ -3,19 +3,17 @@
 //! `etcdlookup::active_roles` (role → host → interface → address) and one key per
 //! role, `etcdlookup::active_roles::<role>` (host → interface → address).
 //!
-//! The daemon keeps it current from a watch (one listing at start, then events);
-//! `once` writes it before its pass. It is written atomically (a temporary file
-//! renamed over it), and only when its text changes. Rendering is pure.
+//! The agent reads `/active_roles/` once before each run of its own that may run
+//! Puppet (an upgrade's configuration step, a composable rollout's tasks) and writes
+//! the file then; nothing watches the prefix, so a fleet's registrations cost the
+//! store no event per host per registration. It is written atomically (a temporary
+//! file renamed over it), and only when its text changes. Rendering is pure.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use futures_util::StreamExt as _;
-use jio_common::backoff::Backoff;
 use jio_common::keys::{Key, Parsed, Schema};
-use jio_common::store::{DynStore, KeyValue, StoreError, WatchEvent};
-use tokio::sync::watch;
+use jio_common::store::{DynStore, KeyValue, StoreError};
 
 /// role → host → interface → address.
 pub type ActiveRoles = BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>;
@@ -124,7 +122,7 @@ pub fn write(path: &Path, text: &str) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// Reads `/active_roles/` once and writes the file (`once`, and the daemon's start).
+/// Reads `/active_roles/` once and writes the file.
 pub async fn refresh(store: &DynStore, schema: &Schema, path: &Path) -> Result<(), StoreError> {
     let listing = store.list(&schema.active_roles()).await?;
     save(path, &from_kvs(schema, &listing.kvs));
@@ -136,67 +134,6 @@ fn save(path: &Path, roles: &ActiveRoles) {
         Ok(true) => tracing::info!(file = %path.display(), roles = roles.len(), "hiera data written"),
         Ok(false) => {}
         Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot write the hiera data file"),
-    }
-}
-
-/// The daemon's task: keeps the file current until `stop` turns true.
-pub async fn run(store: DynStore, schema: Schema, path: PathBuf, mut stop: watch::Receiver<bool>) {
-    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let prefix = schema.active_roles();
-    while !*stop.borrow() {
-        let listing = tokio::select! {
-            l = store.list(&prefix) => l,
-            _ = stop.changed() => return,
-        };
-        let stream = match listing {
-            Ok(l) => {
-                let mut roles = from_kvs(&schema, &l.kvs);
-                save(&path, &roles);
-                match store.watch(&prefix, l.revision + 1).await {
-                    Ok(s) => Some((s, std::mem::take(&mut roles))),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot watch /active_roles/ for the hiera data; retrying");
-                        None
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; retrying");
-                None
-            }
-        };
-        let Some((mut events, mut roles)) = stream else {
-            tokio::select! {
-                _ = tokio::time::sleep(backoff.fail()) => continue,
-                _ = stop.changed() => return,
-            }
-        };
-        backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-        loop {
-            let ev = tokio::select! {
-                e = events.next() => e,
-                _ = stop.changed() => return,
-            };
-            match ev {
-                Some(Ok(WatchEvent::Put(kv))) => put(&mut roles, &schema, &kv),
-                Some(Ok(WatchEvent::Delete { key, .. })) => apply(&mut roles, &schema, &key, None),
-                Some(Ok(WatchEvent::Reset { kvs, .. })) => roles = from_kvs(&schema, &kvs),
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "the /active_roles/ watch failed; reading it again");
-                    break;
-                }
-                None => return,
-            }
-            // A burst of changes (a host publishing its interfaces) is one write.
-            while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(events.next()) {
-                match ev {
-                    WatchEvent::Put(kv) => put(&mut roles, &schema, &kv),
-                    WatchEvent::Delete { key, .. } => apply(&mut roles, &schema, &key, None),
-                    WatchEvent::Reset { kvs, .. } => roles = from_kvs(&schema, &kvs),
-                }
-            }
-            save(&path, &roles);
-        }
     }
 }
 

@@ -32,7 +32,8 @@ pub struct Ledger {
     logs: bool,
     upload_wake: Option<Arc<tokio::sync::Notify>>,
     /// Versions under which this host has a `/running/versions` entry, once known
-    /// (learnt by one listing; kept up to date by this agent's own reports).
+    /// (kept in the state directory by this agent's own reports; learnt by one
+    /// listing at the first validated report when unknown).
     running_versions: Option<Vec<Version>>,
     /// The last save failed (logged once until it works again).
     failing: bool,
@@ -56,6 +57,7 @@ impl Ledger {
     pub fn load(s: LedgerSetup) -> Result<Ledger, AgentError> {
         Ok(Ledger {
             journal: Journal::load(&s.state_dir)?,
+            running_versions: crate::state::load_listed(&s.state_dir),
             state_dir: s.state_dir,
             version_file: s.version_file,
             store: s.store,
@@ -64,7 +66,6 @@ impl Ledger {
             clock: s.clock,
             logs: s.logs,
             upload_wake: None,
-            running_versions: None,
             failing: false,
             retry_interval: s.retry_interval,
         })
@@ -76,10 +77,6 @@ impl Ledger {
 
     pub fn set_clock(&mut self, clock: DynClock) {
         self.clock = clock;
-    }
-
-    pub fn set_running_versions(&mut self, v: Vec<Version>) {
-        self.running_versions = Some(v);
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -150,7 +147,12 @@ impl Ledger {
                 None => crate::report::commit(&self.store, ops).await?,
             };
             if r.step == Step::Validated && r.ok && r.task.is_none() {
-                self.running_versions = Some(vec![r.version.clone()]);
+                let listed = vec![r.version.clone()];
+                if let Err(e) = crate::state::save_listed(&self.state_dir, &listed) {
+                    // Unknown at the next start: listed once again then.
+                    tracing::warn!(error = %e, "cannot keep the versions this host is listed under");
+                }
+                self.running_versions = Some(listed);
             }
             // A run's failed report is in the store: from now on only an enable key
             // written after it retries it at once (see `Failure::reported`).

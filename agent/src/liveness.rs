@@ -2,8 +2,8 @@
 //! so `jioctl` can tell a dead agent from a slow Puppet run, and count a host as in
 //! flight while its agent runs anything.
 //!
-//! One task owns the lease: it renews every TTL/2 (a failed renewal is retried every
-//! second), grants a new lease when the old
+//! One task owns the lease: it renews every TTL/2 (a failed renewal is retried after
+//! a second, then less often, at random moments), grants a new lease when the old
 //! one ended (the store was unreachable for longer than the TTL), and rewrites the
 //! record whenever it changes. With a clock key, it writes the agent's clock there
 //! (bound to the lease) at every new lease and every `CLOCK_REFRESH`, so readers
@@ -197,6 +197,9 @@ async fn keep(
     // period after the last that worked: record changes never put it off.
     let period = ttl / 2;
     let retry = Duration::from_secs(1).min(period);
+    // Failed writes are retried after 1 s, doubling up to a quarter of the TTL,
+    // spread at random: a fleet whose store is overloaded must not retry in step.
+    let mut retries = jio_common::backoff::Backoff::new(retry, (period / 2).max(retry));
     let mut renew_at = Instant::now() + period;
     let mut clock_dirty = true;
     let mut clock_at = Instant::now();
@@ -212,28 +215,39 @@ async fn keep(
                 dirty = true;
                 clock_dirty = true;
             }
-            if dirty {
-                let value = serde_json::to_string(&*record.borrow_and_update()).unwrap_or_default();
-                if let Err(e) = store.put(&key, &value, lease.as_ref()).await {
-                    if e.kind() == ErrorKind::NotFound {
-                        *lease = None;
-                    }
-                    return Err(e);
-                }
-                dirty = false;
-            }
             if clock_lease.as_ref() != lease.as_ref() {
                 clock_dirty = true;
             }
-            if let Some(ck) = &clock_key
-                && (clock_dirty || clock_at.elapsed() >= CLOCK_REFRESH)
-            {
-                if let Err(e) = store.put(ck, &unix_now_ms().to_string(), lease.as_ref()).await {
-                    if e.kind() == ErrorKind::NotFound {
-                        *lease = None;
-                    }
-                    return Err(e);
+            let clock_due = clock_key.is_some() && (clock_dirty || clock_at.elapsed() >= CLOCK_REFRESH);
+            // The record and the clock in one write when both are due (a new
+            // lease): one proposal per agent to etcd's members, not two.
+            let mut txn = Txn::new();
+            if dirty {
+                let value = serde_json::to_string(&*record.borrow_and_update()).unwrap_or_default();
+                txn = txn.then(Op::Put {
+                    key: key.clone(),
+                    value,
+                    lease: lease.clone(),
+                });
+            }
+            if let (true, Some(ck)) = (clock_due, &clock_key) {
+                txn = txn.then(Op::Put {
+                    key: ck.clone(),
+                    value: unix_now_ms().to_string(),
+                    lease: lease.clone(),
+                });
+            }
+            if txn.ops.is_empty() {
+                return Ok(());
+            }
+            if let Err(e) = store.txn(txn).await {
+                if e.kind() == ErrorKind::NotFound {
+                    *lease = None;
                 }
+                return Err(e);
+            }
+            dirty = false;
+            if clock_due {
                 clock_dirty = false;
                 clock_at = Instant::now();
                 clock_lease = lease.clone();
@@ -261,8 +275,9 @@ async fn keep(
             }
         }
         let wake = if failing {
-            Instant::now() + retry
+            Instant::now() + retries.fail_spread()
         } else {
+            retries.succeed();
             match &clock_key {
                 Some(_) => renew_at.min(clock_at + CLOCK_REFRESH),
                 None => renew_at,

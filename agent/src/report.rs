@@ -204,6 +204,37 @@ pub async fn publish_addresses(
     Ok(())
 }
 
+/// `publish_addresses`, tried again after a failure (a backoff from 1 s to a
+/// minute, each wait stretched by up to half at random so that a fleet started at
+/// once does not retry at once) until it succeeds or `stop` turns true.
+pub async fn keep_publishing(
+    store: DynStore,
+    schema: Schema,
+    (host, role): (HostName, Role),
+    addresses: Vec<InterfaceAddress>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut backoff = jio_common::backoff::Backoff::new(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(60),
+    );
+    loop {
+        let e = tokio::select! {
+            r = publish_addresses(&store, &schema, &host, &role, &addresses) => match r {
+                Ok(()) => return,
+                Err(e) => e,
+            },
+            _ = stop.changed() => return,
+        };
+        let wait = backoff.fail_spread();
+        tracing::warn!(error = %e, retry_in = ?wait, "cannot publish this host's addresses under /active_roles/; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 /// Records the first-boot outcome: success, or failed with the reason.
 pub fn provisioned_txn(schema: &Schema, host: &HostName, failure: Option<&str>) -> Txn {
     let (put, del) = match failure {

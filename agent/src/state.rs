@@ -320,6 +320,30 @@ pub struct PendingCommandReport {
     pub object: Option<String>,
 }
 
+/// Where the versions this host is listed under are kept (`listed.json`).
+pub fn listed_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("listed.json")
+}
+
+/// The versions under which this host has a `/running/versions` entry, as this
+/// agent last wrote them. Only the agent writes those entries (`forget-host` only
+/// deletes them), so it need not list the whole fleet's to find its own: a listing
+/// of every host's entries by every agent is a cost that grows with the square of
+/// the fleet. `None` when missing or unreadable: the next validated report lists
+/// them once.
+pub fn load_listed(state_dir: &Path) -> Option<Vec<Version>> {
+    let text = std::fs::read_to_string(listed_path(state_dir)).ok()?;
+    let names: Vec<String> = serde_json::from_str(&text).ok()?;
+    names.into_iter().map(|n| Version::new(n).ok()).collect()
+}
+
+/// Keeps `versions` as this host's listing (see `load_listed`).
+pub fn save_listed(state_dir: &Path, versions: &[Version]) -> Result<(), StateError> {
+    let names: Vec<&str> = versions.iter().map(Version::as_str).collect();
+    let text = serde_json::to_string(&names).unwrap_or_default();
+    write_atomic(&listed_path(state_dir), text.as_bytes())
+}
+
 /// The journal file's content.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,6 +1,7 @@
 //! The one exponential backoff of the project: a first delay, doubled after each
-//! consecutive failure up to a cap, and reset by a success. Pure: it never sleeps
-//! and never reads a clock; callers wait on whatever clock they were given.
+//! consecutive failure up to a cap, and reset by a success; optionally spread at
+//! random. It never sleeps and never reads a clock; callers wait on whatever clock
+//! they were given.
 
 use std::time::Duration;
 
@@ -38,6 +39,14 @@ impl Backoff {
         self.delay_after(self.failures)
     }
 
+    /// `fail`, the wait stretched by up to half at random: many clients that failed
+    /// together (a fleet's agents when their store is overloaded) do not all try
+    /// again at the same moment.
+    pub fn fail_spread(&mut self) -> Duration {
+        let d = self.fail();
+        d + d.mul_f64(unit_random() / 2.0)
+    }
+
     /// Counts a success (the next failure waits `first` again); returns whether
     /// it ends a run of failures, for a "works again" line.
     pub fn succeed(&mut self) -> bool {
@@ -48,6 +57,15 @@ impl Backoff {
     pub fn failures(&self) -> u32 {
         self.failures
     }
+}
+
+/// A number in [0, 1), different at each call (from the standard library's
+/// per-instance random hashing keys; good enough to spread retries).
+pub fn unit_random() -> f64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
@@ -66,5 +84,19 @@ mod tests {
         assert!(!b.succeed());
         assert_eq!(b.fail(), s(1));
         assert_eq!(b.delay_after(u32::MAX), s(5));
+    }
+
+    #[test]
+    fn spread_waits_stay_within_half_again_and_differ() {
+        let mut b = Backoff::new(Duration::from_secs(2), Duration::from_secs(2));
+        let waits: Vec<Duration> = (0..50).map(|_| b.fail_spread()).collect();
+        assert!(
+            waits
+                .iter()
+                .all(|w| *w >= Duration::from_secs(2) && *w < Duration::from_secs(3)),
+            "{waits:?}"
+        );
+        let distinct: std::collections::BTreeSet<Duration> = waits.iter().copied().collect();
+        assert!(distinct.len() > 40, "{waits:?}");
     }
 }

@@ -26,6 +26,11 @@ pub struct Etcd {
     members: Vec<Member>,
     binary: PathBuf,
     secure: Option<Secure>,
+    /// The HTTP client of `metrics`, made once (a benchmark samples every second,
+    /// with the process's files nearly all in use).
+    http: std::sync::OnceLock<reqwest::Client>,
+    /// More flags for every member (the benchmark's raft timing).
+    flags: Vec<String>,
 }
 
 /// What a secure etcd was started with.
@@ -49,6 +54,11 @@ impl Etcd {
 
     /// `n` members forming one cluster, healthy.
     pub async fn cluster(n: usize) -> Etcd {
+        Etcd::cluster_with(n, &[]).await
+    }
+
+    /// `cluster`, each member started with `flags` besides the harness's own.
+    pub async fn cluster_with(n: usize, flags: &[&str]) -> Etcd {
         let binary = require_binary("etcd", INSTALL);
         let dir = tempfile::Builder::new()
             .prefix("jio-etcd-")
@@ -69,6 +79,8 @@ impl Etcd {
             members,
             binary,
             secure: None,
+            http: std::sync::OnceLock::new(),
+            flags: flags.iter().map(|f| f.to_string()).collect(),
         };
         for i in 0..n {
             etcd.spawn(i);
@@ -114,6 +126,8 @@ impl Etcd {
                 tls,
                 auth,
             }),
+            http: std::sync::OnceLock::new(),
+            flags: Vec::new(),
         };
         etcd.spawn(0);
         etcd.wait_healthy(0).await;
@@ -271,6 +285,7 @@ impl Etcd {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
             .collect::<Vec<_>>()
             .join(",");
+        let flags = self.flags.clone();
         let m = &mut self.members[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -295,7 +310,8 @@ impl Etcd {
             cmd.arg("--auth-token-ttl").arg(s.token_ttl.to_string());
         }
         let child = spawn_tied(
-            cmd.args(["--name", &m.name, "--data-dir"])
+            cmd.args(&flags)
+                .args(["--name", &m.name, "--data-dir"])
                 .arg(&m.data)
                 .args([
                     "--listen-client-urls",
@@ -372,6 +388,18 @@ impl Etcd {
             "http"
         };
         format!("{scheme}://127.0.0.1:{}", self.members[i].client)
+    }
+
+    /// Member `i`'s Prometheus metrics text (`GET /metrics` on its client port).
+    pub async fn metrics(&self, i: usize) -> Result<String, reqwest::Error> {
+        self.http
+            .get_or_init(|| self.http_client())
+            .get(format!("{}/metrics", self.endpoint(i)))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await?
+            .text()
+            .await
     }
 
     /// The client port of member `i`.
@@ -464,4 +492,26 @@ impl Drop for Etcd {
             self.kill(i);
         }
     }
+}
+
+/// The sum of every series of metric `name` in Prometheus text whose labels hold
+/// each of `labels` (such as `grpc_method="Watch"`), 0 when none: etcd's own
+/// counters and gauges, read by the tests and the benchmark as an independent view
+/// of what clients cost it.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (have, value) = match rest.strip_prefix('{') {
+                Some(r) => r.split_once('}')?,
+                None => ("", rest),
+            };
+            // A longer name sharing this one's start, or a series not asked for.
+            if !value.starts_with(' ') || !labels.iter().all(|want| have.contains(want)) {
+                return None;
+            }
+            value.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .sum()
 }

@@ -646,6 +646,86 @@ async fn watch_recovers_from_compaction(b: Backend) {
     );
 }
 
+/// Several prefixes on one watch (on etcd, one gRPC stream): every prefix's events
+/// arrive, each key's in order, across a restart of the server; from a compacted
+/// revision the first events are resets holding every prefix's keys (one on etcd).
+async fn watch_many_carries_every_prefix_across_restart_and_compaction(mut b: Backend) {
+    let writer = b.another_client().await;
+    let prefixes = [k("/m/a/"), k("/m/b/"), k("/m/c/")];
+    let from = b.store.ping().await.unwrap() + 1;
+    let mut w = b.store.watch_many(&prefixes, from).await.unwrap();
+    let write = async |range: std::ops::Range<usize>| {
+        for i in range {
+            let key = k(&format!("/m/{}/{}", ["a", "b", "c"][i % 3], i % 4));
+            let start = Instant::now();
+            // Writes may race the restart: retry until the store takes them.
+            while let Err(e) = writer.put(&key, &format!("v{i}"), None).await {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "store did not come back: {e}"
+                );
+            }
+            writer.put(&k("/m/elsewhere"), "noise", None).await.unwrap();
+        }
+    };
+    write(0..30).await;
+    let mut all = collect(&mut w, if b.exact_history() { 30 } else { 1 }).await;
+    b.restart_server().await;
+    write(30..60).await;
+    // Each key ends at its last value, reached through events in revision order.
+    let want: BTreeMap<String, String> = (0..60)
+        .map(|i| {
+            (
+                format!("/m/{}/{}", ["a", "b", "c"][i % 3], i % 4),
+                format!("v{i}"),
+            )
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut state = BTreeMap::new();
+        let mut last_rev: BTreeMap<String, i64> = BTreeMap::new();
+        for e in &all {
+            let WatchEvent::Put(kv) = e else {
+                panic!("only puts were written: {e:?}")
+            };
+            let prev = last_rev.insert(kv.key.to_string(), kv.mod_revision);
+            assert!(
+                prev.is_none_or(|p| p < kv.mod_revision),
+                "a key's events in order: {all:?}"
+            );
+            state.insert(kv.key.to_string(), kv.value.clone());
+        }
+        if state == want {
+            if b.exact_history() {
+                assert_eq!(all.len(), 60, "every event, once: {all:?}");
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the events never reached the store's state: {state:?}"
+        );
+        all.extend(collect(&mut w, 1).await);
+    }
+    quiet(&mut w, Duration::from_millis(300)).await;
+    let latest = b.store.put(&k("/m/a/last"), "x", None).await.unwrap();
+    b.store.compact(latest).await.unwrap();
+    let mut w = b.store.watch_many(&prefixes, from).await.unwrap();
+    let mut expected: std::collections::BTreeSet<String> = want.keys().cloned().collect();
+    expected.insert("/m/a/last".into());
+    // One reset holding every prefix's keys (etcd), or one per prefix.
+    let mut keys = std::collections::BTreeSet::new();
+    while keys != expected {
+        let ev = collect(&mut w, 1).await;
+        let WatchEvent::Reset { kvs, .. } = &ev[0] else {
+            panic!("a watch from a compacted revision starts with resets, got {ev:?} with {keys:?} seen");
+        };
+        keys.extend(kvs.iter().map(|kv| kv.key.to_string()));
+        assert!(keys.is_subset(&expected), "only the prefixes' keys: {keys:?}");
+    }
+}
+
 /// A value (and, where the store allows it, a key name) that is not UTF-8 text is
 /// reported as such, and never fails the listing, the get or the watch it is in.
 async fn bytes_that_are_not_text_do_not_blind_a_listing(b: Backend) {
@@ -748,6 +828,7 @@ contract!(
     watch_delivers_every_event_in_order_across_restart,
     watch_from_now_sees_only_new_events,
     watch_recovers_from_compaction,
+    watch_many_carries_every_prefix_across_restart_and_compaction,
 );
 
 /// A store that accepts connections and never answers (a frozen etcd): the retry

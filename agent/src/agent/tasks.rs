@@ -95,6 +95,7 @@ impl Agent {
             tracing::info!(%version, phase, "the grant, the desired version or an enable key changed before the step could start; deciding again");
             return Ok(PassResult::Raced);
         }
+        self.refresh_hiera().await;
         let started = self.clock.unix_now();
         self.run_begun = (started, obs.gate_revisions);
         let j = self.ledger.journal.tasks.get_or_insert_with(TaskJournal::default);

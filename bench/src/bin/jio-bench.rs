@@ -8,7 +8,7 @@ use jio_bench::{self as bench, Backend, Sizes};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: jio-bench --store etcd|etcd-tls|sqlite [--quick] [--hosts-per-role N] [--only makespan] [--out PATH]"
+        "usage: jio-bench --store etcd|etcd-tls|sqlite [--quick] [--members N] [--hosts-per-role N] [--only makespan|status] [--out PATH]"
     );
     ExitCode::from(64)
 }
@@ -18,7 +18,9 @@ fn main() -> ExitCode {
     let mut quick = false;
     let mut out: Option<PathBuf> = None;
     let mut per_role: Option<usize> = None;
+    let mut members = 1;
     let mut only_makespan = false;
+    let mut only_status = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -33,8 +35,13 @@ fn main() -> ExitCode {
                 Some(n) if n > 0 => per_role = Some(n),
                 _ => return usage(),
             },
+            "--members" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n @ 1..=7) => members = n,
+                _ => return usage(),
+            },
             "--only" => match args.next().as_deref() {
                 Some("makespan") => only_makespan = true,
+                Some("status") => only_status = true,
                 _ => return usage(),
             },
             "--out" => match args.next() {
@@ -56,11 +63,23 @@ fn main() -> ExitCode {
     if let Some(n) = per_role {
         sizes.makespan_hosts_per_role = n;
     }
+    sizes.members = members;
+    if only_status {
+        let st = rt.block_on(async {
+            let bs = bench::BenchStore::start(backend, sizes.members).await;
+            bench::status(&bs, sizes.status_hosts).await
+        });
+        println!(
+            "status --json on {backend:?}: {} hosts, {:.1}ms (read {:.1}ms, classify {:.1}ms, JSON {:.1}ms), {} store requests, {} bytes",
+            st.hosts, st.wall_ms, st.read_ms, st.classify_ms, st.json_ms, st.store_requests, st.json_bytes
+        );
+        return ExitCode::SUCCESS;
+    }
     if only_makespan {
         // One figure, to see how it depends on the fleet's size.
         let m = rt.block_on(async {
             bench::raise_nofile();
-            let bs = bench::BenchStore::start(backend).await;
+            let bs = bench::BenchStore::start(backend, sizes.members).await;
             bench::makespan(&bs, sizes.makespan_hosts_per_role, sizes.makespan_step).await
         });
         println!(
@@ -77,6 +96,7 @@ fn main() -> ExitCode {
             "where the time went: first step after {:.2}s, r9 (limit 1) {:.1}ms between steps, last step start to end {:.2}s",
             m.first_start_s, m.serial_gap_ms, m.tail_s
         );
+        println!("{}", bench::scale_lines(&m).join("\n"));
         return ExitCode::SUCCESS;
     }
     let report = rt.block_on(bench::run(backend, sizes));

@@ -860,7 +860,7 @@ async fn watch_task(
                     tracing::warn!(prefix = %prefix, error = %e, "consul watch failed; retrying");
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff.fail()) => {}
+                    _ = tokio::time::sleep(backoff.fail_spread()) => {}
                     _ = tx.closed() => return,
                 }
                 continue;

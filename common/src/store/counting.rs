@@ -144,6 +144,10 @@ impl Store for CountingStore {
         self.tick("watch");
         self.inner.watch(prefix, from).await
     }
+    async fn watch_many(&self, prefixes: &[Key], from: Revision) -> Result<WatchStream> {
+        self.tick("watch");
+        self.inner.watch_many(prefixes, from).await
+    }
     async fn compact(&self, revision: Revision) -> Result<()> {
         self.tick("compact");
         self.inner.compact(revision).await

@@ -1027,13 +1027,17 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, prefix: &Key, from: Revision) -> Result<WatchStream> {
+        self.watch_many(std::slice::from_ref(prefix), from).await
+    }
+
+    async fn watch_many(&self, prefixes: &[Key], from: Revision) -> Result<WatchStream> {
         // Pin "from now on" to a revision before returning, so that a reconnection
         // later resumes from there and nothing written after this call is missed.
         let from = if from > 0 { from } else { self.ping().await? + 1 };
         let (tx, rx) = mpsc::channel(1024);
         let store = self.clone();
-        let prefix = prefix.clone();
-        tokio::spawn(async move { watch_task(store, prefix, from, tx).await });
+        let watched = prefixes.iter().map(|p| (p.clone(), from)).collect();
+        tokio::spawn(async move { watch_task(store, watched, tx).await });
         Ok(Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|ev| (ev, rx))
         })))
@@ -1066,19 +1070,18 @@ enum WatchEnd {
     Broken(String),
 }
 
-async fn watch_task(store: EtcdStore, prefix: Key, mut next: Revision, tx: mpsc::Sender<Result<WatchEvent>>) {
+/// The prefixes of one watch stream, each with the first revision it has not
+/// delivered yet.
+type Watched = Vec<(Key, Revision)>;
+
+async fn watch_task(store: EtcdStore, mut watched: Watched, tx: mpsc::Sender<Result<WatchEvent>>) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut broken = false;
     loop {
-        match watch_once(&store, &prefix, &mut next, &tx, &mut broken, &mut backoff).await {
+        match watch_once(&store, &mut watched, &tx, &mut broken, &mut backoff).await {
             WatchEnd::ReceiverGone => return,
-            WatchEnd::Compacted => match store.list(&prefix).await {
-                Ok(l) => {
-                    next = l.revision + 1;
-                    let ev = WatchEvent::Reset {
-                        kvs: l.kvs,
-                        revision: l.revision,
-                    };
+            WatchEnd::Compacted => match relist(&store, &mut watched).await {
+                Ok(ev) => {
                     if tx.send(Ok(ev)).await.is_err() {
                         return;
                     }
@@ -1087,20 +1090,20 @@ async fn watch_task(store: EtcdStore, prefix: Key, mut next: Revision, tx: mpsc:
                     if tx.is_closed() {
                         return;
                     }
-                    tracing::warn!(prefix = %prefix, error = %e, "watch could not re-list after compaction; retrying");
-                    tokio::time::sleep(backoff.fail()).await;
+                    tracing::warn!(prefix = %watched_names(&watched), error = %e, "watch could not re-list after compaction; retrying");
+                    tokio::time::sleep(backoff.fail_spread()).await;
                     continue;
                 }
             },
             WatchEnd::Broken(reason) => {
                 if !broken {
-                    tracing::warn!(prefix = %prefix, %reason, "watch connection lost; reconnecting");
+                    tracing::warn!(prefix = %watched_names(&watched), %reason, "watch connection lost; reconnecting");
                     broken = true;
                 }
                 if tx.is_closed() {
                     return;
                 }
-                tokio::time::sleep(backoff.fail()).await;
+                tokio::time::sleep(backoff.fail_spread()).await;
                 continue;
             }
         }
@@ -1108,11 +1111,31 @@ async fn watch_task(store: EtcdStore, prefix: Key, mut next: Revision, tx: mpsc:
     }
 }
 
-/// One watch stream on the current endpoint, until it ends.
+/// The prefixes, for a log line.
+fn watched_names(watched: &Watched) -> String {
+    let names: Vec<&str> = watched.iter().map(|(k, _)| k.as_str()).collect();
+    names.join(" ")
+}
+
+/// After a compaction: every prefix read again, as one `Reset`; each resumes after
+/// its own listing.
+async fn relist(store: &EtcdStore, watched: &mut Watched) -> Result<WatchEvent> {
+    let mut kvs = Vec::new();
+    let mut revision = 0;
+    for (prefix, next) in watched.iter_mut() {
+        let l = store.list(prefix).await?;
+        *next = l.revision + 1;
+        revision = revision.max(l.revision);
+        kvs.extend(l.kvs);
+    }
+    Ok(WatchEvent::Reset { kvs, revision })
+}
+
+/// One watch stream on the current endpoint, carrying a watch per prefix, until it
+/// ends.
 async fn watch_once(
     store: &EtcdStore,
-    prefix: &Key,
-    next: &mut Revision,
+    watched: &mut Watched,
     tx: &mpsc::Sender<Result<WatchEvent>>,
     broken: &mut bool,
     backoff: &mut Backoff,
@@ -1127,9 +1150,21 @@ async fn watch_once(
         Ok(c) => c,
         Err(f) => return WatchEnd::Broken(describe(f)),
     };
-    let opts = WatchOptions::new().with_prefix().with_start_revision(*next);
+    let Some(((first, from), rest)) = watched.split_first() else {
+        tx.closed().await;
+        return WatchEnd::ReceiverGone;
+    };
+    let opts = |from: Revision| WatchOptions::new().with_prefix().with_start_revision(from);
     let opened = tokio::select! {
-        r = tokio::time::timeout(inner.opts.request_timeout, c.watch(prefix.as_str(), Some(opts))) => r,
+        r = tokio::time::timeout(inner.opts.request_timeout, async {
+            // The other prefixes' watches on the same stream: etcd answers each
+            // creation in the order asked.
+            let mut stream = c.watch(first.as_str(), Some(opts(*from))).await?;
+            for (prefix, from) in rest {
+                stream.watch(prefix.as_str(), Some(opts(*from))).await?;
+            }
+            Ok::<_, etcd_client::Error>(stream)
+        }) => r,
         _ = tx.closed() => return WatchEnd::ReceiverGone,
     };
     let mut stream = match opened {
@@ -1141,6 +1176,8 @@ async fn watch_once(
             return WatchEnd::Broken(reason);
         }
     };
+    // Watch id → position in `watched`, learnt from the creations' answers.
+    let mut ids: Vec<i64> = Vec::with_capacity(watched.len());
     loop {
         let msg = tokio::select! {
             m = stream.message() => m,
@@ -1155,63 +1192,94 @@ async fn watch_once(
             Err(e) => return WatchEnd::Broken(describe(inner.failure(i, generation, e))),
         };
         if res.created() {
-            // A stream that opened: the next failure starts its backoff afresh.
-            backoff.succeed();
-            if *broken {
-                tracing::info!(prefix = %prefix, "watch reconnected");
-                super::count_watch_reconnect();
-                *broken = false;
+            ids.push(res.watch_id());
+            if ids.len() == 1 {
+                // A stream that opened: the next failure starts its backoff afresh.
+                backoff.succeed();
+                if *broken {
+                    tracing::info!(prefix = %watched_names(watched), "watch reconnected");
+                    super::count_watch_reconnect();
+                    *broken = false;
+                }
             }
         }
         if res.canceled() {
-            if res.compact_revision() > 0 {
-                return WatchEnd::Compacted;
-            }
-            let reason = res.cancel_reason();
-            if reason.contains("invalid auth token") || reason.contains("user name is empty") {
-                // An expired token cancels a watch after it opened: the next
-                // attempt authenticates again.
-                inner.members[i].token_refused(generation);
-                return WatchEnd::Broken("the authentication token expired".into());
-            }
-            if reason.contains("permission denied") {
-                let e = inner.denied_on(
-                    StoreError::Denied {
-                        url: inner.url.clone(),
-                        op: "watch",
-                        message: reason.to_string(),
-                    },
-                    || format!("watching {prefix}"),
-                );
-                return WatchEnd::Broken(e.to_string());
-            }
-            if reason.contains("no leader") {
-                // This member is cut off from the leader: watch through another.
-                inner.endpoints.fail_over(i, reason);
-            }
-            return WatchEnd::Broken(format!("watch canceled: {reason}"));
+            return canceled(inner, i, generation, &res, watched);
         }
-        let mut last = *next - 1;
-        for ev in res.events() {
-            let Some(kv) = ev.kv() else { continue };
-            let rev = kv.mod_revision();
-            if rev < *next {
-                continue; // already delivered before a reconnection
-            }
-            let out = match ev.event_type() {
-                EventType::Delete => decode(&inner.url, kv).map(|kv| WatchEvent::Delete {
-                    key: kv.key,
-                    revision: rev,
-                }),
-                EventType::Put => decode(&inner.url, kv).map(WatchEvent::Put),
-            };
-            if let Some(out) = out
-                && tx.send(Ok(out)).await.is_err()
-            {
-                return WatchEnd::ReceiverGone;
-            }
-            last = last.max(rev);
+        let Some(at) = ids.iter().position(|id| *id == res.watch_id()) else {
+            continue;
+        };
+        if let Err(end) = deliver(inner, &res, &mut watched[at], tx).await {
+            return end;
         }
-        *next = last + 1;
     }
+}
+
+/// Sends `res`'s events not delivered yet for one prefix, and moves its revision on.
+async fn deliver(
+    inner: &Inner,
+    res: &etcd_client::WatchResponse,
+    (_, next): &mut (Key, Revision),
+    tx: &mpsc::Sender<Result<WatchEvent>>,
+) -> std::result::Result<(), WatchEnd> {
+    let mut last = *next - 1;
+    for ev in res.events() {
+        let Some(kv) = ev.kv() else { continue };
+        let rev = kv.mod_revision();
+        if rev < *next {
+            continue; // already delivered before a reconnection
+        }
+        let out = match ev.event_type() {
+            EventType::Delete => decode(&inner.url, kv).map(|kv| WatchEvent::Delete {
+                key: kv.key,
+                revision: rev,
+            }),
+            EventType::Put => decode(&inner.url, kv).map(WatchEvent::Put),
+        };
+        if let Some(out) = out
+            && tx.send(Ok(out)).await.is_err()
+        {
+            return Err(WatchEnd::ReceiverGone);
+        }
+        last = last.max(rev);
+    }
+    *next = last + 1;
+    Ok(())
+}
+
+/// Why etcd canceled a watch of the stream, and what follows: a compaction re-lists;
+/// anything else reconnects the whole stream.
+fn canceled(
+    inner: &Inner,
+    i: usize,
+    generation: u64,
+    res: &etcd_client::WatchResponse,
+    watched: &Watched,
+) -> WatchEnd {
+    if res.compact_revision() > 0 {
+        return WatchEnd::Compacted;
+    }
+    let reason = res.cancel_reason();
+    if reason.contains("invalid auth token") || reason.contains("user name is empty") {
+        // An expired token cancels a watch after it opened: the next attempt
+        // authenticates again.
+        inner.members[i].token_refused(generation);
+        return WatchEnd::Broken("the authentication token expired".into());
+    }
+    if reason.contains("permission denied") {
+        let e = inner.denied_on(
+            StoreError::Denied {
+                url: inner.url.clone(),
+                op: "watch",
+                message: reason.to_string(),
+            },
+            || format!("watching {}", watched_names(watched)),
+        );
+        return WatchEnd::Broken(e.to_string());
+    }
+    if reason.contains("no leader") {
+        // This member is cut off from the leader: watch through another.
+        inner.endpoints.fail_over(i, reason);
+    }
+    WatchEnd::Broken(format!("watch canceled: {reason}"))
 }

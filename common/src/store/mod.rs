@@ -380,6 +380,20 @@ pub trait Store: Send + Sync + 'static {
     /// event is a `Reset` with the current state.
     async fn watch(&self, prefix: &Key, from: Revision) -> Result<WatchStream>;
 
+    /// `watch` on each of `prefixes`, delivered as one stream; each key's events come
+    /// in order. After a compaction the stream delivers resets that hold every key
+    /// under the prefixes: one on etcd, one per prefix elsewhere, so a consumer reads
+    /// again whatever it holds on any reset. etcd carries them all on one gRPC
+    /// stream (what a client costs etcd grows with its streams far more than with
+    /// its watches); other stores merge one watch per prefix.
+    async fn watch_many(&self, prefixes: &[Key], from: Revision) -> Result<WatchStream> {
+        let mut all = Vec::with_capacity(prefixes.len());
+        for p in prefixes {
+            all.push(self.watch(p, from).await?);
+        }
+        Ok(Box::pin(futures_util::stream::select_all(all)))
+    }
+
     /// Discards history before `revision` (watches from older revisions get a `Reset`).
     async fn compact(&self, revision: Revision) -> Result<()>;
 }
@@ -426,6 +440,14 @@ pub async fn open_opts(url: &StoreUrl, retry: Duration, create: Create) -> Resul
     Ok(store)
 }
 
+/// A number that differs from one client to the next (and one process to the next).
+fn spread() -> usize {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish() as usize
+}
+
 /// The endpoints of a clustered store, tried in turn: one is current, and a failure
 /// moves the client on to the next (unless another request already did).
 pub(crate) struct Endpoints {
@@ -436,9 +458,12 @@ pub(crate) struct Endpoints {
 
 impl Endpoints {
     pub(crate) fn new(urls: Vec<String>, kind: &'static str) -> Endpoints {
+        // Each client starts at an endpoint of its own, so that a fleet's agents
+        // spread over the members rather than all loading the first.
+        let first = spread() % urls.len().max(1);
         Endpoints {
             urls,
-            current: std::sync::atomic::AtomicUsize::new(0),
+            current: std::sync::atomic::AtomicUsize::new(first),
             kind,
         }
     }
