@@ -37,6 +37,16 @@ async fn check(backend: Backend) {
         "an idle agent makes no request but lease renewals and its clock: {r:?}"
     );
     assert!(bench::table(&r).contains("5. idle agent"));
+    if backend == Backend::Etcd {
+        // etcd's own count: one watch stream per agent, however many keys it watches.
+        let reg = &r.makespan.etcd_registration;
+        assert_eq!(reg.len(), 1, "{r:?}");
+        assert!(
+            reg[0].watch_streams >= 1.0 && reg[0].watch_streams <= r.makespan.hosts as f64,
+            "one watch stream per agent at most: {reg:?}"
+        );
+        assert!(reg[0].watchers > reg[0].watch_streams, "{reg:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
