@@ -73,6 +73,9 @@ pub struct Agent {
     /// When the run going on started, and the enable keys' mod revisions it was
     /// decided on (for the journal's record of how it ended).
     run_begun: (u64, [jio_common::store::Revision; 3]),
+    /// The Hiera data was read for the run about to configure (while its start
+    /// transaction was in flight): the configure step need not read it again.
+    hiera_read: bool,
     /// The active rollout's rules, read once per rollout.
     rollout_cache: observe::RolloutCache,
     /// The keys of the last read, kept up to date by the daemon's watches.
@@ -159,6 +162,7 @@ impl Agent {
             orphan: None,
             run_rollout: None,
             run_begun: (0, [0; 3]),
+            hiera_read: false,
             rollout_cache: None,
             view: observe::View::default(),
             view_took_end: false,
@@ -549,10 +553,23 @@ impl Agent {
     /// fleet's registrations cost no event per host per registration; a failure
     /// leaves the file as it was, said.
     pub(crate) async fn refresh_hiera(&self) {
-        if let Some(path) = &self.cfg.hiera_file
-            && let Err(e) = crate::hiera::refresh(&self.store, &self.cfg.schema, path).await
-        {
-            tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; Puppet sees the file as it was");
+        self.hiera_reader().await;
+    }
+
+    /// `refresh_hiera` as a future that borrows nothing of the agent, to overlap
+    /// a start transaction.
+    fn hiera_reader(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let (store, schema, path) = (
+            self.store.clone(),
+            self.cfg.schema.clone(),
+            self.cfg.hiera_file.clone(),
+        );
+        async move {
+            if let Some(path) = path
+                && let Err(e) = crate::hiera::refresh(&store, &schema, &path).await
+            {
+                tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; Puppet sees the file as it was");
+            }
         }
     }
 
@@ -563,7 +580,7 @@ impl Agent {
         version: &Version,
         run_dir: &std::path::Path,
     ) -> (Outcome, Option<i32>) {
-        if step == Step::Configured {
+        if step == Step::Configured && !std::mem::take(&mut self.hiera_read) {
             self.refresh_hiera().await;
         }
         let steps = self.steps.clone();
@@ -604,10 +621,15 @@ impl Agent {
         let fence = self.subject().start_fence(obs);
         // The start is fenced on `/rollouts/current`: this is the run's rollout.
         self.run_rollout = obs.rollout.id.clone();
-        if !self.begin(AgentState::Upgrading, &version, fence).await? {
+        // The Hiera data is read while the start transaction is in flight (read
+        // for nothing when the start loses its race: the file is current anyway).
+        let hiera = self.hiera_reader();
+        let (began, ()) = tokio::join!(self.begin(AgentState::Upgrading, &version, fence), hiera);
+        if !began? {
             tracing::info!(%version, "the desired version or an enable key changed before the run could start; deciding again");
             return Ok(PassResult::Raced);
         }
+        self.hiera_read = true;
         let started = self.clock.unix_now();
         self.run_begun = (started, obs.gate_revisions);
         let (run_dir, step, outcome, ended) = match self.prepare_run(&version, started) {
@@ -618,6 +640,7 @@ impl Agent {
             }
             Err((run_dir, reason)) => {
                 // Nothing ran: the configure step failed before its first command.
+                self.hiera_read = false;
                 let failed = Outcome::Failure(reason);
                 let ended = self.clock.unix_now();
                 let result = self.run_result(&version, Step::Configured, &failed, None, &run_dir, ended);
