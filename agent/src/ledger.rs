@@ -31,10 +31,12 @@ pub struct Ledger {
     /// Run logs are composed and queued for Swift.
     logs: bool,
     upload_wake: Option<Arc<tokio::sync::Notify>>,
-    /// Versions under which this host has a `/running/versions` entry, once known
-    /// (kept in the state directory by this agent's own reports; learnt by one
-    /// listing at the first validated report when unknown).
+    /// Versions under which this host has a `/running/versions` entry, once known:
+    /// from the state directory once checked against the store (`listed`), from
+    /// this agent's own reports, or from one listing at the first validated report.
     running_versions: Option<Vec<Version>>,
+    /// What the state directory says, not yet checked (see `state::load_listed`).
+    listed: Option<Vec<(Version, Revision)>>,
     /// The last save failed (logged once until it works again).
     failing: bool,
     /// The agent's retry interval (a run result says when a failure is retried).
@@ -57,7 +59,8 @@ impl Ledger {
     pub fn load(s: LedgerSetup) -> Result<Ledger, AgentError> {
         Ok(Ledger {
             journal: Journal::load(&s.state_dir)?,
-            running_versions: crate::state::load_listed(&s.state_dir),
+            running_versions: None,
+            listed: crate::state::load_listed(&s.state_dir),
             state_dir: s.state_dir,
             version_file: s.version_file,
             store: s.store,
@@ -77,6 +80,35 @@ impl Ledger {
 
     pub fn set_clock(&mut self, clock: DynClock) {
         self.clock = clock;
+    }
+
+    /// Trusts the state directory's listing only if each of its entries is still in
+    /// the store at the revision this agent wrote it (one read); otherwise the next
+    /// validated report lists the fleet's entries once.
+    async fn check_listed(&mut self) {
+        let Some(listed) = self.listed.take() else { return };
+        if self.running_versions.is_some() {
+            return;
+        }
+        let keys: Vec<_> = listed
+            .iter()
+            .map(|(v, _)| self.schema.running_version_host(v, &self.host))
+            .collect();
+        let Ok(found) = self.store.get_many(&keys).await else {
+            self.listed = Some(listed); // checked at the next report
+            return;
+        };
+        let current = found
+            .iter()
+            .zip(&listed)
+            .all(|(kv, (_, rev))| kv.as_ref().is_some_and(|kv| kv.mod_revision == *rev));
+        if current {
+            self.running_versions = Some(listed.into_iter().map(|(v, _)| v).collect());
+        } else {
+            tracing::info!(
+                "the versions this host was listed under changed outside this agent; listing them again"
+            );
+        }
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -119,6 +151,7 @@ impl Ledger {
         while !self.journal.unreported.is_empty() {
             self.settle_local_version(0);
             let r = self.journal.unreported[0].clone();
+            self.check_listed().await;
             let mut ops = crate::report::ops(
                 &self.store,
                 &self.schema,
@@ -147,12 +180,11 @@ impl Ledger {
                 None => crate::report::commit(&self.store, ops).await?,
             };
             if r.step == Step::Validated && r.ok && r.task.is_none() {
-                let listed = vec![r.version.clone()];
-                if let Err(e) = crate::state::save_listed(&self.state_dir, &listed) {
+                if let Err(e) = crate::state::save_listed(&self.state_dir, &[(r.version.clone(), revision)]) {
                     // Unknown at the next start: listed once again then.
                     tracing::warn!(error = %e, "cannot keep the versions this host is listed under");
                 }
-                self.running_versions = Some(listed);
+                self.running_versions = Some(vec![r.version.clone()]);
             }
             // A run's failed report is in the store: from now on only an enable key
             // written after it retries it at once (see `Failure::reported`).

@@ -180,6 +180,22 @@ impl Liveness {
     }
 }
 
+/// Applies `txn` (puts without compares). A store that refuses one of the writes
+/// without an error (Consul: the key still held by a previous agent's session)
+/// answers `Lost`: each is then written alone, so that the refusal is an error and
+/// is retried, never taken for a write.
+async fn write_all(store: &DynStore, txn: Txn) -> Result<(), StoreError> {
+    if let TxnOutcome::Committed(_) = store.txn(txn.clone()).await? {
+        return Ok(());
+    }
+    for op in txn.ops {
+        if let Op::Put { key, value, lease } = op {
+            store.put(&key, &value, lease.as_ref()).await?;
+        }
+    }
+    Ok(())
+}
+
 async fn keep(
     store: DynStore,
     (key, clock_key): (Key, Option<Key>),
@@ -240,7 +256,7 @@ async fn keep(
             if txn.ops.is_empty() {
                 return Ok(());
             }
-            if let Err(e) = store.txn(txn).await {
+            if let Err(e) = write_all(&store, txn).await {
                 if e.kind() == ErrorKind::NotFound {
                     *lease = None;
                 }

@@ -326,22 +326,32 @@ pub fn listed_path(state_dir: &Path) -> PathBuf {
 }
 
 /// The versions under which this host has a `/running/versions` entry, as this
-/// agent last wrote them. Only the agent writes those entries (`forget-host` only
-/// deletes them), so it need not list the whole fleet's to find its own: a listing
-/// of every host's entries by every agent is a cost that grows with the square of
-/// the fleet. `None` when missing or unreadable: the next validated report lists
-/// them once.
-pub fn load_listed(state_dir: &Path) -> Option<Vec<Version>> {
+/// agent last wrote them, each with the revision of the report that wrote it. Only
+/// the agent writes those entries (`forget-host` only deletes them), so it need not
+/// list the whole fleet's to find its own: a listing of every host's entries by
+/// every agent costs the store the square of the fleet. Before it is trusted, the
+/// ledger checks that each entry is still in the store at that revision (an older
+/// agent, or a state directory restored from an image, would have left it stale).
+/// `None` when missing or unreadable.
+pub fn load_listed(state_dir: &Path) -> Option<Vec<(Version, Revision)>> {
     let text = std::fs::read_to_string(listed_path(state_dir)).ok()?;
-    let names: Vec<String> = serde_json::from_str(&text).ok()?;
-    names.into_iter().map(|n| Version::new(n).ok()).collect()
+    let entries: Vec<(String, Revision)> = serde_json::from_str(&text).ok()?;
+    entries
+        .into_iter()
+        .map(|(v, r)| Version::new(v).ok().map(|v| (v, r)))
+        .collect()
 }
 
-/// Keeps `versions` as this host's listing (see `load_listed`).
-pub fn save_listed(state_dir: &Path, versions: &[Version]) -> Result<(), StateError> {
-    let names: Vec<&str> = versions.iter().map(Version::as_str).collect();
-    let text = serde_json::to_string(&names).unwrap_or_default();
-    write_atomic(&listed_path(state_dir), text.as_bytes())
+/// Keeps `entries` as this host's listing (see `load_listed`). When it cannot be
+/// written, the old file is removed (an unknown listing is read again; a stale one
+/// would be trusted).
+pub fn save_listed(state_dir: &Path, entries: &[(Version, Revision)]) -> Result<(), StateError> {
+    let out: Vec<(&str, Revision)> = entries.iter().map(|(v, r)| (v.as_str(), *r)).collect();
+    let text = serde_json::to_string(&out).unwrap_or_default();
+    let path = listed_path(state_dir);
+    write_atomic(&path, text.as_bytes()).inspect_err(|_| {
+        let _ = std::fs::remove_file(&path);
+    })
 }
 
 /// The journal file's content.

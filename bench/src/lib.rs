@@ -337,10 +337,7 @@ impl SimFleet {
             let d = dir.path().join(name);
             std::fs::create_dir_all(&d).expect("host dir");
             std::fs::write(d.join("version"), format!("{local}\n")).expect("version file");
-            // As an agent that has run before: it knows where its host is listed.
             std::fs::create_dir_all(d.join("state")).expect("state dir");
-            jio_agent::state::save_listed(&d.join("state"), &[Version::new(local).expect("v")])
-                .expect("listed versions");
             let mut ov = Overrides {
                 config_path: Some(empty.clone()),
                 ..Overrides::default()
@@ -386,14 +383,27 @@ impl SimFleet {
             configs.push((h, Role::new(role.clone()).expect("role"), cfg, steps));
         }
         // Register every host first (as first boots do), then start the agents.
-        for chunk in ops.chunks(50) {
-            bs.store
+        // Each knows where its host is listed, as an agent that has run before.
+        let local_v = Version::new(local).expect("v");
+        for (chunk, names) in ops.chunks(50).zip(hosts.chunks(25)) {
+            let outcome = bs
+                .store
                 .txn(Txn {
                     compares: vec![],
                     ops: chunk.to_vec(),
                 })
                 .await
                 .expect("register hosts");
+            let jio_common::store::TxnOutcome::Committed(rev) = outcome else {
+                panic!("registering hosts lost a transaction without compares");
+            };
+            for (name, _) in names {
+                jio_agent::state::save_listed(
+                    &dir.path().join(name).join("state"),
+                    &[(local_v.clone(), rev)],
+                )
+                .expect("listed versions");
+            }
         }
         // Each starts as `jio-agent run` does: its addresses published, then the
         // daemon. Their clients open a hundred at a time.

@@ -1119,14 +1119,19 @@ fn watched_names(watched: &Watched) -> String {
 
 /// After a compaction: every prefix read again, as one `Reset`; each resumes after
 /// its own listing.
+/// Nothing moves until every prefix is read: a listing that fails part-way leaves
+/// them all behind the compaction, so the next attempt re-lists them all again.
 async fn relist(store: &EtcdStore, watched: &mut Watched) -> Result<WatchEvent> {
     let mut kvs = Vec::new();
-    let mut revision = 0;
-    for (prefix, next) in watched.iter_mut() {
+    let mut nexts = Vec::with_capacity(watched.len());
+    for (prefix, _) in watched.iter() {
         let l = store.list(prefix).await?;
-        *next = l.revision + 1;
-        revision = revision.max(l.revision);
+        nexts.push(l.revision + 1);
         kvs.extend(l.kvs);
+    }
+    let revision = nexts.iter().max().map_or(0, |n| n - 1);
+    for ((_, next), n) in watched.iter_mut().zip(nexts) {
+        *next = n;
     }
     Ok(WatchEvent::Reset { kvs, revision })
 }
