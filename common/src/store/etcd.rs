@@ -713,12 +713,14 @@ impl Store for EtcdStore {
             Ok(r) => Ok(revision(r.header(), |h| h.revision())),
             // An HTTP/1 answer read as HTTP/2 frames: not etcd at all. Said as such,
             // with the server's status line (never its body).
-            // (or, as often, the connection broken while the client wrote to a
-            // server that had answered and closed)
+            // (or, as often, the connection broken or closed while the client wrote
+            // to a server that had answered and closed; the probe below asks the
+            // server itself, and a real etcd's answer is never named so)
             Err(StoreError::Unavailable { url, op, reason })
                 if reason.contains("frame with invalid size")
                     || reason.contains("broken pipe")
-                    || reason.contains("connection reset") =>
+                    || reason.contains("connection reset")
+                    || reason.contains("connection closed") =>
             {
                 let mut answers = Vec::new();
                 for e in self.inner.endpoints.urls() {
