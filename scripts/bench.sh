@@ -13,6 +13,8 @@ if ! command -v etcd >/dev/null 2>&1; then
   fi
 fi
 cargo build --release --locked --bins
+# The idle agent is measured as it is packaged: built for size.
+cargo build --profile agent --locked -p jio-agent
 for store in etcd sqlite; do
   ./target/release/jio-bench --store "$store" --out "target/bench/$store.json" "$@"
   echo

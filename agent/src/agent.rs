@@ -76,6 +76,8 @@ pub struct Agent {
     /// The Hiera data was read for the run about to configure (while its start
     /// transaction was in flight): the configure step need not read it again.
     hiera_read: bool,
+    /// What the Hiera data file was last written from.
+    hiera_seen: std::sync::Arc<std::sync::Mutex<Option<crate::hiera::Written>>>,
     /// The active rollout's rules, read once per rollout.
     rollout_cache: observe::RolloutCache,
     /// The keys of the last read, kept up to date by the daemon's watches.
@@ -163,6 +165,7 @@ impl Agent {
             run_rollout: None,
             run_begun: (0, [0; 3]),
             hiera_read: false,
+            hiera_seen: Default::default(),
             rollout_cache: None,
             view: observe::View::default(),
             view_took_end: false,
@@ -559,14 +562,15 @@ impl Agent {
     /// `refresh_hiera` as a future that borrows nothing of the agent, to overlap
     /// a start transaction.
     fn hiera_reader(&self) -> impl std::future::Future<Output = ()> + use<> {
-        let (store, schema, path) = (
+        let (store, schema, path, seen) = (
             self.store.clone(),
             self.cfg.schema.clone(),
             self.cfg.hiera_file.clone(),
+            self.hiera_seen.clone(),
         );
         async move {
             if let Some(path) = path
-                && let Err(e) = crate::hiera::refresh(&store, &schema, &path).await
+                && let Err(e) = crate::hiera::refresh(&store, &schema, &path, &seen).await
             {
                 tracing::warn!(error = %e, "cannot read /active_roles/ for the hiera data; Puppet sees the file as it was");
             }

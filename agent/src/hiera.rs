@@ -3,17 +3,20 @@
 //! `etcdlookup::active_roles` (role → host → interface → address) and one key per
 //! role, `etcdlookup::active_roles::<role>` (host → interface → address).
 //!
-//! The agent reads `/active_roles/` once before each run of its own that may run
-//! Puppet (an upgrade's configuration step, a composable rollout's tasks) and writes
-//! the file then; nothing watches the prefix, so a fleet's registrations cost the
-//! store no event per host per registration. It is written atomically (a temporary
+//! Before each run of its own that may run Puppet (an upgrade's configuration
+//! step, a composable rollout's tasks) the agent asks the store whether anything
+//! under `/active_roles/` changed since it last read it (two counts in one
+//! request), and reads it and writes the file only then (or when the file no
+//! longer holds what it wrote); nothing watches the
+//! prefix, so a fleet's registrations cost the store no event per host per
+//! registration, and a rollout no read of every host's addresses per host. It is written atomically (a temporary
 //! file renamed over it), and only when its text changes. Rendering is pure.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use jio_common::keys::{Key, Parsed, Schema};
-use jio_common::store::{DynStore, KeyValue, StoreError};
+use jio_common::store::{DynStore, KeyValue, Seen, StoreError};
 
 /// role → host → interface → address.
 pub type ActiveRoles = BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>;
@@ -122,18 +125,65 @@ pub fn write(path: &Path, text: &str) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// Reads `/active_roles/` once and writes the file.
-pub async fn refresh(store: &DynStore, schema: &Schema, path: &Path) -> Result<(), StoreError> {
-    let listing = store.list(&schema.active_roles()).await?;
-    save(path, &from_kvs(schema, &listing.kvs));
+/// What the file was last written from, and what was written.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    seen: Seen,
+    text: u64,
+}
+
+fn digest(text: &str) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// Brings the file up to date with `/active_roles/`. `written` is what the file
+/// was last written from: when the file still holds that text and the store says
+/// nothing under the prefix changed since (one small request), nothing is read;
+/// otherwise the prefix is read and the file written, and `written` moves on. A
+/// fleet's hosts then read every host's addresses only when they change, not on
+/// every run.
+pub async fn refresh(
+    store: &DynStore,
+    schema: &Schema,
+    path: &Path,
+    written: &std::sync::Mutex<Option<Written>>,
+) -> Result<(), StoreError> {
+    let prefix = schema.active_roles();
+    let last = written.lock().ok().and_then(|w| *w);
+    if let Some(last) = last
+        && store.counts_changes()
+        && std::fs::read_to_string(path).is_ok_and(|t| digest(&t) == last.text)
+        && !store.changed_since(&prefix, &last.seen).await?
+    {
+        return Ok(());
+    }
+    let listing = store.list(&prefix).await?;
+    let text = render(&from_kvs(schema, &listing.kvs));
+    let saved = save(path, &text);
+    if let Ok(mut w) = written.lock() {
+        *w = saved.then(|| Written {
+            seen: Seen::of(&listing),
+            text: digest(&text),
+        });
+    }
     Ok(())
 }
 
-fn save(path: &Path, roles: &ActiveRoles) {
-    match write(path, &render(roles)) {
-        Ok(true) => tracing::info!(file = %path.display(), roles = roles.len(), "hiera data written"),
-        Ok(false) => {}
-        Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot write the hiera data file"),
+/// Writes the file; whether it holds `text` now.
+fn save(path: &Path, text: &str) -> bool {
+    match write(path, text) {
+        Ok(true) => {
+            tracing::info!(file = %path.display(), "hiera data written");
+            true
+        }
+        Ok(false) => true,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot write the hiera data file");
+            false
+        }
     }
 }
 

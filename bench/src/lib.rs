@@ -139,15 +139,21 @@ pub struct Makespan {
     pub etcd_before: Vec<probe::Member>,
     pub etcd_registration: Vec<probe::Member>,
     pub etcd_rollout: Vec<probe::Member>,
+    /// etcd's gRPC proxy, when the agents went through one (`--proxy`): its peak
+    /// resident memory and its CPU time over the whole run.
+    pub proxy_peak_rss_mb: Option<f64>,
+    pub proxy_cpu_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Status {
     pub hosts: usize,
     pub wall_ms: f64,
-    /// Where the time went: reading the snapshot, classifying, the JSON.
+    /// Where the time went: reading the snapshot, classifying, planning (why
+    /// each host waits), writing the JSON document.
     pub read_ms: f64,
     pub classify_ms: f64,
+    pub admission_ms: f64,
     pub json_ms: f64,
     pub store_requests: u64,
     pub json_bytes: usize,
@@ -157,6 +163,11 @@ pub struct Status {
 pub struct Footprint {
     pub idle_s: f64,
     pub rss_mb: f64,
+    /// Of which the heap, stacks and other private memory,
+    pub rss_anon_mb: f64,
+    /// and the program's own pages mapped from its file (shared with any other
+    /// process running the same binary).
+    pub rss_file_mb: f64,
     pub cpu_s: f64,
     pub store_requests: u64,
     pub lease_renewals: u64,
@@ -187,6 +198,8 @@ pub struct BenchStore {
     /// a real site) instead of sharing this one (`JIO_BENCH_OWN_CONNECTIONS`).
     own_connections: bool,
     pub etcd: Option<Arc<Etcd>>,
+    /// The embedded agents connect through etcd's gRPC proxy (`--proxy`).
+    pub proxy: Option<jio_tests::etcd::GrpcProxy>,
     _dir: tempfile::TempDir,
 }
 
@@ -234,6 +247,7 @@ impl BenchStore {
             backend,
             own_connections: own_connections(),
             etcd: etcd.map(Arc::new),
+            proxy: None,
             _dir: dir,
         }
     }
@@ -291,11 +305,30 @@ impl BenchStore {
         if !self.own_connections {
             return self.store.clone();
         }
-        let inner: DynStore = match self.backend {
-            Backend::Sqlite => return self.store.clone(),
-            Backend::Etcd | Backend::EtcdTls => open_etcd(&self.url).await,
+        let inner: DynStore = match (self.backend, &self.proxy) {
+            (Backend::Sqlite, _) => return self.store.clone(),
+            (_, Some(p)) => open_etcd(&p.url()).await,
+            (Backend::Etcd | Backend::EtcdTls, None) => open_etcd(&self.url).await,
         };
         Arc::new(self.counting.sharing(inner))
+    }
+}
+
+impl BenchStore {
+    /// The embedded agents (each with its own client) go through etcd's gRPC proxy
+    /// from now on; the driver and the operator stay on the members.
+    pub async fn use_proxy(&mut self) {
+        let Some(etcd) = self.etcd.as_ref().filter(|_| self.backend == Backend::Etcd) else {
+            eprintln!("jio-bench: --proxy needs --store etcd");
+            std::process::exit(2);
+        };
+        if !self.own_connections {
+            eprintln!(
+                "jio-bench: --proxy needs agents with their own connections (JIO_BENCH_OWN_CONNECTIONS unset)"
+            );
+            std::process::exit(2);
+        }
+        self.proxy = Some(etcd.grpc_proxy().await);
     }
 }
 
@@ -818,6 +851,8 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         etcd_before,
         etcd_registration,
         etcd_rollout,
+        proxy_peak_rss_mb: bs.proxy.as_ref().map(|p| proc_status_mb(p.pid(), "VmHWM:")),
+        proxy_cpu_s: bs.proxy.as_ref().map(|p| proc_cpu_s(p.pid())),
     }
 }
 
@@ -833,7 +868,16 @@ pub async fn status(bs: &BenchStore, hosts: usize) -> Status {
     let t1 = Instant::now();
     let classified = fleet::classify(&snap);
     let t2 = Instant::now();
-    let json = jioctl::status::to_json(&snap, &classified, jio_common::time::unix_now()).to_string();
+    let adm = jioctl::status::admission_of(&snap, &classified, jio_common::time::unix_now());
+    let t3 = Instant::now();
+    let json = jioctl::status_json::StatusJson {
+        snap: &snap,
+        hosts: &classified,
+        adm: &adm,
+        now_ms: jio_common::time::unix_now_ms(),
+        lead: vec![("schema", jioctl::out::JSON_SCHEMA.into())],
+    }
+    .render(true);
     let wall = t0.elapsed();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     Status {
@@ -841,7 +885,8 @@ pub async fn status(bs: &BenchStore, hosts: usize) -> Status {
         wall_ms: ms(wall),
         read_ms: ms(t1 - t0),
         classify_ms: ms(t2 - t1),
-        json_ms: ms(t2.elapsed()),
+        admission_ms: ms(t3 - t2),
+        json_ms: ms(t3.elapsed()),
         store_requests: bs.counting.requests() - before,
         json_bytes: json.len(),
     }
@@ -872,10 +917,15 @@ fn proc_cpu_s(pid: u32) -> f64 {
 }
 
 fn proc_rss_mb(pid: u32) -> f64 {
+    proc_status_mb(pid, "VmRSS:")
+}
+
+/// A memory figure of `/proc/<pid>/status` (`VmRSS:`, `RssAnon:`, `RssFile:`), in MB.
+fn proc_status_mb(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         .map(|kb| kb as f64 / 1024.0)
         .unwrap_or(0.0)
@@ -885,10 +935,16 @@ fn proc_rss_mb(pid: u32) -> f64 {
 pub async fn footprint(bs: &BenchStore, idle: Duration) -> Footprint {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let dir = bin_dir();
-    let agent = dir.join("jio-agent");
+    // A release benchmark measures the agent as it is packaged: built for size
+    // (Cargo.toml, [profile.agent]).
+    let agent = if dir.ends_with("release") {
+        dir.with_file_name("agent").join("jio-agent")
+    } else {
+        dir.join("jio-agent")
+    };
     assert!(
         agent.exists(),
-        "{} is missing: build it first (cargo build --release --bins)",
+        "{} is missing: build it first (cargo build --profile agent -p jio-agent for a release benchmark, cargo build --bins otherwise; scripts/bench.sh does it)",
         agent.display()
     );
     let work = tempfile::tempdir().expect("temporary directory");
@@ -962,25 +1018,24 @@ pub async fn footprint(bs: &BenchStore, idle: Duration) -> Footprint {
     );
     let cpu = proc_cpu_s(pid) - cpu0;
     let rss = proc_rss_mb(pid);
+    let (rss_anon_mb, rss_file_mb) = (proc_status_mb(pid, "RssAnon:"), proc_status_mb(pid, "RssFile:"));
     let elapsed = t0.elapsed();
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = tokio::time::timeout(Duration::from_secs(40), child.wait()).await;
-    let size = |name: &str| {
-        std::fs::metadata(dir.join(name))
-            .map(|m| mb(m.len()))
-            .unwrap_or(0.0)
-    };
+    let size = |path: PathBuf| std::fs::metadata(path).map(|m| mb(m.len())).unwrap_or(0.0);
     Footprint {
         idle_s: elapsed.as_secs_f64(),
         rss_mb: rss,
+        rss_anon_mb,
+        rss_file_mb,
         cpu_s: cpu,
         store_requests: b.0 - a.0,
         lease_renewals: b.1 - a.1,
-        agent_binary_mb: size("jio-agent"),
-        jioctl_binary_mb: size("jioctl"),
+        agent_binary_mb: size(agent),
+        jioctl_binary_mb: size(dir.join("jioctl")),
     }
 }
 
@@ -1082,6 +1137,12 @@ pub fn scale_lines(m: &Makespan) -> Vec<String> {
         m.hosts,
         Duration::from_secs_f64(m.measured_s),
     ));
+    if let (Some(rss), Some(cpu)) = (m.proxy_peak_rss_mb, m.proxy_cpu_s) {
+        out.push(format!(
+            "etcd grpc-proxy (the agents' only server): peak rss {rss:.0} MB ({:.3} MB per agent), cpu {cpu:.1}s",
+            rss / m.hosts.max(1) as f64
+        ));
+    }
     out
 }
 
@@ -1143,21 +1204,24 @@ pub fn table(r: &Report) -> String {
     let st = &r.status;
     let _ = writeln!(
         s,
-        "{:<44} {:>10.1}ms   {} store requests, {} bytes of JSON (read {:.1}ms, classify {:.1}ms, JSON {:.1}ms)",
+        "{:<44} {:>10.1}ms   {} store requests, {} bytes of JSON (read {:.1}ms, classify {:.1}ms, plan {:.1}ms, JSON {:.1}ms)",
         format!("4. status --json ({} hosts)", st.hosts),
         st.wall_ms,
         st.store_requests,
         st.json_bytes,
         st.read_ms,
         st.classify_ms,
+        st.admission_ms,
         st.json_ms
     );
     let f = &r.footprint;
     let _ = writeln!(
         s,
-        "{:<44} {:>10.1}MB   cpu {:.2}s, {} store requests ({} lease renewals)",
+        "{:<44} {:>10.1}MB   private {:.1}MB, program file {:.1}MB, cpu {:.2}s, {} store requests ({} lease renewals)",
         format!("5. idle agent ({:.0}s)", f.idle_s),
         f.rss_mb,
+        f.rss_anon_mb,
+        f.rss_file_mb,
         f.cpu_s,
         f.store_requests,
         f.lease_renewals

@@ -381,6 +381,8 @@ pub struct LiveSnapshot {
     snap: Snapshot,
     /// Problems by key, in the order their keys were first read.
     problems: Vec<(Key, String)>,
+    /// The keys in `problems` (a put of a sound key then costs no scan of them).
+    problem_keys: BTreeSet<Key>,
     /// Failure entries of every version read (the current one is picked when settled).
     failures: BTreeMap<Key, (Version, HostName, Step, String, Revision)>,
     current_rollout: Option<KeyValue>,
@@ -412,6 +414,7 @@ impl LiveSnapshot {
     }
 
     fn problem(&mut self, key: &Key, p: String) {
+        self.problem_keys.insert(key.clone());
         self.problems.push((key.clone(), p));
     }
 
@@ -617,7 +620,7 @@ impl LiveSnapshot {
 
     /// Removes what `key` (parsed as `parsed`) contributed.
     fn unset(&mut self, key: &Key, parsed: Option<&Parsed>) {
-        if !self.problems.is_empty() {
+        if self.problem_keys.remove(key) {
             self.problems.retain(|(k, _)| k != key);
         }
         let s = &mut self.snap;

@@ -20,5 +20,6 @@ pub mod release;
 pub mod render;
 pub mod rollouts;
 pub mod status;
+pub mod status_json;
 pub mod upgrade;
 pub mod writes;

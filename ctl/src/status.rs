@@ -10,104 +10,6 @@ use jio_common::rollout::RolloutState;
 use jio_common::rules::{GroupAction, Rules};
 use serde_json::{Value, json};
 
-/// The status JSON: the original's shape (`{state: {role: [hosts]}}`) plus the new
-/// states, the lock holder and the log links of failed hosts.
-pub fn to_json(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Value {
-    let adm = admission(snap, now);
-    let mut out = serde_json::Map::new();
-    out.insert("current_version".into(), json!(snap.current));
-    for (state, roles) in fleet::by_state_and_role(hosts) {
-        out.insert(state.as_str().into(), json!(roles));
-    }
-    let links: BTreeMap<&str, &str> = snap
-        .failures
-        .iter()
-        .filter(|(_, (_, l))| is_link(l))
-        .map(|(h, (_, l))| (h.as_str(), l.as_str()))
-        .collect();
-    out.insert("failure_links".into(), json!(links));
-    let failure_reasons: BTreeMap<&str, &str> = snap
-        .failures
-        .iter()
-        .filter(|(_, (_, l))| !l.is_empty() && !is_link(l))
-        .map(|(h, (_, l))| (h.as_str(), l.as_str()))
-        .collect();
-    out.insert("failure_reasons".into(), json!(failure_reasons));
-    let reasons: BTreeMap<&str, &Reason> = hosts
-        .iter()
-        .filter_map(|h| adm.reasons.get(&h.host).map(|r| (h.host.as_str(), r)))
-        .collect();
-    out.insert("reasons".into(), json!(reasons));
-    // Each host on its own: where it stands, why, its agent, what it runs, its last
-    // run and the log to read.
-    let detail: BTreeMap<&str, Value> = hosts
-        .iter()
-        .map(|h| {
-            let result = snap.results.get(&h.host);
-            let log = snap
-                .failures
-                .get(&h.host)
-                .map(|(_, l)| l.as_str())
-                .filter(|l| is_link(l))
-                .or_else(|| result.and_then(|r| r.log.as_deref()));
-            let agent = match snap.agents.get(&h.host) {
-                Some(Some(a)) => json!(a),
-                Some(None) => json!({"error": format!("/agents/{} cannot be read", h.host)}),
-                None => Value::Null,
-            };
-            let reason = adm
-                .reasons
-                .get(&h.host)
-                .map(|r| json!(r))
-                .or_else(|| h.reason.as_ref().map(|r| json!({"text": r})))
-                .unwrap_or(Value::Null);
-            let skew = snap
-                .clocks
-                .get(&h.host)
-                .and_then(|c| jio_common::values::Skew::of(*c, jio_common::time::unix_now_ms()))
-                .map(|s| match s {
-                    jio_common::values::Skew::Ahead(ms) => json!({"ahead_ms": ms}),
-                    jio_common::values::Skew::Behind(ms) => json!({"behind_ms": ms}),
-                });
-            (
-                h.host.as_str(),
-                json!({
-                    "clock_skew": skew,
-                    "role": h.role,
-                    "state": h.state.as_str(),
-                    "reason": reason,
-                    "agent": agent,
-                    "versions": snap.running.get(&h.host),
-                    "last_run": result,
-                    "log": log,
-                }),
-            )
-        })
-        .collect();
-    out.insert("hosts".into(), json!(detail));
-    if let Some(p) = &adm.problem {
-        out.insert("rules_problem".into(), json!(p));
-    }
-    if let Some(c) = &adm.composed {
-        let (stages, finalize) = stages_json(c);
-        out.insert("stages".into(), stages);
-        out.insert("finalize".into(), finalize);
-    }
-    out.insert("lock".into(), json!(snap.lock));
-    out.insert("rollout".into(), rollout_json(snap));
-    out.insert("drivers".into(), json!(snap.drivers));
-    out.insert("not_driven".into(), json!(undriven_line(snap)));
-    out.insert("agents_down".into(), json!(upgraded_without_agent(snap, hosts)));
-    out.insert(
-        "emergency_stop".into(),
-        json!(snap.halt.as_ref().map(|(by, _)| by)),
-    );
-    if !snap.problems.is_empty() {
-        out.insert("problems".into(), json!(snap.problems));
-    }
-    Value::Object(out)
-}
-
 /// The active rollout's record (with its rules digest), or why it cannot be used.
 pub fn rollout_json(snap: &Snapshot) -> Value {
     match &snap.rollout {
@@ -149,8 +51,7 @@ pub fn only_role(hosts: Vec<HostStatus>, role: Option<&Role>) -> Vec<HostStatus>
 }
 
 /// The human table.
-pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], store: &str, now: u64) -> String {
-    let adm = admission(snap, now);
+pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], adm: &Admission, store: &str) -> String {
     let mut s = header(snap, store);
     let down = upgraded_without_agent(snap, hosts);
     if !down.is_empty() {
@@ -234,7 +135,11 @@ pub fn groups(
 }
 
 pub fn admission(snap: &Snapshot, now: u64) -> Admission {
-    let hosts = fleet::classify(snap);
+    admission_of(snap, &fleet::classify(snap), now)
+}
+
+/// `admission`, with the whole fleet already classified (`fleet::classify`).
+pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admission {
     let roles = hosts.iter().map(|h| h.role.clone()).collect();
     let active = snap
         .rollout
@@ -296,7 +201,7 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
         host_keys_only: false,
         busy_outside: &[],
     };
-    let plan = plan::plan(snap, &hosts, &resolved, &cx);
+    let plan = plan::plan(snap, hosts, &resolved, &cx);
     let mut reasons = plan.reasons.clone();
     let composed = if problem.is_some() {
         None
@@ -355,12 +260,6 @@ pub fn composed(
         busy_outside: &[],
     };
     Some(jio_common::compose::plan(snap, c, resolved, &cx))
-}
-
-/// A composable rollout's stages for JSON: `[{"name", "roles", "state", "phase",
-/// "taking_part", "finished", "phases", "hosts", "left_behind"}]`, and its finalize step.
-fn stages_json(c: &jio_common::compose::Composed) -> (Value, Value) {
-    (json!(c.stages), json!(c.finalize))
 }
 
 /// The version, the store, the lock holder, an emergency stop and the problems.

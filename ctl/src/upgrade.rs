@@ -1692,15 +1692,21 @@ impl Driver<'_> {
         let mut snap = Snapshot::read(self.store, self.schema).await?;
         snap.role_pattern = self.role_pattern.clone();
         let hosts = fleet::classify(&snap);
+        let now = self.o.clock.unix_now();
+        let adm = crate::status::admission_of(&snap, &hosts, now);
         if self.o.json {
-            println!(
-                "{}",
-                crate::out::document(crate::status::to_json(&snap, &hosts, self.o.clock.unix_now()))
-            );
+            let doc = crate::status_json::StatusJson {
+                snap: &snap,
+                hosts: &hosts,
+                adm: &adm,
+                now_ms: jio_common::time::unix_now_ms(),
+                lead: vec![("schema", crate::out::JSON_SCHEMA.into())],
+            };
+            println!("{}", doc.render(true));
         } else {
             print!(
                 "{}",
-                crate::status::to_text(&snap, &hosts, self.store.url(), self.o.clock.unix_now())
+                crate::status::to_text(&snap, &hosts, &adm, self.store.url())
             );
         }
         Ok(())

@@ -412,6 +412,54 @@ impl Etcd {
         self.members[i].child.as_ref().map(|c| c.id())
     }
 
+    /// TCP connections this process has established to member `i`'s client port
+    /// (sockets of `/proc/net/tcp` whose inodes are among `/proc/self/fd`).
+    pub fn connections_to(&self, i: usize) -> usize {
+        let ours: std::collections::BTreeSet<String> = std::fs::read_dir("/proc/self/fd")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter_map(|l| {
+                let l = l.to_string_lossy().into_owned();
+                Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            })
+            .collect();
+        let want = format!(":{:04X}", self.port(i));
+        ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .filter(|l| {
+                        let f: Vec<&str> = l.split_whitespace().collect();
+                        f.len() > 9 && f[2].ends_with(&want) && f[3] == "01" && ours.contains(f[9])
+                    })
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Closes the harness's own HTTP connections to the members (kept open between
+    /// health checks), for a test that counts the connections of the code it tests.
+    pub async fn close_own_connections(&mut self) {
+        self.http.take();
+        // The pool's connections close in the background.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    /// Stops (`true`) or continues member `i` with SIGSTOP or SIGCONT: a stopped
+    /// member keeps its connections open and answers nothing.
+    pub fn freeze(&self, i: usize, stop: bool) {
+        use nix::sys::signal::Signal;
+        if let Some(pid) = self.pid(i) {
+            let sig = if stop { Signal::SIGSTOP } else { Signal::SIGCONT };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+        }
+    }
+
     /// How many members the cluster has.
     pub fn len(&self) -> usize {
         self.members.len()
@@ -491,6 +539,73 @@ impl Drop for Etcd {
         for i in 0..self.members.len() {
             self.kill(i);
         }
+    }
+}
+
+/// etcd's gRPC proxy (`etcd grpc-proxy start`, in the same binary) in front of a
+/// plain cluster: clients connect to it, and it carries them to the members on its
+/// own few connections, with identical watches coalesced. Stopped on drop.
+pub struct GrpcProxy {
+    port: u16,
+    child: Child,
+}
+
+impl Etcd {
+    /// Starts a gRPC proxy for every member; waits until a request through it is
+    /// answered.
+    pub async fn grpc_proxy(&self) -> GrpcProxy {
+        assert!(
+            self.secure.is_none(),
+            "the harness's gRPC proxy is for a plain cluster"
+        );
+        let port = free_port();
+        let endpoints: Vec<String> = (0..self.len())
+            .map(|i| format!("127.0.0.1:{}", self.port(i)))
+            .collect();
+        let log_path = self.dir.path().join(format!("grpc-proxy-{port}.log"));
+        let log = std::fs::File::create(&log_path).expect("proxy log file");
+        let child = spawn_tied(
+            Command::new(&self.binary)
+                .args(["grpc-proxy", "start", "--endpoints", &endpoints.join(",")])
+                .args(["--listen-addr", &format!("127.0.0.1:{port}")])
+                .stdout(Stdio::null())
+                .stderr(log),
+        )
+        .expect("start etcd grpc-proxy");
+        let proxy = GrpcProxy { port, child };
+        let url = jio_common::store::StoreUrl::parse(&proxy.url()).expect("proxy url");
+        let store = jio_common::store::EtcdStore::new(&url, jio_common::store::EtcdOptions::default())
+            .expect("a client of the proxy");
+        let probe = jio_common::keys::Key::new("/grpc-proxy-probe").expect("key");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            use jio_common::store::Store as _;
+            match store.get(&probe).await {
+                Ok(_) => return proxy,
+                Err(e) if Instant::now() > deadline => panic!(
+                    "etcd grpc-proxy did not answer in 20 s ({e}); log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                ),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
+
+impl GrpcProxy {
+    /// The store URL of the proxy.
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for GrpcProxy {
+    fn drop(&mut self) {
+        kill(&mut self.child);
     }
 }
 

@@ -4,7 +4,9 @@ use jio_common::keys::Key;
 use jio_common::store::{DynStore, Op, StoreError, Txn};
 
 /// Writes a fleet of `n` hosts (4 roles) with current version v2: a third already
-/// at v2, the rest at v1, half enabled with a live agent, about 1% failed.
+/// at v2 (with the result of that run), the rest at v1, half enabled with a live
+/// agent (its idle record and its clock, as a running agent keeps them), about 1%
+/// failed.
 pub async fn generate(s: &DynStore, n: usize) -> Result<(), StoreError> {
     let key = |k: String| {
         Key::new(k).map_err(|e| StoreError::Rejected {
@@ -13,6 +15,7 @@ pub async fn generate(s: &DynStore, n: usize) -> Result<(), StoreError> {
             message: e.to_string(),
         })
     };
+    let now_ms = jio_common::time::unix_now_ms();
     let mut ops = vec![
         Op::put(key("/current_version".into())?, "v2"),
         Op::put(key("/config_state/enable_puppet/global".into())?, "false"),
@@ -34,7 +37,19 @@ pub async fn generate(s: &DynStore, n: usize) -> Result<(), StoreError> {
                 key(format!("/config_state/enable_puppet/host/{h}"))?,
                 "true",
             ));
-            ops.push(Op::put(key(format!("/agents/{h}"))?, "{}"));
+            ops.push(Op::put(
+                key(format!("/agents/{h}"))?,
+                format!(r#"{{"state":"idle","version":"{version}","since":1700000000,"pid":4242}}"#),
+            ));
+            ops.push(Op::put(key(format!("/running/clocks/{h}"))?, now_ms.to_string()));
+        }
+        if version == "v2" {
+            ops.push(Op::put(
+                key(format!("/results/{h}"))?,
+                format!(
+                    r#"{{"version":"v2","ok":true,"run_dir":"/var/lib/jio-agent/runs/{i}","at":1700000000}}"#
+                ),
+            ));
         }
         if i % 97 == 1 {
             ops.push(Op::put(key(format!("/status/configured/failure/v2/{h}"))?, ""));

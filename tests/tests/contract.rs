@@ -770,6 +770,53 @@ async fn bytes_that_are_not_text_do_not_blind_a_listing(b: Backend) {
     );
 }
 
+/// `changed_since` may say "list again" when nothing changed (a store without
+/// counts always does), never "unchanged" after a change: a key added, one
+/// rewritten with the same value, one deleted, one deleted and another added (the
+/// same number of keys). etcd answers "unchanged" when nothing under the prefix
+/// changed, whatever changed beside it.
+async fn changed_since_misses_no_change_under_the_prefix(b: Backend) {
+    use jio_common::store::Seen;
+    let s = b.store.clone();
+    let prefix = k("/cs/");
+    s.put(&k("/cs/a"), "1", None).await.unwrap();
+    s.put(&k("/cs/b"), "2", None).await.unwrap();
+    let counts = matches!(b.fixture, Fixture::Etcd(_));
+    let mut seen = Seen::of(&s.list(&prefix).await.unwrap());
+    let changes: [(&str, Option<&str>); 5] = [
+        ("/cs/c", Some("3")),
+        ("/cs/a", Some("1")),
+        ("/cs/b", None),
+        ("/cs/a", None),
+        ("/cs/d", Some("4")),
+    ];
+    for (i, (key, value)) in changes.iter().enumerate() {
+        s.put(&k("/csx/beside"), &i.to_string(), None).await.unwrap();
+        let unchanged = !s.changed_since(&prefix, &seen).await.unwrap();
+        assert_eq!(
+            unchanged, counts,
+            "before change {i}: only etcd can tell nothing changed"
+        );
+        match value {
+            Some(v) => {
+                s.put(&k(key), v, None).await.unwrap();
+            }
+            None => {
+                assert!(s.delete(&k(key)).await.unwrap());
+            }
+        }
+        if i == 3 {
+            // One deleted (above) and another added: as many keys as before.
+            s.put(&k("/cs/e"), "5", None).await.unwrap();
+        }
+        assert!(
+            s.changed_since(&prefix, &seen).await.unwrap(),
+            "change {i} ({key} {value:?}) must be seen"
+        );
+        seen = Seen::of(&s.list(&prefix).await.unwrap());
+    }
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod etcd {
@@ -829,6 +876,7 @@ contract!(
     watch_from_now_sees_only_new_events,
     watch_recovers_from_compaction,
     watch_many_carries_every_prefix_across_restart_and_compaction,
+    changed_since_misses_no_change_under_the_prefix,
 );
 
 /// A store that accepts connections and never answers (a frozen etcd): the retry

@@ -183,3 +183,90 @@ async fn changes_of_roles_under_load_fail_no_request() {
         &errors[..errors.len().min(3)]
     );
 }
+
+/// The key of the next event of `events`, which must be a put within `within`.
+async fn next_put(events: &mut jio_common::store::WatchStream, within: Duration) -> String {
+    use futures_util::StreamExt as _;
+    use jio_common::store::WatchEvent;
+    match tokio::time::timeout(within, events.next()).await {
+        Ok(Some(Ok(WatchEvent::Put(kv)))) => kv.key.to_string(),
+        other => panic!("expected a put from the watch, got {other:?}"),
+    }
+}
+
+/// A member that stops answering without closing anything (SIGSTOP: its sockets
+/// stay open): requests time out and move to another member, and the client's
+/// watch stream moves with them, so it still sees every change. Afterwards the
+/// process holds one connection, to the member it uses now: nothing is left open
+/// on the member it left (each idle connection costs every member memory, and a
+/// fleet's agents would otherwise end up connected to all of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_follows_its_client_off_a_frozen_member_and_leaves_one_connection() {
+    let mut cluster = Etcd::cluster(3).await;
+    cluster.close_own_connections().await;
+    let ours = |c: &Etcd| -> Vec<usize> { (0..3).map(|i| c.connections_to(i)).collect() };
+    assert_eq!(
+        ours(&cluster),
+        [0, 0, 0],
+        "the harness keeps no connection of its own"
+    );
+    let url = StoreUrl::parse(&cluster.url()).unwrap();
+    let opts = EtcdOptions {
+        request_timeout: Duration::from_secs(1),
+        ..EtcdOptions::default()
+    };
+    let store = EtcdStore::new(&url, opts).unwrap();
+    let prefix = Key::new("/follow/").unwrap();
+    let first = store
+        .put(&Key::new("/follow/0").unwrap(), "a", None)
+        .await
+        .unwrap();
+    let mut events = store
+        .watch_many(&[prefix.clone(), Key::new("/other/").unwrap()], first + 1)
+        .await
+        .unwrap();
+    store
+        .put(&Key::new("/follow/1").unwrap(), "b", None)
+        .await
+        .unwrap();
+    assert_eq!(next_put(&mut events, Duration::from_secs(20)).await, "/follow/1");
+    let conns = ours(&cluster);
+    assert_eq!(
+        conns.iter().sum::<usize>(),
+        1,
+        "one connection carries requests and the watch: {conns:?}"
+    );
+    let used = conns.iter().position(|n| *n == 1).unwrap();
+
+    cluster.freeze(used, true);
+    // The request times out on the frozen member and is sent again elsewhere. The
+    // watch follows at once: left where it was, it would see nothing until the
+    // connection's keep-alive pings gave up on the member (10 to 15 s).
+    store
+        .put(&Key::new("/follow/2").unwrap(), "c", None)
+        .await
+        .unwrap();
+    let seen = next_put(&mut events, Duration::from_secs(5)).await;
+    cluster.freeze(used, false);
+    assert_eq!(seen, "/follow/2", "the watch moved off the frozen member");
+    store
+        .put(&Key::new("/follow/3").unwrap(), "d", None)
+        .await
+        .unwrap();
+    // The frozen member may still apply the requests it held once it runs again
+    // (the put was sent again elsewhere, as a put may be): more /follow/2.
+    let mut after = next_put(&mut events, Duration::from_secs(20)).await;
+    while after == "/follow/2" {
+        after = next_put(&mut events, Duration::from_secs(20)).await;
+    }
+    assert_eq!(after, "/follow/3");
+
+    // The member answers again; nothing of ours is connected to it any more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let conns = ours(&cluster);
+    assert_eq!(
+        conns[used], 0,
+        "no connection left on the member left behind: {conns:?}"
+    );
+    assert_eq!(conns.iter().sum::<usize>(), 1, "one connection in all: {conns:?}");
+}

@@ -8,7 +8,7 @@ use jio_bench::{self as bench, Backend, Sizes};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: jio-bench --store etcd|etcd-tls|sqlite [--quick] [--members N] [--hosts-per-role N] [--only makespan|status] [--out PATH]"
+        "usage: jio-bench --store etcd|etcd-tls|sqlite [--quick] [--members N] [--hosts-per-role N] [--only makespan|status|footprint] [--proxy] [--out PATH]"
     );
     ExitCode::from(64)
 }
@@ -21,6 +21,8 @@ fn main() -> ExitCode {
     let mut members = 1;
     let mut only_makespan = false;
     let mut only_status = false;
+    let mut only_footprint = false;
+    let mut proxy = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
                 _ => return usage(),
             },
             "--quick" => quick = true,
+            "--proxy" => proxy = true,
             "--hosts-per-role" => match args.next().and_then(|n| n.parse().ok()) {
                 Some(n) if n > 0 => per_role = Some(n),
                 _ => return usage(),
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
             "--only" => match args.next().as_deref() {
                 Some("makespan") => only_makespan = true,
                 Some("status") => only_status = true,
+                Some("footprint") => only_footprint = true,
                 _ => return usage(),
             },
             "--out" => match args.next() {
@@ -64,14 +68,36 @@ fn main() -> ExitCode {
         sizes.makespan_hosts_per_role = n;
     }
     sizes.members = members;
+    if proxy && !only_makespan {
+        eprintln!("jio-bench: --proxy is for --only makespan");
+        return usage();
+    }
     if only_status {
         let st = rt.block_on(async {
             let bs = bench::BenchStore::start(backend, sizes.members).await;
             bench::status(&bs, sizes.status_hosts).await
         });
         println!(
-            "status --json on {backend:?}: {} hosts, {:.1}ms (read {:.1}ms, classify {:.1}ms, JSON {:.1}ms), {} store requests, {} bytes",
-            st.hosts, st.wall_ms, st.read_ms, st.classify_ms, st.json_ms, st.store_requests, st.json_bytes
+            "status --json on {backend:?}: {} hosts, {:.1}ms (read {:.1}ms, classify {:.1}ms, plan {:.1}ms, JSON {:.1}ms), {} store requests, {} bytes",
+            st.hosts,
+            st.wall_ms,
+            st.read_ms,
+            st.classify_ms,
+            st.admission_ms,
+            st.json_ms,
+            st.store_requests,
+            st.json_bytes
+        );
+        return ExitCode::SUCCESS;
+    }
+    if only_footprint {
+        let f = rt.block_on(async {
+            let bs = bench::BenchStore::start(backend, sizes.members).await;
+            bench::footprint(&bs, sizes.idle).await
+        });
+        println!(
+            "idle agent on {backend:?} for {:.0}s: {:.1}MB resident ({:.1}MB private, {:.1}MB of the program's file), cpu {:.2}s, {} store requests ({} lease renewals)",
+            f.idle_s, f.rss_mb, f.rss_anon_mb, f.rss_file_mb, f.cpu_s, f.store_requests, f.lease_renewals
         );
         return ExitCode::SUCCESS;
     }
@@ -79,7 +105,10 @@ fn main() -> ExitCode {
         // One figure, to see how it depends on the fleet's size.
         let m = rt.block_on(async {
             bench::raise_nofile();
-            let bs = bench::BenchStore::start(backend, sizes.members).await;
+            let mut bs = bench::BenchStore::start(backend, sizes.members).await;
+            if proxy {
+                bs.use_proxy().await;
+            }
             bench::makespan(&bs, sizes.makespan_hosts_per_role, sizes.makespan_step).await
         });
         println!(

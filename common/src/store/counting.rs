@@ -12,12 +12,15 @@ use super::{
 };
 use crate::keys::Key;
 
+const N_OPS: usize = 14;
+
 /// The operations counted, in the order of `CountingStore::by_op`.
-pub const OPS: [&str; 13] = [
+pub const OPS: [&str; N_OPS] = [
     "ping",
     "get",
     "get_many",
     "list",
+    "count",
     "put",
     "delete",
     "delete_prefix",
@@ -36,7 +39,7 @@ pub struct CountingStore {
     inner: DynStore,
     count: Arc<AtomicU64>,
     keep_alives: Arc<AtomicU64>,
-    per_op: Arc<[AtomicU64; 13]>,
+    per_op: Arc<[AtomicU64; N_OPS]>,
 }
 
 impl CountingStore {
@@ -49,7 +52,6 @@ impl CountingStore {
         }
     }
 
-    /// Requests so far.
     /// Another client (`inner`) counted with this one: the counts are shared.
     pub fn sharing(&self, inner: DynStore) -> CountingStore {
         CountingStore {
@@ -58,6 +60,7 @@ impl CountingStore {
         }
     }
 
+    /// Requests so far.
     pub fn requests(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }
@@ -68,7 +71,7 @@ impl CountingStore {
     }
 
     /// Requests so far by operation, in the order of `OPS`.
-    pub fn by_op(&self) -> [u64; 13] {
+    pub fn by_op(&self) -> [u64; N_OPS] {
         std::array::from_fn(|i| self.per_op[i].load(Ordering::Relaxed))
     }
 
@@ -110,6 +113,15 @@ impl Store for CountingStore {
     async fn list(&self, prefix: &Key) -> Result<Listing> {
         self.tick("list");
         self.inner.list(prefix).await
+    }
+    async fn changed_since(&self, prefix: &Key, seen: &super::Seen) -> Result<bool> {
+        if self.inner.counts_changes() {
+            self.tick("count");
+        }
+        self.inner.changed_since(prefix, seen).await
+    }
+    fn counts_changes(&self) -> bool {
+        self.inner.counts_changes()
     }
     async fn put(&self, key: &Key, value: &str, lease: Option<&LeaseId>) -> Result<Revision> {
         self.tick("put");

@@ -345,6 +345,21 @@ pub trait Store: Send + Sync + 'static {
     /// Every key starting with `prefix`, in key order, read at one revision.
     async fn list(&self, prefix: &Key) -> Result<Listing>;
 
+    /// Whether what is under `prefix` may differ from `seen`, a listing of it: a
+    /// key written after it, or fewer keys (one deleted). `false` is certain;
+    /// `true` means "list again". etcd answers with two counts in one request; a
+    /// store without such a count says `true`, so its callers list every time.
+    async fn changed_since(&self, prefix: &Key, seen: &Seen) -> Result<bool> {
+        let _ = (prefix, seen);
+        Ok(true)
+    }
+
+    /// Whether `changed_since` asks the store (`false`: it says "list again" and
+    /// sends nothing, so a caller may as well list).
+    fn counts_changes(&self) -> bool {
+        false
+    }
+
     /// Writes `value`, bound to `lease` when given (the key is deleted when the lease
     /// ends). Fails with `LeaseNotFound` when the lease has already ended. Consul
     /// (≥ 1.6) skips a write of a key's current value: its mod revision does not
@@ -448,6 +463,23 @@ fn spread() -> usize {
     h.finish() as usize
 }
 
+/// What a caller of `changed_since` remembers of a listing: its revision and how
+/// many keys it held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub revision: Revision,
+    pub keys: usize,
+}
+
+impl Seen {
+    pub fn of(listing: &Listing) -> Seen {
+        Seen {
+            revision: listing.revision,
+            keys: listing.kvs.len(),
+        }
+    }
+}
+
 /// The endpoints of a clustered store, tried in turn: one is current, and a failure
 /// moves the client on to the next (unless another request already did).
 pub(crate) struct Endpoints {
@@ -484,18 +516,20 @@ impl Endpoints {
         (i, &self.urls[i])
     }
 
-    /// Moves on from endpoint `i` after it failed.
-    pub(crate) fn fail_over(&self, i: usize, reason: &str) {
+    /// Moves on from endpoint `i` after it failed; `true` when this call moved the
+    /// client (not another request before it).
+    pub(crate) fn fail_over(&self, i: usize, reason: &str) -> bool {
         use std::sync::atomic::Ordering;
         let next = (i + 1) % self.urls.len();
-        if self.urls.len() > 1
+        let moved = self.urls.len() > 1
             && self
                 .current
                 .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+                .is_ok();
+        if moved {
             tracing::warn!(store = self.kind, from = %short(&self.urls[i]), to = %short(&self.urls[next]), %reason, "endpoint failed, switching");
         }
+        moved
     }
 }
 

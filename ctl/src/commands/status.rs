@@ -16,7 +16,8 @@ use jio_common::store::{ErrorKind, StoreError, WatchEvent};
 
 use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
-use crate::status::{only_role, to_json, to_text};
+use crate::status::{admission_of, only_role, to_text};
+use crate::status_json::StatusJson;
 
 /// A host `status` exits 1 for: failed, lost, or without a live agent while it
 /// is not upgraded (upgrading, pending or blocked: nothing moves it until its
@@ -168,21 +169,26 @@ impl Status {
 
     /// Draws the fleet; `true` when a host shown has failed or is lost.
     fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str) -> Result<bool, Failure> {
-        let hosts = only_role(fleet::classify(snap), self.role.as_ref());
+        let now = jio_common::time::unix_now();
+        let all = fleet::classify(snap);
+        // What admits a host depends on the whole fleet, whatever is shown.
+        let adm = admission_of(snap, &all, now);
+        let hosts = only_role(all, self.role.as_ref());
         let troubled = hosts.iter().any(|h| troubled(snap, h));
         if ctx.json {
-            let v = to_json(snap, &hosts, jio_common::time::unix_now());
+            let mut doc = StatusJson {
+                snap,
+                hosts: &hosts,
+                adm: &adm,
+                now_ms: jio_common::time::unix_now_ms(),
+                lead: vec![("schema", crate::out::JSON_SCHEMA.into())],
+            };
             if self.watch {
                 // JSON lines: one compact document per change.
-                let mut line = serde_json::Map::new();
-                line.insert("type".into(), "status".into());
-                line.insert("schema".into(), crate::out::JSON_SCHEMA.into());
-                if let serde_json::Value::Object(m) = v {
-                    line.extend(m);
-                }
-                println!("{}", serde_json::Value::Object(line));
+                doc.lead.insert(0, ("type", "status".into()));
+                println!("{}", doc.render(false));
             } else {
-                println!("{}", crate::out::document(v));
+                println!("{}", doc.render(true));
             }
             return Ok(troubled);
         }
@@ -190,7 +196,7 @@ impl Status {
         if self.watch && tty {
             print!("\x1b[H\x1b[2J");
         }
-        print!("{}", to_text(snap, &hosts, url, jio_common::time::unix_now()));
+        print!("{}", to_text(snap, &hosts, &adm, url));
         if self.watch && !tty {
             println!("--");
         }
