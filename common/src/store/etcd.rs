@@ -89,10 +89,6 @@ struct Inner {
     /// lease's out while it uses it: one cut short (a timeout) leaves nothing behind
     /// whose late answer the next renewal could mistake for its own.
     keepers: std::sync::Mutex<std::collections::HashMap<i64, Keeper>>,
-    /// Counts the moves to another endpoint: a watch stream follows the client to
-    /// its new endpoint, so that a process keeps one connection (and a watch on a
-    /// member that stopped answering without closing anything moves too).
-    moved: tokio::sync::watch::Sender<u64>,
     opts: EtcdOptions,
 }
 
@@ -209,7 +205,6 @@ impl EtcdStore {
                 auth_off_said: AtomicBool::new(false),
                 tokens: std::sync::atomic::AtomicU64::new(0),
                 keepers: std::sync::Mutex::new(std::collections::HashMap::new()),
-                moved: tokio::sync::watch::Sender::new(0),
                 opts,
             }),
         })
@@ -238,22 +233,6 @@ impl Member {
 }
 
 impl Inner {
-    /// Moves on from endpoint `i` after it failed. The connection to it is let go
-    /// (requests still under way on it finish), and watch streams on it follow.
-    fn fail_over(&self, i: usize, reason: &str) {
-        if !self.endpoints.fail_over(i, reason) {
-            return;
-        }
-        if let Ok(mut st) = self.members[i].state.lock() {
-            st.client = None;
-            st.ready = false;
-        }
-        if let Ok(mut k) = self.keepers.lock() {
-            k.retain(|_, keeper| keeper.conn.member != i);
-        }
-        self.moved.send_modify(|n| *n += 1);
-    }
-
     /// The connection to endpoint `i` and its generation: made, and authenticated,
     /// if it is not ready.
     async fn client(&self, i: usize, timeout: Duration) -> Result<(Client, u64), Failure> {
@@ -284,13 +263,9 @@ impl Inner {
             .state
             .lock()
             .map_err(|_| Failure::Refused("a client thread panicked".into()))?;
+        st.client = Some(client.clone());
+        st.ready = true;
         st.generation += 1;
-        // Kept for the next request only while this is still the current endpoint:
-        // one the client moved away from meanwhile is let go after this request.
-        if self.endpoints.pick().0 == i {
-            st.client = Some(client.clone());
-            st.ready = true;
-        }
         Ok((client, st.generation))
     }
 
@@ -316,7 +291,7 @@ impl Inner {
             Ok(Err(e)) => e,
             Err(_) => {
                 let reason = format!("authentication: no answer within {timeout:?}");
-                self.fail_over(i, &reason);
+                self.endpoints.fail_over(i, &reason);
                 return Err(Failure::NotSent(reason));
             }
         };
@@ -347,7 +322,7 @@ impl Inner {
             etcd_client::Error::GRpcStatus(s) => s,
             etcd_client::Error::TransportError(t) => {
                 let reason = error_chain(&t);
-                self.fail_over(i, &reason);
+                self.endpoints.fail_over(i, &reason);
                 return self.unanswered(reason, false);
             }
             etcd_client::Error::LeaseKeepAliveError(m) if m.contains("not found") => {
@@ -363,7 +338,7 @@ impl Inner {
         // nothing was sent.
         if let Some(source) = std::error::Error::source(&status) {
             let chain = error_chain(source);
-            self.fail_over(i, &chain);
+            self.endpoints.fail_over(i, &chain);
             return self.unanswered(format!("{message}: {chain}"), never_connected(source));
         }
         match code {
@@ -381,7 +356,7 @@ impl Inner {
             // A member cut off from the leader (the requests say they need one) or
             // one shedding load answers before proposing anything.
             tonic::Code::Unavailable if message.contains("no leader") => {
-                self.fail_over(i, &message);
+                self.endpoints.fail_over(i, &message);
                 Failure::NotSent(message)
             }
             tonic::Code::ResourceExhausted if message.contains("too many requests") => {
@@ -403,7 +378,7 @@ impl Inner {
             | tonic::Code::Unknown
             | tonic::Code::Internal
             | tonic::Code::Aborted => {
-                self.fail_over(i, &message);
+                self.endpoints.fail_over(i, &message);
                 Failure::Unknown(message)
             }
             tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => Failure::Unknown(message),
@@ -441,7 +416,7 @@ impl Inner {
             Ok(Err(e)) => Err(self.failure(i, generation, e)),
             Err(_) => {
                 let reason = format!("no answer within {timeout:?}");
-                self.fail_over(i, &reason);
+                self.endpoints.fail_over(i, &reason);
                 Err(Failure::Unknown(reason))
             }
         }
@@ -1141,8 +1116,6 @@ enum WatchEnd {
     ReceiverGone,
     Compacted,
     Broken(String),
-    /// The client moved to another endpoint: the stream follows it.
-    Moved,
 }
 
 /// The prefixes of one watch stream, each with the first revision it has not
@@ -1170,10 +1143,6 @@ async fn watch_task(store: EtcdStore, mut watched: Watched, tx: mpsc::Sender<Res
                     continue;
                 }
             },
-            WatchEnd::Moved => {
-                tracing::info!(prefix = %watched_names(&watched), to = %super::short(store.inner.endpoints.pick().1), "watch moved to the endpoint the client now uses");
-                continue;
-            }
             WatchEnd::Broken(reason) => {
                 if !broken {
                     tracing::warn!(prefix = %watched_names(&watched), %reason, "watch connection lost; reconnecting");
@@ -1225,7 +1194,6 @@ async fn watch_once(
     backoff: &mut Backoff,
 ) -> WatchEnd {
     let inner = &store.inner;
-    let mut moved = inner.moved.subscribe();
     let (i, _) = inner.endpoints.pick();
     let describe = |f: Failure| match inner.classify("watch", f, true) {
         CallError::Store(e) => e.to_string(),
@@ -1257,7 +1225,7 @@ async fn watch_once(
         Ok(Err(e)) => return WatchEnd::Broken(describe(inner.failure(i, generation, e))),
         Err(_) => {
             let reason = format!("no answer within {:?}", inner.opts.request_timeout);
-            inner.fail_over(i, &reason);
+            inner.endpoints.fail_over(i, &reason);
             return WatchEnd::Broken(reason);
         }
     };
@@ -1267,17 +1235,11 @@ async fn watch_once(
         let msg = tokio::select! {
             m = stream.message() => m,
             _ = tx.closed() => return WatchEnd::ReceiverGone,
-            _ = moved.changed() => {
-                if inner.endpoints.pick().0 != i {
-                    return WatchEnd::Moved;
-                }
-                continue;
-            }
         };
         let res = match msg {
             Ok(Some(r)) => r,
             Ok(None) => {
-                inner.fail_over(i, "the server closed the watch stream");
+                inner.endpoints.fail_over(i, "the server closed the watch stream");
                 return WatchEnd::Broken("the server closed the watch stream".into());
             }
             Err(e) => return WatchEnd::Broken(describe(inner.failure(i, generation, e))),
@@ -1370,7 +1332,7 @@ fn canceled(
     }
     if reason.contains("no leader") {
         // This member is cut off from the leader: watch through another.
-        inner.fail_over(i, reason);
+        inner.endpoints.fail_over(i, reason);
     }
     WatchEnd::Broken(format!("watch canceled: {reason}"))
 }

@@ -516,20 +516,18 @@ impl Endpoints {
         (i, &self.urls[i])
     }
 
-    /// Moves on from endpoint `i` after it failed; `true` when this call moved the
-    /// client (not another request before it).
-    pub(crate) fn fail_over(&self, i: usize, reason: &str) -> bool {
+    /// Moves on from endpoint `i` after it failed.
+    pub(crate) fn fail_over(&self, i: usize, reason: &str) {
         use std::sync::atomic::Ordering;
         let next = (i + 1) % self.urls.len();
-        let moved = self.urls.len() > 1
+        if self.urls.len() > 1
             && self
                 .current
                 .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok();
-        if moved {
+                .is_ok()
+        {
             tracing::warn!(store = self.kind, from = %short(&self.urls[i]), to = %short(&self.urls[next]), %reason, "endpoint failed, switching");
         }
-        moved
     }
 }
 
