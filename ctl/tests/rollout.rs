@@ -519,9 +519,11 @@ async fn status_watch_redraws_on_change() {
     assert_eq!(next_json(&mut lines).await["current_version"], "v2");
     // Each change is drawn once, and the first line after a change is that change's:
     // a redraw while nothing changed (polling) would come first and fail this. The
-    // runs of `jioctl trigger-update` in between give a timer time to fire.
+    // runs of `jioctl trigger-update` in between give a timer time to fire (forced:
+    // the generated fleet has enabled hosts with live agents, which it would release
+    // outside any rules).
     for v in ["v9", "v10", "v11"] {
-        let out = run(&url, &["trigger-update", v]).await;
+        let out = run(&url, &["trigger-update", v, "--force"]).await;
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         let drawn = next_json(&mut lines).await;
         assert_eq!(

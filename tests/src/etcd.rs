@@ -412,6 +412,44 @@ impl Etcd {
         self.members[i].child.as_ref().map(|c| c.id())
     }
 
+    /// TCP connections this process has established to member `i`'s client port
+    /// (sockets of `/proc/net/tcp` whose inodes are among `/proc/self/fd`).
+    pub fn connections_to(&self, i: usize) -> usize {
+        let ours: std::collections::BTreeSet<String> = std::fs::read_dir("/proc/self/fd")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter_map(|l| {
+                let l = l.to_string_lossy().into_owned();
+                Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            })
+            .collect();
+        let want = format!(":{:04X}", self.port(i));
+        ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .filter(|l| {
+                        let f: Vec<&str> = l.split_whitespace().collect();
+                        f.len() > 9 && f[2].ends_with(&want) && f[3] == "01" && ours.contains(f[9])
+                    })
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Closes the harness's own HTTP connections to the members (kept open between
+    /// health checks), for a test that counts the connections of the code it tests.
+    pub async fn close_own_connections(&mut self) {
+        self.http.take();
+        // The pool's connections close in the background.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     /// How many members the cluster has.
     pub fn len(&self) -> usize {
         self.members.len()

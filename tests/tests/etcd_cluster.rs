@@ -15,8 +15,10 @@ use jio_tests::{Etcd, require_binary};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_carry_on_when_the_members_client_uses_dies() {
     let mut cluster = Etcd::cluster(3).await;
+    cluster.close_own_connections().await;
     let url = StoreUrl::parse(&cluster.url()).unwrap();
-    // The client starts on the first endpoint, which is the member killed below.
+    // The client starts at a member of its own choosing; the one it writes through
+    // (the member this process is connected to) is the one killed below.
     let store = Arc::new(EtcdStore::new(&url, EtcdOptions::default()).unwrap());
     let done = Arc::new(AtomicUsize::new(0));
     let writer = {
@@ -38,24 +40,30 @@ async fn writes_carry_on_when_the_members_client_uses_dies() {
     while done.load(Ordering::Relaxed) < 50 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    cluster.kill(0);
+    let conns: Vec<usize> = (0..3).map(|i| cluster.connections_to(i)).collect();
+    assert_eq!(
+        conns.iter().sum::<usize>(),
+        1,
+        "one connection carries the writes: {conns:?}"
+    );
+    let used = conns.iter().position(|n| *n == 1).unwrap();
+    cluster.kill(used);
     let at_kill = done.load(Ordering::Relaxed);
     assert!(
         at_kill < 250,
         "the member must die while writes are running (died after {at_kill})"
     );
     let (acked, failed) = writer.await.unwrap();
-    eprintln!("member 0 killed after {at_kill} writes");
+    eprintln!("member {used} killed after {at_kill} writes");
     assert_eq!(failed, 0, "every write succeeds through the surviving members");
     assert_eq!(acked.len(), 300);
 
     // Read back through the survivors only.
-    let survivors = StoreUrl::parse(&format!(
-        "etcd://{},{}",
-        cluster.endpoint(1).trim_start_matches("http://"),
-        cluster.endpoint(2).trim_start_matches("http://")
-    ))
-    .unwrap();
+    let others: Vec<String> = (0..3)
+        .filter(|i| *i != used)
+        .map(|i| cluster.endpoint(i).trim_start_matches("http://").to_string())
+        .collect();
+    let survivors = StoreUrl::parse(&format!("etcd://{}", others.join(","))).unwrap();
     let reader = EtcdStore::new(&survivors, EtcdOptions::default()).unwrap();
     let stored: BTreeSet<String> = reader
         .list(&Key::new("/ack/").unwrap())
