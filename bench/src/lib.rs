@@ -132,6 +132,12 @@ pub struct Makespan {
     pub serial_gap_ms: f64,
     /// From the last step's start to the driver's return (the step included).
     pub tail_s: f64,
+    /// The serial gap cut into its parts, means over the limit-1 role's hosts (as
+    /// a watch saw each key): one host's result to the next host's enable key (the
+    /// driver), that key to the next run marker (the agent deciding and starting),
+    /// the marker to the step, and the step's start to the host's result, less the
+    /// step itself (the agent reporting).
+    pub serial_parts_ms: SerialParts,
     /// From the agents' start until every liveness record was written.
     pub registered_s: f64,
     /// etcd before the agents started, its peaks while they registered, and what
@@ -143,6 +149,77 @@ pub struct Makespan {
     /// resident memory and its CPU time over the whole run.
     pub proxy_peak_rss_mb: Option<f64>,
     pub proxy_cpu_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SerialParts {
+    pub driver_ms: f64,
+    pub agent_start_ms: f64,
+    pub to_step_ms: f64,
+    pub reporting_ms: f64,
+}
+
+impl SerialParts {
+    /// From the watch's events and the step starts: the parts of each gap between
+    /// consecutive hosts of the limit-1 role `prefix`, averaged.
+    fn of(
+        events: &[(Instant, Parsed)],
+        starts: &[(HostName, Instant)],
+        v: &Version,
+        prefix: &str,
+        step: Duration,
+    ) -> Self {
+        let first = |want: &dyn Fn(&Parsed) -> Option<HostName>| -> BTreeMap<HostName, Instant> {
+            let mut m = BTreeMap::new();
+            for (at, p) in events {
+                if let Some(h) = want(p).filter(|h| h.as_str().starts_with(prefix)) {
+                    m.entry(h).or_insert(*at);
+                }
+            }
+            m
+        };
+        let enabled = first(&|p| match p {
+            Parsed::Enable(EnableLevel::Host(h)) => Some(h.clone()),
+            _ => None,
+        });
+        let marked = first(&|p| match p {
+            Parsed::Run(h) => Some(h.clone()),
+            _ => None,
+        });
+        let done = first(&|p| match p {
+            Parsed::RunningVersion(w, h) if w == v => Some(h.clone()),
+            _ => None,
+        });
+        let serial: Vec<&(HostName, Instant)> = starts
+            .iter()
+            .filter(|(h, _)| h.as_str().starts_with(prefix))
+            .collect();
+        let ms = |a: Option<&Instant>, b: Option<&Instant>| match (a, b) {
+            (Some(a), Some(b)) if b >= a => Some((*b - *a).as_secs_f64() * 1000.0),
+            _ => None,
+        };
+        let mean = |xs: Vec<f64>| {
+            if xs.is_empty() {
+                0.0
+            } else {
+                xs.iter().sum::<f64>() / xs.len() as f64
+            }
+        };
+        let (mut d, mut a, mut t, mut r) = (vec![], vec![], vec![], vec![]);
+        for w in serial.windows(2) {
+            let ((prev, prev_start), (next, next_start)) = (w[0], w[1]);
+            d.extend(ms(done.get(prev), enabled.get(next)));
+            a.extend(ms(enabled.get(next), marked.get(next)));
+            t.extend(ms(marked.get(next), Some(next_start)));
+            r.extend(ms(Some(prev_start), done.get(prev)).map(|x| x - step.as_secs_f64() * 1000.0));
+        }
+        SerialParts {
+            driver_ms: mean(d),
+            agent_start_ms: mean(a),
+            to_step_ms: mean(t),
+            reporting_ms: mean(r),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -782,6 +859,14 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         Some(e) => probe::sample(e).await,
         None => Vec::new(),
     };
+    // The watch that times the serial role's keys has its own client, uncounted.
+    let (stop_events, events) = record_events(
+        jio_common::store::open(&StoreUrl::parse(&bs.url).expect("url"))
+            .await
+            .expect("open a client for the events"),
+        schema.clone(),
+    )
+    .await;
     let before = bs.counting.requests();
     let before_ops = bs.counting.by_op();
     let t0 = Instant::now();
@@ -789,6 +874,8 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         .await
         .expect("upgrade");
     let measured = t0.elapsed();
+    let _ = stop_events.send(true);
+    let events = events.await.unwrap_or_default();
     let mut starts: Vec<(HostName, Instant)> = Vec::new();
     while let Ok((h, v, at)) = fleet.starts.try_recv() {
         if v.as_str() == "m2" && at >= t0 {
@@ -811,6 +898,7 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
     } else {
         0.0
     };
+    let serial_parts_ms = SerialParts::of(&events, &starts, &Version::new("m2").expect("v"), "r9n", step);
     let requests = bs.counting.requests() - before;
     let per_host_by_op = bs
         .counting
@@ -847,6 +935,7 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         first_start_s,
         serial_gap_ms,
         tail_s,
+        serial_parts_ms,
         registered_s,
         etcd_before,
         etcd_registration,
@@ -1146,6 +1235,39 @@ pub fn scale_lines(m: &Makespan) -> Vec<String> {
     out
 }
 
+/// The makespan's figures, one line each: the ratio first, then where the time
+/// and the requests went, then what it cost etcd.
+pub fn makespan_lines(m: &Makespan) -> Vec<String> {
+    let by_op: Vec<String> = m
+        .per_host_by_op
+        .iter()
+        .map(|(op, n)| format!("{op} {n:.2}"))
+        .collect();
+    let p = &m.serial_parts_ms;
+    let mut out = vec![
+        format!(
+            "{} hosts, {} roles, {}ms step: {:.3}x (measured {:.2}s, ideal {:.2}s), {}/{} upgraded",
+            m.hosts, m.roles, m.step_ms, m.ratio, m.measured_s, m.ideal_s, m.upgraded, m.hosts
+        ),
+        format!(
+            "{:.1} store requests per host ({} in all): {}",
+            m.requests_per_host,
+            m.store_requests,
+            by_op.join(", ")
+        ),
+        format!(
+            "where the time went: first step after {:.2}s, r9 (limit 1) {:.1}ms between steps, last step start to end {:.2}s",
+            m.first_start_s, m.serial_gap_ms, m.tail_s
+        ),
+        format!(
+            "r9's gap, part by part: driver {:.1}ms, agent starting {:.1}ms, to the step {:.1}ms, reporting {:.1}ms",
+            p.driver_ms, p.agent_start_ms, p.to_step_ms, p.reporting_ms
+        ),
+    ];
+    out.extend(scale_lines(m));
+    out
+}
+
 /// The table printed by `jio-bench`.
 pub fn table(r: &Report) -> String {
     let mut s = String::new();
@@ -1169,38 +1291,7 @@ pub fn table(r: &Report) -> String {
     lat(&mut s, "1. reaction latency", &r.reaction);
     lat(&mut s, "2. scheduling latency", &r.scheduling);
     let m = &r.makespan;
-    let _ = writeln!(
-        s,
-        "{:<44} {:>11.3}x   measured {:.2}s, ideal {:.2}s, {}/{} upgraded",
-        format!(
-            "3. makespan ({} hosts, {} roles, {}ms step)",
-            m.hosts, m.roles, m.step_ms
-        ),
-        m.ratio,
-        m.measured_s,
-        m.ideal_s,
-        m.upgraded,
-        m.hosts
-    );
-    let _ = writeln!(
-        s,
-        "{:<44} {:>12.1}   ({} requests in all)",
-        "   store requests per host", m.requests_per_host, m.store_requests
-    );
-    let by_op: Vec<String> = m
-        .per_host_by_op
-        .iter()
-        .map(|(op, n)| format!("{op} {n:.1}"))
-        .collect();
-    let _ = writeln!(s, "{:<44} {}", "   per host by operation", by_op.join(", "));
-    let _ = writeln!(
-        s,
-        "{:<44} first step after {:.2}s, r9 (limit 1) {:.1}ms between steps, last step start to end {:.2}s",
-        "   where the time went", m.first_start_s, m.serial_gap_ms, m.tail_s
-    );
-    for l in scale_lines(m) {
-        let _ = writeln!(s, "   {l}");
-    }
+    let _ = writeln!(s, "3. makespan {}", makespan_lines(m).join("\n   "));
     let st = &r.status;
     let _ = writeln!(
         s,

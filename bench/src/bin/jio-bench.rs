@@ -112,20 +112,9 @@ fn main() -> ExitCode {
             bench::makespan(&bs, sizes.makespan_hosts_per_role, sizes.makespan_step).await
         });
         println!(
-            "makespan on {backend:?}: {} hosts, {:.3}x (measured {:.2}s, ideal {:.2}s), {}/{} upgraded, {:.1} store requests per host",
-            m.hosts, m.ratio, m.measured_s, m.ideal_s, m.upgraded, m.hosts, m.requests_per_host
+            "makespan on {backend:?}: {}",
+            bench::makespan_lines(&m).join("\n")
         );
-        let by_op: Vec<String> = m
-            .per_host_by_op
-            .iter()
-            .map(|(op, n)| format!("{op} {n:.2}"))
-            .collect();
-        println!("per host by operation: {}", by_op.join(", "));
-        println!(
-            "where the time went: first step after {:.2}s, r9 (limit 1) {:.1}ms between steps, last step start to end {:.2}s",
-            m.first_start_s, m.serial_gap_ms, m.tail_s
-        );
-        println!("{}", bench::scale_lines(&m).join("\n"));
         return ExitCode::SUCCESS;
     }
     let report = rt.block_on(bench::run(backend, sizes));
