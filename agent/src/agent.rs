@@ -76,8 +76,8 @@ pub struct Agent {
     /// The Hiera data was read for the run about to configure (while its start
     /// transaction was in flight): the configure step need not read it again.
     hiera_read: bool,
-    /// What the Hiera data file was last written from.
-    hiera_seen: std::sync::Arc<std::sync::Mutex<Option<crate::hiera::Written>>>,
+    /// What the Hiera data file was last written from (kept in the state directory).
+    hiera_seen: Arc<crate::hiera::Memo>,
     /// The active rollout's rules, read once per rollout.
     rollout_cache: observe::RolloutCache,
     /// The keys of the last read, kept up to date by the daemon's watches.
@@ -148,6 +148,10 @@ impl Agent {
             retry_interval: cfg.retry_interval,
         })?;
         let metrics = crate::metrics::Metrics::new(cfg.hostname.as_str(), cfg.role.as_str(), &cfg.state_dir);
+        let hiera_seen = Arc::new(crate::hiera::Memo::kept_in(
+            &cfg.state_dir,
+            &cfg.store.to_string(),
+        ));
         Ok(Agent {
             metrics,
             reload: None,
@@ -165,7 +169,7 @@ impl Agent {
             run_rollout: None,
             run_begun: (0, [0; 3]),
             hiera_read: false,
-            hiera_seen: Default::default(),
+            hiera_seen,
             rollout_cache: None,
             view: observe::View::default(),
             view_took_end: false,

@@ -13,10 +13,11 @@
 //! file renamed over it), and only when its text changes. Rendering is pure.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use jio_common::keys::{Key, Parsed, Schema};
-use jio_common::store::{DynStore, KeyValue, Seen, StoreError};
+use jio_common::store::{DynStore, KeyValue, Revision, Seen, StoreError};
 
 /// role → host → interface → address.
 pub type ActiveRoles = BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>;
@@ -125,11 +126,14 @@ pub fn write(path: &Path, text: &str) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// What the file was last written from, and what was written.
-#[derive(Debug, Clone, Copy)]
+/// What the file was last written from: the listing's revision and key count, a
+/// digest of the text written, and one of the store it was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Written {
-    seen: Seen,
+    revision: Revision,
+    keys: usize,
     text: u64,
+    store: u64,
 }
 
 fn digest(text: &str) -> u64 {
@@ -139,36 +143,96 @@ fn digest(text: &str) -> u64 {
     h.finish()
 }
 
-/// Brings the file up to date with `/active_roles/`. `written` is what the file
-/// was last written from: when the file still holds that text and the store says
+/// What the file was last written from, kept in memory and in the state directory
+/// (`hiera.json`): an agent restarted (a package upgrade restarts the whole fleet's)
+/// need not read every host's addresses again when nothing changed. What another
+/// store, or another build's digest, wrote is not trusted: the next run reads.
+pub struct Memo {
+    last: Mutex<Option<Written>>,
+    kept: Option<PathBuf>,
+    store: u64,
+}
+
+impl Memo {
+    /// Kept in memory only.
+    pub fn new(store: &str) -> Memo {
+        Memo {
+            last: Mutex::new(None),
+            kept: None,
+            store: digest(store),
+        }
+    }
+
+    /// Kept in `<state_dir>/hiera.json` too, and read from it when memory has
+    /// nothing (at the first run after a start).
+    pub fn kept_in(state_dir: &Path, store: &str) -> Memo {
+        Memo {
+            kept: Some(state_dir.join("hiera.json")),
+            ..Memo::new(store)
+        }
+    }
+
+    fn get(&self) -> Option<Written> {
+        let mut last = self.last.lock().ok()?;
+        if last.is_none() {
+            *last = self
+                .kept
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .and_then(|t| serde_json::from_str::<Written>(&t).ok())
+                .filter(|w| w.store == self.store);
+        }
+        *last
+    }
+
+    fn set(&self, w: Option<Written>) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = w;
+        }
+        let Some(p) = &self.kept else { return };
+        let kept = w
+            .and_then(|w| serde_json::to_string(&w).ok())
+            .is_some_and(|text| crate::state::write_atomic(p, text.as_bytes()).is_ok());
+        if !kept {
+            // A stale one would be trusted; a missing one only costs a read.
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Brings the file up to date with `/active_roles/`. `memo` is what the file was
+/// last written from: when the file still holds that text and the store says
 /// nothing under the prefix changed since (one small request), nothing is read;
-/// otherwise the prefix is read and the file written, and `written` moves on. A
+/// otherwise the prefix is read and the file written, and `memo` moves on. A
 /// fleet's hosts then read every host's addresses only when they change, not on
 /// every run.
-pub async fn refresh(
-    store: &DynStore,
-    schema: &Schema,
-    path: &Path,
-    written: &std::sync::Mutex<Option<Written>>,
-) -> Result<(), StoreError> {
+pub async fn refresh(store: &DynStore, schema: &Schema, path: &Path, memo: &Memo) -> Result<(), StoreError> {
     let prefix = schema.active_roles();
-    let last = written.lock().ok().and_then(|w| *w);
-    if let Some(last) = last
+    if let Some(last) = memo.get()
         && store.counts_changes()
         && std::fs::read_to_string(path).is_ok_and(|t| digest(&t) == last.text)
-        && !store.changed_since(&prefix, &last.seen).await?
+        && !store
+            .changed_since(
+                &prefix,
+                &Seen {
+                    revision: last.revision,
+                    keys: last.keys,
+                },
+            )
+            .await?
     {
         return Ok(());
     }
     let listing = store.list(&prefix).await?;
     let text = render(&from_kvs(schema, &listing.kvs));
     let saved = save(path, &text);
-    if let Ok(mut w) = written.lock() {
-        *w = saved.then(|| Written {
-            seen: Seen::of(&listing),
-            text: digest(&text),
-        });
-    }
+    let seen = Seen::of(&listing);
+    memo.set(saved.then(|| Written {
+        revision: seen.revision,
+        keys: seen.keys,
+        text: digest(&text),
+        store: memo.store,
+    }));
     Ok(())
 }
 

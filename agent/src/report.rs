@@ -160,13 +160,15 @@ pub async fn register(
 
 /// Publishes the host's addresses under `/active_roles/<role>/<host>/<interface>`
 /// (the first address of each interface) and removes interfaces it no longer has,
-/// in one transaction. `existing` are the keys there now.
+/// in one transaction. `existing` are the entries there now: one that already holds
+/// its address is not written again (an agent restarted with the same addresses
+/// writes nothing, so no host's Hiera data needs reading again).
 pub fn active_role_txn(
     schema: &Schema,
     host: &HostName,
     role: &Role,
     addresses: &[InterfaceAddress],
-    existing: &[jio_common::keys::Key],
+    existing: &[jio_common::store::KeyValue],
 ) -> Txn {
     let mut txn = Txn::new();
     let mut keep = std::collections::BTreeSet::new();
@@ -174,11 +176,17 @@ pub fn active_role_txn(
         if let Ok(iface) = Interface::new(a.interface.clone())
             && keep.insert(schema.active_role(role, host, &iface))
         {
-            txn = txn.then(Op::put(schema.active_role(role, host, &iface), a.address.clone()));
+            let key = schema.active_role(role, host, &iface);
+            let same = existing
+                .iter()
+                .any(|kv| kv.key == key && !kv.not_text && kv.value == a.address);
+            if !same {
+                txn = txn.then(Op::put(key, a.address.clone()));
+            }
         }
     }
-    for k in existing.iter().filter(|k| !keep.contains(*k)) {
-        txn = txn.then(Op::Delete(k.clone()));
+    for kv in existing.iter().filter(|kv| !keep.contains(&kv.key)) {
+        txn = txn.then(Op::Delete(kv.key.clone()));
     }
     txn
 }
@@ -191,16 +199,11 @@ pub async fn publish_addresses(
     role: &Role,
     addresses: &[InterfaceAddress],
 ) -> Result<(), StoreError> {
-    let existing: Vec<_> = store
-        .list(&schema.active_role_host(role, host))
-        .await?
-        .kvs
-        .into_iter()
-        .map(|kv| kv.key)
-        .collect();
-    store
-        .txn(active_role_txn(schema, host, role, addresses, &existing))
-        .await?;
+    let existing = store.list(&schema.active_role_host(role, host)).await?.kvs;
+    let txn = active_role_txn(schema, host, role, addresses, &existing);
+    if !txn.ops.is_empty() {
+        store.txn(txn).await?;
+    }
     Ok(())
 }
 
@@ -361,9 +364,19 @@ mod tests {
             interface: i.into(),
             address: a.into(),
         };
+        let kv = |i: &str, v: &str| jio_common::store::KeyValue {
+            key: s.active_role(&role, &h(), &Interface::new(i).unwrap()),
+            value: v.into(),
+            mod_revision: 1,
+            create_revision: 1,
+            version: 1,
+            lease: None,
+            not_text: false,
+        };
         let existing = vec![
-            s.active_role(&role, &h(), &Interface::new("eth0").unwrap()),
-            s.active_role(&role, &h(), &Interface::new("eth9").unwrap()),
+            kv("eth0", "10.0.0.9"),
+            kv("eth9", "10.0.9.1"),
+            kv("eth2", "10.0.2.1"),
         ];
         let txn = active_role_txn(
             &s,
@@ -373,9 +386,11 @@ mod tests {
                 addr("eth0", "10.0.0.1"),
                 addr("eth0", "fd00::1"),
                 addr("eth1", "10.0.1.1"),
+                addr("eth2", "10.0.2.1"),
             ],
             &existing,
         );
+        // eth2 already holds its address: not written again.
         assert_eq!(
             keys(&txn.ops),
             vec![

@@ -5,9 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::sync::Mutex;
-
-use jio_agent::hiera::{Written, refresh};
+use jio_agent::hiera::{Memo, refresh};
 use jio_common::keys::{Key, Schema};
 use jio_common::store::{CountingStore, DynStore};
 use jio_tests::Etcd;
@@ -36,7 +34,7 @@ async fn addresses_are_read_again_only_when_they_changed() {
     let agent: DynStore = std::sync::Arc::new(counting.clone());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("hieradata/jiocloud.yaml");
-    let seen: Mutex<Option<Written>> = Mutex::new(None);
+    let seen = Memo::new(&etcd.url());
     let lists = || {
         counting.by_op()[jio_common::store::counting::OPS
             .iter()
@@ -102,4 +100,79 @@ async fn addresses_are_read_again_only_when_they_changed() {
     refresh(&agent, &schema, &file, &seen).await.unwrap();
     assert_eq!(lists(), 5);
     assert!(std::fs::read_to_string(&file).unwrap().contains("192.0.2.8"));
+}
+
+/// What the file was written from is kept in the state directory: an agent
+/// restarted (as a package upgrade restarts a whole fleet's) reads every host's
+/// addresses again only when something changed, and trusts only what it kept of
+/// the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_reads_the_addresses_again_only_when_they_changed() {
+    let etcd = Etcd::start().await;
+    let store = open(&etcd.url()).await;
+    let schema = Schema::default();
+    for i in 0..50 {
+        let key = Key::new(format!("/active_roles/compute/compute{i}/eth0")).unwrap();
+        store.put(&key, &format!("10.0.0.{i}"), None).await.unwrap();
+    }
+    let counting = CountingStore::new(store.clone());
+    let agent: DynStore = std::sync::Arc::new(counting.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let (state, file) = (dir.path().join("state"), dir.path().join("hiera.yaml"));
+    std::fs::create_dir_all(&state).unwrap();
+    let lists = || {
+        counting.by_op()[jio_common::store::counting::OPS
+            .iter()
+            .position(|o| *o == "list")
+            .unwrap()]
+    };
+
+    refresh(&agent, &schema, &file, &Memo::kept_in(&state, &etcd.url()))
+        .await
+        .unwrap();
+    assert_eq!(lists(), 1);
+    assert!(state.join("hiera.json").exists());
+
+    // Restarted, nothing changed: no read.
+    refresh(&agent, &schema, &file, &Memo::kept_in(&state, &etcd.url()))
+        .await
+        .unwrap();
+    assert_eq!(
+        lists(),
+        1,
+        "a restarted agent read the addresses though nothing changed"
+    );
+
+    // Restarted after a host registered: read again.
+    store
+        .put(
+            &Key::new("/active_roles/compute/compute50/eth0").unwrap(),
+            "10.0.0.50",
+            None,
+        )
+        .await
+        .unwrap();
+    refresh(&agent, &schema, &file, &Memo::kept_in(&state, &etcd.url()))
+        .await
+        .unwrap();
+    assert_eq!(lists(), 2);
+    assert!(std::fs::read_to_string(&file).unwrap().contains("10.0.0.50"));
+
+    // What was kept of another store is not trusted.
+    refresh(
+        &agent,
+        &schema,
+        &file,
+        &Memo::kept_in(&state, "etcd://192.0.2.1:2379"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(lists(), 3, "what was kept of another store was trusted");
+
+    // Nor a damaged file.
+    std::fs::write(state.join("hiera.json"), "{").unwrap();
+    refresh(&agent, &schema, &file, &Memo::kept_in(&state, &etcd.url()))
+        .await
+        .unwrap();
+    assert_eq!(lists(), 4, "a damaged hiera.json was trusted");
 }

@@ -421,6 +421,10 @@ pub struct SimFleet {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// (host, version, when its configuration step started)
     pub starts: mpsc::UnboundedReceiver<(HostName, Version, Instant)>,
+    /// Each agent's state directory and Hiera data file, and its store as its
+    /// configuration names it.
+    hiera: Vec<(PathBuf, PathBuf)>,
+    store_id: String,
     dir: tempfile::TempDir,
 }
 
@@ -443,6 +447,7 @@ impl SimFleet {
         let mut tasks = Vec::new();
         let mut ops = Vec::new();
         let mut configs = Vec::new();
+        let (mut hiera, mut store_id) = (Vec::new(), String::new());
         for (name, role) in hosts {
             let d = dir.path().join(name);
             std::fs::create_dir_all(&d).expect("host dir");
@@ -473,6 +478,8 @@ impl SimFleet {
                 );
             }
             let cfg = jio_agent::config::load(&ov, || None).expect("agent config");
+            hiera.push((cfg.state_dir.clone(), cfg.hiera_file.clone().expect("hiera file")));
+            store_id = cfg.store.to_string();
             let tx = tx.clone();
             let steps = ScriptedSteps::new()
                 .taking(step, Duration::ZERO)
@@ -548,7 +555,28 @@ impl SimFleet {
             stop,
             tasks,
             starts,
+            hiera,
+            store_id,
             dir,
+        }
+    }
+
+    /// Each agent's Hiera data read once, fifty at a time, as each host's last run
+    /// before the rollout would have read it (kept in its state directory): a
+    /// fleet that has run before starts a rollout with current Hiera data.
+    pub async fn read_hiera_once(&self, bs: &BenchStore) {
+        let schema = Schema::default();
+        for chunk in self.hiera.chunks(50) {
+            futures_util::future::join_all(chunk.iter().map(|(state, file)| {
+                let (store, schema) = (bs.store.clone(), schema.clone());
+                async move {
+                    let memo = jio_agent::hiera::Memo::kept_in(state, &self.store_id);
+                    jio_agent::hiera::refresh(&store, &schema, file, &memo)
+                        .await
+                        .expect("read the hiera data");
+                }
+            }))
+            .await;
         }
     }
 
@@ -836,6 +864,9 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
     let mut fleet = SimFleet::start(bs, &names, step, "m1").await;
     // A fleet is running long before a rollout: wait until every agent is up.
     let registered = fleet.settle(bs, names.len()).await;
+    if registered.is_ok() {
+        fleet.read_hiera_once(bs).await;
+    }
     let etcd_registration = match sampler {
         Some(s) => s.stop().await,
         None => Vec::new(),
