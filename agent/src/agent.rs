@@ -337,6 +337,9 @@ impl Agent {
                 "stopped the commands a killed agent left running"
             );
         }
+        // Whether this host's `/running/versions` entries are where the state
+        // directory says, checked once after the start (not at a run's end).
+        self.ledger.check_listed().await;
         // A run's report still in the journal keeps its marker: the host holds its
         // slot until the store has the run's outcome (a failure must stop the
         // rollout before another host is admitted in its place).

@@ -84,8 +84,10 @@ impl Ledger {
 
     /// Trusts the state directory's listing only if each of its entries is still in
     /// the store at the revision this agent wrote it (one read); otherwise the next
-    /// validated report lists the fleet's entries once.
-    async fn check_listed(&mut self) {
+    /// validated report lists the fleet's entries once. Done at the agent's first
+    /// pass, so that a run's report does not wait for it (and again before a
+    /// report if that read failed); nothing once checked.
+    pub(crate) async fn check_listed(&mut self) {
         let Some(listed) = self.listed.take() else { return };
         if self.running_versions.is_some() {
             return;
