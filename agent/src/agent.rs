@@ -148,9 +148,10 @@ impl Agent {
             retry_interval: cfg.retry_interval,
         })?;
         let metrics = crate::metrics::Metrics::new(cfg.hostname.as_str(), cfg.role.as_str(), &cfg.state_dir);
+        // What was kept is trusted only for the same store, prefix and file.
         let hiera_seen = Arc::new(crate::hiera::Memo::kept_in(
             &cfg.state_dir,
-            &cfg.store.to_string(),
+            &crate::hiera::source(&cfg.store.to_string(), &cfg.schema, cfg.hiera_file.as_deref()),
         ));
         Ok(Agent {
             metrics,

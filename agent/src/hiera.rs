@@ -154,7 +154,7 @@ pub struct Memo {
 }
 
 impl Memo {
-    /// Kept in memory only.
+    /// Kept in memory only. `store` names where the data comes from (`source`).
     pub fn new(store: &str) -> Memo {
         Memo {
             last: Mutex::new(None),
@@ -198,6 +198,16 @@ impl Memo {
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+/// What a `Memo` is kept for: the store, the schema's prefix and the file, as one
+/// string (only its digest is kept).
+pub fn source(store: &str, schema: &Schema, file: Option<&Path>) -> String {
+    format!(
+        "{store}\n{}\n{}",
+        schema.active_roles(),
+        file.map(|f| f.display().to_string()).unwrap_or_default()
+    )
 }
 
 /// Brings the file up to date with `/active_roles/`. `memo` is what the file was

@@ -179,7 +179,7 @@ pub fn active_role_txn(
             let key = schema.active_role(role, host, &iface);
             let same = existing
                 .iter()
-                .any(|kv| kv.key == key && !kv.not_text && kv.value == a.address);
+                .any(|kv| kv.key == key && !kv.not_text && kv.lease.is_none() && kv.value == a.address);
             if !same {
                 txn = txn.then(Op::put(key, a.address.clone()));
             }

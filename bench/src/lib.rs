@@ -140,6 +140,10 @@ pub struct Makespan {
     pub serial_parts_ms: SerialParts,
     /// From the agents' start until every liveness record was written.
     pub registered_s: f64,
+    /// The agents' requests from their start until then (registering, their first
+    /// read, the check of where their host is listed), per host; not in
+    /// `requests_per_host`. The Hiera data each then reads once is in neither.
+    pub startup_requests_per_host: f64,
     /// etcd before the agents started, its peaks while they registered, and what
     /// the rollout cost it (empty on the embedded store).
     pub etcd_before: Vec<probe::Member>,
@@ -861,16 +865,18 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         None => Vec::new(),
     };
     let sampler = bs.etcd.clone().map(probe::Sampler::start);
+    let startup_from = bs.counting.requests();
     let mut fleet = SimFleet::start(bs, &names, step, "m1").await;
     // A fleet is running long before a rollout: wait until every agent is up.
     let registered = fleet.settle(bs, names.len()).await;
-    if registered.is_ok() {
-        fleet.read_hiera_once(bs).await;
-    }
     let etcd_registration = match sampler {
         Some(s) => s.stop().await,
         None => Vec::new(),
     };
+    let startup_requests = bs.counting.requests() - startup_from;
+    if registered.is_ok() {
+        fleet.read_hiera_once(bs).await;
+    }
     let registered_s = match registered {
         Ok(d) => d.as_secs_f64(),
         Err(e) => {
@@ -968,6 +974,7 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         tail_s,
         serial_parts_ms,
         registered_s,
+        startup_requests_per_host: startup_requests as f64 / names.len() as f64,
         etcd_before,
         etcd_registration,
         etcd_rollout,
@@ -1239,7 +1246,10 @@ pub async fn run(backend: Backend, sizes: Sizes) -> Report {
 
 /// What the makespan's fleet cost etcd: registration, then the rollout.
 pub fn scale_lines(m: &Makespan) -> Vec<String> {
-    let mut out = vec![format!("{} agents registered in {:.1}s", m.hosts, m.registered_s)];
+    let mut out = vec![format!(
+        "{} agents registered in {:.1}s, {:.1} store requests per host from their start",
+        m.hosts, m.registered_s, m.startup_requests_per_host
+    )];
     if m.etcd_before.is_empty() {
         return out;
     }
