@@ -132,6 +132,7 @@ pub fn write(path: &Path, text: &str) -> std::io::Result<bool> {
 pub struct Written {
     revision: Revision,
     keys: usize,
+    newest: Revision,
     text: u64,
     store: u64,
 }
@@ -227,6 +228,7 @@ pub async fn refresh(store: &DynStore, schema: &Schema, path: &Path, memo: &Memo
                 &Seen {
                     revision: last.revision,
                     keys: last.keys,
+                    newest: last.newest,
                 },
             )
             .await?
@@ -240,6 +242,7 @@ pub async fn refresh(store: &DynStore, schema: &Schema, path: &Path, memo: &Memo
     memo.set(saved.then(|| Written {
         revision: seen.revision,
         keys: seen.keys,
+        newest: seen.newest,
         text: digest(&text),
         store: memo.store,
     }));

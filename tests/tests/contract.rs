@@ -817,6 +817,39 @@ async fn changed_since_misses_no_change_under_the_prefix(b: Backend) {
     }
 }
 
+/// A store restored from an older copy behind the same address, whose revision has
+/// since passed the one seen, with as many keys under the prefix: etcd answers
+/// "changed" (its newest key there is older than the one seen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_since_sees_a_store_restored_from_an_older_copy() {
+    use jio_common::store::Seen;
+    let prefix = k("/cs/");
+    let (now, older) = (Etcd::start().await, Etcd::start().await);
+    let (a, b) = (open_etcd(&now.url()), open_etcd(&older.url()));
+    // The store as seen: its addresses written after 20 other writes.
+    for i in 0..20 {
+        a.put(&k("/elsewhere"), &i.to_string(), None).await.unwrap();
+    }
+    for key in ["/cs/a", "/cs/b"] {
+        a.put(&k(key), "new", None).await.unwrap();
+    }
+    let seen = Seen::of(&a.list(&prefix).await.unwrap());
+    assert!(!a.changed_since(&prefix, &seen).await.unwrap());
+    // The older copy: the same keys written first, then more writes beside them
+    // than the store seen ever had.
+    for key in ["/cs/a", "/cs/b"] {
+        b.put(&k(key), "old", None).await.unwrap();
+    }
+    for i in 0..40 {
+        b.put(&k("/elsewhere"), &i.to_string(), None).await.unwrap();
+    }
+    assert!(b.list(&prefix).await.unwrap().revision > seen.revision);
+    assert!(
+        b.changed_since(&prefix, &seen).await.unwrap(),
+        "an older copy with as many keys and a newer revision was taken for the store seen"
+    );
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod etcd {

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use backon::Retryable as _;
 use etcd_client::{
     Certificate, Client, Compare as GCompare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    PutOptions, TlsOptions, Txn as GTxn, TxnOp, TxnOpResponse, WatchOptions,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn as GTxn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::mpsc;
 
@@ -805,17 +805,19 @@ impl Store for EtcdStore {
 
     async fn changed_since(&self, prefix: &Key, seen: &Seen) -> Result<bool> {
         // At one revision: how many keys there are (etcd counts them in its index),
-        // and the names of those written after `seen`. etcd applies a revision
-        // filter to the keys it returns, not to a count, and it still scans the
-        // prefix: what this saves is sending every value.
+        // and the newest key's mod revision. Any put under the prefix makes a newer
+        // one; a delete makes fewer keys unless a put came with it; a store restored
+        // from an older copy has an older newest key. etcd still scans the prefix:
+        // what this saves is sending every value.
         let count = GetOptions::new().with_prefix().with_count_only();
-        let newer = GetOptions::new()
+        let newest = GetOptions::new()
             .with_prefix()
             .with_keys_only()
-            .with_min_mod_revision(seen.revision + 1);
+            .with_sort(SortTarget::Mod, SortOrder::Descend)
+            .with_limit(1);
         let ops = vec![
             TxnOp::get(prefix.as_str(), Some(count)),
-            TxnOp::get(prefix.as_str(), Some(newer)),
+            TxnOp::get(prefix.as_str(), Some(newest)),
         ];
         let r = self
             .inner
@@ -828,11 +830,11 @@ impl Store for EtcdStore {
                 },
             )
             .await?;
-        let answers: Vec<(i64, usize)> = r
+        let answers: Vec<(i64, Revision)> = r
             .op_responses()
             .into_iter()
             .filter_map(|op| match op {
-                TxnOpResponse::Get(g) => Some((g.count(), g.kvs().len())),
+                TxnOpResponse::Get(g) => Some((g.count(), g.kvs().first().map_or(0, |kv| kv.mod_revision()))),
                 _ => None,
             })
             .collect();
@@ -840,7 +842,7 @@ impl Store for EtcdStore {
         let behind = revision(r.header(), |h| h.revision()) < seen.revision;
         Ok(behind
             || match answers[..] {
-                [(keys, _), (_, newer)] => keys != seen.keys as i64 || newer > 0,
+                [(keys, _), (_, newest)] => keys != seen.keys as i64 || newest != seen.newest,
                 _ => true,
             })
     }

@@ -463,12 +463,14 @@ fn spread() -> usize {
     h.finish() as usize
 }
 
-/// What a caller of `changed_since` remembers of a listing: its revision and how
-/// many keys it held.
+/// What a caller of `changed_since` remembers of a listing: its revision, how
+/// many keys it held, and the newest of their mod revisions (a store restored from
+/// an older copy has an older newest key, whatever its revision).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
     pub revision: Revision,
     pub keys: usize,
+    pub newest: Revision,
 }
 
 impl Seen {
@@ -476,6 +478,7 @@ impl Seen {
         Seen {
             revision: listing.revision,
             keys: listing.kvs.len(),
+            newest: listing.kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0),
         }
     }
 }
