@@ -425,10 +425,9 @@ pub struct SimFleet {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// (host, version, when its configuration step started)
     pub starts: mpsc::UnboundedReceiver<(HostName, Version, Instant)>,
-    /// Each agent's state directory and Hiera data file, and its store as its
-    /// configuration names it.
-    hiera: Vec<(PathBuf, PathBuf)>,
-    store_id: String,
+    /// Each agent's state directory, Hiera data file, and where its data comes
+    /// from (`hiera::source`, as the agent names it).
+    hiera: Vec<(PathBuf, PathBuf, String)>,
     dir: tempfile::TempDir,
 }
 
@@ -451,7 +450,7 @@ impl SimFleet {
         let mut tasks = Vec::new();
         let mut ops = Vec::new();
         let mut configs = Vec::new();
-        let (mut hiera, mut store_id) = (Vec::new(), String::new());
+        let mut hiera = Vec::new();
         for (name, role) in hosts {
             let d = dir.path().join(name);
             std::fs::create_dir_all(&d).expect("host dir");
@@ -482,8 +481,9 @@ impl SimFleet {
                 );
             }
             let cfg = jio_agent::config::load(&ov, || None).expect("agent config");
-            hiera.push((cfg.state_dir.clone(), cfg.hiera_file.clone().expect("hiera file")));
-            store_id = cfg.store.to_string();
+            let file = cfg.hiera_file.clone().expect("hiera file");
+            let source = jio_agent::hiera::source(&cfg.store.to_string(), &cfg.schema, Some(&file));
+            hiera.push((cfg.state_dir.clone(), file, source));
             let tx = tx.clone();
             let steps = ScriptedSteps::new()
                 .taking(step, Duration::ZERO)
@@ -560,7 +560,6 @@ impl SimFleet {
             tasks,
             starts,
             hiera,
-            store_id,
             dir,
         }
     }
@@ -571,10 +570,10 @@ impl SimFleet {
     pub async fn read_hiera_once(&self, bs: &BenchStore) {
         let schema = Schema::default();
         for chunk in self.hiera.chunks(50) {
-            futures_util::future::join_all(chunk.iter().map(|(state, file)| {
+            futures_util::future::join_all(chunk.iter().map(|(state, file, source)| {
                 let (store, schema) = (bs.store.clone(), schema.clone());
                 async move {
-                    let memo = jio_agent::hiera::Memo::kept_in(state, &self.store_id);
+                    let memo = jio_agent::hiera::Memo::kept_in(state, source);
                     jio_agent::hiera::refresh(&store, &schema, file, &memo)
                         .await
                         .expect("read the hiera data");
