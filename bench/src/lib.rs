@@ -996,14 +996,7 @@ pub async fn status(bs: &BenchStore, hosts: usize) -> Status {
     let t2 = Instant::now();
     let adm = jioctl::status::admission_of(&snap, &classified, jio_common::time::unix_now());
     let t3 = Instant::now();
-    let json = jioctl::status_json::StatusJson {
-        snap: &snap,
-        hosts: &classified,
-        adm: &adm,
-        now_ms: jio_common::time::unix_now_ms(),
-        lead: vec![("schema", jioctl::out::JSON_SCHEMA.into())],
-    }
-    .render(true);
+    let json = jioctl::status_json::StatusJson::document(&snap, &classified, &adm).render(true);
     let wall = t0.elapsed();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     Status {

@@ -129,21 +129,7 @@ fn proc_kb(pid: u32, field: &str) -> f64 {
 
 /// TCP connections established to local `port` (the server's side).
 pub fn established_on(port: u16) -> usize {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .map(|f| {
-            std::fs::read_to_string(f)
-                .unwrap_or_default()
-                .lines()
-                .skip(1)
-                .filter(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    f.len() > 3 && f[1].ends_with(&want) && f[3] == "01"
-                })
-                .count()
-        })
-        .sum()
+    jio_tests::etcd::established(|s| s.local_port == port)
 }
 
 /// The table lines for `members`; the cost per agent is what the peak adds to

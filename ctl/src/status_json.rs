@@ -24,7 +24,19 @@ pub struct StatusJson<'a> {
     pub lead: Vec<(&'static str, serde_json::Value)>,
 }
 
-impl StatusJson<'_> {
+impl<'a> StatusJson<'a> {
+    /// `status --json`'s document of `hosts` (classified from `snap`, admitted as
+    /// `adm`), as of now, led by its schema.
+    pub fn document(snap: &'a Snapshot, hosts: &'a [HostStatus], adm: &'a Admission) -> StatusJson<'a> {
+        StatusJson {
+            snap,
+            hosts,
+            adm,
+            now_ms: jio_common::time::unix_now_ms(),
+            lead: vec![("schema", crate::out::JSON_SCHEMA.into())],
+        }
+    }
+
     /// Pretty (a document) or compact (a JSON line).
     pub fn render(&self, pretty: bool) -> String {
         let r = if pretty {

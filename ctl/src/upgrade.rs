@@ -1695,13 +1695,7 @@ impl Driver<'_> {
         let now = self.o.clock.unix_now();
         let adm = crate::status::admission_of(&snap, &hosts, now);
         if self.o.json {
-            let doc = crate::status_json::StatusJson {
-                snap: &snap,
-                hosts: &hosts,
-                adm: &adm,
-                now_ms: jio_common::time::unix_now_ms(),
-                lead: vec![("schema", crate::out::JSON_SCHEMA.into())],
-            };
+            let doc = crate::status_json::StatusJson::document(&snap, &hosts, &adm);
             println!("{}", doc.render(true));
         } else {
             print!(

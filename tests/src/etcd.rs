@@ -425,21 +425,8 @@ impl Etcd {
                 Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
             })
             .collect();
-        let want = format!(":{:04X}", self.port(i));
-        ["/proc/net/tcp", "/proc/net/tcp6"]
-            .iter()
-            .map(|f| {
-                std::fs::read_to_string(f)
-                    .unwrap_or_default()
-                    .lines()
-                    .skip(1)
-                    .filter(|l| {
-                        let f: Vec<&str> = l.split_whitespace().collect();
-                        f.len() > 9 && f[2].ends_with(&want) && f[3] == "01" && ours.contains(f[9])
-                    })
-                    .count()
-            })
-            .sum()
+        let port = self.port(i);
+        established(|s| s.remote_port == port && ours.contains(&s.inode))
     }
 
     /// Closes the harness's own HTTP connections to the members (kept open between
@@ -619,4 +606,40 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
             value.split_whitespace().next()?.parse::<f64>().ok()
         })
         .sum()
+}
+
+/// One established TCP socket of this machine, from `/proc/net/tcp{,6}`.
+pub struct Socket {
+    pub local_port: u16,
+    pub remote_port: u16,
+    pub inode: String,
+}
+
+/// How many established TCP sockets (IPv4 and IPv6) `keep` keeps.
+pub fn established(keep: impl Fn(&Socket) -> bool) -> usize {
+    let port = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.len() > 9 && f[3] == "01").then_some(())?;
+                    Some(Socket {
+                        local_port: port(f[1])?,
+                        remote_port: port(f[2])?,
+                        inode: f[9].to_string(),
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|s| keep(s))
+        .count()
 }

@@ -176,13 +176,7 @@ impl Status {
         let hosts = only_role(all, self.role.as_ref());
         let troubled = hosts.iter().any(|h| troubled(snap, h));
         if ctx.json {
-            let mut doc = StatusJson {
-                snap,
-                hosts: &hosts,
-                adm: &adm,
-                now_ms: jio_common::time::unix_now_ms(),
-                lead: vec![("schema", crate::out::JSON_SCHEMA.into())],
-            };
+            let mut doc = StatusJson::document(snap, &hosts, &adm);
             if self.watch {
                 // JSON lines: one compact document per change.
                 doc.lead.insert(0, ("type", "status".into()));
