@@ -51,6 +51,8 @@ fn config(dir: &std::path::Path) -> jio_agent::config::Config {
         ("state_dir".into(), dir.join("state").display().to_string()),
         ("version_file".into(), dir.join("version").display().to_string()),
         ("facts_file".into(), dir.join("facts").display().to_string()),
+        // Never the default under /etc: a test writes only its own directory.
+        ("hiera_file".into(), dir.join("hiera.yaml").display().to_string()),
         ("resync_interval".into(), "1h".into()),
         ("retry_interval".into(), "10m".into()),
         ("health_interval".into(), "0".into()),

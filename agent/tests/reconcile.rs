@@ -65,6 +65,11 @@ fn config(dir: &tempfile::TempDir, settings: &[(&str, &str)]) -> jio_agent::conf
             "facts_file".into(),
             dir.path().join("facts").display().to_string(),
         ),
+        // Never the default under /etc: a test writes only its own directory.
+        (
+            "hiera_file".into(),
+            dir.path().join("hiera.yaml").display().to_string(),
+        ),
         ("resync_interval".into(), "1h".into()),
         ("retry_interval".into(), "1m".into()),
         ("health_interval".into(), "0".into()),
