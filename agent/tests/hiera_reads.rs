@@ -18,12 +18,12 @@ async fn sent(etcd: &Etcd) -> f64 {
     metric_sum(&text, "etcd_network_client_grpc_sent_bytes_total", &[])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn addresses_are_read_again_only_when_they_changed() {
+/// A real etcd holding `n` compute hosts' addresses (10.0.x.y), and the agent's
+/// client of it, counting its requests.
+async fn fleet_of(n: usize) -> (Etcd, DynStore, CountingStore) {
     let etcd = Etcd::start().await;
     let store = open(&etcd.url()).await;
-    let schema = Schema::default();
-    for i in 0..500 {
+    for i in 0..n {
         let key = Key::new(format!("/active_roles/compute/compute{i}/eth0")).unwrap();
         store
             .put(&key, &format!("10.0.{}.{}", i / 250, i % 250), None)
@@ -31,16 +31,26 @@ async fn addresses_are_read_again_only_when_they_changed() {
             .unwrap();
     }
     let counting = CountingStore::new(store.clone());
+    (etcd, store, counting)
+}
+
+/// How many listings `counting` has seen.
+fn listings(counting: &CountingStore) -> u64 {
+    counting.by_op()[jio_common::store::counting::OPS
+        .iter()
+        .position(|o| *o == "list")
+        .unwrap()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_are_read_again_only_when_they_changed() {
+    let (etcd, store, counting) = fleet_of(500).await;
+    let schema = Schema::default();
     let agent: DynStore = std::sync::Arc::new(counting.clone());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("hieradata/jiocloud.yaml");
     let seen = Memo::new(&etcd.url());
-    let lists = || {
-        counting.by_op()[jio_common::store::counting::OPS
-            .iter()
-            .position(|o| *o == "list")
-            .unwrap()]
-    };
+    let lists = || listings(&counting);
 
     // The first run reads everything.
     let b0 = sent(&etcd).await;
@@ -108,24 +118,13 @@ async fn addresses_are_read_again_only_when_they_changed() {
 /// the same store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_reads_the_addresses_again_only_when_they_changed() {
-    let etcd = Etcd::start().await;
-    let store = open(&etcd.url()).await;
+    let (etcd, store, counting) = fleet_of(50).await;
     let schema = Schema::default();
-    for i in 0..50 {
-        let key = Key::new(format!("/active_roles/compute/compute{i}/eth0")).unwrap();
-        store.put(&key, &format!("10.0.0.{i}"), None).await.unwrap();
-    }
-    let counting = CountingStore::new(store.clone());
     let agent: DynStore = std::sync::Arc::new(counting.clone());
     let dir = tempfile::tempdir().unwrap();
     let (state, file) = (dir.path().join("state"), dir.path().join("hiera.yaml"));
     std::fs::create_dir_all(&state).unwrap();
-    let lists = || {
-        counting.by_op()[jio_common::store::counting::OPS
-            .iter()
-            .position(|o| *o == "list")
-            .unwrap()]
-    };
+    let lists = || listings(&counting);
 
     refresh(&agent, &schema, &file, &Memo::kept_in(&state, &etcd.url()))
         .await

@@ -848,6 +848,52 @@ pub fn ideal_makespan(rules: &str, hosts_per_role: usize, step: Duration) -> Dur
         .unwrap_or(Duration::ZERO)
 }
 
+/// Where the makespan's time went, from the steps' starts to `m2` after `t0` and
+/// the watch's `events` (see `Makespan`).
+struct Timing {
+    first_start_s: f64,
+    serial_gap_ms: f64,
+    tail_s: f64,
+    serial_parts_ms: SerialParts,
+}
+
+impl Timing {
+    fn of(
+        starts: &mut mpsc::UnboundedReceiver<(HostName, Version, Instant)>,
+        events: &[(Instant, Parsed)],
+        t0: Instant,
+        measured: Duration,
+        step: Duration,
+    ) -> Timing {
+        let mut mine: Vec<(HostName, Instant)> = Vec::new();
+        while let Ok((h, v, at)) = starts.try_recv() {
+            if v.as_str() == "m2" && at >= t0 {
+                mine.push((h, at));
+            }
+        }
+        mine.sort_by_key(|(_, at)| *at);
+        let serial: Vec<Instant> = mine
+            .iter()
+            .filter(|(h, _)| h.as_str().starts_with("r9n"))
+            .map(|(_, at)| *at)
+            .collect();
+        let serial_gap_ms = if serial.len() > 1 {
+            let span = (*serial.last().unwrap_or(&t0) - serial[0]).as_secs_f64();
+            (span / (serial.len() - 1) as f64 - step.as_secs_f64()) * 1000.0
+        } else {
+            0.0
+        };
+        Timing {
+            first_start_s: mine.first().map_or(0.0, |(_, at)| (*at - t0).as_secs_f64()),
+            serial_gap_ms,
+            tail_s: mine
+                .last()
+                .map_or(0.0, |(_, at)| (t0 + measured - *at).as_secs_f64()),
+            serial_parts_ms: SerialParts::of(events, &mine, &Version::new("m2").expect("v"), "r9n", step),
+        }
+    }
+}
+
 /// Figure 3: a whole rollout of 10 roles under the rules, against the ideal.
 pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makespan {
     let schema = Schema::default();
@@ -912,29 +958,7 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
     let measured = t0.elapsed();
     let _ = stop_events.send(true);
     let events = events.await.unwrap_or_default();
-    let mut starts: Vec<(HostName, Instant)> = Vec::new();
-    while let Ok((h, v, at)) = fleet.starts.try_recv() {
-        if v.as_str() == "m2" && at >= t0 {
-            starts.push((h, at));
-        }
-    }
-    starts.sort_by_key(|(_, at)| *at);
-    let first_start_s = starts.first().map_or(0.0, |(_, at)| (*at - t0).as_secs_f64());
-    let tail_s = starts
-        .last()
-        .map_or(0.0, |(_, at)| (t0 + measured - *at).as_secs_f64());
-    let serial: Vec<Instant> = starts
-        .iter()
-        .filter(|(h, _)| h.as_str().starts_with("r9n"))
-        .map(|(_, at)| *at)
-        .collect();
-    let serial_gap_ms = if serial.len() > 1 {
-        let span = (*serial.last().unwrap_or(&t0) - serial[0]).as_secs_f64();
-        (span / (serial.len() - 1) as f64 - step.as_secs_f64()) * 1000.0
-    } else {
-        0.0
-    };
-    let serial_parts_ms = SerialParts::of(&events, &starts, &Version::new("m2").expect("v"), "r9n", step);
+    let timing = Timing::of(&mut fleet.starts, &events, t0, measured, step);
     let requests = bs.counting.requests() - before;
     let per_host_by_op = bs
         .counting
@@ -968,10 +992,10 @@ pub async fn makespan(bs: &BenchStore, per_role: usize, step: Duration) -> Makes
         store_requests: requests,
         requests_per_host: requests as f64 / names.len() as f64,
         per_host_by_op,
-        first_start_s,
-        serial_gap_ms,
-        tail_s,
-        serial_parts_ms,
+        first_start_s: timing.first_start_s,
+        serial_gap_ms: timing.serial_gap_ms,
+        tail_s: timing.tail_s,
+        serial_parts_ms: timing.serial_parts_ms,
         registered_s,
         startup_requests_per_host: startup_requests as f64 / names.len() as f64,
         etcd_before,
