@@ -46,7 +46,7 @@ pub enum PassResult {
     /// journal keeps it for the next start).
     Command {
         id: String,
-        outcome: jio_common::command::RunOutcome,
+        outcome: jio_common::command_record::RunOutcome,
     },
     /// A health check or repair could not start on this host (its run directory
     /// cannot be made): logged, and tried again at the next check.
@@ -87,7 +87,7 @@ pub struct Agent {
     /// The services' task files, as read at the start of the pass.
     services: crate::services::Services,
     /// The catalog last published (`None`: nothing published by this agent yet).
-    published: Option<jio_common::compose::Catalog>,
+    published: Option<jio_common::phase::Catalog>,
     /// The last note logged about fleet commands (logged again only when it changes).
     command_note: Option<String>,
     /// What the daemon exports to Prometheus.

@@ -794,11 +794,11 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
         }
         Ok(PassResult::Reported) => exit::OK,
         Ok(PassResult::Command { id, outcome }) => match outcome {
-            jio_common::command::RunOutcome::Succeeded => {
+            jio_common::command_record::RunOutcome::Succeeded => {
                 println!("jio-agent: fleet command {id} succeeded");
                 exit::OK
             }
-            jio_common::command::RunOutcome::Interrupted => {
+            jio_common::command_record::RunOutcome::Interrupted => {
                 fail(format!("fleet command {id} was interrupted"), exit::INTERRUPTED)
             }
             other => fail(format!("fleet command {id} {}", other.as_str()), exit::FAILED),

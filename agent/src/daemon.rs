@@ -216,7 +216,7 @@ const SERVICES_POLL: Duration = Duration::from_secs(5);
 
 /// Sleeps `wait`, or less when the task files (`poll`: their directory and the
 /// catalog they gave last) say something else now: the next pass publishes it.
-async fn files_or(poll: Option<(std::path::PathBuf, Option<jio_common::compose::Catalog>)>, wait: Duration) {
+async fn files_or(poll: Option<(std::path::PathBuf, Option<jio_common::phase::Catalog>)>, wait: Duration) {
     let Some((dir, last)) = poll else {
         return tokio::time::sleep(wait).await;
     };

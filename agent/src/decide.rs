@@ -73,7 +73,7 @@ pub struct Observation {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommandFacts {
     /// The ids it is admitted to, oldest first.
-    pub inbox: Vec<jio_common::command::CommandId>,
+    pub inbox: Vec<jio_common::names::CommandId>,
     /// The inbox's mod revision (0: absent): a command starts only while it is so.
     pub revision: Revision,
     /// The inbox (or some of it) cannot be read: why, naming the key.
@@ -86,7 +86,7 @@ pub struct CommandFacts {
 pub struct ComposeFacts {
     pub active: bool,
     /// The phase granted to the host's role, for the active rollout.
-    pub grant: Option<jio_common::compose::Grant>,
+    pub grant: Option<jio_common::phase::Grant>,
     /// The host's services with tasks left in the granted phase.
     pub left: Vec<jio_common::names::Service>,
     /// The finalize step is granted to this host, for the active rollout.
@@ -659,7 +659,7 @@ mod tests {
         let mut o = obs(Some("v2"), Some(local), enabled, Level::Host);
         o.compose = ComposeFacts {
             active: true,
-            grant: grant.map(|p| jio_common::compose::Grant {
+            grant: grant.map(|p| jio_common::phase::Grant {
                 rollout: "r".into(),
                 stage: "all".into(),
                 phase: p.into(),
@@ -722,7 +722,7 @@ mod tests {
         let mut o = composable(Some("pre-2"), &["nova"], true, "v1");
         o.compose.unfinished = Some("pre-1 of nova".into());
         assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
-        o.compose.grant = Some(jio_common::compose::Grant {
+        o.compose.grant = Some(jio_common::phase::Grant {
             rollout: "r".into(),
             stage: "all".into(),
             phase: "puppet".into(),

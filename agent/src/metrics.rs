@@ -103,7 +103,7 @@ impl Metrics {
                 PassResult::Command { outcome, .. } => Some((
                     "command",
                     match outcome {
-                        jio_common::command::RunOutcome::Succeeded => "success",
+                        jio_common::command_record::RunOutcome::Succeeded => "success",
                         o => o.as_str(),
                     },
                 )),

@@ -393,7 +393,7 @@ fn command_facts(inbox: Option<&KeyValue>) -> CommandFacts {
     let Some(kv) = inbox else {
         return CommandFacts::default();
     };
-    let (ids, problem) = jio_common::command::parse_inbox(kv);
+    let (ids, problem) = jio_common::command_record::parse_inbox(kv);
     CommandFacts {
         inbox: ids,
         revision: kv.mod_revision,
@@ -412,7 +412,7 @@ fn compose_facts(
     journal: &Journal,
     services: &crate::services::Services,
 ) -> ComposeFacts {
-    use jio_common::compose::{FinalizeGrant, Grant, When};
+    use jio_common::phase::{FinalizeGrant, Grant, When};
     let grant_revisions = grants.map(|kv| kv.as_ref().map_or(0, |kv| kv.mod_revision));
     let mut f = ComposeFacts {
         grant_revisions,
@@ -493,7 +493,7 @@ fn compose_facts(
                 };
                 steps.push((
                     (rank, t.step),
-                    jio_common::compose::phase_name(Some(t.when), t.step),
+                    jio_common::phase::phase_name(Some(t.when), t.step),
                     s,
                 ));
             }

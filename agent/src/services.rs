@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use jio_common::compose::{Catalog, ServiceSteps, When};
 use jio_common::names::Service;
+use jio_common::phase::{Catalog, ServiceSteps, When};
 use serde::Deserialize;
 
 /// One task of a service.

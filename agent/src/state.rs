@@ -311,7 +311,7 @@ pub struct CommandRun {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingCommandReport {
     pub id: String,
-    pub result: jio_common::command::CommandResult,
+    pub result: jio_common::command_record::CommandResult,
     /// The composed output, to upload once the result is in the store, and its
     /// object name in Swift.
     #[serde(default)]

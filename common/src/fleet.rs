@@ -9,14 +9,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::compose::{Catalog, FinalizeGrant, Grant, StepStatus};
 use crate::gate::{self, Gate, GateKeys, KeyState};
 use crate::keys::{EnableLevel, HoldTarget, Key, Outcome, Parsed, Schema, Step};
 use crate::names::{HostName, Role, Service, Version};
+use crate::phase::{Catalog, FinalizeGrant, Grant};
 use crate::roles::RolePattern;
 use crate::rollout::{RolloutId, RolloutRecord};
 use crate::store::{DynStore, KeyValue, LeaseId, Revision, StoreError};
-use crate::values::{AgentRecord, HoldRecord, HostRecord, HostResult, parse_json, parse_version};
+use crate::values::{AgentRecord, HoldRecord, HostRecord, HostResult, StepStatus, parse_json, parse_version};
 
 /// The rollout lock's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -130,7 +130,7 @@ pub struct Snapshot {
     pub result_revisions: BTreeMap<HostName, Revision>,
     /// The fleet commands each host is admitted to (`/config_state/commands/<host>`,
     /// readable ids; hosts with none are absent).
-    pub inboxes: BTreeMap<HostName, Vec<crate::command::CommandId>>,
+    pub inboxes: BTreeMap<HostName, Vec<crate::names::CommandId>>,
     /// Hosts whose inbox cannot be read (all of it, or some ids): why is in
     /// `problems`. What cannot be read admits nothing (its agent cannot read it
     /// either); no driver admits a host through it.
@@ -333,7 +333,7 @@ impl Snapshot {
             return None;
         }
         let phase = r.step.clone()?;
-        match crate::compose::parse_phase(&phase) {
+        match crate::phase::parse_phase(&phase) {
             Some((Some(_), _)) => {}
             _ => return None,
         }
@@ -592,7 +592,7 @@ impl LiveSnapshot {
                 self.unsettled = true;
             }
             Some(Parsed::CommandInbox(h)) => {
-                let (ids, why) = crate::command::parse_inbox(kv);
+                let (ids, why) = crate::command_record::parse_inbox(kv);
                 if let Some(why) = why {
                     self.problem(
                         &kv.key,

@@ -148,11 +148,11 @@ pub enum Parsed {
     /// `/config_state/commands/<host>`: the fleet commands the host is admitted to.
     CommandInbox(HostName),
     /// `/commands/<id>`: a fleet command's record.
-    Command(crate::command::CommandId),
+    Command(crate::names::CommandId),
     /// `/command_runs/<id>/<part>/<host>`: a host's run of a command.
-    CommandRun(crate::command::CommandId, crate::command::RunPart, HostName),
+    CommandRun(crate::names::CommandId, crate::keys::RunPart, HostName),
     /// `/command_runs/<id>/lock`: the command's driver lock.
-    CommandLock(crate::command::CommandId),
+    CommandLock(crate::names::CommandId),
 }
 
 /// What a hold keeps out: one host, or every host of a role.
@@ -455,7 +455,7 @@ impl Schema {
         self.key(&[RESULTS, h.as_str()])
     }
 
-    /// A host's service catalog (`compose::Catalog`, JSON), written by its agent.
+    /// A host's service catalog (`phase::Catalog`, JSON), written by its agent.
     pub fn catalog(&self, h: &HostName) -> Key {
         self.key(&[HOSTS, h.as_str(), "/services"])
     }
@@ -483,29 +483,24 @@ impl Schema {
     }
 
     /// A fleet command's record (`command::CommandRecord`, JSON).
-    pub fn command(&self, id: &crate::command::CommandId) -> Key {
+    pub fn command(&self, id: &crate::names::CommandId) -> Key {
         self.key(&[COMMANDS, id.as_str()])
     }
 
     /// Prefix of everything of one command's runs: its driver's lock and each
     /// host's start, result and log.
-    pub fn command_runs(&self, id: &crate::command::CommandId) -> Key {
+    pub fn command_runs(&self, id: &crate::names::CommandId) -> Key {
         self.key(&[COMMAND_RUNS, id.as_str(), "/"])
     }
 
     /// The leased lock of whoever drives the command.
-    pub fn command_lock(&self, id: &crate::command::CommandId) -> Key {
+    pub fn command_lock(&self, id: &crate::names::CommandId) -> Key {
         self.key(&[COMMAND_RUNS, id.as_str(), "/lock"])
     }
 
     /// A host's run of a command: `started` (written when its agent starts it),
     /// `results` (how it ended) or `logs` (the link to its output in Swift).
-    pub fn command_run(
-        &self,
-        id: &crate::command::CommandId,
-        part: crate::command::RunPart,
-        h: &HostName,
-    ) -> Key {
+    pub fn command_run(&self, id: &crate::names::CommandId, part: crate::keys::RunPart, h: &HostName) -> Key {
         self.key(&[COMMAND_RUNS, id.as_str(), "/", part.as_str(), "/", h.as_str()])
     }
 
@@ -514,12 +509,12 @@ impl Schema {
         self.key(&[STEPS])
     }
 
-    /// The phase granted to the hosts of `role` (`compose::Grant`, JSON).
+    /// The phase granted to the hosts of `role` (`phase::Grant`, JSON).
     pub fn grant(&self, role: &Role) -> Key {
         self.key(&[STEPS, "roles/", role.as_str()])
     }
 
-    /// The host that runs the finalize tasks (`compose::FinalizeGrant`, JSON).
+    /// The host that runs the finalize tasks (`phase::FinalizeGrant`, JSON).
     pub fn finalize_grant(&self) -> Key {
         self.key(&[STEPS, "finalize"])
     }
@@ -570,18 +565,18 @@ impl Schema {
             return Some(Parsed::CommandInbox(HostName::new(h).ok()?));
         }
         if let Some(id) = rest.strip_prefix(COMMANDS) {
-            return Some(Parsed::Command(crate::command::CommandId::parse(id)?));
+            return Some(Parsed::Command(crate::names::CommandId::parse(id)?));
         }
         if let Some(r) = rest.strip_prefix(COMMAND_RUNS) {
             let (id, tail) = r.split_once('/')?;
-            let id = crate::command::CommandId::parse(id)?;
+            let id = crate::names::CommandId::parse(id)?;
             if tail == "lock" {
                 return Some(Parsed::CommandLock(id));
             }
             let [part, h] = split_n::<2>(tail)?;
             return Some(Parsed::CommandRun(
                 id,
-                crate::command::RunPart::parse(part)?,
+                crate::keys::RunPart::parse(part)?,
                 HostName::new(h).ok()?,
             ));
         }
@@ -603,7 +598,7 @@ impl Schema {
                 "failure" => Outcome::Failure,
                 _ => return None,
             };
-            crate::compose::parse_phase(phase)?;
+            crate::phase::parse_phase(phase)?;
             return Some(Parsed::StepStatus(
                 id.to_string(),
                 phase.to_string(),
@@ -722,6 +717,36 @@ impl From<NameError> for KeyError {
         KeyError {
             value: e.value,
             rule: "contains an invalid name",
+        }
+    }
+}
+
+/// The parts of a host's run of a command, under `/command_runs/<id>/<part>/<host>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RunPart {
+    /// Written by the agent in the transaction that starts the action.
+    Started,
+    /// How it ended (`CommandResult`).
+    Results,
+    /// The link to its output in Swift (empty until uploaded).
+    Logs,
+}
+
+impl RunPart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunPart::Started => "started",
+            RunPart::Results => "results",
+            RunPart::Logs => "logs",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RunPart> {
+        match s {
+            "started" => Some(RunPart::Started),
+            "results" => Some(RunPart::Results),
+            "logs" => Some(RunPart::Logs),
+            _ => None,
         }
     }
 }

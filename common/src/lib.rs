@@ -8,7 +8,9 @@
 pub mod backoff;
 pub mod clock;
 pub mod command;
+pub mod command_record;
 pub mod compose;
+pub mod compose_rules;
 pub mod duration;
 pub mod encode;
 pub mod exposition;
@@ -16,6 +18,7 @@ pub mod fleet;
 pub mod gate;
 pub mod keys;
 pub mod names;
+pub mod phase;
 pub mod plan;
 pub mod roles;
 pub mod rollout;

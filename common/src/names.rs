@@ -7,6 +7,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
+use crate::time::utc_stamp;
+
 /// Longest name accepted, in bytes (the DNS limit for a host name).
 pub const MAX_NAME_BYTES: usize = 253;
 
@@ -167,6 +171,63 @@ impl HostName {
         self.0
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    }
+}
+
+/// A command's id: its creation (`YYYYMMDDTHHMMSSZ`, so ids sort by time), a dash
+/// and the action's name (`20261125T031500Z-restart-nova`), with `-2`, `-3`... when
+/// taken.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CommandId(String);
+
+impl CommandId {
+    /// The id of a command of `action` created at `at` (`n` > 1: the n-th of that
+    /// second).
+    pub fn new(at: u64, action: &str, n: u32) -> CommandId {
+        let base = action.rsplit('/').next().unwrap_or(action);
+        let mut name: String = base
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(48)
+            .collect();
+        name = name.trim_matches(|c| c == '-' || c == '.').to_string();
+        if name.is_empty() {
+            name = "command".into();
+        }
+        if n > 1 {
+            name = format!("{name}-{n}");
+        }
+        CommandId(format!("{}-{name}", utc_stamp(at)))
+    }
+
+    /// An id as read from the store or given by an operator.
+    pub fn parse(s: &str) -> Option<CommandId> {
+        let (stamp, name) = s.split_once('-')?;
+        let stamp_ok = stamp.len() == 16
+            && stamp.ends_with('Z')
+            && stamp.chars().filter(|c| !c.is_ascii_digit()).eq(['T', 'Z']);
+        let name_ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        (stamp_ok && name_ok).then(|| CommandId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for CommandId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 

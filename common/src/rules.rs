@@ -16,7 +16,6 @@ use crate::names::Role;
 use crate::window::Window;
 
 // The planner lives in `plan`; its types are part of the rules' vocabulary.
-pub use crate::plan::{GroupAction, GroupPlan, Plan, plan, waits_forever};
 
 /// The rules were rejected: one line per problem, each naming the value and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -101,7 +100,7 @@ pub struct Rules {
     /// `windows`: when hosts may start (none: at any time).
     pub windows: Vec<Window>,
     /// `roles_data`, `stages`, `finalize`: a composable rollout (seed 004).
-    pub compose: Option<crate::compose::Compose>,
+    pub compose: Option<crate::compose_rules::Compose>,
 }
 
 /// The default `progress_deadline`.
@@ -384,7 +383,7 @@ impl Rules {
                 other => errors.push(format!("windows: {other} must be a non-empty list of windows")),
             }
         }
-        rules.compose = crate::compose::Compose::parse(&top, &mut errors);
+        rules.compose = crate::compose_rules::Compose::parse(&top, &mut errors);
         if let Some(cycle) = find_cycle(&rules.order) {
             errors.push(format!("role_order has a cycle: {}", cycle.join(" -> ")));
         }

@@ -10,9 +10,9 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::keys::Key;
+use crate::keys::{Key, Outcome};
 use crate::names::{HostName, Role, Version};
-use crate::store::KeyValue;
+use crate::store::api::{KeyValue, Revision};
 
 /// A stored value could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -286,6 +286,15 @@ pub fn parse_json<T: for<'de> Deserialize<'de>>(kv: &KeyValue) -> Result<T, Valu
 /// Host names as the original tool keyed them, for messages only.
 pub fn host_list(hosts: &[HostName]) -> String {
     hosts.iter().map(HostName::as_str).collect::<Vec<_>>().join(", ")
+}
+
+/// One service's step on one host, from `/status/steps/<rollout>/<phase>/<service>/...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepStatus {
+    pub outcome: Outcome,
+    /// The log link, or the reason.
+    pub value: String,
+    pub revision: Revision,
 }
 
 #[cfg(test)]

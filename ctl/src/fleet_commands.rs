@@ -9,11 +9,11 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow};
 use futures_util::StreamExt as _;
 use futures_util::stream::SelectAll;
-use jio_common::command::{
-    self, CommandId, CommandPlan, CommandRecord, CommandState, HostPhase, Runs, Targets,
-};
+use jio_common::command::{self, CommandPlan, HostPhase};
+use jio_common::command_record::{self, CommandRecord, CommandState, Runs, Targets};
 use jio_common::fleet::{self, HostStatus, Snapshot};
 use jio_common::keys::{Key, Schema};
+use jio_common::names::CommandId;
 use jio_common::names::{HostName, Role};
 use jio_common::roles::RolePattern;
 use jio_common::rules::{Resolved, Rules};
@@ -115,7 +115,12 @@ pub async fn create(
     // the next commands.
     let drop: Vec<&CommandId> = finished
         .iter()
-        .take(finished.len().saturating_sub(command::HISTORY - 1).min(PRUNE))
+        .take(
+            finished
+                .len()
+                .saturating_sub(command_record::HISTORY - 1)
+                .min(PRUNE),
+        )
         .copied()
         .collect();
     let now = unix_now();
@@ -283,7 +288,7 @@ fn inbox_ops(
             if ids.is_empty() {
                 Op::Delete(schema.command_inbox(h))
             } else {
-                Op::put(schema.command_inbox(h), command::format_inbox(&ids))
+                Op::put(schema.command_inbox(h), command_record::format_inbox(&ids))
             }
         })
         .collect()
@@ -953,7 +958,11 @@ pub async fn drive_all(
         }
         tasks.retain(|_, t| !t.is_finished());
         let admitted: BTreeSet<CommandId> = match store.list(&schema.command_inboxes()).await {
-            Ok(l) => l.kvs.iter().flat_map(|kv| command::parse_inbox(kv).0).collect(),
+            Ok(l) => l
+                .kvs
+                .iter()
+                .flat_map(|kv| command_record::parse_inbox(kv).0)
+                .collect(),
             Err(_) => BTreeSet::new(),
         };
         if let Ok(listing) = store.list(&schema.commands()).await {

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use jio_common::fleet::{HostState, HostStatus};
 use jio_common::names::{HostName, Role};
 use jio_common::plan::ReasonCode;
+use jio_common::plan::{GroupAction, Plan};
 use jio_common::rollout::{RolloutRecord, RolloutState};
-use jio_common::rules::{GroupAction, Plan};
 use serde::Serialize;
 
 /// A group's action as users read it ("enable host cp1, cp2", "at limit (2 of 2 in
@@ -245,7 +245,7 @@ pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
 /// `waiting_line`, and when nothing can move without an operator, it says so.
 pub fn waiting_line_forever(hosts: &[HostStatus], plan: &Plan) -> String {
     let line = waiting_line(hosts, plan);
-    if jio_common::rules::waits_forever(hosts, plan) {
+    if jio_common::plan::waits_forever(hosts, plan) {
         format!(
             "{line} — nothing is in flight and nothing can be admitted: it waits until someone acts (free or fix these hosts, change the rules, or `jioctl rollout abort`)"
         )
@@ -451,7 +451,7 @@ mod tests {
         let cp1 = HostName::new("cp1").unwrap();
         let plan = Plan {
             enable_hosts: vec![cp1.clone()],
-            groups: vec![jio_common::rules::GroupPlan {
+            groups: vec![jio_common::plan::GroupPlan {
                 group: "compute".into(),
                 limit: Some(1),
                 upgraded: 0,

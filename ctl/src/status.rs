@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
 use jio_common::names::{HostName, Role};
+use jio_common::plan::GroupAction;
 use jio_common::plan::{self, Context as PlanContext, Plan, Reason, ReasonCode};
 use jio_common::rollout::RolloutState;
-use jio_common::rules::{GroupAction, Rules};
+use jio_common::rules::Rules;
 use serde_json::{Value, json};
 
 /// The active rollout's record (with its rules digest), or why it cannot be used.
@@ -386,13 +387,11 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
                 host_keys_only: false,
                 busy_outside: &[],
             };
-            jio_common::rules::plan(snap, &hosts, &resolved, &cx)
+            jio_common::plan::plan(snap, &hosts, &resolved, &cx)
         });
     let composable = jio_common::rules::Rules::parse(&r.rules.to_string()).is_ok_and(|r| r.compose.is_some());
     match plan {
-        Ok(p)
-            if !composable && jio_common::rules::waits_forever(&hosts, &p) && r.state.name() != "paused" =>
-        {
+        Ok(p) if !composable && jio_common::plan::waits_forever(&hosts, &p) && r.state.name() != "paused" => {
             out.push(format!(
                 "waiting forever: {}",
                 crate::render::waiting_line_forever(&hosts, &p)

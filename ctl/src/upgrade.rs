@@ -30,9 +30,10 @@ use jio_common::clock::{DynClock, SystemClock};
 use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
 use jio_common::keys::Schema;
 use jio_common::names::Version;
+use jio_common::plan::Plan;
 use jio_common::roles::RolePattern;
 use jio_common::rollout::{RolloutId, RolloutRecord, RolloutState};
-use jio_common::rules::{self, Plan, Rules};
+use jio_common::rules::{self, Rules};
 use jio_common::store::{DynStore, ErrorKind, Op, Revision, StoreError, WatchEvent, WatchStream};
 use jio_common::time::utc_display;
 
@@ -410,7 +411,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
         host_keys_only: false,
         busy_outside: &[],
     };
-    let first = rules::plan(&snap, &hosts, resolved, &cx);
+    let first = jio_common::plan::plan(&snap, &hosts, resolved, &cx);
     let waves = waves::simulate(&snap, resolved);
     if args.json {
         let j = serde_json::json!({
@@ -1054,7 +1055,11 @@ impl Driver<'_> {
             host_keys_only: false,
             busy_outside: &[],
         };
-        Ok((rules::plan(snap, hosts, &resolved, &cx), rules, resolved))
+        Ok((
+            jio_common::plan::plan(snap, hosts, &resolved, &cx),
+            rules,
+            resolved,
+        ))
     }
 
     async fn plan_pass(

@@ -20,7 +20,7 @@ use std::time::Duration;
 use jio_common::fleet::{EPOCH, HALT, LockRecord, ROLLOUT_LOCK};
 use jio_common::keys::{EnableLevel, Schema};
 use jio_common::names::Version;
-use jio_common::rules::Plan;
+use jio_common::plan::Plan;
 use jio_common::store::{Compare, DynStore, ErrorKind, LeaseId, Op, Revision, StoreError, Txn, TxnOutcome};
 use jio_common::time::unix_now;
 use jio_common::values::format_bool;

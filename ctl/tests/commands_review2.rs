@@ -12,8 +12,9 @@ mod common;
 
 use std::time::Duration;
 
-use jio_common::command::{CommandId, CommandRecord, CommandState, Targets};
+use jio_common::command_record::{CommandRecord, CommandState, Targets};
 use jio_common::keys::Key;
+use jio_common::names::CommandId;
 use jio_common::names::HostName;
 use jio_tests::Etcd;
 use jio_tests::inspect::{open, text, wait_for};

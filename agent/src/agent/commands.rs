@@ -12,7 +12,9 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 
-use jio_common::command::{CommandId, CommandRecord, CommandResult, RunOutcome, RunPart, Started};
+use jio_common::command_record::{CommandRecord, CommandResult, RunOutcome, Started};
+use jio_common::keys::RunPart;
+use jio_common::names::CommandId;
 use jio_common::names::HostName;
 use jio_common::store::{Compare, KeyValue, Op, Revision, Txn};
 use jio_common::values::{AgentState, parse_json};
@@ -658,7 +660,7 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jio_common::command::{CommandState, Targets};
+    use jio_common::command_record::{CommandState, Targets};
 
     fn rec(hosts: &[&str], rerun: bool, state: CommandState) -> CommandRecord {
         CommandRecord {

@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use jio_common::compose::{Catalog, When};
 use jio_common::keys::Step;
 use jio_common::names::{Service, Version};
+use jio_common::phase::{Catalog, When};
 use jio_common::values::AgentState;
 
 use super::{Agent, PassResult};
@@ -85,7 +85,7 @@ impl Agent {
         let Some(rollout) = obs.rollout.id.clone() else {
             return Ok(PassResult::Raced);
         };
-        let (when, step) = match jio_common::compose::parse_phase(&phase) {
+        let (when, step) = match jio_common::phase::parse_phase(&phase) {
             Some((Some(w), s)) => (w, s),
             _ => return Ok(PassResult::Raced),
         };

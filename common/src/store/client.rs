@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::TlsSettings;
+use super::url::TlsSettings;
 
 /// One endpoint: the base URL of its requests and the client that sends them.
 #[derive(Clone)]

@@ -33,12 +33,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::client::{EndpointClient, endpoint_clients, error_chain, tls_failure};
-use super::{
-    Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, StoreUrl, Txn,
-    TxnOutcome, WatchEvent, WatchStream, overlapping_ops,
+use super::api::{
+    Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, Txn, TxnOutcome,
+    WatchEvent, WatchStream,
 };
-use super::{Deadline, Endpoints, TlsSettings, retry_policy};
+use super::client::{EndpointClient, endpoint_clients, error_chain, tls_failure};
+use super::support::{Deadline, Endpoints, count_watch_reconnect, overlapping_ops, retry_policy};
+use super::url::{StoreUrl, TlsSettings};
 use crate::backoff::Backoff;
 use crate::keys::Key;
 use crate::secret::Secret;
@@ -868,7 +869,7 @@ async fn watch_task(
         };
         if backoff.succeed() {
             tracing::info!(prefix = %prefix, "consul watch reconnected");
-            super::count_watch_reconnect();
+            count_watch_reconnect();
         }
         let new_state: BTreeMap<Key, KeyValue> = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
         if new_index < index {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{
-    DynStore, KeyValue, Lease, LeaseId, Listing, Result, Revision, Store, Txn, TxnOutcome, WatchStream,
+use super::api::{
+    DynStore, KeyValue, Lease, LeaseId, Listing, Result, Revision, Seen, Store, Txn, TxnOutcome, WatchStream,
 };
 use crate::keys::Key;
 
@@ -114,7 +114,7 @@ impl Store for CountingStore {
         self.tick("list");
         self.inner.list(prefix).await
     }
-    async fn changed_since(&self, prefix: &Key, seen: &super::Seen) -> Result<bool> {
+    async fn changed_since(&self, prefix: &Key, seen: &Seen) -> Result<bool> {
         if self.inner.counts_changes() {
             self.tick("count");
         }

@@ -38,11 +38,13 @@ use etcd_client::{
 };
 use tokio::sync::mpsc;
 
-use super::client::{error_chain, tls_failure, tls_pem};
-use super::{
-    Compare, Deadline, Endpoints, EtcdAuth, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Seen,
-    Store, StoreError, StoreUrl, TlsSettings, Txn, TxnOutcome, WatchEvent, WatchStream, retry_policy,
+use super::api::{
+    Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Seen, Store, StoreError, Txn,
+    TxnOutcome, WatchEvent, WatchStream,
 };
+use super::client::{error_chain, tls_failure, tls_pem};
+use super::support::{Deadline, Endpoints, count_watch_reconnect, overlapping_ops, retry_policy};
+use super::url::{EtcdAuth, StoreUrl, TlsSettings};
 use crate::backoff::Backoff;
 use crate::keys::Key;
 
@@ -934,7 +936,7 @@ impl Store for EtcdStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
-        if let Some(dup) = super::overlapping_ops(&txn.ops) {
+        if let Some(dup) = overlapping_ops(&txn.ops) {
             return Err(StoreError::Rejected {
                 url: self.inner.url.clone(),
                 op: "transaction",
@@ -1253,7 +1255,7 @@ async fn watch_once(
                 backoff.succeed();
                 if *broken {
                     tracing::info!(prefix = %watched_names(watched), "watch reconnected");
-                    super::count_watch_reconnect();
+                    count_watch_reconnect();
                     *broken = false;
                 }
             }

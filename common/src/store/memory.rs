@@ -17,10 +17,11 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::{
+use super::api::{
     Compare, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, Txn, TxnOutcome,
     WatchEvent, WatchStream,
 };
+use super::support::overlapping_ops;
 use crate::keys::Key;
 
 /// The shortest lease granted, as etcd rounds short TTLs up.
@@ -282,7 +283,7 @@ impl Store for MemoryStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
-        if let Some(why) = super::overlapping_ops(&txn.ops) {
+        if let Some(why) = overlapping_ops(&txn.ops) {
             return Err(StoreError::Rejected {
                 url: self.url.to_string(),
                 op: "txn",

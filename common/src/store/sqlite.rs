@@ -18,10 +18,11 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::{broadcast, mpsc};
 
-use super::{
+use super::api::{
     Compare, Create, KeyValue, Lease, LeaseId, Listing, Op, Result, Revision, Store, StoreError, Txn,
-    TxnOutcome, WatchEvent, WatchStream, overlapping_ops, prefix_end,
+    TxnOutcome, WatchEvent, WatchStream,
 };
+use super::support::{overlapping_ops, prefix_end};
 use crate::keys::Key;
 
 /// History kept for watches that fall behind; older events are compacted away.

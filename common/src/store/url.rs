@@ -10,7 +10,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use super::StoreError;
+use super::api::StoreError;
 
 /// A parsed store URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

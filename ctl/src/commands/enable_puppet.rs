@@ -4,7 +4,8 @@
 
 use anyhow::Context as _;
 use clap::Args;
-use jio_common::command::{Targets, resolve_targets};
+use jio_common::command::resolve_targets;
+use jio_common::command_record::Targets;
 use jio_common::gate::KeyState;
 use jio_common::keys::EnableLevel;
 use jio_common::names::{HostName, Role};

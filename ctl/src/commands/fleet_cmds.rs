@@ -2,7 +2,8 @@
 //! recorded in the store (`crate::fleet_commands`).
 
 use clap::{Args, Subcommand};
-use jio_common::command::{CommandId, CommandRecord};
+use jio_common::command_record::CommandRecord;
+use jio_common::names::CommandId;
 use jio_common::values::parse_json;
 
 use crate::context::{Access, Context};

@@ -19,7 +19,7 @@ pub struct Logs {
     host: HostName,
     /// The output of a fleet command on HOST instead (its id, from jioctl commands list)
     #[arg(long, value_parser = crate::fleet_commands::parse_id, conflicts_with_all = ["version", "phase"])]
-    command: Option<jio_common::command::CommandId>,
+    command: Option<jio_common::names::CommandId>,
     /// The version [default: the current version]
     #[arg(long)]
     version: Option<Version>,
@@ -89,9 +89,9 @@ impl Logs {
         &self,
         ctx: &Context,
         store: &DynStore,
-        id: &jio_common::command::CommandId,
+        id: &jio_common::names::CommandId,
     ) -> Result<String, Failure> {
-        use jio_common::command::RunPart;
+        use jio_common::keys::RunPart;
         let schema = ctx.schema();
         if store.get(&schema.command(id)).await?.is_none() {
             return Err(failed(format!(
@@ -102,7 +102,9 @@ impl Logs {
         let result = store.get(&result_key).await?;
         let run_dir = result
             .as_ref()
-            .and_then(|kv| jio_common::values::parse_json::<jio_common::command::CommandResult>(kv).ok())
+            .and_then(|kv| {
+                jio_common::values::parse_json::<jio_common::command_record::CommandResult>(kv).ok()
+            })
             .and_then(|r| r.run_dir);
         let key = schema.command_run(id, RunPart::Logs, &self.host);
         let on_host = run_dir

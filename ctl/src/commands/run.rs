@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use jio_common::command::{CommandState, Targets};
+use jio_common::command_record::{CommandState, Targets};
 use jio_common::names::{HostName, Role};
 
 use crate::context::{Access, Context};
@@ -168,7 +168,7 @@ impl Run {
 pub async fn follow(
     ctx: &Context,
     store: &jio_common::store::DynStore,
-    id: &jio_common::command::CommandId,
+    id: &jio_common::names::CommandId,
 ) -> Outcome {
     let (tx, rx) = tokio::sync::watch::channel(false);
     let opts = FollowOpts {

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 
 use clap::Args;
 use futures_util::StreamExt as _;
-use jio_common::command::{Targets, resolve_targets};
+use jio_common::command::resolve_targets;
+use jio_common::command_record::Targets;
 use jio_common::fleet::{self, Snapshot};
 use jio_common::names::Role;
 

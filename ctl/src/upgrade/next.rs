@@ -18,8 +18,9 @@ use jio_common::fleet::{HostState, HostStatus, LockRecord, Snapshot};
 use jio_common::gate::KeyState;
 use jio_common::keys::Step as KeyStep;
 use jio_common::names::HostName;
+use jio_common::plan::Plan;
 use jio_common::rollout::{RolloutId, RolloutRecord, RolloutState};
-use jio_common::rules::{Plan, RulesError};
+use jio_common::rules::RulesError;
 
 use crate::exit;
 

@@ -11,7 +11,7 @@ use serde::Serialize;
 use jio_common::fleet::{self, HostState, Snapshot};
 use jio_common::gate::KeyState;
 use jio_common::names::{HostName, Version};
-use jio_common::rules::{self, Resolved};
+use jio_common::rules::Resolved;
 
 use crate::render;
 
@@ -52,7 +52,7 @@ pub fn simulate(snap: &Snapshot, resolved: &Resolved) -> Waves {
     let mut waves = Vec::new();
     // Each round admits at least one host or finishes one in flight: bounded.
     for _ in 0..=2 * hosts.len() {
-        let plan = rules::plan(snap, &hosts, resolved, &jio_common::plan::Context::default());
+        let plan = jio_common::plan::plan(snap, &hosts, resolved, &jio_common::plan::Context::default());
         let mut wave: BTreeMap<String, Vec<HostName>> = BTreeMap::new();
         for h in hosts.iter_mut() {
             let admitted = h.state == HostState::Pending
