@@ -14,11 +14,12 @@ use jio_common::values::AgentState;
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::agent::{Agent, AgentError, PassResult};
+use crate::agent::{Agent, AgentError};
 use crate::config::{self, Config, Overrides};
 use crate::decide::{self, Decision};
 use crate::identity;
 use crate::liveness::Liveness;
+use crate::pass::PassResult;
 use crate::report;
 use crate::state::{self, Journal, RunResult};
 use crate::uploads::Uploader;
@@ -869,7 +870,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
     // Prometheus metrics, when configured: served and written from now on (a store
     // that cannot be reached shows as `jio_agent_store_up 0`).
     let metrics = crate::metrics::Metrics::new(cfg.hostname.as_str(), cfg.role.as_str(), &cfg.state_dir);
-    let metrics_task = (cfg.metrics != crate::metrics::Outputs::default()).then(|| {
+    let metrics_task = (cfg.metrics != crate::config::MetricsOutputs::default()).then(|| {
         tokio::spawn(crate::metrics::run(
             metrics.clone(),
             cfg.metrics.clone(),

@@ -66,7 +66,7 @@ pub struct Config {
     /// The Hiera data file kept from `/active_roles/` (`None`: `hiera_file = ""`, off).
     pub hiera_file: Option<PathBuf>,
     /// Where the Prometheus metrics go (both off by default).
-    pub metrics: crate::metrics::Outputs,
+    pub metrics: MetricsOutputs,
 }
 
 /// `log_format`: lines for people (`text`, the default) or one JSON object per
@@ -495,7 +495,7 @@ fn build(
         Some((p, _)) if p.is_empty() => None,
         Some((p, _)) => Some(PathBuf::from(p)),
     };
-    let metrics = crate::metrics::Outputs {
+    let metrics = MetricsOutputs {
         listen: match src.pick("metrics_listen", file.metrics_listen.take()) {
             None => None,
             Some((v, _)) if v.is_empty() => None,
@@ -577,6 +577,13 @@ fn build(
     })
 }
 
+/// Where the metrics go, from the configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsOutputs {
+    pub listen: Option<std::net::SocketAddr>,
+    pub textfile: Option<PathBuf>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -648,10 +655,7 @@ mod tests {
     #[test]
     fn metrics_are_off_by_default_and_on_the_loopback_for_a_bare_port() {
         let (_d, ov) = with_file("");
-        assert_eq!(
-            load(&ov, host).unwrap().metrics,
-            crate::metrics::Outputs::default()
-        );
+        assert_eq!(load(&ov, host).unwrap().metrics, MetricsOutputs::default());
         for (given, want) in [
             ("9464", "127.0.0.1:9464"),
             (":9464", "127.0.0.1:9464"),

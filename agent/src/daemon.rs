@@ -12,9 +12,10 @@ use jio_common::store::WatchStream;
 use jio_common::values::AgentState;
 use tokio::time::Instant;
 
-use crate::agent::{Agent, AgentError, PassResult};
+use crate::agent::{Agent, AgentError};
 use crate::decide::Decision;
 use crate::liveness::Liveness;
+use crate::pass::PassResult;
 use crate::state;
 
 /// Runs `agent` as a daemon: its liveness record, then the reconcile loop until the

@@ -16,6 +16,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod notify;
 pub mod observe;
+pub mod pass;
 pub mod report;
 pub mod results;
 pub mod rundir;

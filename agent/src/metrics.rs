@@ -5,15 +5,15 @@
 //! default. Nothing here reads the store or decides anything.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jio_common::exposition::{Exposition, Kind};
 
-use crate::agent::PassResult;
+use crate::config::MetricsOutputs;
 use crate::decide::{Decision, Observation};
+use crate::pass::PassResult;
 use crate::state::LastRun;
 
 /// What the agent knows, as of its last pass.
@@ -309,13 +309,6 @@ impl jio_common::exposition::Scrape for Metrics {
     }
 }
 
-/// Where the metrics go, from the configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outputs {
-    pub listen: Option<SocketAddr>,
-    pub textfile: Option<PathBuf>,
-}
-
 /// How often the textfile is written even when no pass ended (the upload queue
 /// changes on its own).
 const TEXTFILE_EVERY: Duration = Duration::from_secs(15);
@@ -323,7 +316,7 @@ const TEXTFILE_EVERY: Duration = Duration::from_secs(15);
 /// Serves and writes the metrics until `stop` turns true. A port that cannot be
 /// taken or a file that cannot be written is logged (once per reason) and tried
 /// again; it never stops the agent.
-pub async fn run(metrics: Metrics, out: Outputs, stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn run(metrics: Metrics, out: MetricsOutputs, stop: tokio::sync::watch::Receiver<bool>) {
     let serve = out.listen.map(|addr| {
         tokio::spawn(jio_common::exposition::serve(
             addr,

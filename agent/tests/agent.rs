@@ -1224,7 +1224,7 @@ fn embedded_agent(host: &Host, s: &DynStore) -> (jio_agent::agent::Agent, tokio:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_loses_when_what_the_decision_read_changed() {
-    use jio_agent::agent::PassResult;
+    use jio_agent::pass::PassResult;
     let Recorded {
         etcd: _etcd,
         url: _,
@@ -1786,7 +1786,7 @@ async fn a_held_host_does_not_start_until_the_hold_is_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_loses_when_a_hold_is_placed_after_the_decision_read() {
-    use jio_agent::agent::PassResult;
+    use jio_agent::pass::PassResult;
     let Recorded {
         etcd: _etcd,
         url: _,

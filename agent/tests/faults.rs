@@ -948,7 +948,7 @@ async fn on_consul_a_hold_written_before_the_start_is_found_after_it() {
         .await
         .unwrap();
     let result = agent.act(&obs).await.unwrap();
-    assert_eq!(result, jio_agent::agent::PassResult::Raced);
+    assert_eq!(result, jio_agent::pass::PassResult::Raced);
     assert!(steps.calls().is_empty(), "nothing ran");
     assert!(
         store.get(&s.run(&host())).await.unwrap().is_none(),
@@ -973,7 +973,7 @@ async fn on_consul_a_hold_written_before_the_start_is_found_after_it() {
         .unwrap();
     let obs = agent.observe(false).await.unwrap();
     let ran = agent.act(&obs).await.unwrap();
-    assert!(matches!(ran, jio_agent::agent::PassResult::Ran { .. }), "{ran:?}");
+    assert!(matches!(ran, jio_agent::pass::PassResult::Ran { .. }), "{ran:?}");
     if let Some(l) = agent.take_liveness() {
         l.stop().await;
     }

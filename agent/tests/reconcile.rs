@@ -513,10 +513,7 @@ async fn a_run_decided_on_a_stale_view_does_not_start() {
         Some(v("v1")),
     ));
     let first = agent.pass(false).await.unwrap();
-    assert!(
-        matches!(first, jio_agent::agent::PassResult::Idle(_)),
-        "{first:?}"
-    );
+    assert!(matches!(first, jio_agent::pass::PassResult::Idle(_)), "{first:?}");
     // A hold written with the enable key and a new version: the view gets the
     // events of the last two only.
     let hold = schema.hold(&jio_common::keys::HoldTarget::Host(host()));
@@ -535,7 +532,7 @@ async fn a_run_decided_on_a_stale_view_does_not_start() {
     }
     let stale = agent.pass(false).await.unwrap();
     assert!(
-        matches!(stale, jio_agent::agent::PassResult::Raced),
+        matches!(stale, jio_agent::pass::PassResult::Raced),
         "the start is fenced on the hold key being absent: {stale:?}"
     );
     assert!(steps.calls().is_empty(), "nothing ran");
@@ -543,7 +540,7 @@ async fn a_run_decided_on_a_stale_view_does_not_start() {
     assert!(
         matches!(
             next,
-            jio_agent::agent::PassResult::Idle(jio_agent::decide::Decision::Held { .. })
+            jio_agent::pass::PassResult::Idle(jio_agent::decide::Decision::Held { .. })
         ),
         "the next pass read the hold: {next:?}"
     );

@@ -1,32 +1,52 @@
-//! Shared vocabulary of the jiocloud fleet tools: validated names, the key schema,
-//! stored values, the hostname → role rule, the rules and their planner, the fleet
-//! snapshot, the store layer (etcd, the embedded SQLite store, Consul, and an
-//! in-memory store for logic tests), the Swift client, the backoff and the clock.
+//! Shared vocabulary of the jiocloud fleet tools, in floors: each module names only
+//! modules of its own floor or lower ones (`tests/tests/layering.rs` checks it).
+//!
+//! - **support**: backoff, the clock and time, durations, encodings, secrets, the
+//!   metrics exposition, suggestions, the Swift client;
+//! - **vocab**: validated names, the key schema, stored values and records (a
+//!   rollout's, a fleet command's, a composable rollout's phases and grants), the
+//!   hostname → role rule, and the store's contract (`store::api`);
+//! - **store**: the backends (etcd, the embedded SQLite store, Consul, in memory)
+//!   and opening one by URL;
+//! - **rules**: the rollout rules, the composable rules, maintenance windows;
+//! - **fleet**: the fleet snapshot, read from the store, and how each host stands;
+//! - **plan**: the pure planners (rolling, composable, fleet commands).
 
 #![forbid(unsafe_code)]
 
+// support
 pub mod backoff;
 pub mod clock;
-pub mod command;
-pub mod command_record;
-pub mod compose;
-pub mod compose_rules;
 pub mod duration;
 pub mod encode;
 pub mod exposition;
-pub mod fleet;
-pub mod gate;
-pub mod keys;
-pub mod names;
-pub mod phase;
-pub mod plan;
-pub mod roles;
-pub mod rollout;
-pub mod rules;
 pub mod secret;
-pub mod store;
 pub mod suggest;
 pub mod swift;
 pub mod time;
+
+// vocab
+pub mod command_record;
+pub mod keys;
+pub mod names;
+pub mod phase;
+pub mod roles;
+pub mod rollout;
 pub mod values;
+
+// store (its contract, `store::api`, belongs to vocab)
+pub mod store;
+
+// rules
+pub mod compose_rules;
+pub mod rules;
 pub mod window;
+
+// fleet
+pub mod fleet;
+pub mod gate;
+
+// plan
+pub mod command;
+pub mod compose;
+pub mod plan;

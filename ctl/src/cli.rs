@@ -89,7 +89,7 @@ fn init_logging(verbose: u8) {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         )
         // Through the progress bars, when they are drawn: a log line never cuts one.
-        .with_writer(|| crate::progress::Stderr)
+        .with_writer(|| crate::out::Stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();

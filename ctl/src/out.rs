@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use indicatif::MultiProgress;
 use serde_json::Value;
 
 static WORDS_TO_STDERR: AtomicBool = AtomicBool::new(false);
@@ -26,7 +27,7 @@ pub fn words_to_stderr() -> bool {
 #[macro_export]
 macro_rules! say {
     ($($t:tt)*) => {
-        $crate::progress::while_drawn(|| {
+        $crate::out::while_drawn(|| {
             if $crate::out::words_to_stderr() {
                 eprintln!($($t)*)
             } else {
@@ -40,7 +41,7 @@ macro_rules! say {
 #[macro_export]
 macro_rules! say_text {
     ($($t:tt)*) => {
-        $crate::progress::while_drawn(|| {
+        $crate::out::while_drawn(|| {
             if $crate::out::words_to_stderr() {
                 eprint!($($t)*)
             } else {
@@ -62,4 +63,35 @@ pub fn document(v: Value) -> String {
         other => other,
     };
     serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
+}
+
+/// The bars being drawn, for whatever else prints meanwhile (`while_drawn`).
+static DRAWN: std::sync::Mutex<Option<MultiProgress>> = std::sync::Mutex::new(None);
+
+/// Runs `print` with the bars taken off the terminal and drawn again after it:
+/// every other word on the terminal (`say!`, the log lines) goes through here, so
+/// that nothing is cut by a redraw nor leaves a stale frame behind.
+pub fn while_drawn<R>(print: impl FnOnce() -> R) -> R {
+    let drawn = DRAWN.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    match drawn {
+        Some(m) => m.suspend(print),
+        None => print(),
+    }
+}
+
+/// Standard error for the log lines, through `while_drawn`.
+pub struct Stderr;
+
+impl std::io::Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        while_drawn(|| std::io::stderr().write_all(buf)).map(|()| buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+pub(crate) fn set_drawn(m: Option<MultiProgress>) {
+    *DRAWN.lock().unwrap_or_else(|p| p.into_inner()) = m;
 }

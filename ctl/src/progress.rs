@@ -4,6 +4,7 @@
 //! Otherwise: one timestamped line per group whose counts changed. Notes (what the
 //! driver did) print above the bars, stamped with the time too.
 
+use crate::out::set_drawn;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::time::Duration;
@@ -188,37 +189,6 @@ enum Mode {
         bars: BTreeMap<String, ProgressBar>,
         style: Option<ProgressStyle>,
     },
-}
-
-/// The bars being drawn, for whatever else prints meanwhile (`while_drawn`).
-static DRAWN: std::sync::Mutex<Option<MultiProgress>> = std::sync::Mutex::new(None);
-
-/// Runs `print` with the bars taken off the terminal and drawn again after it:
-/// every other word on the terminal (`say!`, the log lines) goes through here, so
-/// that nothing is cut by a redraw nor leaves a stale frame behind.
-pub fn while_drawn<R>(print: impl FnOnce() -> R) -> R {
-    let drawn = DRAWN.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    match drawn {
-        Some(m) => m.suspend(print),
-        None => print(),
-    }
-}
-
-/// Standard error for the log lines, through `while_drawn`.
-pub struct Stderr;
-
-impl std::io::Write for Stderr {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        while_drawn(|| std::io::stderr().write_all(buf)).map(|()| buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
-    }
-}
-
-fn set_drawn(m: Option<MultiProgress>) {
-    *DRAWN.lock().unwrap_or_else(|p| p.into_inner()) = m;
 }
 
 /// Renders progress (stdout, or stderr under `--json`).

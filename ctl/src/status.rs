@@ -314,7 +314,7 @@ pub fn undriven_line(snap: &Snapshot) -> Option<String> {
         r.id,
         r.state.name(),
         r.version,
-        crate::upgrade::stage_args(r)
+        stage_args(r)
     ))
 }
 
@@ -511,5 +511,15 @@ fn state_rank(st: HostState, r: &Reason) -> u8 {
         HostState::Upgrading => 3,
         HostState::Upgraded if r.code == ReasonCode::Soaking => 4,
         _ => 5,
+    }
+}
+
+/// ` --stage a,b` when `r` is a composable rollout of some of its stages: what
+/// continues it without starting the others.
+pub fn stage_args(r: &jio_common::rollout::RolloutRecord) -> String {
+    if r.stages.is_empty() {
+        String::new()
+    } else {
+        format!(" --stage {}", r.stages.join(","))
     }
 }

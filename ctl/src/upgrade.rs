@@ -41,6 +41,7 @@ use crate::exit::{self, Failure, Outcome};
 use crate::progress::Progress;
 use crate::render;
 use crate::rollouts::{self, Started};
+use crate::status::stage_args;
 use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
 use live::{Applied, LiveView};
 use next::{
@@ -458,16 +459,6 @@ fn blocked_by_task_files(snap: &Snapshot, resolved: &rules::Resolved, args: &Arg
         .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
         .map(|(h, r)| (h.to_string(), r.text))
         .collect()
-}
-
-/// ` --stage a,b` when `r` is a composable rollout of some of its stages: what
-/// continues it without starting the others.
-pub fn stage_args(r: &RolloutRecord) -> String {
-    if r.stages.is_empty() {
-        String::new()
-    } else {
-        format!(" --stage {}", r.stages.join(","))
-    }
 }
 
 /// SIGINT or SIGTERM, whichever comes first.

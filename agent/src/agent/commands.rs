@@ -19,10 +19,11 @@ use jio_common::names::HostName;
 use jio_common::store::{Compare, KeyValue, Op, Revision, Txn};
 use jio_common::values::{AgentState, parse_json};
 
-use super::{Agent, PassResult};
+use super::Agent;
 use crate::config::Config;
 use crate::decide::{Hold, Observation};
 use crate::error::AgentError;
+use crate::pass::PassResult;
 use crate::runner::{self, Outcome, ProcessGroup, Spec};
 use crate::state::{CommandRun, PendingCommandReport};
 

@@ -12,10 +12,11 @@ use jio_common::names::{Service, Version};
 use jio_common::phase::{Catalog, When};
 use jio_common::values::AgentState;
 
-use super::{Agent, PassResult};
+use super::Agent;
 use crate::decide::Observation;
 use crate::error::AgentError;
 use crate::ledger::RunEnd;
+use crate::pass::PassResult;
 use crate::runner::{self, Outcome, ProcessGroup, Spec};
 use crate::state::{RunResult, TaskJournal, TaskRef};
 

@@ -164,7 +164,7 @@ fn say_driver(snap: &Snapshot, r: &RolloutRecord) {
         println!(
             "no driver is running: start `jioctl drive`, or run `jioctl upgrade {}{}` with the same rules to drive it from here",
             r.version,
-            crate::upgrade::stage_args(r)
+            crate::status::stage_args(r)
         );
     }
 }
