@@ -454,6 +454,10 @@ fn commands(src: &mut Sources<'_>, file: &mut FileConfig) -> (Vec<Vec<String>>, 
     (pre_commands, puppet, validation)
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than a screen: to be cut into named steps (issue 33)"
+)]
 fn build(
     mut file: FileConfig,
     ov: &Overrides,

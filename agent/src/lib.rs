@@ -2,6 +2,7 @@
 //! and validation, and reports versions and lifecycle entries to the store.
 
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 pub mod agent;
 pub mod cli;

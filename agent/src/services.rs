@@ -177,6 +177,10 @@ pub fn load(dir: &Path) -> Services {
 }
 
 /// Parses one task file; every problem is named with the file (and the task).
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than a screen: to be cut into named steps (issue 33)"
+)]
 pub fn parse(service: &Service, path: &Path, text: &str) -> Result<ServiceFile, String> {
     let file = path.display();
     let doc: FileDoc = toml::from_str(text).map_err(|e| {

@@ -13,6 +13,7 @@
 //! - **plan**: the pure planners (rolling, composable, fleet commands).
 
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 // support
 pub mod backoff;

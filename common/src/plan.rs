@@ -342,6 +342,10 @@ fn facts(snap: &Snapshot, h: &HostStatus, r: &Resolved, cx: &Context<'_>) -> Fac
 }
 
 /// Decides which pending hosts may start, and why each other host waits. Pure.
+#[expect(
+    clippy::too_many_lines,
+    reason = "longer than a screen: to be cut into named steps (issue 33)"
+)]
 pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_>) -> Plan {
     let now = cx.now;
     let total = hosts.len();

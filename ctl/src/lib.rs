@@ -6,6 +6,7 @@
 //! imports it back.
 
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 pub mod cli;
 pub mod commands;

@@ -182,6 +182,10 @@ pub fn resolve(cfg: &Config, rec: &CommandRecord) -> Result<Vec<String>, String>
 impl Agent {
     /// Runs, refuses or reports the first command of the inbox this host has not
     /// finished. `None`: nothing to do for commands (the upgrade's decision goes on).
+    #[expect(
+        clippy::too_many_lines,
+        reason = "longer than a screen: to be cut into named steps (issue 33)"
+    )]
     pub(super) async fn command_pass(&mut self, obs: &Observation) -> Result<Option<PassResult>, AgentError> {
         if let Some(p) = &obs.commands.problem {
             self.note_command(format!("command inbox: {p}"), true);
@@ -280,6 +284,10 @@ impl Agent {
 
     /// A command in the journal from before this pass: an agent died or was
     /// stopped while it ran, or before its start was confirmed.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "longer than a screen: to be cut into named steps (issue 33)"
+    )]
     async fn recover_command(&mut self, obs: &Observation) -> Result<PassResult, AgentError> {
         let Some(run) = self.ledger.journal.commands.in_progress.clone() else {
             return Ok(PassResult::Reported);
@@ -413,6 +421,10 @@ impl Agent {
 
     /// Runs the command's action: journaled, then started in a fenced transaction,
     /// then run under its timeout, then reported with the run's end.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "longer than a screen: to be cut into named steps (issue 33)"
+    )]
     async fn command_run(
         &mut self,
         rec: CommandRecord,
@@ -681,6 +693,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "longer than a screen: to be cut into named steps (issue 33)"
+    )]
     fn what_an_agent_does_with_a_command() {
         let h = HostName::new("compute1").unwrap();
         let hold = Hold {

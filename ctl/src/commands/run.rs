@@ -71,6 +71,10 @@ fn options_after_action(args: &[String]) -> Vec<&str> {
 }
 
 impl Run {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "longer than a screen: to be cut into named steps (issue 33)"
+    )]
     pub async fn run(self, ctx: &Context) -> Outcome {
         let targets = match (self.all, self.role.is_empty(), self.hosts.is_empty()) {
             (true, _, _) => Targets::All,
