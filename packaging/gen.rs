@@ -1,3 +1,7 @@
+//! `jio-gen --docs docs`: writes the reference pages made from the code (exit codes,
+//! the agent's configuration keys) under `docs/reference/`; a test fails when the
+//! pages in the tree differ from them.
+//!
 //! `jio-gen --out-dir DIR`: writes the man pages (`jio-agent.8`, `jioctl.1` and one page
 //! per subcommand, with the exit status, files, environment and examples) and the
 //! bash, zsh and fish completions of both, generated from the same clap definitions
@@ -13,11 +17,47 @@ use clap_complete::Shell;
 /// The sections clap does not know, as (title, roff body).
 type Extra = &'static [(&'static str, &'static str)];
 
+/// The EXIT STATUS section of a page, from a binary's table of documented codes.
+fn exit_status(codes: &[(&str, &str)]) -> String {
+    codes
+        .iter()
+        .map(|(code, text)| format!(".TP\n\\fB{code}\\fR\n{}\n", roff_text(text)))
+        .collect()
+}
+
+/// Markdown text as roff: `code` in bold, backslashes escaped.
+fn roff_text(md: &str) -> String {
+    let escaped = md.replace('\\', "\\e");
+    let mut out = String::new();
+    for (i, part) in escaped.split('`').enumerate() {
+        if i % 2 == 1 {
+            out.push_str(&format!("\\fB{part}\\fR"));
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
+}
+
 fn man(cmd: &clap::Command, section: &str, extra: Extra, out: &Path) -> std::io::Result<()> {
+    man_with(cmd, section, None, extra, out)
+}
+
+/// A page with its EXIT STATUS (`None`: a subcommand's page, which has none of its own).
+fn man_with(
+    cmd: &clap::Command,
+    section: &str,
+    exit: Option<&[(&str, &str)]>,
+    extra: Extra,
+    out: &Path,
+) -> std::io::Result<()> {
     let name = cmd.get_name().to_string();
     let page = clap_mangen::Man::new(cmd.clone()).section(section);
     let mut buf = Vec::new();
     page.render(&mut buf)?;
+    if let Some(codes) = exit {
+        buf.extend_from_slice(format!(".SH \"EXIT STATUS\"\n{}", exit_status(codes)).as_bytes());
+    }
     for (title, body) in extra {
         buf.extend_from_slice(format!(".SH \"{title}\"\n{body}\n").as_bytes());
     }
@@ -32,35 +72,6 @@ macro_rules! items {
 }
 
 const AGENT_EXTRA: Extra = &[
-    (
-        "EXIT STATUS",
-        items!(
-            ("0", "success (pending-update: an update is pending)"),
-            (
-                "1",
-                "the upgrade failed, waits to retry after a failure, or is blocked by an invalid stored value, which is named (pending-update: up to date)"
-            ),
-            (
-                "2",
-                "the store is unreachable (or results could not be reported yet)"
-            ),
-            (
-                "3",
-                "pending-update only: the store is unreachable and there is no local version"
-            ),
-            ("4", "another jio-agent is running on this host"),
-            ("5", "the run was interrupted by SIGTERM or SIGINT"),
-            (
-                "8",
-                "the store refused (TLS, authentication or permission); the daemon waits and says why instead"
-            ),
-            ("64", "bad command line or configuration"),
-            (
-                "70",
-                "a local file needed before deciding could not be read or written"
-            ),
-        ),
-    ),
     (
         "SIGNALS",
         items!(
@@ -132,42 +143,6 @@ const AGENT_EXTRA: Extra = &[
 ];
 
 const CTL_EXTRA: Extra = &[
-    (
-        "EXIT STATUS",
-        items!(
-            ("0", "success; a followed rollout is done"),
-            (
-                "1",
-                "the rollout failed, a fleet command did not succeed everywhere, a check is false, status shows a failed or lost host, or a rollout change is not allowed"
-            ),
-            ("2", "the store is unreachable"),
-            (
-                "3",
-                "the rules are invalid (nothing was written), or stopped fitting the fleet"
-            ),
-            ("4", "this jioctl lost the rollout lock to another driver"),
-            ("5", "upgrade --timeout passed (the rollout goes on)"),
-            ("6", "an operator stopped the followed rollout or fleet command"),
-            (
-                "7",
-                "the rollout is stuck: no host finished within its progress_deadline"
-            ),
-            (
-                "8",
-                "the store refused: TLS, authentication or permission (nothing was written)"
-            ),
-            (
-                "64",
-                "bad command line, configuration or argument, or a mass release refused without --force (nothing was written)"
-            ),
-            ("70", "anything else"),
-            (
-                "130, 143",
-                "stopped by SIGINT or SIGTERM; the rollout lock was released"
-            ),
-            ("141", "its standard output was closed by its reader"),
-        ),
-    ),
     (
         "FILES",
         items!(
@@ -261,7 +236,13 @@ fn generate(out: &Path) -> std::io::Result<()> {
 
     let mut agent = no_help(jio_agent::cli::Cli::command());
     agent.build();
-    man(&agent, "8", AGENT_EXTRA, &man_dir)?;
+    man_with(
+        &agent,
+        "8",
+        Some(jio_agent::cli::exit::DOCUMENTED),
+        AGENT_EXTRA,
+        &man_dir,
+    )?;
     // One page per subcommand (help and nested ones included), so every
     // reference resolves.
     sub_pages(&agent, "8", &man_dir)?;
@@ -269,7 +250,7 @@ fn generate(out: &Path) -> std::io::Result<()> {
 
     let mut ctl = no_help(jioctl::cli::Cli::command());
     ctl.build();
-    man(&ctl, "1", CTL_EXTRA, &man_dir)?;
+    man_with(&ctl, "1", Some(jioctl::exit::DOCUMENTED), CTL_EXTRA, &man_dir)?;
     sub_pages(&ctl, "1", &man_dir)?;
     // The completions know the `help` subcommands the binaries have.
     let mut agent = jio_agent::cli::Cli::command();
@@ -281,13 +262,81 @@ fn generate(out: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes the man pages and completions of jio-agent and jioctl.
+/// The note that heads a page made from the code.
+const GENERATED: &str = "<!-- Made from the code by `cargo run -p jio-packaging --bin jio-gen -- --docs docs`: edit the code, not this page. -->";
+
+/// A Markdown table cell: pipes escaped, on one line.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+fn codes_table(codes: &[(&str, &str)]) -> String {
+    let rows: String = codes
+        .iter()
+        .map(|(c, t)| format!("| {c} | {} |\n", cell(t)))
+        .collect();
+    format!("| code | meaning |\n| --- | --- |\n{rows}")
+}
+
+/// `docs/reference/exit-codes.md`.
+fn exit_codes_page() -> String {
+    format!(
+        "{GENERATED}\n\n# Exit codes\n\nBoth programs end with one of these codes, and say why on stderr (or in the \
+         log, for the agent's daemon).\n\n## jio-agent\n\n{}\n## jioctl\n\n{}",
+        codes_table(jio_agent::cli::exit::DOCUMENTED),
+        codes_table(jioctl::exit::DOCUMENTED)
+    )
+}
+
+/// `docs/reference/configuration.md`.
+fn configuration_page() -> String {
+    let rows: String = jio_agent::config_keys::KEYS
+        .iter()
+        .map(|k| format!("| `{}` | {} | {} |\n", k.key, cell(k.default), cell(k.meaning)))
+        .collect();
+    format!(
+        "{GENERATED}\n\n# The agent's configuration\n\n`/etc/jiocloud/agent.toml` (or `--config PATH`, or `JIO_CONFIG`) configures \
+         `jio-agent`; `man 5 agent.toml` shows the packaged file, which lists every key with its default. Every key \
+         is optional. Unknown keys are errors (with the key most likely meant: ``unknown key `stroe`: did you mean \
+         `store`?``), and every invalid value is reported at once. A file that cannot be parsed is reported as the \
+         parser sees it (the line, the column and the line itself) and is the one error reported.\n\n\
+         Precedence is flag > environment > file > default. Every scalar key can also be set as `JIO_<KEY>` \
+         (`JIO_STORE`, `JIO_ROLE`, `JIO_RETRY_INTERVAL`, ...); flags exist for `--store`, `--prefix`, `--hostname`, \
+         `--role` and `--state-dir`. Durations are written `500ms`, `30s`, `10m`, `2h`, `1d`, or combined: `1h30m` \
+         (also `1h 30m`, `1.5h`; a day is 24 hours).\n\n| key | default | meaning |\n| --- | --- | --- |\n{rows}"
+    )
+}
+
+/// The reference pages made from the code, by their path under `docs/`.
+fn reference_pages() -> Vec<(&'static str, String)> {
+    vec![
+        ("reference/exit-codes.md", exit_codes_page()),
+        ("reference/configuration.md", configuration_page()),
+    ]
+}
+
+fn write_docs(docs: &Path) -> std::io::Result<()> {
+    for (path, text) in reference_pages() {
+        let file = docs.join(path);
+        if let Some(dir) = file.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(file, text)?;
+    }
+    Ok(())
+}
+
+/// Writes the man pages and completions of jio-agent and jioctl, or the reference
+/// pages of the manual.
 #[derive(clap::Parser)]
 #[command(name = "jio-gen")]
 struct Args {
     /// The directory to write `man/` and `completions/` into (created if missing)
-    #[arg(long, short = 'o', value_name = "DIR")]
-    out_dir: PathBuf,
+    #[arg(long, short = 'o', value_name = "DIR", required_unless_present = "docs")]
+    out_dir: Option<PathBuf>,
+    /// The manual's directory (`docs`): writes its reference pages made from the code
+    #[arg(long, value_name = "DIR")]
+    docs: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -302,14 +351,17 @@ fn main() -> ExitCode {
             };
         }
     };
-    let out = args.out_dir;
-    match generate(&out) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("jio-gen: {}: {e}", out.display());
-            ExitCode::from(70)
+    let written = [
+        args.docs.map(|d| (write_docs(&d), d)),
+        args.out_dir.map(|o| (generate(&o), o)),
+    ];
+    for (result, dir) in written.into_iter().flatten() {
+        if let Err(e) = result {
+            eprintln!("jio-gen: {}: {e}", dir.display());
+            return ExitCode::from(70);
         }
     }
+    ExitCode::SUCCESS
 }
 
 #[cfg(test)]
@@ -317,6 +369,28 @@ mod tests {
     #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
     use super::*;
+
+    /// The reference pages in the tree are those the code makes.
+    #[test]
+    fn the_reference_pages_are_those_the_code_makes() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+        for (path, want) in reference_pages() {
+            let have = std::fs::read_to_string(docs.join(path)).unwrap_or_default();
+            assert!(
+                have == want,
+                "docs/{path} differs from the code: run `cargo run -p jio-packaging --bin jio-gen -- --docs docs`"
+            );
+        }
+    }
+
+    /// The man pages' exit codes are the documented ones, in bold, without Markdown.
+    #[test]
+    fn exit_status_comes_from_the_documented_codes() {
+        let roff = exit_status(jioctl::exit::DOCUMENTED);
+        assert!(roff.contains(".TP\n\\fB130, 143\\fR\n"), "{roff}");
+        assert!(roff.contains("\\fBupgrade --timeout\\fR passed"), "{roff}");
+        assert!(!roff.contains('`'), "{roff}");
+    }
 
     /// Every `name(N)` a page names (SEE ALSO, subcommands) is a page written.
     #[test]

@@ -24,8 +24,38 @@ use crate::report;
 use crate::state::{self, Journal, RunResult};
 use crate::uploads::Uploader;
 
-/// Exit codes (also in the README).
+/// Exit codes.
 pub mod exit {
+    /// Every exit code as operators read it: the man page's EXIT STATUS and
+    /// `docs/reference/exit-codes.md` are made from this table (`jio-gen`), and a
+    /// test fails when either differs from it.
+    pub const DOCUMENTED: &[(&str, &str)] = &[
+        ("0", "success (`pending-update`: an update is pending)"),
+        (
+            "1",
+            "the upgrade failed (also when a file it writes could not be written), or is waiting to retry after a failure, or is blocked by an invalid value in the store, which it names (`pending-update`: up to date, or `/current_version` is invalid, which it names)",
+        ),
+        (
+            "2",
+            "the store is unreachable (or results could not be reported yet)",
+        ),
+        (
+            "3",
+            "`pending-update` only: the store is unreachable and there is no local version",
+        ),
+        ("4", "another jio-agent is running on this host"),
+        ("5", "the run was interrupted by SIGTERM or SIGINT"),
+        (
+            "8",
+            "the store refused (TLS, authentication or permission); the daemon (`run`) does not exit on it but says why and waits",
+        ),
+        ("64", "bad command line or configuration"),
+        (
+            "70",
+            "a local file needed before deciding could not be read or written (the state directory, the journal, the local version file); the daemon never exits for a file a run writes: it reports the run as failed and retries",
+        ),
+    ];
+
     /// Success; for `pending-update`: an update is pending.
     pub const OK: u8 = 0;
     /// The upgrade failed, waits to retry, or is blocked by an invalid value in the
@@ -47,6 +77,29 @@ pub mod exit {
     /// A local file could not be read or written (never a stored value: an invalid
     /// one blocks the host, which `once` reports as `FAILED`).
     pub const SOFTWARE: u8 = 70;
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Each code the agent can end with is documented once, and nothing else is.
+        #[test]
+        fn every_exit_code_is_documented_once() {
+            let codes = [
+                OK,
+                FAILED,
+                UNREACHABLE,
+                UNREACHABLE_NO_LOCAL,
+                LOCKED,
+                INTERRUPTED,
+                DENIED,
+                USAGE,
+                SOFTWARE,
+            ];
+            let documented: Vec<u8> = DOCUMENTED.iter().map(|(c, _)| c.parse::<u8>().unwrap()).collect();
+            assert_eq!(documented, codes);
+        }
+    }
 }
 
 #[derive(Parser, Debug)]

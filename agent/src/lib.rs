@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod config_keys;
 pub mod daemon;
 pub mod decide;
 pub mod error;

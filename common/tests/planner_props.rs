@@ -8,15 +8,17 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod fixtures;
+
 use std::collections::{BTreeMap, BTreeSet};
 
+use fixtures::kv;
 use jio_common::fleet::{Snapshot, classify};
-use jio_common::keys::{Key, Schema};
+use jio_common::keys::Schema;
 use jio_common::names::HostName;
 use jio_common::plan::{Context, Plan, plan};
 use jio_common::rollout::RolloutRecord;
 use jio_common::rules::Rules;
-use jio_common::store::KeyValue;
 use proptest::prelude::*;
 
 const ROLES: [&str; 4] = ["controller", "db", "compute", "ceph"];
@@ -128,18 +130,6 @@ fn input(new_rules: bool) -> impl Strategy<Value = Input> {
             held_role,
         },
     )
-}
-
-fn kv(key: &str, value: &str) -> KeyValue {
-    KeyValue {
-        key: Key::new(key).unwrap(),
-        value: value.into(),
-        create_revision: 1,
-        mod_revision: 1,
-        version: 1,
-        lease: None,
-        not_text: false,
-    }
 }
 
 fn name(i: usize, h: &Host) -> String {

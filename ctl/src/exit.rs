@@ -1,5 +1,5 @@
-//! The documented exit codes (also in the README), and the one place that turns how
-//! a command ended into one of them, printing the cause chain once. Commands return
+//! The documented exit codes, and the one place that turns how a command ended into
+//! one of them, printing the cause chain once. Commands return
 //! a `Failure`; they never print their own errors nor pick a code elsewhere.
 
 use std::fmt;
@@ -34,6 +34,58 @@ pub const CLOSED_OUTPUT: u8 = 141;
 pub const USAGE: u8 = 64;
 /// Anything else.
 pub const SOFTWARE: u8 = 70;
+
+/// Every exit code as operators read it: the man page's EXIT STATUS and
+/// `docs/reference/exit-codes.md` are made from this table (`jio-gen`), and a test
+/// fails when either differs from it.
+pub const DOCUMENTED: &[(&str, &str)] = &[
+    (
+        "0",
+        "success; for a following `upgrade` (and `rollout undo`), the rollout is done; for `--once`, the pass was applied (or left to the driver that holds the lock); for `--detach`, the rollout is recorded",
+    ),
+    (
+        "1",
+        "the rollout failed (stopped on failures, or ended with failed hosts); a fleet command ended without every host succeeding (failed, refused, interrupted, or not run); `commands cancel` of a command that already ended; a `rollout` change the rollout's state does not allow, or no active rollout; a check (`verify-hosts`, `check-single-version`, `get-failures`) is false; `status` shows a failed or lost host, or one without a live agent that is not upgraded",
+    ),
+    ("2", "the store is unreachable"),
+    (
+        "3",
+        "the rules are invalid (nothing was written); or, for a following `upgrade`, the rollout's rules stopped fitting the fleet (a new role breaks them): the rollout stays recorded and admits nothing until `rollout abort`",
+    ),
+    (
+        "4",
+        "this `jioctl` was driving and lost the rollout lock to another driver (it was paused or cut off past the lease)",
+    ),
+    (
+        "5",
+        "`upgrade --timeout` passed before the rollout finished (the rollout goes on)",
+    ),
+    (
+        "6",
+        "an operator stopped the followed rollout: an emergency stop (`global-disable-puppet`), `rollout abort`, or a newer rollout that replaced it; or the followed fleet command was cancelled (`commands cancel`) or ended by the emergency stop",
+    ),
+    (
+        "7",
+        "the rollout is stuck: no host finished within its `progress_deadline` (the hosts that hold it are named)",
+    ),
+    (
+        "8",
+        "the store refused: TLS (certificate not trusted, client certificate refused), authentication (wrong user or password) or permission (a write outside the user's role); nothing was written",
+    ),
+    (
+        "64",
+        "bad command line, configuration or argument, or a `trigger-update` / `enable-puppet true --global` refused without `--force` (nothing was written)",
+    ),
+    ("70", "anything else"),
+    (
+        "130, 143",
+        "stopped by SIGINT (Ctrl-C) or SIGTERM; the rollout lock was released",
+    ),
+    (
+        "141",
+        "its standard output was closed by its reader (`jioctl status | head` once `head` has what it wants): it stops silently, as a shell's tools do (a rollout lock it held is left to expire with its lease)",
+    ),
+];
 
 /// How a command ended, when not with success: a documented exit code and what to
 /// say on stderr (`None`: the command's output already said it, e.g. a false check).
@@ -155,6 +207,36 @@ pub fn is_closed_output_panic(message: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each code a command can end with is documented once, and nothing else is.
+    #[test]
+    fn every_exit_code_is_documented_once() {
+        let codes = [
+            OK,
+            FAILED,
+            UNREACHABLE,
+            INVALID_RULES,
+            LOCKED,
+            TIMED_OUT,
+            HALTED,
+            STUCK,
+            DENIED,
+            USAGE,
+            SOFTWARE,
+            SIGINT,
+            CLOSED_OUTPUT,
+            SIGTERM,
+        ];
+        let documented: Vec<u8> = DOCUMENTED
+            .iter()
+            .flat_map(|(c, _)| c.split(", ").map(|n| n.parse::<u8>().unwrap()))
+            .collect();
+        let mut sorted = codes.to_vec();
+        sorted.sort_unstable();
+        let mut listed = documented.clone();
+        listed.sort_unstable();
+        assert_eq!(listed, sorted);
+    }
 
     #[test]
     fn only_a_print_to_a_closed_pipe_ends_quietly() {

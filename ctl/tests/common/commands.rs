@@ -12,10 +12,7 @@ use jio_tests::inspect::{open, text, wait_for};
 use tokio::process::Child;
 
 use super::fleet::{Fleet, Run, keys_under};
-
-fn secs(s: u64) -> Duration {
-    Duration::from_secs(s)
-}
+use super::secs;
 
 /// The fleet's actions directory. `restart` logs its start (with its arguments) and
 /// end to `actions.log`, sleeps `action-seconds`, fails (exit 3) where

@@ -407,6 +407,22 @@ impl Service {
     }
 }
 
+/// Keystone: one pre step and one post step.
+pub fn keystone() -> Service {
+    Service::new(
+        "keystone",
+        vec![Task::pre(1, "stop keystone"), Task::post(3, "keystone db sync")],
+    )
+}
+
+/// nova_compute with one pre and one post step (and no finalize task).
+pub fn nova_compute_short() -> Service {
+    Service::new(
+        "nova_compute",
+        vec![Task::pre(1, "RPC pin nova-compute"), Task::post(3, "db sync")],
+    )
+}
+
 /// The seed's nova-compute example as written: RPC pin (pre 1), stop (pre 2, may run
 /// again), db sync (post 3), start (post 4), and unpin RPC at finalize.
 pub fn nova_compute() -> Service {

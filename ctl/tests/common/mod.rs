@@ -9,8 +9,14 @@ pub mod fleet;
 
 use std::path::PathBuf;
 use std::process::Output;
+use std::time::Duration;
 
 use tokio::process::Command;
+
+/// `n` seconds.
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
 
 pub fn jioctl_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_jioctl"))

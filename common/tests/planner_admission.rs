@@ -1,16 +1,18 @@
-//! Regression tests for the admission defects found in review (holds on enabled
+//! The rolling planner's admission on snapshots built by hand: holds on enabled
 //! hosts, clock skew between agents and the driver, soaks, lost soaking hosts and
-//! canaries, canary rules, windows, percentages, the snapshot's read order): each
-//! asserts the fixed behaviour on snapshots built as the planner's unit tests build
-//! them, and fails if the defect comes back.
+//! canaries, canary rules, windows, percentages, and the snapshot's read order.
+//! Each test once failed on a defect that is now fixed.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod fixtures;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use fixtures::kv;
 use jio_common::fleet::{HostState, HostStatus, Snapshot, classify};
 use jio_common::keys::{Key, Schema};
 use jio_common::names::{HostName, Role, Version};
@@ -25,18 +27,6 @@ const IDLE: &str = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
 const HOLD: &str = r#"{"by":"sre@laptop","reason":"disk","at":1795435100}"#;
 /// The id of a rollout to v2 that ran the day before (another rollout's runs).
 const OLDER_ROLLOUT: &str = "20261122T000000Z-v2";
-
-fn kv(key: &str, value: &str) -> KeyValue {
-    KeyValue {
-        key: Key::new(key).unwrap(),
-        value: value.into(),
-        create_revision: 1,
-        mod_revision: 1,
-        version: 1,
-        lease: None,
-        not_text: false,
-    }
-}
 
 fn host(kvs: &mut Vec<KeyValue>, h: &str, role: &str, alive: bool) {
     kvs.push(kv(

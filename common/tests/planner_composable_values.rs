@@ -1,34 +1,20 @@
-//! Review of the composable planner (issue 17): values in the store that no driver
-//! wrote, or that changed under a rollout, fed to `jio_common::compose::plan` through
-//! `Snapshot::from_kvs`, as a driver's pass would see them. Each test walks a small
+//! The composable planner (`jio_common::compose::plan`) on values in the store that
+//! no driver wrote, or that changed under a rollout, fed through
+//! `Snapshot::from_kvs` as a driver's pass would see them. Each test walks a small
 //! fleet through its phases the way the driver and the agents would, and checks
 //! what an operator would notice (a host skipping its post steps, a rollout `done`
 //! that did not upgrade its hosts, a stage that never moves).
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod fixtures;
 
 use std::collections::BTreeMap;
 
-use jio_common::compose::{Composed, Standing, plan};
-use jio_common::fleet::{Snapshot, classify};
-use jio_common::keys::{Key, Schema};
-use jio_common::names::{HostName, Version};
-use jio_common::plan::Context;
-use jio_common::rollout::RolloutRecord;
-use jio_common::rules::Rules;
-use jio_common::store::KeyValue;
+use jio_common::compose::{Composed, Standing};
 
-fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
-    KeyValue {
-        key: Key::new(key).unwrap(),
-        value: value.into(),
-        create_revision: rev,
-        mod_revision: rev,
-        version: 1,
-        lease: None,
-        not_text: false,
-    }
-}
+use fixtures::compose::Scene;
+use fixtures::{h, kv_at as kv};
 
 /// Two controllers running keystone and two computes running nova_compute, one
 /// stage (`all`), no finalize task, no limits.
@@ -38,6 +24,7 @@ const RULES: &str = r#"{
 }"#;
 
 const CTL: &str = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]}}}"#;
+
 const CP: &str = r#"{"dir":"/s","services":{"nova_compute":{"pre":[1],"post":[3]}}}"#;
 
 const HOSTS: [(&str, &str); 4] = [
@@ -47,121 +34,14 @@ const HOSTS: [(&str, &str); 4] = [
     ("cp2", "compute"),
 ];
 
-struct Scene {
-    kvs: Vec<KeyValue>,
-    rec: RolloutRecord,
-    rev: i64,
-}
-
+/// Two controllers and two computes, each publishing its service's catalog.
 impl Scene {
     fn new() -> Scene {
-        let rec = RolloutRecord::start(
-            Version::new("v2").unwrap(),
-            None,
-            serde_json::from_str(RULES).unwrap(),
-            "t",
-            100,
-        );
-        let mut kvs = vec![
-            kv("/current_version", "v2", 1),
-            kv("/config_state/enable_puppet/global", "false", 1),
-            kv("/rollouts/current", rec.id.as_str(), 1),
-            kv(
-                &format!("/rollouts/{}", rec.id),
-                &serde_json::to_string(&rec).unwrap(),
-                1,
-            ),
-        ];
-        for (h, role) in HOSTS {
-            let cat = if role == "controller" { CTL } else { CP };
-            kvs.push(kv(
-                &format!("/hosts/{h}"),
-                &format!(r#"{{"role":"{role}","agent_version":"1","first_seen":1}}"#),
-                1,
-            ));
-            kvs.push(kv(&format!("/hosts/{h}/services"), cat, 1));
-            kvs.push(kv(
-                &format!("/agents/{h}"),
-                r#"{"state":"idle","version":"v1","since":1,"pid":1}"#,
-                1,
-            ));
-            kvs.push(kv(&format!("/running/versions/v1/{h}"), "1", 1));
-        }
-        Scene { kvs, rec, rev: 10 }
-    }
-
-    fn id(&self) -> String {
-        self.rec.id.to_string()
-    }
-
-    fn put(&mut self, key: &str, value: &str) {
-        self.rev += 1;
-        self.kvs.retain(|k| k.key.as_str() != key);
-        self.kvs.push(kv(key, value, self.rev));
-    }
-
-    fn del(&mut self, key: &str) {
-        self.kvs.retain(|k| k.key.as_str() != key);
-    }
-
-    fn snap(&self) -> Snapshot {
-        Snapshot::from_kvs(&Schema::default(), &self.kvs)
-    }
-
-    fn plan(&self) -> Composed {
-        let snap = self.snap();
-        let rules = Rules::parse(RULES).unwrap();
-        let roles = classify(&snap).into_iter().map(|h| h.role).collect();
-        let r = rules.resolve(&roles).unwrap();
-        let cx = Context {
-            now: 200,
-            rollout: Some(&self.rec),
-            host_keys_only: true,
-            busy_outside: &[],
-        };
-        plan(&snap, rules.compose.as_ref().unwrap(), &r, &cx)
-    }
-
-    /// What the driver writes for a pass (`compose_ops`).
-    fn apply(&mut self, c: &Composed) {
-        for h in &c.reset_hosts {
-            self.del(&format!("/config_state/enable_puppet/host/{h}"));
-        }
-        for (role, g) in &c.grants {
-            self.put(
-                &format!("/steps/roles/{role}"),
-                &serde_json::to_string(g).unwrap(),
-            );
-        }
-        if c.grants.is_empty() {
-            for h in &c.plan.enable_hosts {
-                self.put(&format!("/config_state/enable_puppet/host/{h}"), "true");
-            }
-        }
-        if let Some(f) = &c.finalize_grant {
-            self.put("/steps/finalize", &serde_json::to_string(f).unwrap());
-            self.put(&format!("/config_state/enable_puppet/host/{}", f.host), "true");
-        }
-    }
-
-    /// A pass, applied; returns it.
-    fn pass(&mut self) -> Composed {
-        let c = self.plan();
-        self.apply(&c);
-        c
+        Scene::start(RULES, &HOSTS, |role| if role == "controller" { CTL } else { CP })
     }
 
     fn step_done(&mut self, phase: &str, service: &str, host: &str) {
-        let id = self.id();
-        self.put(
-            &format!("/status/steps/{id}/{phase}/{service}/success/{host}"),
-            "",
-        );
-    }
-
-    fn puppet_done(&mut self, host: &str) {
-        self.put(&format!("/running/versions/v2/{host}"), "1");
-        self.del(&format!("/running/versions/v1/{host}"));
+        self.step(phase, service, host, true);
     }
 
     /// Runs the stage up to (and with) the post-3 grant written: pre-1 and Puppet
@@ -199,17 +79,6 @@ impl Scene {
             "{c:?}"
         );
     }
-
-    fn grant_of(&self, role: &str) -> Option<serde_json::Value> {
-        self.kvs
-            .iter()
-            .find(|k| k.key.as_str() == format!("/steps/roles/{role}"))
-            .and_then(|k| serde_json::from_str(&k.value).ok())
-    }
-}
-
-fn h(n: &str) -> HostName {
-    HostName::new(n).unwrap()
 }
 
 /// Passes until the plan writes nothing more (at most `n`), the last plan returned.
