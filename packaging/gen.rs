@@ -383,6 +383,31 @@ mod tests {
         }
     }
 
+    /// groff lays every page out without a warning (a long unbroken word in a help
+    /// text is what lintian reports as `groff-message`).
+    #[test]
+    fn pages_render_without_groff_warnings() {
+        let dir = tempfile::tempdir().unwrap();
+        generate(dir.path()).unwrap();
+        let mut pages = 0;
+        for e in std::fs::read_dir(dir.path().join("man")).unwrap() {
+            let page = e.unwrap().path();
+            let out = std::process::Command::new("groff")
+                .args(["-man", "-Tutf8", "-ww", "-z"])
+                .arg(&page)
+                .output()
+                .expect("groff is missing: apt-get install -y groff-base");
+            let warnings = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && warnings.is_empty(),
+                "{}: {warnings}",
+                page.display()
+            );
+            pages += 1;
+        }
+        assert!(pages > 30, "{pages} pages");
+    }
+
     /// The man pages' exit codes are the documented ones, in bold, without Markdown.
     #[test]
     fn exit_status_comes_from_the_documented_codes() {

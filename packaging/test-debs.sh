@@ -24,7 +24,10 @@ echo "==> built $(basename "$AGENT1") $(basename "$AGENT2") $(basename "$CTL1")"
 
 echo "==> lintian"
 for deb in "$AGENT1" "$CTL1"; do
-  lintian --fail-on error "$deb" 2>&1 | grep -v "running with root privileges" | sed 's/^/    /' || fail "lintian reports errors on $(basename "$deb")"
+  report=$(lintian --fail-on error "$deb" 2>&1) || { echo "$report" | sed 's/^/    /'; fail "lintian reports errors on $(basename "$deb")"; }
+  echo "$report" | grep -v "running with root privileges" | sed 's/^/    /' || true
+  # A man page line groff cannot break (a long unbroken word in a help text).
+  if echo "$report" | has "groff-message"; then fail "lintian: groff-message on $(basename "$deb")"; fi
 done
 
 if [ ! -f "$ROOT_CACHE/.complete" ]; then

@@ -18,6 +18,7 @@ NEEDED=(
   "memcached:memcached"
   "cloud-init:cloud-init"
   "lintian:lintian"
+  "groff:groff-base"
   "debootstrap:debootstrap"
   "systemd-analyze:systemd"
   "protoc:protobuf-compiler"

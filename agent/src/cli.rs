@@ -112,7 +112,7 @@ pub struct Cli {
     /// Configuration file [default: /etc/jiocloud/agent.toml when it exists]
     #[arg(long, global = true, env = "JIO_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Store URL: etcd://host:port[,host:port...], etcds://...?ca_file=PATH&cert_file=PATH&key_file=PATH&server_name=NAME&user=NAME&password_file=PATH, sqlite://PATH, or consul[s]://host:port[?dc=NAME&token_file=PATH&ca_file=...] [env: JIO_STORE]
+    /// Store URL: etcd://HOST:PORT[,HOST:PORT...]; etcds://... for TLS and users (query keys ca_file, cert_file, key_file, server_name, user, password_file); sqlite://PATH; or consul[s]://HOST:PORT (query keys dc, token_file, ca_file) [env: JIO_STORE]
     #[arg(long, global = true)]
     pub store: Option<String>,
     /// Namespace prefix of every key [env: JIO_PREFIX]

@@ -30,7 +30,7 @@ use crate::exit::{self, Failure, Outcome};
     )
 )]
 pub struct Cli {
-    /// Store URL: etcd://host:port[,host:port...], etcds://...?ca_file=PATH&cert_file=PATH&key_file=PATH&server_name=NAME&user=NAME&password_file=PATH, sqlite://PATH, or consul[s]://host:port[?dc=NAME&token_file=PATH&ca_file=...] [env: JIO_STORE]
+    /// Store URL: etcd://HOST:PORT[,HOST:PORT...]; etcds://... for TLS and users (query keys ca_file, cert_file, key_file, server_name, user, password_file); sqlite://PATH; or consul[s]://HOST:PORT (query keys dc, token_file, ca_file) [env: JIO_STORE]
     #[arg(long, global = true)]
     pub store: Option<String>,
     /// Namespace prefix of every key [env: JIO_PREFIX]
