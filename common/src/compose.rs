@@ -265,7 +265,7 @@ fn task_progress(snap: &Snapshot, h: &HostName, phase: &str, services: &[&Servic
 )]
 pub fn plan(given: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Composed {
     // A Puppet failure entry older than the rollout's start is a past rollout's:
-    // this one runs the host again (its steps too), as the README says.
+    // this one runs the host again (its steps too), as docs/composable.md says.
     let started_at = given.rollout.as_ref().map_or(0, |c| c.current_revision);
     let fresh;
     let snap = if given.failure_revisions.values().any(|rev| *rev < started_at) {

@@ -193,8 +193,8 @@ const COMMANDS: &str = "/commands/";
 const COMMAND_RUNS: &str = "/command_runs/";
 
 /// The prefixes, under the namespace, that an agent writes: all the `jio-agent`
-/// etcd role of `packaging/etcd-roles.sh` may write (and the Consul policy of the
-/// README), everything else being the operators'.
+/// etcd role of `packaging/etcd-roles.sh` may write (and the Consul policy in
+/// docs/tls-and-users.md), everything else being the operators'.
 pub const AGENT_WRITES: [&str; 8] = [
     STATUS,
     "/running/",

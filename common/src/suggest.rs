@@ -37,7 +37,7 @@ fn unknown_key(line: &str) -> String {
         None if known.is_empty() => "this table takes no keys".to_string(),
         None if known.len() <= 6 => format!("the keys are {}", quoted(&known)),
         None => format!(
-            "not one of the {} keys (see the README's configuration table)",
+            "not one of the {} keys (man 5 agent.toml lists them)",
             known.len()
         ),
     };
@@ -81,7 +81,7 @@ mod tests {
         let line = format!("unknown field `zzz`, expected one of {}", many.join(", "));
         assert_eq!(
             config_file_error("c.toml", &line, ""),
-            "c.toml: unknown key `zzz`: not one of the 10 keys (see the README's configuration table)"
+            "c.toml: unknown key `zzz`: not one of the 10 keys (man 5 agent.toml lists them)"
         );
         // Anything else passes through as the parser said it.
         assert_eq!(

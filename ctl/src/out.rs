@@ -9,7 +9,7 @@ use serde_json::Value;
 
 static WORDS_TO_STDERR: AtomicBool = AtomicBool::new(false);
 
-/// The version of the JSON documents' shapes (the README documents them); it
+/// The version of the JSON documents' shapes (docs/jioctl.md documents them); it
 /// grows when a field changes meaning or goes, not when one is added.
 pub const JSON_SCHEMA: u64 = 1;
 
