@@ -342,431 +342,670 @@ fn facts(snap: &Snapshot, h: &HostStatus, r: &Resolved, cx: &Context<'_>) -> Fac
 }
 
 /// Decides which pending hosts may start, and why each other host waits. Pure.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+///
+/// One pass: the reasons of the hosts that are not pending, the disarming of
+/// admissions outside their windows, then each group in turn (its waits, as named
+/// rules in order, or its admissions), then the end of the canary phase.
 pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_>) -> Plan {
-    let now = cx.now;
-    let total = hosts.len();
-    let failed = hosts.iter().filter(|h| h.state == HostState::Failed).count() as u64;
-    let max_failures = r.max_failures.of(total, false);
-    let stopped = failed > max_failures;
-    let paused = cx.rollout.and_then(|rec| match &rec.state {
-        RolloutState::Paused { reason, by, until } => Some((reason.clone(), by.clone(), *until)),
-        _ => None,
-    });
-    let canary_phase = !r.canary.is_empty() && cx.rollout.is_some_and(|rec| rec.promoted.is_none());
-    let group_of = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
-    let facts: BTreeMap<&HostName, Facts> = hosts.iter().map(|h| (&h.host, facts(snap, h, r, cx))).collect();
-    let soaking = |h: &HostStatus| facts.get(&h.host).is_some_and(|f| f.soaking.is_some());
-    let holds_slot = |h: &HostStatus| h.state.in_flight() || soaking(h);
-    let mut by_group: BTreeMap<String, Vec<&HostStatus>> = BTreeMap::new();
-    for h in hosts {
-        by_group.entry(group_of(&h.role)).or_default().push(h);
-    }
-    // Hosts of a group that are not yet upgraded and settled.
-    let left = |g: &str| {
-        by_group.get(g).map_or(0, |hs| {
-            hs.iter()
-                .filter(|h| h.state != HostState::Upgraded || soaking(h))
-                .count()
-        })
-    };
+    let pass = Pass::new(snap, hosts, r, cx);
     let mut plan = Plan {
-        stopped_on_failures: stopped,
-        fleet_cap: r.fleet_cap(total),
+        stopped_on_failures: pass.stopped,
+        fleet_cap: r.fleet_cap(hosts.len()),
         ..Plan::default()
     };
-    let mut fleet_in_flight = hosts.iter().filter(|h| holds_slot(h)).count() + cx.busy_outside.len();
-    plan.fleet_in_flight = fleet_in_flight;
-    let window_of = |g: &str| {
-        let windows: Vec<&window::Window> = r.windows.get(g).map(|w| w.iter().collect()).unwrap_or_default();
-        window::state(&windows, now)
-    };
-    // Reasons of hosts that are not pending.
+    plan.fleet_in_flight = hosts.iter().filter(|h| pass.holds_slot(h)).count() + cx.busy_outside.len();
     for h in hosts {
-        let f = &facts[&h.host];
-        let res = snap.results.get(&h.host);
-        let why = match h.state {
+        if let Some(why) = pass.not_pending_reason(h, &mut plan) {
+            plan.reasons.insert(h.host.clone(), why);
+        }
+        if pass.soaking(h) {
+            plan.soaking.push(h.host.clone());
+        }
+    }
+    disarm_outside_windows(snap, hosts, &mut plan, |h| {
+        pass.window_of(&pass.group_of(&h.role))
+    });
+    let mut fleet_in_flight = plan.fleet_in_flight;
+    let mut canaries = Canaries::default();
+    for (g, hs) in &pass.by_group {
+        let group = pass.group_plan(g, hs, &mut plan, &mut fleet_in_flight, &mut canaries);
+        plan.groups.push(group);
+    }
+    if pass.canary_phase {
+        pass.end_canary_phase(canaries, &mut plan);
+    }
+    plan
+}
+
+/// What every rule of one pass reads: the hosts by group and their facts, and
+/// where the rollout stands.
+struct Pass<'a> {
+    snap: &'a Snapshot,
+    r: &'a Resolved,
+    cx: &'a Context<'a>,
+    failed: u64,
+    max_failures: u64,
+    /// More hosts failed than `max_failures`.
+    stopped: bool,
+    /// The rollout is paused: why, by whom, until when.
+    paused: Option<(Option<String>, String, Option<u64>)>,
+    canary_phase: bool,
+    facts: BTreeMap<&'a HostName, Facts>,
+    by_group: BTreeMap<String, Vec<&'a HostStatus>>,
+}
+
+/// This rollout's canaries, as the groups are planned: the hosts, and whether one
+/// is still moving (not finished, or soaking).
+#[derive(Default)]
+struct Canaries {
+    hosts: Vec<HostName>,
+    moving: bool,
+}
+
+/// One group as a pass sees it, before deciding.
+struct GroupView<'a> {
+    /// Hosts holding a slot (theirs and busy ones outside the plan's hosts).
+    holders: Vec<&'a HostName>,
+    limit: Option<u64>,
+    /// Its pending hosts, by name.
+    pending: Vec<&'a HostStatus>,
+    blocked: usize,
+    /// Pending hosts that may be admitted (not held, not lost).
+    candidates: Vec<&'a HostName>,
+    held: usize,
+    lost: usize,
+    /// Hosts this rollout moved or is moving.
+    touched: Vec<&'a HostName>,
+    /// How many more canaries it may send out (during the canary phase).
+    canary_room: Option<usize>,
+    /// The groups it follows that still have hosts left.
+    waiting: Vec<&'a String>,
+    has_windows: bool,
+    window: WindowState,
+    group_room: usize,
+    fleet_room: usize,
+}
+
+impl<'a> Pass<'a> {
+    fn new(snap: &'a Snapshot, hosts: &'a [HostStatus], r: &'a Resolved, cx: &'a Context<'a>) -> Pass<'a> {
+        let failed = hosts.iter().filter(|h| h.state == HostState::Failed).count() as u64;
+        let max_failures = r.max_failures.of(hosts.len(), false);
+        let paused = cx.rollout.and_then(|rec| match &rec.state {
+            RolloutState::Paused { reason, by, until } => Some((reason.clone(), by.clone(), *until)),
+            _ => None,
+        });
+        let mut pass = Pass {
+            snap,
+            r,
+            cx,
+            failed,
+            max_failures,
+            stopped: failed > max_failures,
+            paused,
+            canary_phase: !r.canary.is_empty() && cx.rollout.is_some_and(|rec| rec.promoted.is_none()),
+            facts: hosts.iter().map(|h| (&h.host, facts(snap, h, r, cx))).collect(),
+            by_group: BTreeMap::new(),
+        };
+        for h in hosts {
+            pass.by_group.entry(pass.group_of(&h.role)).or_default().push(h);
+        }
+        pass
+    }
+
+    fn group_of(&self, role: &Role) -> String {
+        self.r
+            .group_of
+            .get(role)
+            .cloned()
+            .unwrap_or_else(|| role.to_string())
+    }
+
+    fn soaking(&self, h: &HostStatus) -> bool {
+        self.facts.get(&h.host).is_some_and(|f| f.soaking.is_some())
+    }
+
+    fn holds_slot(&self, h: &HostStatus) -> bool {
+        h.state.in_flight() || self.soaking(h)
+    }
+
+    /// Hosts of a group that are not yet upgraded and settled.
+    fn left(&self, g: &str) -> usize {
+        self.by_group.get(g).map_or(0, |hs| {
+            hs.iter()
+                .filter(|h| h.state != HostState::Upgraded || self.soaking(h))
+                .count()
+        })
+    }
+
+    fn windows(&self, g: &str) -> Vec<&'a window::Window> {
+        self.r
+            .windows
+            .get(g)
+            .map(|w| w.iter().collect())
+            .unwrap_or_default()
+    }
+
+    fn window_of(&self, g: &str) -> WindowState {
+        window::state(&self.windows(g), self.cx.now)
+    }
+}
+
+/// The reasons of the hosts that are not pending.
+impl Pass<'_> {
+    fn not_pending_reason(&self, h: &HostStatus, plan: &mut Plan) -> Option<Reason> {
+        let soaking = &self.facts[&h.host].soaking;
+        match h.state {
             // No current version: there is no rollout to plan for.
-            HostState::Unknown => None,
-            HostState::Upgraded if f.soaking.is_none() => snap
+            HostState::Unknown | HostState::Pending => None,
+            HostState::Upgraded if soaking.is_none() => self
+                .snap
                 .hold_of(&h.host, &h.role)
                 .map(|(t, rec)| held_reason(&t, rec)),
-            HostState::Upgraded => f.soaking.as_ref().map(|(text, until)| {
-                if snap.agents.contains_key(&h.host) {
+            HostState::Upgraded => soaking.as_ref().map(|(text, until)| {
+                if self.snap.agents.contains_key(&h.host) {
                     reason(ReasonCode::Soaking, text.clone(), *until)
                 } else {
                     plan.lost_in_flight = true;
-                    let mut r = lost_reason(snap, &h.host, true);
+                    let mut r = lost_reason(self.snap, &h.host, true);
                     r.text = format!("{}; its soak cannot end without it", r.text);
                     r
                 }
             }),
-            HostState::Upgrading => Some(match &h.reason {
-                Some(why) if why.starts_with("retrying") => {
-                    let attempt = res.map_or(1, |r| r.attempt.saturating_add(1));
-                    reason(
-                        ReasonCode::Retrying,
-                        format!("retrying: attempt {attempt}, re-enabled after its failure"),
-                        res.and_then(|r| r.retry_at),
-                    )
-                }
-                Some(why) if why.starts_with("held (") => {
-                    plan.disable_hosts.push(h.host.clone());
-                    let (t, rec) = snap
-                        .hold_of(&h.host, &h.role)
-                        .unwrap_or((HoldTarget::Host(h.host.clone()), None));
-                    let mut r = held_reason(&t, rec);
-                    r.text = format!(
-                        "{}; still enabled, so this plan sets its host key to false",
-                        r.text
-                    );
-                    r
-                }
-                Some(why) => reason(ReasonCode::Upgrading, format!("in flight: {why}"), None),
-                None => match snap.agents.get(&h.host) {
-                    Some(Some(a)) if a.state.running() => reason(
-                        ReasonCode::Upgrading,
-                        format!(
-                            "in flight: its agent is running puppet for {}",
-                            a.version.as_ref().map_or("-", |v| v.as_str())
-                        ),
-                        None,
-                    ),
-                    _ => match window_of(&group_of(&h.role)) {
-                        // Admitted, not started, and its window is closed by this
-                        // clock: disarmed (an agent's clock decides no window).
-                        WindowState::Closed { opens_at } => {
-                            // `disarm_outside_windows` disarms it.
-                            reason(
-                                ReasonCode::OutsideWindow,
-                                format!(
-                                    "enabled but not started, and outside the maintenance window: this plan disarms it (host key false); admitted again when the window opens{}",
-                                    opens_at.map(|t| format!(" at {}", when(t))).unwrap_or_default()
-                                ),
-                                opens_at,
-                            )
-                        }
-                        _ => reason(
-                            ReasonCode::Upgrading,
-                            "in flight: enabled, its agent is about to start".into(),
-                            None,
-                        ),
-                    },
-                },
-            }),
-            HostState::Failed => Some(failed_reason(snap, &h.host)),
+            HostState::Upgrading => Some(self.upgrading_reason(h, plan)),
+            HostState::Failed => Some(failed_reason(self.snap, &h.host)),
             HostState::Lost => {
                 plan.lost_in_flight = true;
-                Some(lost_reason(snap, &h.host, true))
+                Some(lost_reason(self.snap, &h.host, true))
             }
             HostState::Blocked => Some(reason(
                 ReasonCode::Blocked,
                 format!("blocked: {}", h.reason.clone().unwrap_or_default()),
                 None,
             )),
-            HostState::Pending => None,
-        };
-        if let Some(w) = why {
-            plan.reasons.insert(h.host.clone(), w);
-        }
-        if f.soaking.is_some() {
-            plan.soaking.push(h.host.clone());
         }
     }
-    disarm_outside_windows(snap, hosts, &mut plan, |h| window_of(&group_of(&h.role)));
-    let mut canaries: Vec<HostName> = Vec::new();
-    let mut canary_moving = false;
-    for (g, hs) in &by_group {
+
+    /// Why an upgrading host is in flight: retrying, held while still enabled (this
+    /// plan disables it), what its agent runs, or admitted and not started.
+    fn upgrading_reason(&self, h: &HostStatus, plan: &mut Plan) -> Reason {
+        let res = self.snap.results.get(&h.host);
+        match &h.reason {
+            Some(why) if why.starts_with("retrying") => {
+                let attempt = res.map_or(1, |r| r.attempt.saturating_add(1));
+                reason(
+                    ReasonCode::Retrying,
+                    format!("retrying: attempt {attempt}, re-enabled after its failure"),
+                    res.and_then(|r| r.retry_at),
+                )
+            }
+            Some(why) if why.starts_with("held (") => {
+                plan.disable_hosts.push(h.host.clone());
+                let (t, rec) = self
+                    .snap
+                    .hold_of(&h.host, &h.role)
+                    .unwrap_or((HoldTarget::Host(h.host.clone()), None));
+                let mut r = held_reason(&t, rec);
+                r.text = format!(
+                    "{}; still enabled, so this plan sets its host key to false",
+                    r.text
+                );
+                r
+            }
+            Some(why) => reason(ReasonCode::Upgrading, format!("in flight: {why}"), None),
+            None => match self.snap.agents.get(&h.host) {
+                Some(Some(a)) if a.state.running() => reason(
+                    ReasonCode::Upgrading,
+                    format!(
+                        "in flight: its agent is running puppet for {}",
+                        a.version.as_ref().map_or("-", |v| v.as_str())
+                    ),
+                    None,
+                ),
+                _ => self.admitted_not_started(h),
+            },
+        }
+    }
+
+    /// An admitted host whose agent has not started: about to, or disarmed by this
+    /// plan when its window is closed by the driver's clock (an agent's clock decides
+    /// no window; `disarm_outside_windows` disarms it).
+    fn admitted_not_started(&self, h: &HostStatus) -> Reason {
+        match self.window_of(&self.group_of(&h.role)) {
+            WindowState::Closed { opens_at } => reason(
+                ReasonCode::OutsideWindow,
+                format!(
+                    "enabled but not started, and outside the maintenance window: this plan disarms it (host key false); admitted again when the window opens{}",
+                    opens_at.map(|t| format!(" at {}", when(t))).unwrap_or_default()
+                ),
+                opens_at,
+            ),
+            _ => reason(
+                ReasonCode::Upgrading,
+                "in flight: enabled, its agent is about to start".into(),
+                None,
+            ),
+        }
+    }
+}
+
+/// One group: what it holds, why its candidates wait, or whom it admits.
+impl<'a> Pass<'a> {
+    fn group_plan(
+        &self,
+        g: &str,
+        hs: &[&'a HostStatus],
+        plan: &mut Plan,
+        fleet_in_flight: &mut usize,
+        canaries: &mut Canaries,
+    ) -> GroupPlan {
+        let view = self.group_view(g, hs, plan, *fleet_in_flight, canaries);
+        let action =
+            if view.pending.is_empty() || (view.candidates.is_empty() && view.held == view.pending.len()) {
+                GroupAction::Done
+            } else if view.candidates.is_empty() {
+                GroupAction::NoneAdmissible
+            } else if let Some((action, why)) = self.wait_rules(g, &view, *fleet_in_flight, plan.fleet_cap) {
+                for h in &view.candidates {
+                    plan.reasons.insert((*h).clone(), why.clone());
+                }
+                action
+            } else if self.all_fit(&view) {
+                self.enable_roles(hs, &view, plan, fleet_in_flight)
+            } else {
+                self.admit_hosts(g, &view, plan, fleet_in_flight, canaries)
+            };
+        GroupPlan {
+            group: g.to_string(),
+            limit: view.limit,
+            upgraded: hs
+                .iter()
+                .filter(|h| h.state == HostState::Upgraded && !self.soaking(h))
+                .count(),
+            in_flight: view.holders.len(),
+            pending: view.pending.len(),
+            blocked: view.blocked,
+            held: view.held,
+            action,
+        }
+    }
+
+    /// The group as this pass sees it. Held and lost pending hosts are never
+    /// admitted: their reasons are written here. During the canary phase, the
+    /// hosts this rollout moved are its canaries.
+    fn group_view(
+        &self,
+        g: &str,
+        hs: &[&'a HostStatus],
+        plan: &mut Plan,
+        fleet_in_flight: usize,
+        canaries: &mut Canaries,
+    ) -> GroupView<'a> {
         let size = hs.len();
-        let upgraded = hs
+        let busy = self
+            .cx
+            .busy_outside
             .iter()
-            .filter(|h| h.state == HostState::Upgraded && !soaking(h))
-            .count();
+            .filter(|b| self.group_of(&b.role) == g);
         let holders: Vec<&HostName> = hs
             .iter()
-            .filter(|h| holds_slot(h))
+            .filter(|h| self.holds_slot(h))
             .map(|h| &h.host)
-            .chain(
-                cx.busy_outside
-                    .iter()
-                    .filter(|b| &group_of(&b.role) == g)
-                    .map(|b| &b.host),
-            )
+            .chain(busy.map(|b| &b.host))
             .collect();
-        let in_flight = holders.len();
-        let limit = r.limit_of(g, size);
+        let limit = self.r.limit_of(g, size);
         let mut pending: Vec<&HostStatus> = hs
             .iter()
             .filter(|h| h.state == HostState::Pending)
             .copied()
             .collect();
         pending.sort_by(|a, b| a.host.cmp(&b.host));
-        let blocked = hs.iter().filter(|h| h.state == HostState::Blocked).count();
-        // Held and lost pending hosts are never admitted.
-        let mut candidates: Vec<&HostName> = Vec::new();
-        let mut held = 0;
-        let mut lost = 0;
-        for h in &pending {
-            if let Some((t, rec)) = snap.hold_of(&h.host, &h.role) {
-                held += 1;
-                plan.held.push(h.host.clone());
-                plan.reasons.insert(h.host.clone(), held_reason(&t, rec));
-            } else if !snap.agents.contains_key(&h.host) {
-                lost += 1;
-                plan.reasons
-                    .insert(h.host.clone(), lost_reason(snap, &h.host, false));
-            } else {
-                candidates.push(&h.host);
-            }
-        }
-        // This rollout's canaries in the group: hosts it moved (or is moving).
+        let (candidates, held, lost) = self.candidates(&pending, plan);
         let touched: Vec<&HostName> = hs
             .iter()
-            .filter(|h| h.state.in_flight() || facts[&h.host].finished_here.is_some())
+            .filter(|h| h.state.in_flight() || self.facts[&h.host].finished_here.is_some())
             .map(|h| &h.host)
             .collect();
-        if canary_phase {
+        if self.canary_phase {
             for h in hs.iter().filter(|h| touched.contains(&&h.host)) {
-                canaries.push(h.host.clone());
-                if facts[&h.host].finished_here.is_none() || soaking(h) {
-                    canary_moving = true;
+                canaries.hosts.push(h.host.clone());
+                if self.facts[&h.host].finished_here.is_none() || self.soaking(h) {
+                    canaries.moving = true;
                 }
             }
         }
-        let canary_room = canary_phase.then(|| {
-            let quota = r.canary.get(g).map_or(0, |c| c.of(size, true)) as usize;
+        let canary_room = self.canary_phase.then(|| {
+            let quota = self.r.canary.get(g).map_or(0, |c| c.of(size, true)) as usize;
             quota.saturating_sub(touched.len())
         });
-        let waiting: Vec<&String> = r
+        let waiting = self
+            .r
             .deps
             .get(g)
             .into_iter()
             .flatten()
-            .filter(|d| left(d) > 0)
+            .filter(|d| self.left(d) > 0)
             .collect();
-        let windows: Vec<&window::Window> = r.windows.get(g).map(|w| w.iter().collect()).unwrap_or_default();
-        let win = window::state(&windows, now);
-        if !windows.is_empty() {
-            match win {
+        let has_windows = !self.windows(g).is_empty();
+        let window = self.window_of(g);
+        if has_windows {
+            match window {
                 WindowState::Open { closes_at } => plan.wake(closes_at),
                 WindowState::Closed { opens_at: Some(t) } => plan.wake(t),
                 _ => {}
             }
         }
-        let group_room = limit.map_or(usize::MAX, |l| (l as usize).saturating_sub(in_flight));
-        let fleet_room = plan
-            .fleet_cap
-            .map_or(usize::MAX, |c| (c as usize).saturating_sub(fleet_in_flight));
-        // Why the group's candidates wait (None: some are admitted).
-        let blocked_by: Option<(GroupAction, Reason)> = if candidates.is_empty() {
-            None
-        } else if stopped {
-            Some((
+        let in_flight = holders.len();
+        GroupView {
+            limit,
+            blocked: hs.iter().filter(|h| h.state == HostState::Blocked).count(),
+            group_room: limit.map_or(usize::MAX, |l| (l as usize).saturating_sub(in_flight)),
+            fleet_room: plan
+                .fleet_cap
+                .map_or(usize::MAX, |c| (c as usize).saturating_sub(fleet_in_flight)),
+            holders,
+            pending,
+            candidates,
+            held,
+            lost,
+            touched,
+            canary_room,
+            waiting,
+            has_windows,
+            window,
+        }
+    }
+
+    /// The pending hosts that may be admitted, and how many are held and lost (whose
+    /// reasons this writes).
+    fn candidates(&self, pending: &[&'a HostStatus], plan: &mut Plan) -> (Vec<&'a HostName>, usize, usize) {
+        let mut candidates = Vec::new();
+        let (mut held, mut lost) = (0, 0);
+        for h in pending {
+            if let Some((t, rec)) = self.snap.hold_of(&h.host, &h.role) {
+                held += 1;
+                plan.held.push(h.host.clone());
+                plan.reasons.insert(h.host.clone(), held_reason(&t, rec));
+            } else if !self.snap.agents.contains_key(&h.host) {
+                lost += 1;
+                plan.reasons
+                    .insert(h.host.clone(), lost_reason(self.snap, &h.host, false));
+            } else {
+                candidates.push(&h.host);
+            }
+        }
+        (candidates, held, lost)
+    }
+}
+
+/// Why a group's candidates wait: the first rule that holds, in this order.
+type Wait = Option<(GroupAction, Reason)>;
+
+impl Pass<'_> {
+    fn wait_rules(&self, g: &str, v: &GroupView<'_>, fleet_in_flight: usize, fleet_cap: Option<u64>) -> Wait {
+        self.stopped_on_failures()
+            .or_else(|| self.paused())
+            .or_else(|| self.role_order(v))
+            .or_else(|| outside_window(v))
+            .or_else(|| canary_quota_used(v))
+            .or_else(|| frozen(g, v))
+            .or_else(|| limit_reached(g, v))
+            .or_else(|| fleet_cap_reached(v, fleet_in_flight, fleet_cap))
+    }
+
+    /// More hosts failed than `max_failures`: nothing is admitted anywhere.
+    fn stopped_on_failures(&self) -> Wait {
+        let (failed, max_failures) = (self.failed, self.max_failures);
+        self.stopped.then(|| {
+            (
                 GroupAction::StoppedOnFailure { failed, max_failures },
                 reason(
                     ReasonCode::StoppedOnFailures,
                     format!("stopped: {failed} failed host(s), more than max_failures {max_failures}"),
                     None,
                 ),
-            ))
-        } else if let Some((why, by, until)) = &paused {
-            Some((
-                GroupAction::Paused,
-                reason(
-                    ReasonCode::Paused,
-                    format!(
-                        "paused by {by}{}{}",
-                        why.as_ref().map(|w| format!(": {w}")).unwrap_or_default(),
-                        until.map(|t| format!(" (until {})", when(t))).unwrap_or_default()
-                    ),
-                    *until,
-                ),
-            ))
-        } else if !waiting.is_empty() {
-            let text = waiting
-                .iter()
-                .map(|d| {
-                    let n = left(d);
-                    format!("{d} ({n} host{} left)", if n == 1 { "" } else { "s" })
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            Some((
-                GroupAction::Wait {
-                    on: waiting.iter().map(|d| d.to_string()).collect(),
-                },
-                reason(ReasonCode::WaitingFor, format!("waiting for {text}"), None),
-            ))
-        } else if let WindowState::Closed { opens_at } = win {
-            Some((
-                GroupAction::OutsideWindow { opens_at },
-                reason(
-                    ReasonCode::OutsideWindow,
-                    match opens_at {
-                        Some(t) => format!("outside the maintenance window (opens at {})", when(t)),
-                        None => "outside the maintenance window (none opens in the coming week)".into(),
-                    },
-                    opens_at,
-                ),
-            ))
-        } else if canary_room == Some(0) {
-            Some((
-                GroupAction::Canary {
-                    canaries: touched.len(),
-                    soaked_at: None,
-                },
-                reason(
-                    ReasonCode::Canary,
-                    "canary phase: waits for the canaries (`jioctl rollout promote`, or canary_soak)".into(),
-                    None,
-                ),
-            ))
-        } else if limit == Some(0) {
-            Some((
-                GroupAction::Frozen,
-                reason(ReasonCode::Frozen, format!("frozen: group {g} has limit 0"), None),
-            ))
-        } else if group_room == 0 {
-            let l = limit.unwrap_or(0) as usize;
-            Some((
-                GroupAction::Full { in_flight, limit: l },
-                reason(
-                    ReasonCode::LimitReached,
-                    format!(
-                        "limit reached: group {g} has {in_flight}/{l} in flight ({})",
-                        holders.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
-                    None,
-                ),
-            ))
-        } else if fleet_room == 0 {
-            let cap = plan.fleet_cap.unwrap_or(0) as usize;
-            Some((
-                GroupAction::FleetCap {
-                    in_flight: fleet_in_flight,
-                    cap,
-                },
-                reason(
-                    ReasonCode::FleetCap,
-                    format!("fleet cap reached: {fleet_in_flight}/{cap} hosts in flight"),
-                    None,
-                ),
-            ))
-        } else {
-            None
-        };
-        let action = if pending.is_empty() || (candidates.is_empty() && held == pending.len()) {
-            GroupAction::Done
-        } else if candidates.is_empty() {
-            GroupAction::NoneAdmissible
-        } else if let Some((action, why)) = blocked_by {
-            for h in &candidates {
-                plan.reasons.insert((*h).clone(), why.clone());
-            }
-            action
-        } else {
-            let room = group_room.min(fleet_room).min(canary_room.unwrap_or(usize::MAX));
-            // Every pending host fits, none is held, lost or blocked, no window or
-            // canary phase limits it: open the role keys, clear their host keys.
-            // (A role key would override the invalid key that blocks a host, start
-            // a held or lost one, or start hosts outside a window.)
-            let all_fit = !cx.host_keys_only
-                && held == 0
-                && lost == 0
-                && blocked == 0
-                && windows.is_empty()
-                && !canary_phase
-                && limit.is_none_or(|l| l >= (pending.len() + in_flight) as u64)
-                && fleet_room >= pending.len();
-            if all_fit {
-                let roles: BTreeSet<&Role> = hs.iter().map(|h| &h.role).collect();
-                for role in &roles {
-                    if snap.role_keys.get(*role) != Some(&crate::gate::KeyState::Set(true)) {
-                        plan.enable_roles.push((*role).clone());
-                    }
-                }
-                for h in hs {
-                    if snap.host_keys.contains_key(&h.host) {
-                        plan.clear_host_keys.push(h.host.clone());
-                    }
-                }
-                for h in &candidates {
-                    plan.reasons.insert(
-                        (*h).clone(),
-                        reason(ReasonCode::Admitted, "admitted: its role is enabled".into(), None),
-                    );
-                }
-                fleet_in_flight += candidates.len();
-                GroupAction::EnableRoles {
-                    roles: roles.into_iter().cloned().collect(),
-                }
-            } else {
-                let admit: Vec<HostName> = candidates.iter().take(room).map(|h| (*h).clone()).collect();
-                let why_rest = if room == canary_room.unwrap_or(usize::MAX) {
-                    reason(
-                        ReasonCode::Canary,
-                        "canary phase: the rest waits for the canaries".into(),
-                        None,
-                    )
-                } else if room == group_room {
-                    reason(
-                        ReasonCode::LimitReached,
-                        format!(
-                            "limit reached: group {g} admits {} more (limit {})",
-                            admit.len(),
-                            limit.unwrap_or(0)
-                        ),
-                        None,
-                    )
-                } else {
-                    reason(
-                        ReasonCode::FleetCap,
-                        format!(
-                            "fleet cap reached: {} of {} with this pass",
-                            fleet_in_flight + admit.len(),
-                            plan.fleet_cap.unwrap_or(0)
-                        ),
-                        None,
-                    )
-                };
-                for (i, h) in candidates.iter().enumerate() {
-                    let why = if i < admit.len() {
-                        reason(ReasonCode::Admitted, "admitted: a slot is free".into(), None)
-                    } else {
-                        why_rest.clone()
-                    };
-                    plan.reasons.insert((*h).clone(), why);
-                }
-                if canary_phase {
-                    canaries.extend(admit.iter().cloned());
-                    canary_moving |= !admit.is_empty();
-                }
-                fleet_in_flight += admit.len();
-                plan.enable_hosts.extend(admit.iter().cloned());
-                GroupAction::Admit { hosts: admit }
-            }
-        };
-        plan.groups.push(GroupPlan {
-            group: g.clone(),
-            limit,
-            upgraded,
-            in_flight,
-            pending: pending.len(),
-            blocked,
-            held,
-            action,
-        });
+            )
+        })
     }
-    if canary_phase {
-        // The canaries are done when every one finished healthy and nothing more goes
-        // out as a canary; the soak counts from when the driver first saw that (its
-        // own clock, recorded in the rollout), never from the agents' clocks.
-        let done = !canaries.is_empty() && !canary_moving && failed == 0 && plan.is_empty();
-        let done_at = cx.rollout.and_then(|rec| rec.canaries_done_at);
-        let soaked_at = r
+
+    fn paused(&self) -> Wait {
+        let (why, by, until) = self.paused.as_ref()?;
+        let text = format!(
+            "paused by {by}{}{}",
+            why.as_ref().map(|w| format!(": {w}")).unwrap_or_default(),
+            until.map(|t| format!(" (until {})", when(t))).unwrap_or_default()
+        );
+        Some((GroupAction::Paused, reason(ReasonCode::Paused, text, *until)))
+    }
+
+    /// `role_order`: the groups it follows are not all upgraded.
+    fn role_order(&self, v: &GroupView<'_>) -> Wait {
+        if v.waiting.is_empty() {
+            return None;
+        }
+        let text = v
+            .waiting
+            .iter()
+            .map(|d| {
+                let n = self.left(d);
+                format!("{d} ({n} host{} left)", if n == 1 { "" } else { "s" })
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let on = v.waiting.iter().map(|d| d.to_string()).collect();
+        Some((
+            GroupAction::Wait { on },
+            reason(ReasonCode::WaitingFor, format!("waiting for {text}"), None),
+        ))
+    }
+}
+
+/// Outside the group's maintenance windows, by the driver's clock.
+fn outside_window(v: &GroupView<'_>) -> Wait {
+    let WindowState::Closed { opens_at } = v.window else {
+        return None;
+    };
+    let text = match opens_at {
+        Some(t) => format!("outside the maintenance window (opens at {})", when(t)),
+        None => "outside the maintenance window (none opens in the coming week)".into(),
+    };
+    Some((
+        GroupAction::OutsideWindow { opens_at },
+        reason(ReasonCode::OutsideWindow, text, opens_at),
+    ))
+}
+
+/// The canary phase, and the group sent out all its canaries.
+fn canary_quota_used(v: &GroupView<'_>) -> Wait {
+    (v.canary_room == Some(0)).then(|| {
+        (
+            GroupAction::Canary {
+                canaries: v.touched.len(),
+                soaked_at: None,
+            },
+            reason(
+                ReasonCode::Canary,
+                "canary phase: waits for the canaries (`jioctl rollout promote`, or canary_soak)".into(),
+                None,
+            ),
+        )
+    })
+}
+
+/// The group's limit is 0.
+fn frozen(g: &str, v: &GroupView<'_>) -> Wait {
+    (v.limit == Some(0)).then(|| {
+        (
+            GroupAction::Frozen,
+            reason(ReasonCode::Frozen, format!("frozen: group {g} has limit 0"), None),
+        )
+    })
+}
+
+/// Every slot of the group is held.
+fn limit_reached(g: &str, v: &GroupView<'_>) -> Wait {
+    if v.group_room != 0 {
+        return None;
+    }
+    let (in_flight, l) = (v.holders.len(), v.limit.unwrap_or(0) as usize);
+    let holders = v
+        .holders
+        .iter()
+        .map(|h| h.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some((
+        GroupAction::Full { in_flight, limit: l },
+        reason(
+            ReasonCode::LimitReached,
+            format!("limit reached: group {g} has {in_flight}/{l} in flight ({holders})"),
+            None,
+        ),
+    ))
+}
+
+/// Every slot of the fleet is held.
+fn fleet_cap_reached(v: &GroupView<'_>, in_flight: usize, fleet_cap: Option<u64>) -> Wait {
+    if v.fleet_room != 0 {
+        return None;
+    }
+    let cap = fleet_cap.unwrap_or(0) as usize;
+    Some((
+        GroupAction::FleetCap { in_flight, cap },
+        reason(
+            ReasonCode::FleetCap,
+            format!("fleet cap reached: {in_flight}/{cap} hosts in flight"),
+            None,
+        ),
+    ))
+}
+
+/// Admitting a group's candidates.
+impl<'a> Pass<'a> {
+    /// Every pending host fits, none is held, lost or blocked, no window or canary
+    /// phase limits it: the role keys may open. (A role key would override the
+    /// invalid key that blocks a host, start a held or lost one, or start hosts
+    /// outside a window.)
+    fn all_fit(&self, v: &GroupView<'_>) -> bool {
+        let (pending, in_flight) = (v.pending.len(), v.holders.len());
+        !self.cx.host_keys_only
+            && v.held == 0
+            && v.lost == 0
+            && v.blocked == 0
+            && !v.has_windows
+            && !self.canary_phase
+            && v.limit.is_none_or(|l| l >= (pending + in_flight) as u64)
+            && v.fleet_room >= pending
+    }
+
+    /// Opens the group's role keys and clears its host keys.
+    fn enable_roles(
+        &self,
+        hs: &[&'a HostStatus],
+        v: &GroupView<'_>,
+        plan: &mut Plan,
+        fleet_in_flight: &mut usize,
+    ) -> GroupAction {
+        let roles: BTreeSet<&Role> = hs.iter().map(|h| &h.role).collect();
+        for role in &roles {
+            if self.snap.role_keys.get(*role) != Some(&crate::gate::KeyState::Set(true)) {
+                plan.enable_roles.push((*role).clone());
+            }
+        }
+        for h in hs {
+            if self.snap.host_keys.contains_key(&h.host) {
+                plan.clear_host_keys.push(h.host.clone());
+            }
+        }
+        for h in &v.candidates {
+            let why = reason(ReasonCode::Admitted, "admitted: its role is enabled".into(), None);
+            plan.reasons.insert((*h).clone(), why);
+        }
+        *fleet_in_flight += v.candidates.len();
+        GroupAction::EnableRoles {
+            roles: roles.into_iter().cloned().collect(),
+        }
+    }
+
+    /// Admits candidates by their host keys, in name order, up to the room the
+    /// group's limit, the fleet cap and the canary quota leave.
+    fn admit_hosts(
+        &self,
+        g: &str,
+        v: &GroupView<'_>,
+        plan: &mut Plan,
+        fleet_in_flight: &mut usize,
+        canaries: &mut Canaries,
+    ) -> GroupAction {
+        let room = v
+            .group_room
+            .min(v.fleet_room)
+            .min(v.canary_room.unwrap_or(usize::MAX));
+        let admit: Vec<HostName> = v.candidates.iter().take(room).map(|h| (*h).clone()).collect();
+        let why_rest = rest_waits(g, v, room, admit.len(), *fleet_in_flight, plan.fleet_cap);
+        for (i, h) in v.candidates.iter().enumerate() {
+            let why = if i < admit.len() {
+                reason(ReasonCode::Admitted, "admitted: a slot is free".into(), None)
+            } else {
+                why_rest.clone()
+            };
+            plan.reasons.insert((*h).clone(), why);
+        }
+        if self.canary_phase {
+            canaries.hosts.extend(admit.iter().cloned());
+            canaries.moving |= !admit.is_empty();
+        }
+        *fleet_in_flight += admit.len();
+        plan.enable_hosts.extend(admit.iter().cloned());
+        GroupAction::Admit { hosts: admit }
+    }
+}
+
+/// Why the candidates past `room` wait: the canary quota, the group's limit or
+/// the fleet cap, whichever made the room.
+fn rest_waits(
+    g: &str,
+    v: &GroupView<'_>,
+    room: usize,
+    admitted: usize,
+    in_flight: usize,
+    cap: Option<u64>,
+) -> Reason {
+    if room == v.canary_room.unwrap_or(usize::MAX) {
+        reason(
+            ReasonCode::Canary,
+            "canary phase: the rest waits for the canaries".into(),
+            None,
+        )
+    } else if room == v.group_room {
+        let limit = v.limit.unwrap_or(0);
+        reason(
+            ReasonCode::LimitReached,
+            format!("limit reached: group {g} admits {admitted} more (limit {limit})"),
+            None,
+        )
+    } else {
+        reason(
+            ReasonCode::FleetCap,
+            format!(
+                "fleet cap reached: {} of {} with this pass",
+                in_flight + admitted,
+                cap.unwrap_or(0)
+            ),
+            None,
+        )
+    }
+}
+
+impl Pass<'_> {
+    /// The canaries are done when every one finished healthy and nothing more goes
+    /// out as a canary; the soak counts from when the driver first saw that (its own
+    /// clock, recorded in the rollout), never from the agents' clocks.
+    fn end_canary_phase(&self, canaries: Canaries, plan: &mut Plan) {
+        let now = self.cx.now;
+        let done = !canaries.hosts.is_empty() && !canaries.moving && self.failed == 0 && plan.is_empty();
+        let done_at = self.cx.rollout.and_then(|rec| rec.canaries_done_at);
+        let soaked_at = self
+            .r
             .canary_soak
             .filter(|_| done)
             .and_then(|soak| done_at.map(|t| t.saturating_add(soak.as_secs())));
@@ -775,8 +1014,6 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         {
             plan.wake(t);
         }
-        let promote = soaked_at.is_some_and(|t| t <= now);
-        let mark_done = done && r.canary_soak.is_some() && done_at.is_none();
         if let Some(t) = soaked_at {
             for g in &mut plan.groups {
                 if let GroupAction::Canary { soaked_at, .. } = &mut g.action {
@@ -791,13 +1028,12 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
             }
         }
         plan.canary = Some(CanaryPhase {
-            canaries,
+            canaries: canaries.hosts,
             soaked_at,
-            promote,
-            mark_done,
+            promote: soaked_at.is_some_and(|t| t <= now),
+            mark_done: done && self.r.canary_soak.is_some() && done_at.is_none(),
         });
     }
-    plan
 }
 
 /// No admission outlives its window (by the driver's clock; an agent's decides
@@ -942,6 +1178,126 @@ fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group with room, in no canary phase, within its window.
+    fn free_group() -> GroupView<'static> {
+        GroupView {
+            holders: Vec::new(),
+            limit: Some(2),
+            pending: Vec::new(),
+            blocked: 0,
+            candidates: Vec::new(),
+            held: 0,
+            lost: 0,
+            touched: Vec::new(),
+            canary_room: None,
+            waiting: Vec::new(),
+            has_windows: false,
+            window: WindowState::Always,
+            group_room: 2,
+            fleet_room: usize::MAX,
+        }
+    }
+
+    /// Each of the group's wait rules on its own: when it holds, and what it says.
+    #[test]
+    fn each_wait_rule_holds_only_when_it_should() {
+        let free = free_group();
+        for (name, rule) in [
+            ("window", outside_window(&free)),
+            ("canary", canary_quota_used(&free)),
+            ("frozen", frozen("compute", &free)),
+            ("limit", limit_reached("compute", &free)),
+            ("fleet cap", fleet_cap_reached(&free, 3, Some(10))),
+        ] {
+            assert!(rule.is_none(), "{name} holds on a free group");
+        }
+        let closed = GroupView {
+            window: WindowState::Closed { opens_at: Some(3600) },
+            ..free_group()
+        };
+        let (action, why) = outside_window(&closed).unwrap();
+        assert_eq!(action, GroupAction::OutsideWindow { opens_at: Some(3600) });
+        assert_eq!((why.code, why.at), (ReasonCode::OutsideWindow, Some(3600)));
+        let canaries_out = GroupView {
+            canary_room: Some(0),
+            ..free_group()
+        };
+        assert_eq!(
+            canary_quota_used(&canaries_out).unwrap().1.code,
+            ReasonCode::Canary
+        );
+        let zero = GroupView {
+            limit: Some(0),
+            group_room: 0,
+            ..free_group()
+        };
+        assert_eq!(frozen("compute", &zero).unwrap().0, GroupAction::Frozen);
+        let h1 = HostName::new("compute1").unwrap();
+        let h2 = HostName::new("compute2").unwrap();
+        let full = GroupView {
+            holders: vec![&h1, &h2],
+            group_room: 0,
+            ..free_group()
+        };
+        let (action, why) = limit_reached("compute", &full).unwrap();
+        assert_eq!(
+            action,
+            GroupAction::Full {
+                in_flight: 2,
+                limit: 2
+            }
+        );
+        assert!(
+            why.text.contains("2/2 in flight (compute1, compute2)"),
+            "{}",
+            why.text
+        );
+        let capped = GroupView {
+            fleet_room: 0,
+            ..free_group()
+        };
+        let (action, _) = fleet_cap_reached(&capped, 10, Some(10)).unwrap();
+        assert_eq!(
+            action,
+            GroupAction::FleetCap {
+                in_flight: 10,
+                cap: 10
+            }
+        );
+    }
+
+    /// The rest of a group past its room waits for whatever made the room: the
+    /// canary quota first, then the group's limit, then the fleet cap.
+    #[test]
+    fn the_hosts_past_the_room_wait_for_what_made_it() {
+        let v = GroupView {
+            group_room: 1,
+            fleet_room: 5,
+            canary_room: Some(1),
+            ..free_group()
+        };
+        assert_eq!(
+            rest_waits("compute", &v, 1, 1, 0, Some(9)).code,
+            ReasonCode::Canary
+        );
+        let v = GroupView {
+            group_room: 1,
+            fleet_room: 5,
+            ..free_group()
+        };
+        let why = rest_waits("compute", &v, 1, 1, 0, Some(9));
+        assert_eq!(why.code, ReasonCode::LimitReached);
+        assert!(why.text.contains("admits 1 more (limit 2)"), "{}", why.text);
+        let v = GroupView {
+            group_room: 4,
+            fleet_room: 1,
+            ..free_group()
+        };
+        let why = rest_waits("compute", &v, 1, 1, 8, Some(9));
+        assert_eq!(why.code, ReasonCode::FleetCap);
+        assert!(why.text.contains("9 of 9 with this pass"), "{}", why.text);
+    }
     use crate::fleet::classify;
     use crate::keys::{Key, Schema};
     use crate::rules::Rules;

@@ -386,7 +386,7 @@ fn the_reader_finds_paths_in_use_groups_and_circles() {
 
 /// Functions still longer than 80 lines, each marked where it stands. The number
 /// only goes down: lower it when one is cut.
-const LONG_FUNCTIONS_LEFT: usize = 51;
+const LONG_FUNCTIONS_LEFT: usize = 50;
 
 #[test]
 fn functions_fit_on_a_screen_but_for_the_marked_ones_whose_number_only_falls() {
