@@ -299,7 +299,8 @@ fn configuration_page() -> String {
          `jio-agent`; `man 5 agent.toml` shows the packaged file, which lists every key with its default. Every key \
          is optional. Unknown keys are errors (with the key most likely meant: ``unknown key `stroe`: did you mean \
          `store`?``), and every invalid value is reported at once. A file that cannot be parsed is reported as the \
-         parser sees it (the line, the column and the line itself) and is the one error reported.\n\n\
+         parser sees it (the line, the column and the line itself) and is the one error reported: nothing is \
+         guessed without it. The same holds for `jioctl.toml`.\n\n\
          Precedence is flag > environment > file > default. Every scalar key can also be set as `JIO_<KEY>` \
          (`JIO_STORE`, `JIO_ROLE`, `JIO_RETRY_INTERVAL`, ...); flags exist for `--store`, `--prefix`, `--hostname`, \
          `--role` and `--state-dir`. Durations are written `500ms`, `30s`, `10m`, `2h`, `1d`, or combined: `1h30m` \

@@ -44,7 +44,7 @@ pub mod exit {
             "`pending-update` only: the store is unreachable and there is no local version",
         ),
         ("4", "another jio-agent is running on this host"),
-        ("5", "the run was interrupted by SIGTERM or SIGINT"),
+        ("5", "the run was interrupted by SIGTERM/SIGINT"),
         (
             "8",
             "the store refused (TLS, authentication or permission); the daemon (`run`) does not exit on it but says why and waits",

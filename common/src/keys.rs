@@ -471,7 +471,7 @@ impl Schema {
         self.key(&[COMMAND_INBOX])
     }
 
-    /// The fleet commands a host is admitted to (`command::Inbox`, JSON), written
+    /// The fleet commands a host is admitted to (`command_record::Inbox`, JSON), written
     /// by the commands' drivers.
     pub fn command_inbox(&self, h: &HostName) -> Key {
         self.key(&[COMMAND_INBOX, h.as_str()])
@@ -482,7 +482,7 @@ impl Schema {
         self.key(&[COMMANDS])
     }
 
-    /// A fleet command's record (`command::CommandRecord`, JSON).
+    /// A fleet command's record (`command_record::CommandRecord`, JSON).
     pub fn command(&self, id: &crate::names::CommandId) -> Key {
         self.key(&[COMMANDS, id.as_str()])
     }

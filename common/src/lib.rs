@@ -1,5 +1,5 @@
 //! Shared vocabulary of the jiocloud fleet tools, in floors: each module names only
-//! modules of its own floor or lower ones (`tests/tests/layering.rs` checks it).
+//! modules of its own floor or lower ones (`tests/tests/code_shape.rs` checks it).
 //!
 //! - **support**: backoff, the clock and time, durations, encodings, secrets, the
 //!   metrics exposition, suggestions, the Swift client;

@@ -545,7 +545,7 @@ async fn next_json(
     serde_json::from_str(&line).unwrap()
 }
 
-/// On Consul with ACLs on: the agents hold a token with the README's `jio-agent`
+/// On Consul with ACLs on: the agents hold a token with docs/tls-and-users.md's `jio-agent`
 /// policy, `jioctl` a management token. Every agent's write is within its policy
 /// (a denied one would fail its run), and the rollout survives every session
 /// expiring midway.

@@ -213,7 +213,7 @@ async fn consul_over_tls_with_client_certificates() {
     assert!(err.to_string().contains("need TLS: use consuls://"), "{err}");
 }
 
-/// A token with the `jio-agent` policy (README): what it may not write is a
+/// A token with the `jio-agent` policy (docs/tls-and-users.md): what it may not write is a
 /// refusal naming the key, in a transaction too (Consul answers 409 there, which
 /// must never read as a lost compare, or a driver would replan forever), and
 /// nothing of the transaction is written.

@@ -270,7 +270,7 @@ async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_a
 // ---------------------------------------------------------------------------
 
 /// `--json` of `run`, `commands show` and `commands list`, and `run --detach
-/// --json`: the shapes the README gives.
+/// --json`: the shapes docs/jioctl.md and docs/fleet-commands.md give.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_output_has_the_documented_shapes() {
     let etcd = Etcd::start().await;
@@ -418,7 +418,7 @@ async fn a_long_history_is_pruned_in_transactions_the_store_takes() {
     assert_eq!(keys_under(&s, "/commands/").await.len(), 100);
 }
 
-/// On Consul with ACLs (the Consul API test server), the agents under the README's
+/// On Consul with ACLs (the Consul API test server), the agents under docs/tls-and-users.md's
 /// `jio-agent` policy: each host runs the command once, at its first attempt (a
 /// start's compare on keys it writes itself stays in its transaction), under the
 /// limit, by the action's own log.

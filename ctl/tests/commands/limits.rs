@@ -358,7 +358,7 @@ async fn three_commands_at_once_on_the_same_hosts_run_once_each_one_at_a_time() 
 }
 
 /// Found: a percentage limit is of the fleet's hosts of the role, not of the
-/// command's hosts as the README says ("counts or percentages of the command's
+/// command's hosts as docs/fleet-commands.md says ("counts or percentages of the command's
 /// hosts"). A command on 2 of 4 compute hosts under `compute: "50%"` should run
 /// one host at a time (50% of 2); it runs both at once (50% of 4: `plan::plan`
 /// is given every host of the fleet, and `limit_of` takes the group's size there).
@@ -444,7 +444,7 @@ async fn a_percentage_fleet_cap_is_of_the_commands_hosts() {
 /// agent died while it ran another command (its run marker stays: the host is
 /// lost). A command on controller1 and compute1 with `compute` after `controller`
 /// runs on controller1, which succeeds, and then waits for ever: "waiting for
-/// controller (1 host left)". The README: a role's hosts start "only when the
+/// controller (1 host left)". docs/fleet-commands.md: a role's hosts start "only when the
 /// command has succeeded on every host of the roles it follows"; controller2 is not
 /// one of them (`command::plan` gives `plan::plan` the whole fleet, whose `left()`
 /// counts every busy host of the role as not done).

@@ -115,7 +115,7 @@ pub enum Access {
 }
 
 impl AclToken {
-    /// A token with the README's `jio-agent` policy: read everything, write only
+    /// A token with docs/tls-and-users.md's `jio-agent` policy: read everything, write only
     /// what an agent writes (`packaging/etcd-roles.sh`'s split, for Consul).
     pub fn jio_agent(secret: &str) -> AclToken {
         let mut rules = vec![(String::new(), Access::Read)];
