@@ -418,18 +418,44 @@ impl LiveSnapshot {
         self.problems.push((key.clone(), p));
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     fn set(&mut self, schema: &Schema, kv: &KeyValue, parsed: Option<Parsed>) {
-        let record = |l: &mut LiveSnapshot| match parse_json::<AgentRecord>(kv) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                l.problem(&kv.key, e.to_string());
-                None
+        let Some(parsed) = parsed else {
+            if kv.key.starts_with(&schema.holds()) {
+                self.problem(
+                    &kv.key,
+                    format!(
+                        "key {} is under {} but names no valid host or role: it holds nothing",
+                        kv.key,
+                        schema.holds()
+                    ),
+                );
             }
+            return;
         };
+        match parsed {
+            Parsed::CurrentVersion
+            | Parsed::Host(_)
+            | Parsed::RunningVersion(..)
+            | Parsed::Enable(_)
+            | Parsed::Status(..) => self.set_versions(kv, parsed),
+            Parsed::Agent(_) | Parsed::Run(_) | Parsed::Clock(_) | Parsed::Result(_) | Parsed::Hold(_) => {
+                self.set_hosts(kv, parsed)
+            }
+            Parsed::Lock(_) | Parsed::CurrentRollout | Parsed::Rollout(_) | Parsed::Driver(_) => {
+                self.set_drivers(kv, parsed)
+            }
+            Parsed::Catalog(_)
+            | Parsed::Grant(_)
+            | Parsed::FinalizeGrant
+            | Parsed::StepStatus(..)
+            | Parsed::CommandInbox(_) => self.set_steps(kv, parsed),
+            _ => {}
+        }
+    }
+
+    /// The desired version, the registry, the versions hosts run, the enable keys and
+    /// failure entries.
+    fn set_versions(&mut self, kv: &KeyValue, parsed: Parsed) {
         let key_state = |l: &mut LiveSnapshot| {
             let st = KeyState::read(Some(kv));
             if let KeyState::Invalid(e) = &st {
@@ -438,7 +464,7 @@ impl LiveSnapshot {
             st
         };
         match parsed {
-            Some(Parsed::CurrentVersion) => {
+            Parsed::CurrentVersion => {
                 match parse_version(kv) {
                     Ok(v) => self.snap.current = v,
                     Err(e) => {
@@ -448,16 +474,16 @@ impl LiveSnapshot {
                 }
                 self.unsettled = true;
             }
-            Some(Parsed::Host(h)) => match parse_json::<HostRecord>(kv) {
+            Parsed::Host(h) => match parse_json::<HostRecord>(kv) {
                 Ok(r) => {
                     self.snap.roles.insert(h, r.role);
                 }
                 Err(e) => self.problem(&kv.key, e.to_string()),
             },
-            Some(Parsed::RunningVersion(v, h)) => {
+            Parsed::RunningVersion(v, h) => {
                 self.snap.running.entry(h).or_default().insert(v);
             }
-            Some(Parsed::Enable(level)) => {
+            Parsed::Enable(level) => {
                 let st = key_state(self);
                 let s = &mut self.snap;
                 s.enable_revisions.insert(level.clone(), kv.mod_revision);
@@ -471,22 +497,36 @@ impl LiveSnapshot {
                     }
                 }
             }
-            Some(Parsed::Status(step, Outcome::Failure, v, h)) => {
+            Parsed::Status(step, Outcome::Failure, v, h) => {
                 self.failures
                     .insert(kv.key.clone(), (v, h, step, kv.value.clone(), kv.mod_revision));
                 self.unsettled = true;
             }
+            _ => {}
+        }
+    }
+
+    /// Each host's agent record, run marker, clock, result and holds.
+    fn set_hosts(&mut self, kv: &KeyValue, parsed: Parsed) {
+        let record = |l: &mut LiveSnapshot| match parse_json::<AgentRecord>(kv) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                l.problem(&kv.key, e.to_string());
+                None
+            }
+        };
+        match parsed {
             // An unreadable record or marker still proves something: it counts
             // as running (the safe reading) and is reported.
-            Some(Parsed::Agent(h)) => {
+            Parsed::Agent(h) => {
                 let rec = record(self);
                 self.snap.agents.insert(h, rec);
             }
-            Some(Parsed::Run(h)) => {
+            Parsed::Run(h) => {
                 let rec = record(self);
                 self.snap.runs.insert(h, rec);
             }
-            Some(Parsed::Clock(h)) => match kv.value.trim().parse::<u64>() {
+            Parsed::Clock(h) => match kv.value.trim().parse::<u64>() {
                 Ok(ms) => {
                     self.snap.clocks.insert(h, ms);
                 }
@@ -495,7 +535,35 @@ impl LiveSnapshot {
                     format!("key {}: not a clock (Unix milliseconds): ignored", kv.key),
                 ),
             },
-            Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
+            Parsed::Hold(t) => {
+                let rec = match parse_json(kv) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        self.problem(&kv.key, format!("{e} (it still holds until released)"));
+                        None
+                    }
+                };
+                self.snap.holds.insert(t, rec);
+            }
+            Parsed::Result(h) => match parse_json(kv) {
+                Ok(r) => {
+                    self.snap.result_revisions.insert(h.clone(), kv.mod_revision);
+                    self.snap.results.insert(h, r);
+                }
+                Err(e) => {
+                    self.problem(&kv.key, e.to_string());
+                    self.snap.results_invalid.insert(h);
+                }
+            },
+            _ => {}
+        }
+    }
+
+    /// The rollout lock, the emergency stop and the plan epoch, the rollout records and
+    /// the drivers.
+    fn set_drivers(&mut self, kv: &KeyValue, parsed: Parsed) {
+        match parsed {
+            Parsed::Lock(name) if name == ROLLOUT_LOCK => {
                 self.snap.lock = match parse_json(kv) {
                     Ok(r) => Some(r),
                     Err(e) => {
@@ -508,7 +576,7 @@ impl LiveSnapshot {
                 };
                 self.snap.lock_key = Some((kv.mod_revision, kv.lease.clone()));
             }
-            Some(Parsed::Lock(name)) if name == HALT => {
+            Parsed::Lock(name) if name == HALT => {
                 let rec = parse_json(kv).unwrap_or_else(|e| {
                     self.problem(&kv.key, e.to_string());
                     LockRecord {
@@ -520,49 +588,37 @@ impl LiveSnapshot {
                 });
                 self.snap.halt = Some((rec, kv.mod_revision));
             }
-            Some(Parsed::Lock(name)) if name == EPOCH => self.snap.epoch = kv.mod_revision,
-            Some(Parsed::CurrentRollout) => {
+            Parsed::Lock(name) if name == EPOCH => self.snap.epoch = kv.mod_revision,
+            Parsed::CurrentRollout => {
                 self.current_rollout = Some(kv.clone());
                 self.unsettled = true;
             }
-            Some(Parsed::Rollout(id)) => {
+            Parsed::Rollout(id) => {
                 self.records.insert(id, kv.clone());
                 self.unsettled = true;
             }
-            Some(Parsed::Hold(t)) => {
-                let rec = match parse_json(kv) {
-                    Ok(r) => Some(r),
-                    Err(e) => {
-                        self.problem(&kv.key, format!("{e} (it still holds until released)"));
-                        None
-                    }
-                };
-                self.snap.holds.insert(t, rec);
-            }
-            Some(Parsed::Result(h)) => match parse_json(kv) {
-                Ok(r) => {
-                    self.snap.result_revisions.insert(h.clone(), kv.mod_revision);
-                    self.snap.results.insert(h, r);
-                }
-                Err(e) => {
-                    self.problem(&kv.key, e.to_string());
-                    self.snap.results_invalid.insert(h);
-                }
-            },
-            Some(Parsed::Driver(name)) => match parse_json(kv) {
+            Parsed::Driver(name) => match parse_json(kv) {
                 Ok(r) => {
                     self.snap.drivers.insert(name, r);
                 }
                 Err(e) => self.problem(&kv.key, e.to_string()),
             },
-            Some(Parsed::Catalog(h)) => {
+            _ => {}
+        }
+    }
+
+    /// Composable rollouts' catalogs, grants and step statuses, and the fleet
+    /// commands' inboxes.
+    fn set_steps(&mut self, kv: &KeyValue, parsed: Parsed) {
+        match parsed {
+            Parsed::Catalog(h) => {
                 let cat = parse_json::<Catalog>(kv).map_err(|e| e.to_string());
                 if let Err(e) = &cat {
                     self.problem(&kv.key, e.clone());
                 }
                 self.snap.catalogs.insert(h, cat);
             }
-            Some(Parsed::Grant(role)) => match parse_json::<Grant>(kv) {
+            Parsed::Grant(role) => match parse_json::<Grant>(kv) {
                 Ok(g) => {
                     self.snap.grants.insert(role, g);
                 }
@@ -571,11 +627,11 @@ impl LiveSnapshot {
                     format!("{e} (no driver writes such a grant: its hosts run no phase)"),
                 ),
             },
-            Some(Parsed::FinalizeGrant) => match parse_json::<FinalizeGrant>(kv) {
+            Parsed::FinalizeGrant => match parse_json::<FinalizeGrant>(kv) {
                 Ok(g) => self.snap.finalize_grant = Some(g),
                 Err(e) => self.problem(&kv.key, e.to_string()),
             },
-            Some(Parsed::StepStatus(id, phase, service, outcome, h)) => {
+            Parsed::StepStatus(id, phase, service, outcome, h) => {
                 let value = crate::values::text(kv)
                     .map(str::to_string)
                     .unwrap_or_else(|e| e.to_string());
@@ -595,7 +651,7 @@ impl LiveSnapshot {
                 );
                 self.unsettled = true;
             }
-            Some(Parsed::CommandInbox(h)) => {
+            Parsed::CommandInbox(h) => {
                 let (ids, why) = crate::command_record::parse_inbox(kv);
                 if let Some(why) = why {
                     self.problem(
@@ -610,38 +666,35 @@ impl LiveSnapshot {
                     self.snap.inboxes.insert(h, ids);
                 }
             }
-            None if kv.key.starts_with(&schema.holds()) => self.problem(
-                &kv.key,
-                format!(
-                    "key {} is under {} but names no valid host or role: it holds nothing",
-                    kv.key,
-                    schema.holds()
-                ),
-            ),
             _ => {}
         }
     }
 
     /// Removes what `key` (parsed as `parsed`) contributed.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     fn unset(&mut self, key: &Key, parsed: Option<&Parsed>) {
         if self.problem_keys.remove(key) {
             self.problems.retain(|(k, _)| k != key);
         }
+        if let Some(parsed) = parsed {
+            self.unset_hosts(key, parsed);
+            self.unset_rollouts(key, parsed);
+        }
+    }
+
+    /// What the versions, the enable keys, the failure entries, the inboxes and the
+    /// agents' keys contributed.
+    fn unset_hosts(&mut self, key: &Key, parsed: &Parsed) {
         let s = &mut self.snap;
         match parsed {
-            Some(Parsed::CurrentVersion) => {
+            Parsed::CurrentVersion => {
                 s.current = None;
                 s.current_invalid = None;
                 self.unsettled = true;
             }
-            Some(Parsed::Host(h)) => {
+            Parsed::Host(h) => {
                 s.roles.remove(h);
             }
-            Some(Parsed::RunningVersion(v, h)) => {
+            Parsed::RunningVersion(v, h) => {
                 if let Some(vs) = s.running.get_mut(h) {
                     vs.remove(v);
                     if vs.is_empty() {
@@ -649,7 +702,7 @@ impl LiveSnapshot {
                     }
                 }
             }
-            Some(Parsed::Enable(level)) => {
+            Parsed::Enable(level) => {
                 s.enable_revisions.remove(level);
                 match level {
                     EnableLevel::Global => s.global = KeyState::Unset,
@@ -661,54 +714,63 @@ impl LiveSnapshot {
                     }
                 }
             }
-            Some(Parsed::Status(_, Outcome::Failure, ..)) => {
+            Parsed::Status(_, Outcome::Failure, ..) => {
                 self.unsettled |= self.failures.remove(key).is_some();
             }
-            Some(Parsed::CommandInbox(h)) => {
+            Parsed::CommandInbox(h) => {
                 s.inboxes.remove(h);
                 s.inboxes_invalid.remove(h);
             }
-            Some(Parsed::Agent(h)) => {
+            Parsed::Agent(h) => {
                 s.agents.remove(h);
             }
-            Some(Parsed::Run(h)) => {
+            Parsed::Run(h) => {
                 s.runs.remove(h);
             }
-            Some(Parsed::Clock(h)) => {
+            Parsed::Clock(h) => {
                 s.clocks.remove(h);
             }
-            Some(Parsed::Lock(name)) if name == ROLLOUT_LOCK => {
+            _ => {}
+        }
+    }
+
+    /// What the locks, the rollouts, the holds, the results, the drivers and the
+    /// composable keys contributed.
+    fn unset_rollouts(&mut self, key: &Key, parsed: &Parsed) {
+        let s = &mut self.snap;
+        match parsed {
+            Parsed::Lock(name) if name == ROLLOUT_LOCK => {
                 s.lock = None;
                 s.lock_key = None;
             }
-            Some(Parsed::Lock(name)) if name == HALT => s.halt = None,
-            Some(Parsed::Lock(name)) if name == EPOCH => s.epoch = 0,
-            Some(Parsed::CurrentRollout) => {
+            Parsed::Lock(name) if name == HALT => s.halt = None,
+            Parsed::Lock(name) if name == EPOCH => s.epoch = 0,
+            Parsed::CurrentRollout => {
                 self.current_rollout = None;
                 self.unsettled = true;
             }
-            Some(Parsed::Rollout(id)) => {
+            Parsed::Rollout(id) => {
                 self.unsettled |= self.records.remove(id).is_some();
             }
-            Some(Parsed::Hold(t)) => {
+            Parsed::Hold(t) => {
                 s.holds.remove(t);
             }
-            Some(Parsed::Result(h)) => {
+            Parsed::Result(h) => {
                 s.results.remove(h);
                 s.result_revisions.remove(h);
                 s.results_invalid.remove(h);
             }
-            Some(Parsed::Driver(name)) => {
+            Parsed::Driver(name) => {
                 s.drivers.remove(name);
             }
-            Some(Parsed::Catalog(h)) => {
+            Parsed::Catalog(h) => {
                 s.catalogs.remove(h);
             }
-            Some(Parsed::Grant(role)) => {
+            Parsed::Grant(role) => {
                 s.grants.remove(role);
             }
-            Some(Parsed::FinalizeGrant) => s.finalize_grant = None,
-            Some(Parsed::StepStatus(..)) => {
+            Parsed::FinalizeGrant => s.finalize_grant = None,
+            Parsed::StepStatus(..) => {
                 self.unsettled |= self.step_statuses.remove(key).is_some();
             }
             _ => {}
