@@ -192,6 +192,159 @@ const COMMAND_INBOX: &str = "/config_state/commands/";
 const COMMANDS: &str = "/commands/";
 const COMMAND_RUNS: &str = "/command_runs/";
 
+/// A parser of the rest of a key, after its family's prefix.
+type FamilyParser = fn(&str) -> Option<Parsed>;
+
+/// The key families under the namespace, each with its parser: the first prefix a
+/// key starts with decides (`/status/steps/` before `/status/`).
+const FAMILIES: [(&str, FamilyParser); 18] = [
+    (RUNNING, parse_running),
+    (COMMAND_INBOX, |h| {
+        Some(Parsed::CommandInbox(HostName::new(h).ok()?))
+    }),
+    (COMMANDS, |id| {
+        Some(Parsed::Command(crate::names::CommandId::parse(id)?))
+    }),
+    (COMMAND_RUNS, parse_command_run),
+    (ENABLE, parse_enable),
+    (STEP_STATUS, parse_step_status),
+    (STEPS, parse_grant),
+    (HOSTS, parse_host),
+    (STATUS, parse_status),
+    (ACTIVE_ROLES, parse_active_role),
+    (AGENTS, |h| Some(Parsed::Agent(HostName::new(h).ok()?))),
+    (RUNS, |h| Some(Parsed::Run(HostName::new(h).ok()?))),
+    (CLOCKS, |h| Some(Parsed::Clock(HostName::new(h).ok()?))),
+    (LOCKS, |l| {
+        (!l.is_empty() && !l.contains('/')).then(|| Parsed::Lock(l.to_string()))
+    }),
+    (ROLLOUTS, parse_rollout),
+    (DRIVERS, |d| {
+        (!d.is_empty() && !d.contains('/')).then(|| Parsed::Driver(d.to_string()))
+    }),
+    (HOLDS, parse_hold),
+    (RESULTS, |h| Some(Parsed::Result(HostName::new(h).ok()?))),
+];
+
+fn parse_running(r: &str) -> Option<Parsed> {
+    let [v, h] = split_n::<2>(r)?;
+    Some(Parsed::RunningVersion(
+        Version::new(v).ok()?,
+        HostName::new(h).ok()?,
+    ))
+}
+
+fn parse_command_run(r: &str) -> Option<Parsed> {
+    let (id, tail) = r.split_once('/')?;
+    let id = crate::names::CommandId::parse(id)?;
+    if tail == "lock" {
+        return Some(Parsed::CommandLock(id));
+    }
+    let [part, h] = split_n::<2>(tail)?;
+    Some(Parsed::CommandRun(
+        id,
+        RunPart::parse(part)?,
+        HostName::new(h).ok()?,
+    ))
+}
+
+fn parse_enable(r: &str) -> Option<Parsed> {
+    if r == "global" {
+        return Some(Parsed::Enable(EnableLevel::Global));
+    }
+    let [level, name] = split_n::<2>(r)?;
+    match level {
+        "role" => Some(Parsed::Enable(EnableLevel::Role(Role::new(name).ok()?))),
+        "host" => Some(Parsed::Enable(EnableLevel::Host(HostName::new(name).ok()?))),
+        _ => None,
+    }
+}
+
+fn parse_outcome(o: &str, failure: &str) -> Option<Outcome> {
+    match o {
+        "success" => Some(Outcome::Success),
+        f if f == failure => Some(Outcome::Failure),
+        _ => None,
+    }
+}
+
+fn parse_step_status(r: &str) -> Option<Parsed> {
+    let [id, phase, service, o, h] = split_n::<5>(r)?;
+    let outcome = parse_outcome(o, "failure")?;
+    crate::phase::parse_phase(phase)?;
+    Some(Parsed::StepStatus(
+        id.to_string(),
+        phase.to_string(),
+        crate::names::Service::new(service).ok()?,
+        outcome,
+        HostName::new(h).ok()?,
+    ))
+}
+
+fn parse_grant(r: &str) -> Option<Parsed> {
+    if r == "finalize" {
+        return Some(Parsed::FinalizeGrant);
+    }
+    let role = r.strip_prefix("roles/")?;
+    Some(Parsed::Grant(Role::new(role).ok()?))
+}
+
+/// `/hosts/<host>` (the registry) or `/hosts/<host>/services` (its catalog).
+fn parse_host(r: &str) -> Option<Parsed> {
+    match r.strip_suffix("/services") {
+        Some(h) => Some(Parsed::Catalog(HostName::new(h).ok()?)),
+        None => Some(Parsed::Host(HostName::new(r).ok()?)),
+    }
+}
+
+fn parse_status(r: &str) -> Option<Parsed> {
+    if let Some(p) = r.strip_prefix("provisioned/") {
+        let [o, h] = split_n::<2>(p)?;
+        return Some(Parsed::Provisioned(
+            parse_outcome(o, "failed")?,
+            HostName::new(h).ok()?,
+        ));
+    }
+    let [step, o, v, h] = split_n::<4>(r)?;
+    let step = match step {
+        "configured" => Step::Configured,
+        "validated" => Step::Validated,
+        _ => return None,
+    };
+    let outcome = parse_outcome(o, "failure")?;
+    Some(Parsed::Status(
+        step,
+        outcome,
+        Version::new(v).ok()?,
+        HostName::new(h).ok()?,
+    ))
+}
+
+fn parse_active_role(r: &str) -> Option<Parsed> {
+    let [role, h, i] = split_n::<3>(r)?;
+    Some(Parsed::ActiveRole(
+        Role::new(role).ok()?,
+        HostName::new(h).ok()?,
+        Interface::new(i).ok()?,
+    ))
+}
+
+fn parse_rollout(r: &str) -> Option<Parsed> {
+    match r {
+        "current" => Some(Parsed::CurrentRollout),
+        _ => (!r.is_empty() && !r.contains('/')).then(|| Parsed::Rollout(r.to_string())),
+    }
+}
+
+fn parse_hold(r: &str) -> Option<Parsed> {
+    let [level, name] = split_n::<2>(r)?;
+    match level {
+        "host" => Some(Parsed::Hold(HoldTarget::Host(HostName::new(name).ok()?))),
+        "role" => Some(Parsed::Hold(HoldTarget::Role(Role::new(name).ok()?))),
+        _ => None,
+    }
+}
+
 /// The prefixes, under the namespace, that an agent writes: all the `jio-agent`
 /// etcd role of `packaging/etcd-roles.sh` may write (and the Consul policy in
 /// docs/tls-and-users.md), everything else being the operators'.
@@ -549,152 +702,13 @@ impl Schema {
 
     /// Parses a key of this schema back into its parts; `None` for keys outside the
     /// schema or with invalid names (another tool's keys are ignored, not errors).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub fn parse(&self, key: &Key) -> Option<Parsed> {
         let rest = key.as_str().strip_prefix(self.ns.as_str())?;
         if rest == CURRENT_VERSION {
             return Some(Parsed::CurrentVersion);
         }
-        if let Some(r) = rest.strip_prefix(RUNNING) {
-            let [v, h] = split_n::<2>(r)?;
-            return Some(Parsed::RunningVersion(
-                Version::new(v).ok()?,
-                HostName::new(h).ok()?,
-            ));
-        }
-        if let Some(h) = rest.strip_prefix(COMMAND_INBOX) {
-            return Some(Parsed::CommandInbox(HostName::new(h).ok()?));
-        }
-        if let Some(id) = rest.strip_prefix(COMMANDS) {
-            return Some(Parsed::Command(crate::names::CommandId::parse(id)?));
-        }
-        if let Some(r) = rest.strip_prefix(COMMAND_RUNS) {
-            let (id, tail) = r.split_once('/')?;
-            let id = crate::names::CommandId::parse(id)?;
-            if tail == "lock" {
-                return Some(Parsed::CommandLock(id));
-            }
-            let [part, h] = split_n::<2>(tail)?;
-            return Some(Parsed::CommandRun(
-                id,
-                crate::keys::RunPart::parse(part)?,
-                HostName::new(h).ok()?,
-            ));
-        }
-        if let Some(r) = rest.strip_prefix(ENABLE) {
-            if r == "global" {
-                return Some(Parsed::Enable(EnableLevel::Global));
-            }
-            let [level, name] = split_n::<2>(r)?;
-            return match level {
-                "role" => Some(Parsed::Enable(EnableLevel::Role(Role::new(name).ok()?))),
-                "host" => Some(Parsed::Enable(EnableLevel::Host(HostName::new(name).ok()?))),
-                _ => None,
-            };
-        }
-        if let Some(r) = rest.strip_prefix(STEP_STATUS) {
-            let [id, phase, service, o, h] = split_n::<5>(r)?;
-            let outcome = match o {
-                "success" => Outcome::Success,
-                "failure" => Outcome::Failure,
-                _ => return None,
-            };
-            crate::phase::parse_phase(phase)?;
-            return Some(Parsed::StepStatus(
-                id.to_string(),
-                phase.to_string(),
-                crate::names::Service::new(service).ok()?,
-                outcome,
-                HostName::new(h).ok()?,
-            ));
-        }
-        if let Some(r) = rest.strip_prefix(STEPS) {
-            if r == "finalize" {
-                return Some(Parsed::FinalizeGrant);
-            }
-            let role = r.strip_prefix("roles/")?;
-            return Some(Parsed::Grant(Role::new(role).ok()?));
-        }
-        if let Some(r) = rest.strip_prefix(HOSTS)
-            && let Some(h) = r.strip_suffix("/services")
-        {
-            return Some(Parsed::Catalog(HostName::new(h).ok()?));
-        }
-        if let Some(r) = rest.strip_prefix(STATUS) {
-            if let Some(p) = r.strip_prefix("provisioned/") {
-                let [o, h] = split_n::<2>(p)?;
-                let outcome = match o {
-                    "success" => Outcome::Success,
-                    "failed" => Outcome::Failure,
-                    _ => return None,
-                };
-                return Some(Parsed::Provisioned(outcome, HostName::new(h).ok()?));
-            }
-            let [step, o, v, h] = split_n::<4>(r)?;
-            let step = match step {
-                "configured" => Step::Configured,
-                "validated" => Step::Validated,
-                _ => return None,
-            };
-            let outcome = match o {
-                "success" => Outcome::Success,
-                "failure" => Outcome::Failure,
-                _ => return None,
-            };
-            return Some(Parsed::Status(
-                step,
-                outcome,
-                Version::new(v).ok()?,
-                HostName::new(h).ok()?,
-            ));
-        }
-        if let Some(r) = rest.strip_prefix(ACTIVE_ROLES) {
-            let [role, h, i] = split_n::<3>(r)?;
-            return Some(Parsed::ActiveRole(
-                Role::new(role).ok()?,
-                HostName::new(h).ok()?,
-                Interface::new(i).ok()?,
-            ));
-        }
-        if let Some(h) = rest.strip_prefix(HOSTS) {
-            return Some(Parsed::Host(HostName::new(h).ok()?));
-        }
-        if let Some(h) = rest.strip_prefix(AGENTS) {
-            return Some(Parsed::Agent(HostName::new(h).ok()?));
-        }
-        if let Some(h) = rest.strip_prefix(RUNS) {
-            return Some(Parsed::Run(HostName::new(h).ok()?));
-        }
-        if let Some(h) = rest.strip_prefix(CLOCKS) {
-            return Some(Parsed::Clock(HostName::new(h).ok()?));
-        }
-        if let Some(l) = rest.strip_prefix(LOCKS) {
-            return (!l.is_empty() && !l.contains('/')).then(|| Parsed::Lock(l.to_string()));
-        }
-        if let Some(r) = rest.strip_prefix(ROLLOUTS) {
-            return match r {
-                "current" => Some(Parsed::CurrentRollout),
-                _ => (!r.is_empty() && !r.contains('/')).then(|| Parsed::Rollout(r.to_string())),
-            };
-        }
-        if let Some(d) = rest.strip_prefix(DRIVERS) {
-            return (!d.is_empty() && !d.contains('/')).then(|| Parsed::Driver(d.to_string()));
-        }
-        if let Some(r) = rest.strip_prefix(HOLDS) {
-            let [level, name] = split_n::<2>(r)?;
-            return match level {
-                "host" => Some(Parsed::Hold(HoldTarget::Host(HostName::new(name).ok()?))),
-                "role" => Some(Parsed::Hold(HoldTarget::Role(Role::new(name).ok()?))),
-                _ => None,
-            };
-        }
-        if let Some(h) = rest.strip_prefix(RESULTS) {
-            return Some(Parsed::Result(HostName::new(h).ok()?));
-        }
-        None
+        let (prefix, parse) = FAMILIES.into_iter().find(|(p, _)| rest.starts_with(p))?;
+        parse(&rest[prefix.len()..])
     }
 }
 
