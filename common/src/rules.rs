@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use regex::Regex;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::names::Role;
 use crate::window::Window;
@@ -235,10 +235,6 @@ impl Rules {
     }
 
     /// Parses the instructions JSON.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub fn parse(text: &str) -> Result<Rules, RulesError> {
         let v = strict_json(text).map_err(|e| RulesError(vec![format!("malformed JSON: {e}")]))?;
         let Value::Object(top) = v else {
@@ -253,21 +249,40 @@ impl Rules {
                 errors.push(format!("unknown key {k:?} (allowed: {})", TOP_KEYS.join(", ")));
             }
         }
+        rules.parse_rolling_rules(&top, &mut errors);
+        rules.parse_order(&top, &mut errors);
+        rules.parse_groups(&top, &mut errors);
+        rules.parse_failures_and_times(&top, &mut errors);
+        rules.parse_canary(&top, &mut errors);
+        rules.parse_windows(&top, &mut errors);
+        rules.compose = crate::compose_rules::Compose::parse(&top, &mut errors);
+        if let Some(cycle) = find_cycle(&rules.order) {
+            errors.push(format!("role_order has a cycle: {}", cycle.join(" -> ")));
+        }
+        if errors.is_empty() {
+            Ok(rules)
+        } else {
+            Err(RulesError(errors))
+        }
+    }
+
+    /// `rolling_rules`: the global and fleet limits and the limits by role.
+    fn parse_rolling_rules(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
         if let Some(rr) = top.get("rolling_rules") {
             match rr {
                 Value::Object(o) => {
                     for (k, v) in o {
                         match k.as_str() {
-                            "global" => rules.global_limit = limit("rolling_rules.global", v, &mut errors),
-                            "fleet" => rules.fleet_limit = limit("rolling_rules.fleet", v, &mut errors),
+                            "global" => self.global_limit = limit("rolling_rules.global", v, errors),
+                            "fleet" => self.fleet_limit = limit("rolling_rules.fleet", v, errors),
                             "roles" => match v {
                                 Value::Object(roles) => {
                                     for (r, n) in roles {
                                         let path = format!("rolling_rules.roles.{r}");
-                                        if name(&path, r, &mut errors)
-                                            && let Some(n) = limit(&path, n, &mut errors)
+                                        if name(&path, r, errors)
+                                            && let Some(n) = limit(&path, n, errors)
                                         {
-                                            rules.limits.insert(r.clone(), n);
+                                            self.limits.insert(r.clone(), n);
                                         }
                                     }
                                 }
@@ -284,6 +299,9 @@ impl Rules {
                 other => errors.push(format!("rolling_rules: {other} must be an object")),
             }
         }
+    }
+    /// `role_order` (or its old name `role_dependencies`).
+    fn parse_order(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
         let order = match (top.get("role_order"), top.get("role_dependencies")) {
             (Some(_), Some(_)) => {
                 errors.push("role_order and role_dependencies are the same rule; give only one".into());
@@ -298,28 +316,31 @@ impl Rules {
                 Value::Object(o) => {
                     for (r, deps) in o {
                         let path = format!("{key}.{r}");
-                        if name(&path, r, &mut errors) {
-                            let deps = strings(&path, deps, &mut errors);
+                        if name(&path, r, errors) {
+                            let deps = strings(&path, deps, errors);
                             for d in &deps {
-                                name(&path, d, &mut errors);
+                                name(&path, d, errors);
                             }
-                            rules.order.insert(r.clone(), deps);
+                            self.order.insert(r.clone(), deps);
                         }
                     }
                 }
                 other => errors.push(format!("{key}: {other} must be an object")),
             }
         }
+    }
+    /// `group_mappings`: groups of roles by regex, anchored at the start.
+    fn parse_groups(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
         if let Some(g) = top.get("group_mappings") {
             match g {
                 Value::Object(o) => {
                     for (group, pats) in o {
                         let path = format!("group_mappings.{group}");
-                        if !name(&path, group, &mut errors) {
+                        if !name(&path, group, errors) {
                             continue;
                         }
                         let mut patterns = Vec::new();
-                        for p in strings(&path, pats, &mut errors) {
+                        for p in strings(&path, pats, errors) {
                             // Anchored at the start, like Python's re.match in the original.
                             match Regex::new(&format!("^(?:{p})")) {
                                 Ok(re) => patterns.push(re),
@@ -329,7 +350,7 @@ impl Rules {
                                 )),
                             }
                         }
-                        rules.groups.push(GroupRule {
+                        self.groups.push(GroupRule {
                             name: group.clone(),
                             patterns,
                         });
@@ -338,28 +359,34 @@ impl Rules {
                 other => errors.push(format!("group_mappings: {other} must be an object")),
             }
         }
+    }
+    /// `max_failures`, `progress_deadline`, `canary_soak` and `min_healthy_time`.
+    fn parse_failures_and_times(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
         if let Some(m) = top.get("max_failures") {
-            rules.max_failures = limit("max_failures", m, &mut errors).unwrap_or(Limit::Count(0));
+            self.max_failures = limit("max_failures", m, errors).unwrap_or(Limit::Count(0));
         }
         if let Some(d) = top.get("progress_deadline")
-            && let Some(d) = duration("progress_deadline", d, &mut errors)
+            && let Some(d) = duration("progress_deadline", d, errors)
         {
-            rules.progress_deadline = d;
+            self.progress_deadline = d;
         }
         if let Some(d) = top.get("canary_soak") {
-            rules.canary_soak = duration("canary_soak", d, &mut errors);
+            self.canary_soak = duration("canary_soak", d, errors);
         }
         if let Some(d) = top.get("min_healthy_time") {
-            rules.min_healthy_time = duration("min_healthy_time", d, &mut errors);
+            self.min_healthy_time = duration("min_healthy_time", d, errors);
         }
+    }
+    /// `canary`: one count, or counts by group (and `canary_soak` needs it).
+    fn parse_canary(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
         if let Some(c) = top.get("canary") {
-            rules.canary = match c {
+            self.canary = match c {
                 Value::Object(o) => {
                     let mut by = BTreeMap::new();
                     for (g, n) in o {
                         let path = format!("canary.{g}");
-                        if name(&path, g, &mut errors)
-                            && let Some(n) = canary_count(&path, n, &mut errors)
+                        if name(&path, g, errors)
+                            && let Some(n) = canary_count(&path, n, errors)
                         {
                             by.insert(g.clone(), n);
                         }
@@ -369,32 +396,26 @@ impl Rules {
                     }
                     Canary::Groups(by)
                 }
-                other => canary_count("canary", other, &mut errors).map_or(Canary::None, Canary::Each),
+                other => canary_count("canary", other, errors).map_or(Canary::None, Canary::Each),
             };
         }
-        if rules.canary_soak.is_some() && rules.canary == Canary::None {
+        if self.canary_soak.is_some() && self.canary == Canary::None {
             errors.push("canary_soak is given without canary: there is nothing to soak".into());
         }
+    }
+    /// `windows`: a non-empty list of maintenance windows.
+    fn parse_windows(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
         if let Some(w) = top.get("windows") {
             match w {
                 Value::Array(a) if !a.is_empty() => {
                     for (i, w) in a.iter().enumerate() {
-                        if let Some(w) = Window::parse(&format!("windows[{i}]"), w, &mut errors) {
-                            rules.windows.push(w);
+                        if let Some(w) = Window::parse(&format!("windows[{i}]"), w, errors) {
+                            self.windows.push(w);
                         }
                     }
                 }
                 other => errors.push(format!("windows: {other} must be a non-empty list of windows")),
             }
-        }
-        rules.compose = crate::compose_rules::Compose::parse(&top, &mut errors);
-        if let Some(cycle) = find_cycle(&rules.order) {
-            errors.push(format!("role_order has a cycle: {}", cycle.join(" -> ")));
-        }
-        if errors.is_empty() {
-            Ok(rules)
-        } else {
-            Err(RulesError(errors))
         }
     }
 
