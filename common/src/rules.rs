@@ -461,10 +461,6 @@ impl Rules {
     }
 
     /// Checks the rules against the fleet's roles: groups, order between groups.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub fn resolve(&self, roles: &BTreeSet<Role>) -> Result<Resolved, RulesError> {
         let mut errors = Vec::new();
         let mut warnings = Vec::new();
@@ -477,52 +473,83 @@ impl Rules {
                 Err(e) => errors.push(e),
             }
         }
-        let groups: BTreeSet<String> = group_of.values().cloned().collect();
-        // A name in the rules is a group name, or a role (standing for its group).
-        let lookup = |n: &str| -> Option<String> {
-            if groups.contains(n) {
-                return Some(n.to_string());
-            }
-            Role::new(n).ok().and_then(|r| group_of.get(&r).cloned())
+        let names = Names {
+            groups: group_of.values().cloned().collect(),
+            group_of,
         };
         for n in self.limits.keys() {
-            if lookup(n).is_none() {
+            if names.lookup(n).is_none() {
                 warnings.push(format!("rolling_rules.roles names {n:?}, which has no hosts"));
             }
         }
+        let canary = self.resolve_canary(&names, &mut errors);
+        let windows = self.resolve_windows(&names, &mut warnings);
+        for g in &self.groups {
+            if !names.groups.contains(&g.name) {
+                warnings.push(format!("group_mappings.{} matches no role of any host", g.name));
+            }
+        }
+        let deps = self.resolve_order(&names, &mut errors, &mut warnings);
+        if let Some(c) = &self.compose {
+            c.resolve(roles, &mut errors, &mut warnings);
+        }
+        if !errors.is_empty() {
+            return Err(RulesError(errors));
+        }
+        Ok(Resolved {
+            limits: self.group_limits(&names),
+            group_of: names.group_of,
+            deps,
+            fleet_limit: self.fleet_limit,
+            max_failures: self.max_failures,
+            canary,
+            canary_soak: self.canary_soak,
+            min_healthy_time: self.min_healthy_time,
+            windows,
+            warnings,
+        })
+    }
+
+    /// The canary counts by group. A name that is no group or role is an error, not
+    /// a warning: a misspelt group would end the canary phase silently for the
+    /// group meant.
+    fn resolve_canary(&self, names: &Names, errors: &mut Vec<String>) -> BTreeMap<String, Limit> {
         let mut canary = BTreeMap::new();
         match &self.canary {
             Canary::None => {}
             Canary::Each(n) => {
-                canary = groups.iter().map(|g| (g.clone(), *n)).collect();
+                canary = names.groups.iter().map(|g| (g.clone(), *n)).collect();
             }
             Canary::Groups(by) => {
                 for (n, c) in by {
-                    match lookup(n) {
+                    match names.lookup(n) {
                         Some(g) => {
                             canary.insert(g, *c);
                         }
-                        // An error, not a warning: a misspelt group would end the
-                        // canary phase silently for the group meant.
                         None => errors.push(format!(
                             "canary.{n}: {n:?} is no group or role of this fleet (groups: {})",
-                            groups.iter().cloned().collect::<Vec<_>>().join(", ")
+                            names.groups.iter().cloned().collect::<Vec<_>>().join(", ")
                         )),
                     }
                 }
             }
         }
+        canary
+    }
+
+    /// The windows by group (a window naming no group applies to every group).
+    fn resolve_windows(&self, names: &Names, warnings: &mut Vec<String>) -> BTreeMap<String, Vec<Window>> {
         let mut windows: BTreeMap<String, Vec<Window>> = BTreeMap::new();
         for (i, w) in self.windows.iter().enumerate() {
             match &w.groups {
                 None => {
-                    for g in &groups {
+                    for g in &names.groups {
                         windows.entry(g.clone()).or_default().push(w.clone());
                     }
                 }
-                Some(names) => {
-                    for n in names {
-                        match lookup(n) {
+                Some(group_names) => {
+                    for n in group_names {
+                        match names.lookup(n) {
                             Some(g) => windows.entry(g).or_default().push(w.clone()),
                             None => warnings.push(format!("windows[{i}] names {n:?}, which has no hosts")),
                         }
@@ -530,19 +557,24 @@ impl Rules {
                 }
             }
         }
-        for g in &self.groups {
-            if !groups.contains(&g.name) {
-                warnings.push(format!("group_mappings.{} matches no role of any host", g.name));
-            }
-        }
+        windows
+    }
+
+    /// The groups each group waits for (`role_order`), without a cycle.
+    fn resolve_order(
+        &self,
+        names: &Names,
+        errors: &mut Vec<String>,
+        warnings: &mut Vec<String>,
+    ) -> BTreeMap<String, BTreeSet<String>> {
         let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (n, ds) in &self.order {
-            let Some(g) = lookup(n) else {
+            let Some(g) = names.lookup(n) else {
                 warnings.push(format!("role_order names {n:?}, which has no hosts"));
                 continue;
             };
             for d in ds {
-                match lookup(d) {
+                match names.lookup(d) {
                     None => warnings.push(format!("role_order: {n:?} waits for {d:?}, which has no hosts")),
                     Some(dg) if dg == g => errors.push(format!(
                         "role_order: {n:?} waits for {d:?}, but both are in group {g:?}: the group would wait for itself"
@@ -563,20 +595,20 @@ impl Rules {
                 c.join(" -> ")
             ));
         }
-        if let Some(c) = &self.compose {
-            c.resolve(roles, &mut errors, &mut warnings);
-        }
-        if !errors.is_empty() {
-            return Err(RulesError(errors));
-        }
-        let limits = groups
+        deps
+    }
+
+    /// Each group's limits: its own number, else those given for roles in it (the
+    /// smallest applies), else global.
+    fn group_limits(&self, names: &Names) -> BTreeMap<String, Vec<Limit>> {
+        names
+            .groups
             .iter()
             .map(|g| {
-                // A group's own number, else those given for roles in it (the
-                // smallest applies), else global.
                 let own: Vec<Limit> = match self.limits.get(g) {
                     Some(l) => vec![*l],
-                    None => group_of
+                    None => names
+                        .group_of
                         .iter()
                         .filter(|(_, rg)| *rg == g)
                         .filter_map(|(r, _)| self.limits.get(r.as_str()).copied())
@@ -589,19 +621,7 @@ impl Rules {
                 };
                 (g.clone(), all)
             })
-            .collect();
-        Ok(Resolved {
-            group_of,
-            deps,
-            limits,
-            fleet_limit: self.fleet_limit,
-            max_failures: self.max_failures,
-            canary,
-            canary_soak: self.canary_soak,
-            min_healthy_time: self.min_healthy_time,
-            windows,
-            warnings,
-        })
+            .collect()
     }
 }
 
@@ -771,6 +791,22 @@ pub struct Resolved {
     /// Group → the windows it starts hosts in (absent: at any time).
     pub windows: BTreeMap<String, Vec<Window>>,
     pub warnings: Vec<String>,
+}
+
+/// The fleet's groups, and each role's group: a name in the rules is a group name,
+/// or a role standing for its group.
+struct Names {
+    groups: BTreeSet<String>,
+    group_of: BTreeMap<Role, String>,
+}
+
+impl Names {
+    fn lookup(&self, n: &str) -> Option<String> {
+        if self.groups.contains(n) {
+            return Some(n.to_string());
+        }
+        Role::new(n).ok().and_then(|r| self.group_of.get(&r).cloned())
+    }
 }
 
 #[cfg(test)]
