@@ -78,10 +78,6 @@ impl Compose {
     /// Parses `roles_data`, `stages` and `finalize` of the rules' JSON `top` (its
     /// objects keep the order written: `serde_json`'s `preserve_order`). `None` without
     /// `roles_data` (then `stages` and `finalize` are errors).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub fn parse(top: &serde_json::Map<String, Value>, errors: &mut Vec<String>) -> Option<Compose> {
         let Some(rd) = top.get("roles_data") else {
             for k in ["stages", "finalize"] {
@@ -93,108 +89,11 @@ impl Compose {
             }
             return None;
         };
-        let mut c = Compose {
-            roles_data: Vec::new(),
-            stages: Vec::new(),
-            finalize_role: None,
+        let c = Compose {
+            roles_data: roles_data(rd, errors),
+            stages: top.get("stages").map(|st| stages(st, errors)).unwrap_or_default(),
+            finalize_role: top.get("finalize").and_then(|f| finalize_role(f, errors)),
         };
-        match rd {
-            Value::Object(o) => {
-                for (r, value) in o {
-                    let path = format!("roles_data.{r}");
-                    let role = match Role::new(r.as_str()) {
-                        Ok(role) => role,
-                        Err(e) => {
-                            errors.push(format!("{path}: {e}"));
-                            continue;
-                        }
-                    };
-                    let mut services: Vec<Service> = Vec::new();
-                    match value {
-                        Value::Array(a) => {
-                            for s in a {
-                                match s.as_str().map(Service::new) {
-                                    Some(Ok(s)) if services.contains(&s) => {
-                                        errors.push(format!("{path}: service {s} is listed twice"))
-                                    }
-                                    Some(Ok(s)) => services.push(s),
-                                    Some(Err(e)) => errors.push(format!("{path}: {e}")),
-                                    None => errors.push(format!("{path}: {s} is not a service name")),
-                                }
-                            }
-                        }
-                        other => errors.push(format!("{path}: {other} must be a list of service names")),
-                    }
-                    c.roles_data.push((role, services));
-                }
-                if o.is_empty() {
-                    errors.push("roles_data: {} names no role".into());
-                }
-            }
-            other => errors.push(format!("roles_data: {other} must be an object of roles")),
-        }
-        if let Some(st) = top.get("stages") {
-            match st {
-                Value::Object(o) if !o.is_empty() => {
-                    let mut seen: BTreeMap<Role, String> = BTreeMap::new();
-                    for (s, value) in o {
-                        let path = format!("stages.{s}");
-                        if let Err(e) = Role::new(s.as_str()) {
-                            errors.push(format!("{path}: invalid stage name: {}", e.rule));
-                            continue;
-                        }
-                        let mut roles = Vec::new();
-                        match value {
-                            Value::Array(a) if !a.is_empty() => {
-                                for r in a {
-                                    match r.as_str().map(Role::new) {
-                                        Some(Ok(r)) => {
-                                            if let Some(other) = seen.insert(r.clone(), s.clone()) {
-                                                errors.push(format!(
-                                                    "{path}: role {r} is already in stage {other}: a role belongs to one stage"
-                                                ));
-                                            } else {
-                                                roles.push(r);
-                                            }
-                                        }
-                                        Some(Err(e)) => errors.push(format!("{path}: {e}")),
-                                        None => errors.push(format!("{path}: {r} is not a role")),
-                                    }
-                                }
-                            }
-                            other => {
-                                errors.push(format!("{path}: {other} must be a non-empty list of roles"))
-                            }
-                        }
-                        c.stages.push((s.clone(), roles));
-                    }
-                }
-                other => errors.push(format!(
-                    "stages: {other} must be an object of stages (stage name → its roles)"
-                )),
-            }
-        }
-        if let Some(f) = top.get("finalize") {
-            match f {
-                Value::Object(o) => {
-                    for (k, v) in o {
-                        match (k.as_str(), v.as_str()) {
-                            ("role", Some(r)) => match Role::new(r) {
-                                Ok(r) => c.finalize_role = Some(r),
-                                Err(e) => errors.push(format!("finalize.role: {e}")),
-                            },
-                            ("role", None) => errors.push(format!("finalize.role: {v} must be a role name")),
-                            (other, _) => {
-                                errors.push(format!("finalize: unknown key {other:?} (allowed: role)"))
-                            }
-                        }
-                    }
-                }
-                other => errors.push(format!(
-                    "finalize: {other} must be an object such as {{\"role\": \"controller\"}}"
-                )),
-            }
-        }
         for k in ["canary", "canary_soak", "min_healthy_time"] {
             if top.contains_key(k) {
                 errors.push(format!(
@@ -239,4 +138,123 @@ impl Compose {
             });
         }
     }
+}
+
+/// `roles_data`: role → the services it runs, in the order written.
+fn roles_data(rd: &Value, errors: &mut Vec<String>) -> Vec<(Role, Vec<Service>)> {
+    let Value::Object(o) = rd else {
+        errors.push(format!("roles_data: {rd} must be an object of roles"));
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (r, value) in o {
+        let path = format!("roles_data.{r}");
+        match Role::new(r.as_str()) {
+            Ok(role) => out.push((role, services(&path, value, errors))),
+            Err(e) => errors.push(format!("{path}: {e}")),
+        }
+    }
+    if o.is_empty() {
+        errors.push("roles_data: {} names no role".into());
+    }
+    out
+}
+
+/// One role's services: names, each once.
+fn services(path: &str, value: &Value, errors: &mut Vec<String>) -> Vec<Service> {
+    let Value::Array(a) = value else {
+        errors.push(format!("{path}: {value} must be a list of service names"));
+        return Vec::new();
+    };
+    let mut services: Vec<Service> = Vec::new();
+    for s in a {
+        match s.as_str().map(Service::new) {
+            Some(Ok(s)) if services.contains(&s) => {
+                errors.push(format!("{path}: service {s} is listed twice"))
+            }
+            Some(Ok(s)) => services.push(s),
+            Some(Err(e)) => errors.push(format!("{path}: {e}")),
+            None => errors.push(format!("{path}: {s} is not a service name")),
+        }
+    }
+    services
+}
+
+/// `stages`: stage → its roles, in the order written; a role belongs to one stage.
+fn stages(st: &Value, errors: &mut Vec<String>) -> Vec<(String, Vec<Role>)> {
+    let o = match st {
+        Value::Object(o) if !o.is_empty() => o,
+        other => {
+            errors.push(format!(
+                "stages: {other} must be an object of stages (stage name → its roles)"
+            ));
+            return Vec::new();
+        }
+    };
+    let mut seen: BTreeMap<Role, String> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (s, value) in o {
+        let path = format!("stages.{s}");
+        if let Err(e) = Role::new(s.as_str()) {
+            errors.push(format!("{path}: invalid stage name: {}", e.rule));
+            continue;
+        }
+        out.push((s.clone(), stage_roles(&path, s, value, &mut seen, errors)));
+    }
+    out
+}
+
+fn stage_roles(
+    path: &str,
+    stage: &str,
+    value: &Value,
+    seen: &mut BTreeMap<Role, String>,
+    errors: &mut Vec<String>,
+) -> Vec<Role> {
+    let a = match value {
+        Value::Array(a) if !a.is_empty() => a,
+        other => {
+            errors.push(format!("{path}: {other} must be a non-empty list of roles"));
+            return Vec::new();
+        }
+    };
+    let mut roles = Vec::new();
+    for r in a {
+        match r.as_str().map(Role::new) {
+            Some(Ok(r)) => {
+                if let Some(other) = seen.insert(r.clone(), stage.to_string()) {
+                    errors.push(format!(
+                        "{path}: role {r} is already in stage {other}: a role belongs to one stage"
+                    ));
+                } else {
+                    roles.push(r);
+                }
+            }
+            Some(Err(e)) => errors.push(format!("{path}: {e}")),
+            None => errors.push(format!("{path}: {r} is not a role")),
+        }
+    }
+    roles
+}
+
+/// `finalize`: `{"role": ROLE}`.
+fn finalize_role(f: &Value, errors: &mut Vec<String>) -> Option<Role> {
+    let Value::Object(o) = f else {
+        errors.push(format!(
+            "finalize: {f} must be an object such as {{\"role\": \"controller\"}}"
+        ));
+        return None;
+    };
+    let mut role = None;
+    for (k, v) in o {
+        match (k.as_str(), v.as_str()) {
+            ("role", Some(r)) => match Role::new(r) {
+                Ok(r) => role = Some(r),
+                Err(e) => errors.push(format!("finalize.role: {e}")),
+            },
+            ("role", None) => errors.push(format!("finalize.role: {v} must be a role name")),
+            (other, _) => errors.push(format!("finalize: unknown key {other:?} (allowed: role)")),
+        }
+    }
+    role
 }
