@@ -12,7 +12,7 @@
 use jiff::Timestamp;
 use jiff::civil::{Date, Time, Weekday};
 use jiff::tz::TimeZone;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// One maintenance window.
 #[derive(Debug, Clone)]
@@ -90,10 +90,6 @@ fn parse_time(s: &str) -> Result<Time, String> {
 
 impl Window {
     /// Parses one window at `path` (for messages); every problem goes to `errors`.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub fn parse(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<Window> {
         let Value::Object(o) = v else {
             errors.push(format!(
@@ -109,35 +105,16 @@ impl Window {
                 ));
             }
         }
-        let text_of = |k: &str, errors: &mut Vec<String>| match o.get(k) {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(other) => {
-                errors.push(format!("{path}.{k}: {other} must be a string"));
-                None
-            }
-            None => {
-                errors.push(format!("{path}: {k:?} is missing"));
-                None
-            }
-        };
-        let days = text_of("days", errors).and_then(|d| {
+        let days = text_of(o, path, "days", errors).and_then(|d| {
             parse_days(&d)
                 .map_err(|e| errors.push(format!("{path}.days: {e}")))
                 .ok()
         });
-        let start = text_of("start", errors).and_then(|t| {
-            parse_time(&t)
-                .map_err(|e| errors.push(format!("{path}.start: {e}")))
-                .ok()
-        });
-        let end = text_of("end", errors).and_then(|t| {
-            parse_time(&t)
-                .map_err(|e| errors.push(format!("{path}.end: {e}")))
-                .ok()
-        });
+        let start = time_of(o, path, "start", errors);
+        let end = time_of(o, path, "end", errors);
         let tz_name = match o.get("tz") {
             None => Some("UTC".to_string()),
-            Some(_) => text_of("tz", errors),
+            Some(_) => text_of(o, path, "tz", errors),
         };
         let tz = tz_name.as_deref().and_then(|n| {
             TimeZone::get(n)
@@ -148,19 +125,7 @@ impl Window {
                 })
                 .ok()
         });
-        let groups = match o.get("groups") {
-            None => None,
-            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
-                Some(a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
-            }
-            Some(Value::String(s)) => Some(vec![s.clone()]),
-            Some(other) => {
-                errors.push(format!(
-                    "{path}.groups: {other} must be a group name or a non-empty list of them"
-                ));
-                None
-            }
-        };
+        let groups = groups_of(o, path, errors);
         if errors.len() > before {
             return None;
         }
@@ -249,6 +214,47 @@ pub fn state(windows: &[&Window], now: u64) -> WindowState {
                 .min()
                 .and_then(|o| u64::try_from(o).ok()),
         },
+    }
+}
+
+/// A window's text field `k`: a string, named when missing or not one.
+fn text_of(o: &Map<String, Value>, path: &str, k: &str, errors: &mut Vec<String>) -> Option<String> {
+    match o.get(k) {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            errors.push(format!("{path}.{k}: {other} must be a string"));
+            None
+        }
+        None => {
+            errors.push(format!("{path}: {k:?} is missing"));
+            None
+        }
+    }
+}
+
+/// A window's `start` or `end`, `HH:MM`.
+fn time_of(o: &Map<String, Value>, path: &str, k: &str, errors: &mut Vec<String>) -> Option<Time> {
+    text_of(o, path, k, errors).and_then(|t| {
+        parse_time(&t)
+            .map_err(|e| errors.push(format!("{path}.{k}: {e}")))
+            .ok()
+    })
+}
+
+/// A window's `groups`: a name or a non-empty list of them (`None`: every group).
+fn groups_of(o: &Map<String, Value>, path: &str, errors: &mut Vec<String>) -> Option<Vec<String>> {
+    match o.get("groups") {
+        None => None,
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
+            Some(a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+        }
+        Some(Value::String(s)) => Some(vec![s.clone()]),
+        Some(other) => {
+            errors.push(format!(
+                "{path}.groups: {other} must be a group name or a non-empty list of them"
+            ));
+            None
+        }
     }
 }
 
