@@ -71,10 +71,6 @@ struct Query {
 
 impl Query {
     /// Parses `query`, accepting only the parameters in `allowed`.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     fn parse(query: &str, allowed: &[&str]) -> Result<Query, String> {
         let mut q = Query::default();
         for kv in query.split('&').filter(|s| !s.is_empty()) {
@@ -92,81 +88,34 @@ impl Query {
                     allowed.join(", ")
                 ));
             }
-            let path = |v: &str| -> Result<PathBuf, String> {
-                if v.starts_with('/') && !v.contains('\0') {
-                    Ok(PathBuf::from(v))
-                } else {
-                    Err(format!("{k}={v:?}: must be an absolute path"))
-                }
-            };
-            let dup = || format!("parameter {k:?} given twice");
-            match k {
-                "ca_file" | "cert_file" | "key_file" | "password_file" | "token_file" => {
-                    let slot = match k {
-                        "ca_file" => &mut q.ca_file,
-                        "cert_file" => &mut q.cert_file,
-                        "key_file" => &mut q.key_file,
-                        "password_file" => &mut q.password_file,
-                        _ => &mut q.token_file,
-                    };
-                    if slot.replace(path(v)?).is_some() {
-                        return Err(dup());
-                    }
-                }
-                "server_name" => {
-                    let ok = !v.is_empty()
-                        && v.len() <= 253
-                        && v.split('.').all(|l| {
-                            !l.is_empty()
-                                && l.len() <= 63
-                                && l.chars()
-                                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                        });
-                    if v.parse::<std::net::IpAddr>().is_ok() {
-                        return Err(format!(
-                            "server_name={v:?}: must be a DNS name (an endpoint given as an address is checked against the addresses its certificate names, without server_name)"
-                        ));
-                    }
-                    if !ok {
-                        return Err(format!("server_name={v:?}: must be a DNS name"));
-                    }
-                    if q.server_name.replace(v.to_string()).is_some() {
-                        return Err(dup());
-                    }
-                }
-                "user" => {
-                    // etcd allows any name; these characters keep it printable and
-                    // unambiguous in a URL.
-                    if v.is_empty()
-                        || v.len() > 128
-                        || !v
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
-                    {
-                        return Err(format!(
-                            "user={v:?}: must be 1 to 128 letters, digits, '-', '_', '.' or '@'"
-                        ));
-                    }
-                    if q.user.replace(v.to_string()).is_some() {
-                        return Err(dup());
-                    }
-                }
-                "dc" => {
-                    if v.is_empty()
-                        || !v
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                    {
-                        return Err(format!("dc={v:?}: must be letters, digits, '-' or '_'"));
-                    }
-                    if q.dc.replace(v.to_string()).is_some() {
-                        return Err(dup());
-                    }
-                }
-                _ => unreachable!("checked against `allowed`"),
-            }
+            q.set(k, v)?;
         }
         Ok(q)
+    }
+
+    /// Sets the parameter `k` (one of the known ones) to `v`, once.
+    fn set(&mut self, k: &str, v: &str) -> Result<(), String> {
+        let first = match k {
+            "ca_file" | "cert_file" | "key_file" | "password_file" | "token_file" => {
+                let slot = match k {
+                    "ca_file" => &mut self.ca_file,
+                    "cert_file" => &mut self.cert_file,
+                    "key_file" => &mut self.key_file,
+                    "password_file" => &mut self.password_file,
+                    _ => &mut self.token_file,
+                };
+                slot.replace(absolute_path(k, v)?).is_none()
+            }
+            "server_name" => self.server_name.replace(server_name(v)?).is_none(),
+            "user" => self.user.replace(user_name(v)?).is_none(),
+            "dc" => self.dc.replace(datacenter(v)?).is_none(),
+            _ => unreachable!("checked against `allowed`"),
+        };
+        if first {
+            Ok(())
+        } else {
+            Err(format!("parameter {k:?} given twice"))
+        }
     }
 
     /// The TLS settings, for a TLS scheme; an error when they are given without TLS
@@ -471,6 +420,64 @@ pub(crate) fn redact(raw: &str) -> String {
         (Some(s), Some(at)) if at > s => format!("{}://***@{}", &raw[..s], &raw[at + 1..]),
         _ => raw.to_string(),
     }
+}
+
+fn absolute_path(k: &str, v: &str) -> Result<PathBuf, String> {
+    if v.starts_with('/') && !v.contains('\0') {
+        Ok(PathBuf::from(v))
+    } else {
+        Err(format!("{k}={v:?}: must be an absolute path"))
+    }
+}
+
+/// `server_name`: a DNS name (an address is checked against the certificate's
+/// addresses without it).
+fn server_name(v: &str) -> Result<String, String> {
+    let ok = !v.is_empty()
+        && v.len() <= 253
+        && v.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+    if v.parse::<std::net::IpAddr>().is_ok() {
+        return Err(format!(
+            "server_name={v:?}: must be a DNS name (an endpoint given as an address is checked against the addresses its certificate names, without server_name)"
+        ));
+    }
+    if !ok {
+        return Err(format!("server_name={v:?}: must be a DNS name"));
+    }
+    Ok(v.to_string())
+}
+
+/// `user`: etcd allows any name; these characters keep it printable and
+/// unambiguous in a URL.
+fn user_name(v: &str) -> Result<String, String> {
+    if v.is_empty()
+        || v.len() > 128
+        || !v
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+    {
+        return Err(format!(
+            "user={v:?}: must be 1 to 128 letters, digits, '-', '_', '.' or '@'"
+        ));
+    }
+    Ok(v.to_string())
+}
+
+/// `dc`: a Consul datacenter's name.
+fn datacenter(v: &str) -> Result<String, String> {
+    if v.is_empty()
+        || !v
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!("dc={v:?}: must be letters, digits, '-' or '_'"));
+    }
+    Ok(v.to_string())
 }
 
 #[cfg(test)]
