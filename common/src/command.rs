@@ -131,143 +131,23 @@ fn admitted(fleet: &Snapshot, id: &CommandId, h: &HostName) -> bool {
 }
 
 /// Plans a pass of a command's driver. Pure.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+///
+/// Each host's state for the rolling planner (from its run, its admission, or
+/// what else it is doing), the planner's pass over the command's hosts with the
+/// fleet's busy hosts counted, the command's own reasons, the inboxes to withdraw,
+/// and whether the command ends.
 pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
     let rec = v.record;
-    let id = &rec.id;
-    let fleet_status: BTreeMap<&HostName, &HostStatus> =
-        v.fleet_status.iter().map(|h| (&h.host, h)).collect();
-    let mut statuses: Vec<HostStatus> = Vec::new();
+    let others = Others::new(v);
     let mut out = CommandPlan::default();
-    // While a composable rollout is active, the hosts of a role it granted a phase
-    // are between its steps even when no enable key says so (a service may be
-    // stopped until its post step): they are busy.
-    let composable = v
-        .fleet
-        .rollout
-        .as_ref()
-        .and_then(|c| c.ok())
-        .filter(|r| r.state.active())
-        .map(|r| r.id.to_string());
-    let in_phase = |role: &Role| {
-        composable
-            .as_ref()
-            .and_then(|id| v.fleet.grants.get(role).filter(|g| &g.rollout == id))
-            .map(|g| {
-                format!(
-                    "busy: its role is in phase {} of composable rollout {}; the command waits for the rollout",
-                    g.phase, g.rollout
-                )
-            })
-    };
-    // What else a host is doing: an upgrade, another command, a composable phase.
-    let busy = |h: &HostName, role: &Role| {
-        fleet_status
-            .get(h)
-            .filter(|s| matches!(s.state, HostState::Upgrading | HostState::Lost))
-            .map(|s| {
-                format!(
-                    "busy: {}; the command waits for it",
-                    s.reason
-                        .clone()
-                        .unwrap_or_else(|| "enabled for the upgrade".into())
-                )
-            })
-            .or_else(|| in_phase(role))
-    };
-    let targets: BTreeSet<&HostName> = rec.hosts.iter().collect();
+    let mut statuses: Vec<HostStatus> = Vec::new();
     for h in &rec.hosts {
-        let role = fleet_status
-            .get(h)
-            .map_or_else(|| v.fleet.role_of(h), |s| s.role.clone());
-        let live = v.fleet.agents.contains_key(h);
-        let held = v.fleet.hold_of(h, &role).is_some();
-        let (state, reason, phase) = if let Some(res) = v.runs.results.get(h) {
-            let phase = match res.outcome {
-                RunOutcome::Succeeded => HostPhase::Succeeded,
-                RunOutcome::Failed => HostPhase::Failed,
-                RunOutcome::Refused => HostPhase::Refused,
-                RunOutcome::Interrupted => HostPhase::Interrupted,
-            };
-            let state = if res.ok() {
-                HostState::Upgraded
-            } else {
-                HostState::Failed
-            };
-            (state, None, phase)
-        } else if v.runs.invalid_results.contains(h) {
-            (HostState::Failed, None, HostPhase::Failed)
-        } else if v.runs.started(h) {
-            if live {
-                (
-                    HostState::Upgrading,
-                    Some("running the command".to_string()),
-                    HostPhase::Running,
-                )
-            } else {
-                (
-                    HostState::Lost,
-                    Some("started the command, but its agent is not alive".to_string()),
-                    HostPhase::Running,
-                )
-            }
-        } else if admitted(v.fleet, id, h) && rec.state.active() && !held {
-            if live {
-                (
-                    HostState::Upgrading,
-                    Some("admitted, its agent is about to start the command".to_string()),
-                    HostPhase::Admitted,
-                )
-            } else {
-                (
-                    HostState::Lost,
-                    Some("admitted, but its agent is not alive".to_string()),
-                    HostPhase::Admitted,
-                )
-            }
-        } else if v.fleet.inboxes_invalid.contains(h) && !held {
-            // No admission goes through an inbox that cannot be read: it is named
-            // until someone fixes (or deletes) it.
-            (
-                HostState::Blocked,
-                Some(format!(
-                    "its inbox /config_state/commands/{h} cannot be read: it cannot be admitted until the key is fixed or deleted"
-                )),
-                HostPhase::Pending,
-            )
-        } else if let Some(why) = busy(h, &role).filter(|_| !held) {
-            // Busy with an upgrade or another command: it holds a slot here too.
-            (HostState::Upgrading, Some(why), HostPhase::Pending)
-        } else {
-            (HostState::Pending, None, HostPhase::Pending)
-        };
+        let (status, phase) = host_status(v, &others, h);
         out.phases.insert(h.clone(), phase);
-        statuses.push(HostStatus {
-            host: h.clone(),
-            role,
-            state,
-            reason,
-        });
+        statuses.push(status);
     }
-    // The fleet's other hosts count in the limits while they are busy (the role's
-    // limit holds across commands and upgrades); percentages, `max_failures` and
-    // `role_order` are of the command's own hosts.
-    let busy_outside: Vec<HostStatus> = v
-        .fleet_status
-        .iter()
-        .filter(|s| !targets.contains(&s.host))
-        .filter_map(|s| {
-            busy(&s.host, &s.role).map(|why| HostStatus {
-                host: s.host.clone(),
-                role: s.role.clone(),
-                state: HostState::Upgrading,
-                reason: Some(why),
-            })
-        })
-        .collect();
+    let targets: BTreeSet<&HostName> = rec.hosts.iter().collect();
+    let busy_outside = others.busy_outside(v, &targets);
     let cx = plan::Context {
         now: v.now,
         rollout: None,
@@ -275,81 +155,15 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         busy_outside: &busy_outside,
     };
     let mut p = plan::plan(v.fleet, &statuses, r, &cx);
-    // The reasons of hosts the command moved are the command's own.
-    for s in &statuses {
-        let why = match out.phases[&s.host] {
-            HostPhase::Succeeded => None,
-            HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted => {
-                let res = v.runs.results.get(&s.host);
-                let text = match res {
-                    Some(res) => result_text(res),
-                    None => format!(
-                        "its result at /command_runs/{id}/results/{} cannot be read",
-                        s.host
-                    ),
-                };
-                Some(Reason {
-                    code: ReasonCode::Failed,
-                    text,
-                    at: res.map(|r| r.ended),
-                })
-            }
-            _ => p.reasons.get(&s.host).cloned(),
-        };
-        match why {
-            Some(w) => {
-                p.reasons.insert(s.host.clone(), w);
-            }
-            None => {
-                p.reasons.remove(&s.host);
-            }
-        }
-    }
+    own_reasons(v, &statuses, &out.phases, &mut p);
     out.running = statuses
         .iter()
         .filter(|s| matches!(out.phases[&s.host], HostPhase::Running))
         .map(|s| s.host.clone())
         .collect();
-    // Inboxes that name the command for nothing: the host's run ended, the
-    // command ended, the host is held before it started, or it is not one of the
-    // command's hosts.
-    for (h, ids) in &v.fleet.inboxes {
-        if !ids.contains(id) {
-            continue;
-        }
-        let role = v.fleet.role_of(h);
-        let withdraw = !targets.contains(h)
-            || v.runs.ended(h)
-            || !rec.state.active()
-            || (!v.runs.started(h) && v.fleet.hold_of(h, &role).is_some());
-        if withdraw {
-            out.release.push(h.clone());
-        }
-    }
+    out.release = stale_inboxes(v, &targets);
     if rec.state.active() {
-        // An emergency stop after the command was created ends it.
-        out.end = match v.fleet.halt.as_ref().filter(|(_, rev)| *rev > v.created) {
-            Some((by, _)) => Some(CommandState::Aborted {
-                by: by.holder.clone(),
-                reason: Some(format!(
-                    "emergency stop (global-disable-puppet) by {} on {}",
-                    by.holder, by.host
-                )),
-            }),
-            None => ending(&statuses, &out.phases, &p, v, r),
-        };
-        if out.end.is_none() {
-            out.admit = p.enable_hosts.clone();
-        } else {
-            // The end withdraws every admission: hosts not started never start
-            // it, running ones finish (their agents' records count them in flight).
-            for (h, ids) in &v.fleet.inboxes {
-                if ids.contains(id) && !out.release.contains(h) {
-                    out.release.push(h.clone());
-                }
-            }
-            out.release.sort();
-        }
+        end_or_admit(v, r, &statuses, &p, &mut out);
     }
     if !rec.state.active() || out.end.is_some() {
         for ph in out.phases.values_mut() {
@@ -375,6 +189,235 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         && !moving_outside(v, r, &statuses, &busy_outside);
     out.plan = p;
     out
+}
+
+/// What else the fleet's hosts are doing: an upgrade, another command, or a phase of
+/// an active composable rollout granted to their role (its hosts are between steps
+/// even when no enable key says so: a service may be stopped until its post step).
+struct Others<'a> {
+    fleet: &'a Snapshot,
+    status: BTreeMap<&'a HostName, &'a HostStatus>,
+    composable: Option<String>,
+}
+
+impl<'a> Others<'a> {
+    fn new(v: &View<'a>) -> Others<'a> {
+        let composable = v
+            .fleet
+            .rollout
+            .as_ref()
+            .and_then(|c| c.ok())
+            .filter(|r| r.state.active())
+            .map(|r| r.id.to_string());
+        Others {
+            fleet: v.fleet,
+            status: v.fleet_status.iter().map(|h| (&h.host, h)).collect(),
+            composable,
+        }
+    }
+
+    fn in_phase(&self, role: &Role) -> Option<String> {
+        self.composable
+            .as_ref()
+            .and_then(|id| self.fleet.grants.get(role).filter(|g| &g.rollout == id))
+            .map(|g| {
+                format!(
+                    "busy: its role is in phase {} of composable rollout {}; the command waits for the rollout",
+                    g.phase, g.rollout
+                )
+            })
+    }
+
+    /// Why `h` is busy with something else, if it is.
+    fn busy(&self, h: &HostName, role: &Role) -> Option<String> {
+        self.status
+            .get(h)
+            .filter(|s| matches!(s.state, HostState::Upgrading | HostState::Lost))
+            .map(|s| {
+                format!(
+                    "busy: {}; the command waits for it",
+                    s.reason
+                        .clone()
+                        .unwrap_or_else(|| "enabled for the upgrade".into())
+                )
+            })
+            .or_else(|| self.in_phase(role))
+    }
+
+    /// The fleet's other hosts count in the limits while they are busy (the role's
+    /// limit holds across commands and upgrades); percentages, `max_failures` and
+    /// `role_order` are of the command's own hosts.
+    fn busy_outside(&self, v: &View<'_>, targets: &BTreeSet<&HostName>) -> Vec<HostStatus> {
+        v.fleet_status
+            .iter()
+            .filter(|s| !targets.contains(&s.host))
+            .filter_map(|s| {
+                self.busy(&s.host, &s.role).map(|why| HostStatus {
+                    host: s.host.clone(),
+                    role: s.role.clone(),
+                    state: HostState::Upgrading,
+                    reason: Some(why),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A command's host as the rolling planner sees it, and its phase in the command.
+fn host_status(v: &View<'_>, others: &Others<'_>, h: &HostName) -> (HostStatus, HostPhase) {
+    let role = others
+        .status
+        .get(h)
+        .map_or_else(|| v.fleet.role_of(h), |s| s.role.clone());
+    let held = v.fleet.hold_of(h, &role).is_some();
+    let (state, reason, phase) = run_state(v, h, held).unwrap_or_else(|| {
+        if v.fleet.inboxes_invalid.contains(h) && !held {
+            // No admission goes through an inbox that cannot be read: it is named
+            // until someone fixes (or deletes) it.
+            (
+                HostState::Blocked,
+                Some(format!(
+                    "its inbox /config_state/commands/{h} cannot be read: it cannot be admitted until the key is fixed or deleted"
+                )),
+                HostPhase::Pending,
+            )
+        } else if let Some(why) = others.busy(h, &role).filter(|_| !held) {
+            // Busy with an upgrade or another command: it holds a slot here too.
+            (HostState::Upgrading, Some(why), HostPhase::Pending)
+        } else {
+            (HostState::Pending, None, HostPhase::Pending)
+        }
+    });
+    let status = HostStatus {
+        host: h.clone(),
+        role,
+        state,
+        reason,
+    };
+    (status, phase)
+}
+
+/// Where a host stands in the command's own run: its result, a result that cannot
+/// be read, started, or admitted (`None`: none of these).
+fn run_state(v: &View<'_>, h: &HostName, held: bool) -> Option<(HostState, Option<String>, HostPhase)> {
+    let live = v.fleet.agents.contains_key(h);
+    let in_flight = |why: &str, lost: &str, phase| {
+        if live {
+            (HostState::Upgrading, Some(why.to_string()), phase)
+        } else {
+            (HostState::Lost, Some(lost.to_string()), phase)
+        }
+    };
+    if let Some(res) = v.runs.results.get(h) {
+        let phase = match res.outcome {
+            RunOutcome::Succeeded => HostPhase::Succeeded,
+            RunOutcome::Failed => HostPhase::Failed,
+            RunOutcome::Refused => HostPhase::Refused,
+            RunOutcome::Interrupted => HostPhase::Interrupted,
+        };
+        let state = if res.ok() {
+            HostState::Upgraded
+        } else {
+            HostState::Failed
+        };
+        Some((state, None, phase))
+    } else if v.runs.invalid_results.contains(h) {
+        Some((HostState::Failed, None, HostPhase::Failed))
+    } else if v.runs.started(h) {
+        Some(in_flight(
+            "running the command",
+            "started the command, but its agent is not alive",
+            HostPhase::Running,
+        ))
+    } else if admitted(v.fleet, &v.record.id, h) && v.record.state.active() && !held {
+        Some(in_flight(
+            "admitted, its agent is about to start the command",
+            "admitted, but its agent is not alive",
+            HostPhase::Admitted,
+        ))
+    } else {
+        None
+    }
+}
+
+/// The reasons of hosts the command moved are the command's own.
+fn own_reasons(v: &View<'_>, statuses: &[HostStatus], phases: &BTreeMap<HostName, HostPhase>, p: &mut Plan) {
+    for s in statuses {
+        let why = match phases[&s.host] {
+            HostPhase::Succeeded => None,
+            HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted => {
+                let res = v.runs.results.get(&s.host);
+                let text = match res {
+                    Some(res) => result_text(res),
+                    None => format!(
+                        "its result at /command_runs/{}/results/{} cannot be read",
+                        v.record.id, s.host
+                    ),
+                };
+                Some(Reason {
+                    code: ReasonCode::Failed,
+                    text,
+                    at: res.map(|r| r.ended),
+                })
+            }
+            _ => p.reasons.get(&s.host).cloned(),
+        };
+        match why {
+            Some(w) => {
+                p.reasons.insert(s.host.clone(), w);
+            }
+            None => {
+                p.reasons.remove(&s.host);
+            }
+        }
+    }
+}
+
+/// Inboxes that name the command for nothing: the host's run ended, the command
+/// ended, the host is held before it started, or it is not one of the command's
+/// hosts.
+fn stale_inboxes(v: &View<'_>, targets: &BTreeSet<&HostName>) -> Vec<HostName> {
+    let id = &v.record.id;
+    v.fleet
+        .inboxes
+        .iter()
+        .filter(|(_, ids)| ids.contains(id))
+        .filter(|(h, _)| {
+            let role = v.fleet.role_of(h);
+            !targets.contains(h)
+                || v.runs.ended(h)
+                || !v.record.state.active()
+                || (!v.runs.started(h) && v.fleet.hold_of(h, &role).is_some())
+        })
+        .map(|(h, _)| h.clone())
+        .collect()
+}
+
+/// An active command ends (an emergency stop after it was created, or `ending`),
+/// withdrawing every admission; or it admits what the plan enables.
+fn end_or_admit(v: &View<'_>, r: &Resolved, statuses: &[HostStatus], p: &Plan, out: &mut CommandPlan) {
+    out.end = match v.fleet.halt.as_ref().filter(|(_, rev)| *rev > v.created) {
+        Some((by, _)) => Some(CommandState::Aborted {
+            by: by.holder.clone(),
+            reason: Some(format!(
+                "emergency stop (global-disable-puppet) by {} on {}",
+                by.holder, by.host
+            )),
+        }),
+        None => ending(statuses, &out.phases, p, v, r),
+    };
+    if out.end.is_none() {
+        out.admit = p.enable_hosts.clone();
+        return;
+    }
+    // The end withdraws every admission: hosts not started never start it, running
+    // ones finish (their agents' records count them in flight).
+    for (h, ids) in &v.fleet.inboxes {
+        if ids.contains(&v.record.id) && !out.release.contains(h) {
+            out.release.push(h.clone());
+        }
+    }
+    out.release.sort();
 }
 
 /// Hosts outside the command, with a live agent, hold slots of a group where the
