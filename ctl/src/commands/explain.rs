@@ -5,15 +5,18 @@
 //! agent's liveness. Read-only.
 
 use clap::Args;
-use jio_common::fleet::{self, Snapshot};
-use jio_common::gate::KeyState;
-use jio_common::keys::EnableLevel;
-use jio_common::names::HostName;
-use jio_common::plan::when;
+use jio_common::compose::Composed;
+use jio_common::fleet::{self, CurrentRollout, Snapshot};
+use jio_common::gate::{Gate, KeyState};
+use jio_common::keys::{EnableLevel, HoldTarget};
+use jio_common::names::{HostName, Role};
+use jio_common::plan::{GroupPlan, when};
+use jio_common::values::HoldRecord;
 use serde_json::json;
 
 use crate::context::{Access, Context};
 use crate::exit::{self, Failure, Outcome};
+use crate::status::Admission;
 
 #[derive(Args, Debug)]
 pub struct Explain {
@@ -60,10 +63,6 @@ struct Explained {
     json: serde_json::Value,
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
     let mut t = Vec::new();
     let schema_role = snap.role_of(h);
@@ -96,72 +95,112 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
             versions.join(", ")
         }
     ));
-    // A composable rollout: the host's stage, the phase going on, its catalog.
     if let Some(c) = &adm.composed {
-        if let Some(st) = c.stages.iter().find(|st| st.roles.contains(&schema_role)) {
-            t.push(format!(
-                "  stage {} (composable rollout): {}{}{}",
-                st.name,
-                st.state.replace('_', " "),
-                st.phase
-                    .as_ref()
-                    .map(|p| format!(", phase {p}"))
-                    .unwrap_or_default(),
-                match (st.finished, st.taking_part) {
-                    (Some(d), Some(of)) => format!(" ({d}/{of} finished)"),
-                    _ => String::new(),
-                }
-            ));
-            if let Some(why) = st.left_behind.get(h) {
-                t.push(format!("    left behind: {why}"));
+        composable_lines(&mut t, snap, h, &schema_role, c);
+    }
+    let gate = snap.gate(h, &schema_role);
+    gate_lines(&mut t, snap, h, &schema_role, &gate);
+    let hold = snap.hold_of(h, &schema_role);
+    hold_lines(&mut t, &hold);
+    let rollout = snap.rollout.as_ref();
+    rollout_lines(&mut t, rollout);
+    // The rule that blocks it (or what moves it).
+    let group = adm.plan.as_ref().and_then(|p| {
+        p.groups
+            .iter()
+            .find(|g| g.group == adm_group(snap, h, rollout))
+            .cloned()
+    });
+    group_lines(&mut t, group.as_ref(), &adm);
+    last_run_lines(&mut t, snap, h);
+    agent_lines(&mut t, snap, h);
+    let json = json!({
+        "host": h,
+        "role": schema_role,
+        "state": state,
+        "reason": reason,
+        "running": versions,
+        "gate": gate,
+        "hold": hold.as_ref().map(|(t, r)| json!({"target": t.to_string(), "record": r})),
+        "rollout": crate::status::rollout_json(snap),
+        "group": group,
+        "last_run": snap.results.get(h),
+        "agent": snap.agents.get(h),
+        "desired_version": snap.current,
+        "failure_entry": snap.failures.get(h).map(|(step, value)| json!({"step": step.as_str(), "value": value})),
+        "run_marker": snap.runs.get(h),
+        "fleet": adm.plan.as_ref().map(|p| json!({"in_flight": p.fleet_in_flight, "cap": p.fleet_cap})),
+    });
+    Explained { text: t, json }
+}
+
+/// A composable rollout: the host's stage, the phase going on, its catalog.
+fn composable_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName, schema_role: &Role, c: &Composed) {
+    if let Some(st) = c.stages.iter().find(|st| st.roles.contains(schema_role)) {
+        t.push(format!(
+            "  stage {} (composable rollout): {}{}{}",
+            st.name,
+            st.state.replace('_', " "),
+            st.phase
+                .as_ref()
+                .map(|p| format!(", phase {p}"))
+                .unwrap_or_default(),
+            match (st.finished, st.taking_part) {
+                (Some(d), Some(of)) => format!(" ({d}/{of} finished)"),
+                _ => String::new(),
             }
-        }
-        if let Some(g) = snap.grants.get(&schema_role) {
-            t.push(format!(
-                "    granted to role {schema_role}: {} ({})",
-                g.phase,
-                g.services
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        match snap.catalogs.get(h) {
-            Some(Ok(cat)) => t.push(format!(
-                "    task files ({}): {}",
-                cat.dir,
-                cat.services
-                    .iter()
-                    .map(|(s, st)| {
-                        let steps: Vec<String> = st
-                            .pre
-                            .iter()
-                            .map(|k| format!("pre-{k}"))
-                            .chain(st.post.iter().map(|k| format!("post-{k}")))
-                            .chain(st.finalize.then(|| "finalize".to_string()))
-                            .collect();
-                        format!("{s} [{}]", steps.join(" "))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-            Some(Err(e)) => t.push(format!("    task files: {e}")),
-            None => t.push(format!("    task files: none published (/hosts/{h}/services)")),
-        }
-        if c.finalize.host.as_ref() == Some(h) {
-            t.push(format!("    finalize: {} here", c.finalize.state));
+        ));
+        if let Some(why) = st.left_behind.get(h) {
+            t.push(format!("    left behind: {why}"));
         }
     }
-    // The gate.
-    let gate = snap.gate(h, &schema_role);
+    if let Some(g) = snap.grants.get(schema_role) {
+        t.push(format!(
+            "    granted to role {schema_role}: {} ({})",
+            g.phase,
+            g.services
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    match snap.catalogs.get(h) {
+        Some(Ok(cat)) => t.push(format!(
+            "    task files ({}): {}",
+            cat.dir,
+            cat.services
+                .iter()
+                .map(|(s, st)| {
+                    let steps: Vec<String> = st
+                        .pre
+                        .iter()
+                        .map(|k| format!("pre-{k}"))
+                        .chain(st.post.iter().map(|k| format!("post-{k}")))
+                        .chain(st.finalize.then(|| "finalize".to_string()))
+                        .collect();
+                    format!("{s} [{}]", steps.join(" "))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Some(Err(e)) => t.push(format!("    task files: {e}")),
+        None => t.push(format!("    task files: none published (/hosts/{h}/services)")),
+    }
+    if c.finalize.host.as_ref() == Some(h) {
+        t.push(format!("    finalize: {} here", c.finalize.state));
+    }
+}
+
+/// The gate: each enable key, and the one that decides.
+fn gate_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName, schema_role: &Role, gate: &Gate) {
     t.push("  gate (the most specific key that is set decides):".into());
     let levels = [
         ("host", EnableLevel::Host(h.clone()), snap.host_keys.get(h)),
         (
             "role",
             EnableLevel::Role(schema_role.clone()),
-            snap.role_keys.get(&schema_role),
+            snap.role_keys.get(schema_role),
         ),
         ("global", EnableLevel::Global, Some(&snap.global)),
     ];
@@ -186,9 +225,11 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
             .map(|b| format!(" (blocked: {b})"))
             .unwrap_or_default()
     ));
-    // A hold.
-    let hold = snap.hold_of(h, &schema_role);
-    match &hold {
+}
+
+/// A hold on the host or its role.
+fn hold_lines(t: &mut Vec<String>, hold: &Option<(HoldTarget, Option<&HoldRecord>)>) {
+    match hold {
         Some((target, Some(rec))) => t.push(format!(
             "  hold: {target} held by {}{} since {}",
             rec.by,
@@ -200,8 +241,10 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
         )),
         None => t.push("  hold: none".into()),
     }
-    // The rollout.
-    let rollout = snap.rollout.as_ref();
+}
+
+/// The active rollout.
+fn rollout_lines(t: &mut Vec<String>, rollout: Option<&CurrentRollout>) {
     match rollout {
         None => t.push("  rollout: none is active".into()),
         Some(c) => match &c.record {
@@ -219,14 +262,11 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
             Err(e) => t.push(format!("  rollout: {} cannot be used: {e}", c.id)),
         },
     }
-    // The rule that blocks it (or what moves it).
-    let group = adm.plan.as_ref().and_then(|p| {
-        p.groups
-            .iter()
-            .find(|g| g.group == adm_group(snap, h, rollout))
-            .cloned()
-    });
-    if let Some(g) = &group {
+}
+
+/// The host's group under the rules, the fleet cap, and a problem with the rules.
+fn group_lines(t: &mut Vec<String>, group: Option<&GroupPlan>, adm: &Admission) {
+    if let Some(g) = group {
         t.push(format!(
             "  group {}: {} upgraded, {} in flight{}, {} pending; {}",
             g.group,
@@ -245,7 +285,10 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
     if let Some(p) = &adm.problem {
         t.push(format!("  rules: {p}"));
     }
-    // The last run.
+}
+
+/// The last run's result and the failure entry.
+fn last_run_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
     match snap.results.get(h) {
         Some(r) => {
             t.push(format!(
@@ -293,7 +336,10 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
             crate::status::describe_entry(value)
         ));
     }
-    // The agent.
+}
+
+/// The agent, its clock, and a run marker.
+fn agent_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
     match snap.agents.get(h) {
         Some(Some(a)) => t.push(format!(
             "  agent: alive (pid {}), {} {} since {}",
@@ -330,24 +376,6 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
             None => format!("  run marker: /runs/{h} cannot be read"),
         });
     }
-    let json = json!({
-        "host": h,
-        "role": schema_role,
-        "state": state,
-        "reason": reason,
-        "running": versions,
-        "gate": gate,
-        "hold": hold.as_ref().map(|(t, r)| json!({"target": t.to_string(), "record": r})),
-        "rollout": crate::status::rollout_json(snap),
-        "group": group,
-        "last_run": snap.results.get(h),
-        "agent": snap.agents.get(h),
-        "desired_version": snap.current,
-        "failure_entry": snap.failures.get(h).map(|(step, value)| json!({"step": step.as_str(), "value": value})),
-        "run_marker": snap.runs.get(h),
-        "fleet": adm.plan.as_ref().map(|p| json!({"in_flight": p.fleet_in_flight, "cap": p.fleet_cap})),
-    });
-    Explained { text: t, json }
 }
 
 /// The host's group under the active rollout's rules (its role without them).
