@@ -258,118 +258,267 @@ fn task_progress(snap: &Snapshot, h: &HostName, phase: &str, services: &[&Servic
 }
 
 /// Plans one pass of the composable rollout `cx.rollout` (whose rules hold `c`),
-/// resolved as `r`. Pure.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+/// resolved as `r`. Pure. The stages are walked in order: the first one not done
+/// moves (its phase is granted, or its hosts admitted), later ones wait.
 pub fn plan(given: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Composed {
-    // A Puppet failure entry older than the rollout's start is a past rollout's:
-    // this one runs the host again (its steps too), as docs/composable.md says.
-    let started_at = given.rollout.as_ref().map_or(0, |c| c.current_revision);
-    let fresh;
-    let snap = if given.failure_revisions.values().any(|rev| *rev < started_at) {
-        let mut s = given.clone();
-        let old: Vec<HostName> = s
-            .failure_revisions
-            .iter()
-            .filter(|(_, rev)| **rev < started_at)
-            .map(|(h, _)| h.clone())
-            .collect();
-        for h in old {
-            s.failures.remove(&h);
-            s.failure_revisions.remove(&h);
-        }
-        fresh = s;
-        &fresh
-    } else {
-        given
-    };
+    let snap = without_past_failures(given);
+    let snap = snap.as_ref();
     let all = classify(snap);
-    let mut out = Composed {
-        plan: Plan::default(),
-        stages: Vec::new(),
-        finalize: FinalizeView {
-            state: "waiting",
-            host: None,
-            services: Vec::new(),
-            reason: None,
-        },
-        grants: Vec::new(),
-        reset_hosts: Vec::new(),
-        reset_roles: Vec::new(),
-        finalize_grant: None,
-        standing: Standing::Moving,
-        progress: 0,
-        hosts: Vec::new(),
-    };
+    let mut out = Composed::empty();
     let Some(rec) = cx.rollout else {
         return out;
     };
-    let id = rec.id.to_string();
     let Some(cur) = snap.current.clone() else {
         return out;
     };
     let roles: BTreeSet<Role> = all.iter().map(|h| h.role.clone()).collect();
     let stages = c.stages_for(&roles);
-    let started: Vec<String> = if rec.stages.is_empty() {
-        c.stage_names()
-    } else {
-        rec.stages.clone()
-    };
-    let total = all.len();
-    let max_failures = r.max_failures.of(total, false);
     let lv = match levels(&graph(c, snap)) {
         Ok(l) => l,
         Err(e) => {
-            for h in &all {
-                out.plan.reasons.insert(
-                    h.host.clone(),
-                    reason(
-                        ReasonCode::Blocked,
-                        format!("blocked: {e} (fix the task files' `after`)"),
-                    ),
-                );
-            }
-            out.stages = stages
-                .iter()
-                .map(|(s, roles)| StageView {
-                    name: s.clone(),
-                    roles: roles.clone(),
-                    state: "waiting",
-                    phase: None,
-                    taking_part: None,
-                    finished: None,
-                    phases: Vec::new(),
-                    hosts: 0,
-                    left_behind: BTreeMap::new(),
-                })
-                .collect();
+            out.blocked_by_cycle(&all, &stages, &e);
             return out;
         }
     };
-    let mut failed_all: BTreeMap<String, String> = BTreeMap::new();
-    let mut active: Option<usize> = None;
-    let mut earlier_not_done: Option<String> = None;
-    let mut not_started: Vec<String> = Vec::new();
-    for (si, (stage, stage_roles)) in stages.iter().enumerate() {
-        let members: Vec<&HostStatus> = all.iter().filter(|h| stage_roles.contains(&h.role)).collect();
-        let mut view = StageView {
-            name: stage.clone(),
-            roles: stage_roles.clone(),
+    let mut walk = Walk {
+        snap,
+        c,
+        r,
+        cx,
+        id: rec.id.to_string(),
+        version: &rec.version,
+        cur,
+        all: &all,
+        lv,
+        started: if rec.stages.is_empty() {
+            c.stage_names()
+        } else {
+            rec.stages.clone()
+        },
+        max_failures: r.max_failures.of(all.len(), false),
+        failed: BTreeMap::new(),
+        moving: None,
+        not_started: Vec::new(),
+        out,
+    };
+    for (stage, stage_roles) in &stages {
+        if walk.stage(stage, stage_roles).is_break() {
+            return walk.out;
+        }
+    }
+    walk.end()
+}
+
+/// The snapshot without Puppet failure entries older than the rollout's start: a
+/// past rollout's, and this one runs the host again (its steps too), as
+/// docs/composable.md says.
+fn without_past_failures(given: &Snapshot) -> std::borrow::Cow<'_, Snapshot> {
+    let started_at = given.rollout.as_ref().map_or(0, |c| c.current_revision);
+    if !given.failure_revisions.values().any(|rev| *rev < started_at) {
+        return std::borrow::Cow::Borrowed(given);
+    }
+    let mut s = given.clone();
+    s.failure_revisions.retain(|h, rev| {
+        let past = *rev < started_at;
+        if past {
+            s.failures.remove(h);
+        }
+        !past
+    });
+    std::borrow::Cow::Owned(s)
+}
+
+impl Composed {
+    /// Nothing planned yet: no stage, finalize waiting, the rollout moving.
+    fn empty() -> Self {
+        Composed {
+            plan: Plan::default(),
+            stages: Vec::new(),
+            finalize: FinalizeView {
+                state: "waiting",
+                host: None,
+                services: Vec::new(),
+                reason: None,
+            },
+            grants: Vec::new(),
+            reset_hosts: Vec::new(),
+            reset_roles: Vec::new(),
+            finalize_grant: None,
+            standing: Standing::Moving,
+            progress: 0,
+            hosts: Vec::new(),
+        }
+    }
+
+    /// The services' `after` form a cycle: every host is blocked, every stage waits.
+    fn blocked_by_cycle(&mut self, all: &[HostStatus], stages: &[(String, Vec<Role>)], e: &str) {
+        for h in all {
+            self.plan.reasons.insert(
+                h.host.clone(),
+                reason(
+                    ReasonCode::Blocked,
+                    format!("blocked: {e} (fix the task files' `after`)"),
+                ),
+            );
+        }
+        self.stages = stages
+            .iter()
+            .map(|(s, roles)| StageView {
+                state: "waiting",
+                ..StageView::new(s, roles, 0)
+            })
+            .collect();
+    }
+
+    /// Gives every host of `members` the same reason.
+    fn reason_for_all(&mut self, members: &[&HostStatus], code: ReasonCode, text: &str) {
+        for h in members {
+            self.plan
+                .reasons
+                .insert(h.host.clone(), reason(code, text.to_string()));
+        }
+    }
+}
+
+impl StageView {
+    fn new(name: &str, roles: &[Role], hosts: usize) -> Self {
+        StageView {
+            name: name.to_string(),
+            roles: roles.to_vec(),
             state: "not_started",
             phase: None,
             taking_part: None,
             finished: None,
             phases: Vec::new(),
-            hosts: members.len(),
+            hosts,
             left_behind: BTreeMap::new(),
+        }
+    }
+}
+
+/// Each host's services with their steps.
+type HostServices = BTreeMap<HostName, Vec<(Service, ServiceSteps)>>;
+
+/// One pass over the stages, in order, and what it found so far.
+struct Walk<'a> {
+    snap: &'a Snapshot,
+    c: &'a Compose,
+    r: &'a Resolved,
+    cx: &'a Context<'a>,
+    id: String,
+    version: &'a crate::names::Version,
+    cur: crate::names::Version,
+    all: &'a [HostStatus],
+    lv: BTreeMap<Service, u32>,
+    /// The stages the rollout started.
+    started: Vec<String>,
+    max_failures: u64,
+    /// Failed hosts across the rollout, with why.
+    failed: BTreeMap<String, String>,
+    /// The stage that moves (running or blocked): later stages wait for it.
+    moving: Option<String>,
+    not_started: Vec<String>,
+    out: Composed,
+}
+
+/// A stage's grants as read: each role's (of this rollout and stage), the earliest
+/// phase they grant, and the hosts they recorded as left behind.
+struct StageGrants {
+    roles: Vec<Option<Grant>>,
+    granted: Option<PhaseKey>,
+    recorded: BTreeMap<HostName, String>,
+}
+
+impl StageGrants {
+    /// Its roles' grants are written together, but a chunked write may have landed
+    /// for some roles only, and one may have been overwritten. The phases before
+    /// the earliest grant that names a phase of this stage are past; one that names
+    /// none (or cannot be read) counts for nothing, and every role gets the current
+    /// phase's grant written again.
+    fn read(snap: &Snapshot, id: &str, stage: &str, roles: &[Role], seq: &[Phase]) -> Self {
+        let grants: Vec<Option<Grant>> = roles
+            .iter()
+            .map(|r| {
+                snap.grants
+                    .get(r)
+                    .filter(|g| g.rollout == id && g.stage == stage)
+                    .cloned()
+            })
+            .collect();
+        let keys: BTreeSet<&PhaseKey> = seq.iter().map(|p| &p.key).collect();
+        let ours = || {
+            grants
+                .iter()
+                .flatten()
+                .filter(|g| g.key().is_some_and(|k| keys.contains(&k)))
         };
-        // Each member's services, or why it cannot take part.
-        let mut services: BTreeMap<HostName, Vec<(Service, ServiceSteps)>> = BTreeMap::new();
-        let mut blocked: BTreeMap<HostName, String> = BTreeMap::new();
-        for h in &members {
-            match host_services(c, snap, &h.host, &h.role) {
+        StageGrants {
+            granted: ours().filter_map(Grant::key).min(),
+            recorded: ours().flat_map(|g| g.left_behind.clone()).collect(),
+            roles: grants,
+        }
+    }
+
+    fn is_past(&self, phase: &Phase) -> bool {
+        self.granted.as_ref().is_some_and(|g| phase.key < *g)
+    }
+}
+
+/// The stage's current phase: its index and the hosts taking part.
+type Current = Option<(usize, Vec<HostName>)>;
+
+impl Walk<'_> {
+    /// One stage: not started, waiting for an earlier one, blocked, done, or
+    /// running its current phase. `Break` when the rollout stopped on failures.
+    fn stage(&mut self, stage: &str, roles: &[Role]) -> std::ops::ControlFlow<()> {
+        use std::ops::ControlFlow::Continue;
+        let members: Vec<&HostStatus> = self.all.iter().filter(|h| roles.contains(&h.role)).collect();
+        let mut view = StageView::new(stage, roles, members.len());
+        let (services, blocked) = self.member_services(&members);
+        let seq = sequence(&services, &self.lv);
+        view.phases = seq.iter().map(Phase::describe).collect();
+        if !self.started.iter().any(|s| s == stage) {
+            self.not_started(stage, &members, view);
+            return Continue(());
+        }
+        if let Some(before) = &self.moving {
+            view.state = "waiting";
+            let text = format!("waiting for stage {before} to be done");
+            self.out.reason_for_all(&members, ReasonCode::WaitingFor, &text);
+            self.out.stages.push(view);
+            return Continue(());
+        }
+        let blocked = self.unheld(blocked);
+        if !blocked.is_empty() {
+            self.blocked(stage, &members, &blocked, view);
+            return Continue(());
+        }
+        let grants = StageGrants::read(self.snap, &self.id, stage, roles, &seq);
+        let (left, current) = self.walk_phases(&members, &services, &seq, &grants);
+        view.left_behind = left.clone();
+        let Some((pi, part)) = current else {
+            self.done(&members, &left, view);
+            return Continue(());
+        };
+        let running = Running {
+            stage,
+            roles,
+            members: &members,
+            services: &services,
+            phase: &seq[pi],
+            part,
+            left,
+        };
+        self.running(&running, &grants, view)
+    }
+
+    /// Each member's services, or why it cannot take part (no catalog, a task file
+    /// missing or invalid).
+    fn member_services(&self, members: &[&HostStatus]) -> (HostServices, BTreeMap<HostName, String>) {
+        let mut services = BTreeMap::new();
+        let mut blocked = BTreeMap::new();
+        for h in members {
+            match host_services(self.c, self.snap, &h.host, &h.role) {
                 Ok(s) => {
                     services.insert(h.host.clone(), s);
                 }
@@ -378,413 +527,440 @@ pub fn plan(given: &Snapshot, c: &Compose, r: &Resolved, cx: &Context<'_>) -> Co
                 }
             }
         }
-        let seq = sequence(&services, &lv);
-        view.phases = seq.iter().map(Phase::describe).collect();
-        if !started.contains(stage) {
-            not_started.push(stage.clone());
-            for h in &members {
-                out.plan.reasons.insert(
-                    h.host.clone(),
-                    reason(
-                        ReasonCode::WaitingFor,
-                        format!(
-                            "stage {stage} is not started (`jioctl upgrade {} --stage {stage}`)",
-                            rec.version
-                        ),
-                    ),
-                );
-            }
-            out.stages.push(view);
-            continue;
-        }
-        if active.is_some() || earlier_not_done.is_some() {
-            view.state = "waiting";
-            let before = earlier_not_done.clone().unwrap_or_default();
-            for h in &members {
-                out.plan.reasons.insert(
-                    h.host.clone(),
-                    reason(
-                        ReasonCode::WaitingFor,
-                        format!("waiting for stage {before} to be done"),
-                    ),
-                );
-            }
-            out.stages.push(view);
-            continue;
-        }
-        // A member that cannot take part (no catalog, a task file missing or
-        // invalid) holds the whole stage until it is fixed or held.
+        (services, blocked)
+    }
+
+    fn not_started(&mut self, stage: &str, members: &[&HostStatus], view: StageView) {
+        self.not_started.push(stage.to_string());
+        let text = format!(
+            "stage {stage} is not started (`jioctl upgrade {} --stage {stage}`)",
+            self.version
+        );
+        self.out.reason_for_all(members, ReasonCode::WaitingFor, &text);
+        self.out.stages.push(view);
+    }
+
+    /// The hosts that cannot take part and are not held: a held one stays behind
+    /// instead of blocking the stage.
+    fn unheld(&self, mut blocked: BTreeMap<HostName, String>) -> BTreeMap<HostName, String> {
         blocked.retain(|h, _| {
-            all.iter()
+            self.all
+                .iter()
                 .find(|s| &s.host == h)
-                .is_none_or(|s| snap.hold_of(&s.host, &s.role).is_none())
+                .is_none_or(|s| self.snap.hold_of(&s.host, &s.role).is_none())
         });
-        if !blocked.is_empty() {
-            view.state = "blocked";
-            active = Some(si);
-            earlier_not_done = Some(stage.clone());
-            let names = blocked
-                .keys()
-                .map(HostName::as_str)
-                .collect::<Vec<_>>()
-                .join(", ");
-            for h in &members {
-                let text = match blocked.get(&h.host) {
-                    Some(why) => format!("blocked: {why}"),
-                    None => format!(
+        blocked
+    }
+
+    /// A member that cannot take part holds the whole stage until it is fixed or
+    /// held.
+    fn blocked(
+        &mut self,
+        stage: &str,
+        members: &[&HostStatus],
+        blocked: &BTreeMap<HostName, String>,
+        mut view: StageView,
+    ) {
+        view.state = "blocked";
+        self.moving = Some(stage.to_string());
+        let names = blocked
+            .keys()
+            .map(HostName::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
+        for h in members {
+            let r = match blocked.get(&h.host) {
+                Some(why) => reason(ReasonCode::Blocked, format!("blocked: {why}")),
+                None => reason(
+                    ReasonCode::WaitingFor,
+                    format!(
                         "stage {stage} waits for blocked host(s) {names} (fix their task files, or hold them)"
                     ),
-                };
-                let code = if blocked.contains_key(&h.host) {
-                    ReasonCode::Blocked
-                } else {
-                    ReasonCode::WaitingFor
-                };
-                out.plan.reasons.insert(h.host.clone(), reason(code, text));
-            }
-            out.stages.push(view);
-            continue;
+                ),
+            };
+            self.out.plan.reasons.insert(h.host.clone(), r);
         }
-        // The stage's grant: its roles' grants are written together, but a chunked
-        // write may have landed for some roles only, and one may have been
-        // overwritten. The phases before the earliest grant that names a phase of
-        // this stage are past; one that names none (or cannot be read) counts for
-        // nothing, and every role gets the current phase's grant written again.
-        let role_grants: Vec<Option<Grant>> = stage_roles
+        self.out.stages.push(view);
+    }
+
+    /// Walks the phases: the first one not finished (at or after the grant) is the
+    /// current one; hosts that did not finish an earlier one stay behind, with why.
+    fn walk_phases(
+        &mut self,
+        members: &[&HostStatus],
+        services: &HostServices,
+        seq: &[Phase],
+        grants: &StageGrants,
+    ) -> (BTreeMap<HostName, String>, Current) {
+        // Held and unable to take part: it stays behind.
+        let mut left: BTreeMap<HostName, String> = members
             .iter()
-            .map(|r| {
-                snap.grants
-                    .get(r)
-                    .filter(|g| g.rollout == id && &g.stage == stage)
-                    .cloned()
+            .filter(|h| !services.contains_key(&h.host))
+            .map(|h| {
+                let why = "held, and it cannot take part (see its task files)";
+                (h.host.clone(), why.to_string())
             })
             .collect();
-        let keys: BTreeSet<&PhaseKey> = seq.iter().map(|p| &p.key).collect();
-        let granted: Option<PhaseKey> = role_grants
-            .iter()
-            .flatten()
-            .filter_map(Grant::key)
-            .filter(|k| keys.contains(k))
-            .min();
-        // Why hosts were left behind when the stage's phases moved on.
-        let recorded: BTreeMap<HostName, String> = role_grants
-            .iter()
-            .flatten()
-            .filter(|g| g.key().is_some_and(|k| keys.contains(&k)))
-            .flat_map(|g| g.left_behind.clone())
-            .collect();
-        // Walk the phases: the first one not finished (at or after the grant) is
-        // the current one; hosts that did not finish an earlier one stay behind.
-        let mut left: BTreeMap<HostName, String> = BTreeMap::new();
-        for h in &members {
-            if !services.contains_key(&h.host) {
-                // Held and unable to take part: it stays behind.
-                left.insert(
-                    h.host.clone(),
-                    "held, and it cannot take part (see its task files)".into(),
-                );
+        for (pi, phase) in seq.iter().enumerate() {
+            let part = taking_part(members, services, &left, phase);
+            let open = self.open_hosts(&part, phase, services);
+            if grants.is_past(phase) {
+                for h in open {
+                    let why = self.left_by_past_phase(&h, phase, services, &grants.recorded);
+                    left.insert(h, why);
+                }
+                continue;
+            }
+            let settled = open.iter().all(|h| self.settled(h, phase, services));
+            if open.is_empty() || (settled && grants.granted.as_ref() == Some(&phase.key)) {
+                for h in open {
+                    let why = self.left_by_finished_phase(&h, phase, services);
+                    left.insert(h, why);
+                }
+                continue;
+            }
+            return (left, Some((pi, part)));
+        }
+        (left, None)
+    }
+
+    /// The hosts of `part` that did not finish `phase` (failed ones included);
+    /// every finished or failed one counts in the progress.
+    fn open_hosts(&mut self, part: &[HostName], phase: &Phase, services: &HostServices) -> Vec<HostName> {
+        let mut open = Vec::new();
+        for h in part {
+            match phase_progress(self.snap, &self.cur, h, phase, services) {
+                Progress::Done => self.out.progress += 1,
+                Progress::Failed(..) => {
+                    self.out.progress += 1;
+                    open.push(h.clone());
+                }
+                Progress::Open => open.push(h.clone()),
             }
         }
-        let mut current: Option<(usize, Vec<HostName>)> = None;
-        for (pi, phase) in seq.iter().enumerate() {
-            let takes_part = |h: &HostName| -> bool {
-                if left.contains_key(h) {
-                    return false;
-                }
-                if phase.is_puppet() {
-                    return true;
-                }
-                let when = phase.when().unwrap_or(When::Pre);
-                services.get(h).is_some_and(|ss| {
+        open
+    }
+
+    /// Why a host that did not finish a phase the stage has passed stays behind.
+    fn left_by_past_phase(
+        &mut self,
+        h: &HostName,
+        phase: &Phase,
+        services: &HostServices,
+        recorded: &BTreeMap<HostName, String>,
+    ) -> String {
+        if let Progress::Failed(why, _) = phase_progress(self.snap, &self.cur, h, phase, services) {
+            return self.fail(h, failed_text(self.snap, h, &phase.name(), &why));
+        }
+        // Left behind when the phase moved on (held, as the driver recorded it
+        // then): it stays behind at its version, as a held host does, also once
+        // released.
+        if let Some(r) = recorded.get(h).filter(|r| r.starts_with("held")) {
+            return r.clone();
+        }
+        // It has tasks in a phase the stage has passed: they never ran (its task
+        // files changed during the rollout). A failure, so the rollout cannot end
+        // done without them.
+        let text = format!(
+            "missed phase {}: its tasks there never ran (they appeared after the stage had passed it: were its task files changed during the rollout?)",
+            phase.describe()
+        );
+        self.fail(h, text)
+    }
+
+    /// Why a host that did not finish a finished phase stays behind: it failed, or
+    /// it was held.
+    fn left_by_finished_phase(&mut self, h: &HostName, phase: &Phase, services: &HostServices) -> String {
+        match phase_progress(self.snap, &self.cur, h, phase, services) {
+            Progress::Failed(why, _) => self.fail(h, failed_text(self.snap, h, &phase.name(), &why)),
+            _ => format!("held while phase {} went on", phase.describe()),
+        }
+    }
+
+    /// Records a failed host; returns its reason.
+    fn fail(&mut self, h: &HostName, text: String) -> String {
+        self.failed.insert(h.to_string(), text.clone());
+        text
+    }
+
+    /// An open host lets its phase finish: failed and not retrying, or held, and
+    /// never while its agent runs something (a retry of the step).
+    fn settled(&self, h: &HostName, phase: &Phase, services: &HostServices) -> bool {
+        !running(self.snap, h)
+            && match phase_progress(self.snap, &self.cur, h, phase, services) {
+                Progress::Failed(_, rev) => !retrying(self.snap, h, rev),
+                _ => self.snap.hold_of(h, &self.snap.role_of(h)).is_some(),
+            }
+    }
+
+    /// Every phase of the stage is finished: the hosts left behind say why.
+    fn done(&mut self, members: &[&HostStatus], left: &BTreeMap<HostName, String>, mut view: StageView) {
+        view.state = "done";
+        for h in members {
+            let Some(why) = left.get(&h.host) else {
+                continue;
+            };
+            let code = left_code(why, ReasonCode::Held);
+            self.out
+                .plan
+                .reasons
+                .insert(h.host.clone(), reason(code, format!("left behind: {why}")));
+            if code == ReasonCode::Held {
+                self.out.plan.held.push(h.host.clone());
+            }
+        }
+        self.out.stages.push(view);
+    }
+}
+
+/// The hosts of the stage taking part in `phase`: not left behind, and with tasks
+/// in it (every one for `puppet`).
+fn taking_part(
+    members: &[&HostStatus],
+    services: &HostServices,
+    left: &BTreeMap<HostName, String>,
+    phase: &Phase,
+) -> Vec<HostName> {
+    let when = phase.when().unwrap_or(When::Pre);
+    let takes_part = |h: &HostName| {
+        !left.contains_key(h)
+            && (phase.is_puppet()
+                || services.get(h).is_some_and(|ss| {
                     ss.iter()
                         .any(|(s, st)| phase.services.contains(s) && st.has(when, phase.key.step))
-                })
-            };
-            let part: Vec<HostName> = members
-                .iter()
-                .map(|h| h.host.clone())
-                .filter(|h| takes_part(h))
-                .collect();
-            let name = phase.name();
-            let mut open = Vec::new();
-            for h in &part {
-                let progress = phase_progress(snap, &cur, h, phase, &services);
-                match progress {
-                    Progress::Done => out.progress += 1,
-                    Progress::Failed(..) => {
-                        out.progress += 1;
-                        open.push(h.clone());
-                    }
-                    Progress::Open => open.push(h.clone()),
-                }
-            }
-            let past = granted.as_ref().is_some_and(|g| phase.key < *g);
-            if past {
-                for h in open {
-                    let why = match phase_progress(snap, &cur, &h, phase, &services) {
-                        Progress::Failed(why, _) => {
-                            let text = failed_text(snap, &h, &name, &why);
-                            failed_all.insert(h.to_string(), text.clone());
-                            text
-                        }
-                        // Left behind when the phase moved on (held, as the driver
-                        // recorded it then): it stays behind at its version, as a
-                        // held host does, also once released.
-                        _ if recorded.get(&h).is_some_and(|r| r.starts_with("held")) => {
-                            recorded.get(&h).cloned().unwrap_or_default()
-                        }
-                        // It has tasks in a phase the stage has passed: they never
-                        // ran (its task files changed during the rollout). A failure,
-                        // so the rollout cannot end done without them.
-                        _ => {
-                            let text = format!(
-                                "missed phase {}: its tasks there never ran (they appeared after the stage had passed it: were its task files changed during the rollout?)",
-                                phase.describe()
-                            );
-                            failed_all.insert(h.to_string(), text.clone());
-                            text
-                        }
-                    };
-                    left.insert(h, why);
-                }
-                continue;
-            }
-            // Finished: everyone taking part is done, failed, or held and idle.
-            let settled = open.iter().all(|h| {
-                // Never while its agent runs something (a retry of the step).
-                !running(snap, h)
-                    && match phase_progress(snap, &cur, h, phase, &services) {
-                        Progress::Failed(_, rev) => !retrying(snap, h, rev),
-                        _ => snap.hold_of(h, &snap.role_of(h)).is_some(),
-                    }
-            });
-            if open.is_empty() || (settled && granted.as_ref() == Some(&phase.key)) {
-                for h in open {
-                    let why = match phase_progress(snap, &cur, &h, phase, &services) {
-                        Progress::Failed(why, _) => {
-                            let text = failed_text(snap, &h, &name, &why);
-                            failed_all.insert(h.to_string(), text.clone());
-                            text
-                        }
-                        _ => format!("held while phase {} went on", phase.describe()),
-                    };
-                    left.insert(h, why);
-                }
-                continue;
-            }
-            current = Some((pi, part));
-            break;
-        }
-        view.left_behind = left.clone();
-        let Some((pi, part)) = current else {
-            view.state = "done";
-            for h in &members {
-                if let Some(why) = left.get(&h.host) {
-                    let code = if why.starts_with("blocked") {
-                        ReasonCode::Blocked
-                    } else if why.starts_with("held") {
-                        ReasonCode::Held
-                    } else {
-                        ReasonCode::Failed
-                    };
-                    out.plan
-                        .reasons
-                        .insert(h.host.clone(), reason(code, format!("left behind: {why}")));
-                    if code == ReasonCode::Held {
-                        out.plan.held.push(h.host.clone());
-                    }
-                }
-            }
-            out.stages.push(view);
-            continue;
-        };
-        let phase = &seq[pi];
+                }))
+    };
+    members
+        .iter()
+        .map(|h| h.host.clone())
+        .filter(|h| takes_part(h))
+        .collect()
+}
+
+/// The reason code of a host left behind, from its reason's text: a held one gets
+/// `held`.
+fn left_code(why: &str, held: ReasonCode) -> ReasonCode {
+    if why.starts_with("blocked") {
+        ReasonCode::Blocked
+    } else if why.starts_with("held") {
+        held
+    } else {
+        ReasonCode::Failed
+    }
+}
+
+fn stopped_text(failed: usize, max_failures: u64) -> String {
+    format!("stopped: {failed} failed host(s), more than max_failures {max_failures}")
+}
+
+/// A stage with a phase going on.
+struct Running<'s> {
+    stage: &'s str,
+    roles: &'s [Role],
+    members: &'s [&'s HostStatus],
+    services: &'s HostServices,
+    phase: &'s Phase,
+    part: Vec<HostName>,
+    left: BTreeMap<HostName, String>,
+}
+
+impl Walk<'_> {
+    /// The stage's current phase: stopped on failures, moved on (a new grant), or
+    /// its hosts planned.
+    fn running(
+        &mut self,
+        s: &Running<'_>,
+        grants: &StageGrants,
+        mut view: StageView,
+    ) -> std::ops::ControlFlow<()> {
         view.state = "running";
-        view.phase = Some(phase.describe());
-        view.taking_part = Some(part.len());
-        active = Some(si);
-        earlier_not_done = Some(stage.clone());
-        if failed_all.len() as u64 > max_failures {
-            // Stopped on failures: no phase moves on, nothing is admitted.
-            out.plan.stopped_on_failures = true;
-            for h in &members {
-                if let Some(why) = left.get(&h.host) {
-                    out.plan
-                        .reasons
-                        .insert(h.host.clone(), reason(ReasonCode::Failed, why.clone()));
-                } else {
-                    out.plan.reasons.insert(
-                        h.host.clone(),
-                        reason(
-                            ReasonCode::StoppedOnFailures,
-                            format!(
-                                "stopped: {} failed host(s), more than max_failures {max_failures}",
-                                failed_all.len()
-                            ),
-                        ),
-                    );
-                }
-            }
-            out.stages.push(view);
-            out.standing = Standing::Stopped { failed: failed_all };
-            return out;
+        view.phase = Some(s.phase.describe());
+        view.taking_part = Some(s.part.len());
+        self.moving = Some(s.stage.to_string());
+        if self.failed.len() as u64 > self.max_failures {
+            self.stop(s, view);
+            return std::ops::ControlFlow::Break(());
         }
-        let mut want = Grant::of(&id, stage, phase);
-        want.left_behind = left
+        let mut want = Grant::of(&self.id, s.stage, s.phase);
+        want.left_behind = s
+            .left
             .iter()
             .filter(|(_, why)| !why.starts_with("missed"))
             .map(|(h, why)| (h.clone(), why.clone()))
             .collect();
-        if role_grants
+        if grants
+            .roles
             .iter()
             .any(|g| g.as_ref().is_none_or(|g| !g.same_phase(&want)))
         {
-            // The phase moves on: the grant, and every enable key of the stage
-            // reset, in one transaction; the next pass admits.
-            for role in stage_roles {
-                out.grants.push((role.clone(), want.clone()));
-                if snap.role_keys.contains_key(role) {
-                    out.reset_roles.push(role.clone());
-                }
-            }
-            for h in &members {
-                if snap.host_keys.contains_key(&h.host) {
-                    out.reset_hosts.push(h.host.clone());
-                }
-                out.plan.reasons.insert(
-                    h.host.clone(),
-                    reason(
-                        ReasonCode::WaitingFor,
-                        format!("stage {stage} moves on to phase {}", phase.describe()),
-                    ),
-                );
-            }
-            view.finished = Some(0);
-            out.stages.push(view);
-            continue;
+            self.move_on(s, &want, view);
+        } else {
+            self.plan_phase(s, view);
         }
-        // Plan the phase: its hosts (done ones as upgraded), and any other host
-        // whose agent runs something (it holds its slot).
-        let ps = phase_snapshot(snap, &cur, phase, &part, &services);
-        let statuses = classify(&ps);
-        let hosts: Vec<HostStatus> = statuses
-            .into_iter()
-            .filter(|h| part.contains(&h.host) || running(snap, &h.host))
-            .map(|mut h| {
-                // A host outside the phase whose agent runs something holds its
-                // slot, whatever its state says (a failed one retrying).
-                if !part.contains(&h.host) && h.state != HostState::Upgrading {
-                    h.state = HostState::Upgrading;
-                    h.reason = Some("its agent is running something".into());
-                }
-                h
-            })
-            .collect();
-        view.finished = Some(
-            hosts
-                .iter()
-                .filter(|h| part.contains(&h.host) && h.state == HostState::Upgraded)
-                .count(),
-        );
+        std::ops::ControlFlow::Continue(())
+    }
+
+    /// Stopped on failures: no phase moves on, nothing is admitted.
+    fn stop(&mut self, s: &Running<'_>, view: StageView) {
+        self.out.plan.stopped_on_failures = true;
+        let stopped = stopped_text(self.failed.len(), self.max_failures);
+        for h in s.members {
+            let r = match s.left.get(&h.host) {
+                Some(why) => reason(ReasonCode::Failed, why.clone()),
+                None => reason(ReasonCode::StoppedOnFailures, stopped.clone()),
+            };
+            self.out.plan.reasons.insert(h.host.clone(), r);
+        }
+        self.out.stages.push(view);
+        self.out.standing = Standing::Stopped {
+            failed: std::mem::take(&mut self.failed),
+        };
+    }
+
+    /// The phase moves on: the grant, and every enable key of the stage reset, in
+    /// one transaction; the next pass admits.
+    fn move_on(&mut self, s: &Running<'_>, want: &Grant, mut view: StageView) {
+        for role in s.roles {
+            self.out.grants.push((role.clone(), want.clone()));
+            if self.snap.role_keys.contains_key(role) {
+                self.out.reset_roles.push(role.clone());
+            }
+        }
+        let text = format!("stage {} moves on to phase {}", s.stage, s.phase.describe());
+        for h in s.members {
+            if self.snap.host_keys.contains_key(&h.host) {
+                self.out.reset_hosts.push(h.host.clone());
+            }
+        }
+        self.out.reason_for_all(s.members, ReasonCode::WaitingFor, &text);
+        view.finished = Some(0);
+        self.out.stages.push(view);
+    }
+
+    /// Plans the phase under the rolling rules: its hosts (done ones as upgraded),
+    /// and any other host whose agent runs something (it holds its slot).
+    fn plan_phase(&mut self, s: &Running<'_>, mut view: StageView) {
+        let ps = phase_snapshot(self.snap, &self.cur, s.phase, &s.part, s.services);
+        let hosts = phase_hosts(self.snap, &ps, &s.part);
+        let finished = hosts
+            .iter()
+            .filter(|h| s.part.contains(&h.host) && h.state == HostState::Upgraded)
+            .count();
+        view.finished = Some(finished);
         let pcx = Context {
             host_keys_only: true,
             busy_outside: &[],
-            ..*cx
+            ..*self.cx
         };
-        let mut p = plan::plan(&ps, &hosts, r, &pcx);
-        // Failures count across the rollout, not just in this phase.
-        let failed_here: Vec<&HostStatus> = hosts.iter().filter(|h| h.state == HostState::Failed).collect();
-        for h in &failed_here {
-            if let Progress::Failed(why, _) = phase_progress(snap, &cur, &h.host, phase, &services) {
-                failed_all.insert(
-                    h.host.to_string(),
-                    failed_text(snap, &h.host, &phase.name(), &why),
-                );
-            } else {
-                failed_all.insert(h.host.to_string(), format!("failed at {}", phase.name()));
-            }
-        }
-        if failed_all.len() as u64 > max_failures && !p.stopped_on_failures {
+        let mut p = plan::plan(&ps, &hosts, self.r, &pcx);
+        self.count_failed(s, &hosts);
+        if self.failed.len() as u64 > self.max_failures && !p.stopped_on_failures {
             p.stopped_on_failures = true;
+            let stopped = stopped_text(self.failed.len(), self.max_failures);
             for h in std::mem::take(&mut p.enable_hosts) {
-                p.reasons.insert(
-                    h,
-                    reason(
-                        ReasonCode::StoppedOnFailures,
-                        format!(
-                            "stopped: {} failed host(s), more than max_failures {max_failures}",
-                            failed_all.len()
-                        ),
-                    ),
-                );
-            }
-        }
-        for h in &members {
-            if let Some(why) = left.get(&h.host) {
-                let code = if why.starts_with("blocked") {
-                    ReasonCode::Blocked
-                } else {
-                    ReasonCode::Failed
-                };
                 p.reasons
-                    .insert(h.host.clone(), reason(code, format!("left behind: {why}")));
-            } else if !part.contains(&h.host) {
-                p.reasons.insert(
-                    h.host.clone(),
-                    reason(
-                        ReasonCode::WaitingFor,
-                        format!(
-                            "no task in phase {}: waits for the stage's other hosts ({} of {} finished)",
-                            phase.describe(),
-                            view.finished.unwrap_or(0),
-                            part.len()
-                        ),
-                    ),
-                );
-            } else if !p.reasons.contains_key(&h.host)
-                && hosts
-                    .iter()
-                    .any(|s| s.host == h.host && s.state == HostState::Upgraded)
-            {
-                p.reasons.insert(
-                    h.host.clone(),
-                    reason(
-                        ReasonCode::WaitingFor,
-                        format!(
-                            "finished phase {}: waits for the stage's other hosts ({} of {} finished)",
-                            phase.describe(),
-                            view.finished.unwrap_or(0),
-                            part.len()
-                        ),
-                    ),
-                );
+                    .insert(h, reason(ReasonCode::StoppedOnFailures, stopped.clone()));
             }
         }
+        stage_reasons(&mut p, s, &hosts, finished);
         // Keep the reasons of other stages already given.
-        for (h, why) in std::mem::take(&mut out.plan.reasons) {
+        for (h, why) in std::mem::take(&mut self.out.plan.reasons) {
             p.reasons.entry(h).or_insert(why);
         }
-        out.plan = p;
-        out.hosts = hosts;
-        out.stages.push(view);
+        self.out.plan = p;
+        self.out.hosts = hosts;
+        self.out.stages.push(view);
     }
-    if active.is_some() {
-        if out.plan.stopped_on_failures {
-            out.standing = Standing::Stopped { failed: failed_all };
+
+    /// Failures count across the rollout, not just in this phase.
+    fn count_failed(&mut self, s: &Running<'_>, hosts: &[HostStatus]) {
+        for h in hosts.iter().filter(|h| h.state == HostState::Failed) {
+            let text = match phase_progress(self.snap, &self.cur, &h.host, s.phase, s.services) {
+                Progress::Failed(why, _) => failed_text(self.snap, &h.host, &s.phase.name(), &why),
+                _ => format!("failed at {}", s.phase.name()),
+            };
+            self.failed.insert(h.host.to_string(), text);
         }
-        return out;
     }
-    if !not_started.is_empty() {
-        if failed_all.len() as u64 > max_failures {
-            out.standing = Standing::Stopped { failed: failed_all };
+
+    /// The end of the pass: a stage moves, some are not started, or the finalize
+    /// step.
+    fn end(mut self) -> Composed {
+        let over = self.failed.len() as u64 > self.max_failures;
+        if self.moving.is_some() {
+            if self.out.plan.stopped_on_failures {
+                self.out.standing = Standing::Stopped { failed: self.failed };
+            }
+            return self.out;
+        }
+        if !self.not_started.is_empty() {
+            self.out.standing = if over {
+                Standing::Stopped { failed: self.failed }
+            } else {
+                Standing::StagesDone {
+                    not_started: self.not_started,
+                }
+            };
+            return self.out;
+        }
+        // Every stage is done: the finalize step.
+        finalize(
+            self.snap,
+            self.c,
+            self.all,
+            &self.id,
+            &mut self.out,
+            self.failed,
+            self.max_failures,
+        );
+        self.out
+    }
+}
+
+/// The phase's hosts as classified in its snapshot, and any other host whose agent
+/// runs something: it holds its slot, whatever its state says (a failed one
+/// retrying).
+fn phase_hosts(snap: &Snapshot, ps: &Snapshot, part: &[HostName]) -> Vec<HostStatus> {
+    classify(ps)
+        .into_iter()
+        .filter(|h| part.contains(&h.host) || running(snap, &h.host))
+        .map(|mut h| {
+            if !part.contains(&h.host) && h.state != HostState::Upgrading {
+                h.state = HostState::Upgrading;
+                h.reason = Some("its agent is running something".into());
+            }
+            h
+        })
+        .collect()
+}
+
+/// The reasons of the stage's hosts the phase's plan does not give: left behind,
+/// no task in the phase, or finished and waiting for the others.
+fn stage_reasons(p: &mut Plan, s: &Running<'_>, hosts: &[HostStatus], finished: usize) {
+    let waits = |what: &str| {
+        format!(
+            "{what} phase {}: waits for the stage's other hosts ({finished} of {} finished)",
+            s.phase.describe(),
+            s.part.len()
+        )
+    };
+    for h in s.members {
+        let r = if let Some(why) = s.left.get(&h.host) {
+            // A held one counts as failed here (as it always did).
+            reason(left_code(why, ReasonCode::Failed), format!("left behind: {why}"))
+        } else if !s.part.contains(&h.host) {
+            reason(ReasonCode::WaitingFor, waits("no task in"))
+        } else if !p.reasons.contains_key(&h.host)
+            && hosts
+                .iter()
+                .any(|x| x.host == h.host && x.state == HostState::Upgraded)
+        {
+            reason(ReasonCode::WaitingFor, waits("finished"))
         } else {
-            out.standing = Standing::StagesDone { not_started };
-        }
-        return out;
+            continue;
+        };
+        p.reasons.insert(h.host.clone(), r);
     }
-    // Every stage is done: the finalize step.
-    finalize(snap, c, &all, &id, &mut out, failed_all, max_failures);
-    out
 }
 
 /// Whether the host's agent runs something (its record or its run marker).
@@ -907,112 +1083,166 @@ fn phase_snapshot(
     ps
 }
 
-/// The finalize step, once every stage is done.
-#[allow(clippy::too_many_arguments)]
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+/// The finalize step, once every stage is done: which host runs it, and how far it
+/// is. A failure of it, or a host that cannot run it, ends the rollout failed.
 fn finalize(
     snap: &Snapshot,
     c: &Compose,
     all: &[HostStatus],
     id: &str,
     out: &mut Composed,
-    mut failed: BTreeMap<String, String>,
+    failed: BTreeMap<String, String>,
     max_failures: u64,
 ) {
-    if failed.len() as u64 > max_failures {
-        out.finalize.state = "waiting";
-        out.finalize.reason = Some("not run: more hosts failed than max_failures".into());
-        out.standing = Standing::Stopped { failed };
+    let f = Finalize {
+        snap,
+        c,
+        all,
+        id,
+        out,
+        failed,
+        role: c.finalize_role(),
+    };
+    if f.failed.len() as u64 > max_failures {
+        f.out.finalize.state = "waiting";
+        f.out.finalize.reason = Some("not run: more hosts failed than max_failures".into());
+        f.out.standing = Standing::Stopped { failed: f.failed };
         return;
     }
-    let services = c.all_services();
-    // Services whose files declare finalize tasks, on any host.
-    let mut declared: BTreeMap<Service, Vec<HostName>> = BTreeMap::new();
-    for (h, cat) in &snap.catalogs {
-        if let Ok(cat) = cat {
+    let declared = f.declared();
+    if declared.is_empty() {
+        f.out.finalize.state = "none";
+        f.out.standing = Standing::Finished { failed: f.failed };
+        return;
+    }
+    if let Some(why) = f.hosts_behind() {
+        return f.end("not_run", "finalize", why);
+    }
+    let granted = snap
+        .finalize_grant
+        .as_ref()
+        .filter(|g| g.rollout == id)
+        .map(|g| g.host.clone());
+    let Some(host) = f.host(granted.as_ref()) else {
+        return f.no_host();
+    };
+    f.out.finalize.host = Some(host.clone());
+    let mine = f.services_on(&host);
+    f.out.finalize.services = mine.clone();
+    if let Some(why) = missing_finalize(&declared, &mine, &host, f.role.as_ref()) {
+        return f.end("failed", host.as_str(), why);
+    }
+    f.progress(&host, &mine, granted.as_ref());
+}
+
+/// The finalize step as one pass decides it.
+struct Finalize<'a> {
+    snap: &'a Snapshot,
+    c: &'a Compose,
+    all: &'a [HostStatus],
+    id: &'a str,
+    out: &'a mut Composed,
+    failed: BTreeMap<String, String>,
+    role: Option<Role>,
+}
+
+impl Finalize<'_> {
+    /// Ends the rollout with the finalize step in `state`, a failure of `key` (a
+    /// host, or `finalize`) saying why.
+    fn end(mut self, state: &'static str, key: &str, why: String) {
+        self.out.finalize.state = state;
+        self.out.finalize.reason = Some(why.clone());
+        self.failed.insert(key.to_string(), why);
+        self.out.standing = Standing::Finished { failed: self.failed };
+    }
+
+    /// Services whose files declare finalize tasks, on any host.
+    fn declared(&self) -> BTreeMap<Service, Vec<HostName>> {
+        let services = self.c.all_services();
+        let mut declared: BTreeMap<Service, Vec<HostName>> = BTreeMap::new();
+        for (h, cat) in &self.snap.catalogs {
+            let Ok(cat) = cat else { continue };
             for (s, st) in &cat.services {
                 if st.finalize && services.contains(s) {
                     declared.entry(s.clone()).or_default().push(h.clone());
                 }
             }
         }
+        declared
     }
-    if declared.is_empty() {
-        out.finalize.state = "none";
-        out.standing = Standing::Finished { failed };
-        return;
-    }
-    // The deployment-wide step comes after every host reached the version (it
-    // unpins what a host still at the old one needs): with a host failed or left
-    // behind, it does not run, and the rollout ends failed, saying so.
-    let behind: Vec<&HostName> = all
-        .iter()
-        .filter(|h| {
-            failed.contains_key(h.host.as_str())
-                || h.state != HostState::Upgraded
-                || !snap
-                    .running
-                    .get(&h.host)
-                    .is_some_and(|v| snap.current.as_ref().is_some_and(|c| v.contains(c)))
-        })
-        .map(|h| &h.host)
-        .collect();
-    if !behind.is_empty() && snap.finalize_grant.as_ref().is_none_or(|g| g.rollout != id) {
-        let names: Vec<HostName> = behind.into_iter().cloned().collect();
-        let why = format!(
+
+    /// The deployment-wide step comes after every host reached the version (it
+    /// unpins what a host still at the old one needs): with a host failed or left
+    /// behind, and the step not granted yet, it does not run, saying so.
+    fn hosts_behind(&self) -> Option<String> {
+        let snap = self.snap;
+        let at_version = |h: &HostName| {
+            snap.running
+                .get(h)
+                .is_some_and(|v| snap.current.as_ref().is_some_and(|c| v.contains(c)))
+        };
+        let behind: Vec<HostName> = self
+            .all
+            .iter()
+            .filter(|h| {
+                self.failed.contains_key(h.host.as_str())
+                    || h.state != HostState::Upgraded
+                    || !at_version(&h.host)
+            })
+            .map(|h| h.host.clone())
+            .collect();
+        if behind.is_empty() || snap.finalize_grant.as_ref().is_some_and(|g| g.rollout == self.id) {
+            return None;
+        }
+        Some(format!(
             "finalize not run: not every host reached the version ({} did not: failed, held or left behind)",
-            crate::values::host_list(&names)
-        );
-        out.finalize.state = "not_run";
-        out.finalize.reason = Some(why.clone());
-        failed.insert("finalize".to_string(), why);
-        out.standing = Standing::Finished { failed };
-        return;
+            crate::values::host_list(&behind)
+        ))
     }
-    let role = c.finalize_role();
-    let granted = snap
-        .finalize_grant
-        .as_ref()
-        .filter(|g| g.rollout == id)
-        .map(|g| g.host.clone());
-    let healthy = |h: &HostStatus| {
-        Some(&h.role) == role.as_ref()
-            && h.state == HostState::Upgraded
-            && snap.agents.contains_key(&h.host)
-            && snap.hold_of(&h.host, &h.role).is_none()
-            && !failed.contains_key(h.host.as_str())
-            && snap.catalogs.get(&h.host).is_some_and(|c| c.is_ok())
-    };
-    let held = |h: &HostName| snap.hold_of(h, &snap.role_of(h)).is_some();
-    // The granted host keeps the step once it started there (a finalize task is
-    // never run on two hosts), and while it is only gone (its agent will be back);
-    // held before it started, the next healthy host takes it.
-    let started = |h: &HostName| {
-        running(snap, h)
-            || snap
-                .step_statuses
-                .keys()
-                .any(|(p, _, sh)| p == "finalize" && sh == h)
-    };
-    let kept = granted
-        .clone()
-        .filter(|h| started(h) || (!held(h) && !failed.contains_key(h.as_str())));
-    let host = kept.or_else(|| all.iter().find(|h| healthy(h)).map(|h| h.host.clone()));
-    let Some(host) = host else {
-        let role_name = role.as_ref().map_or("-", |r| r.as_str());
-        // Held or gone hosts at the version may still come back; if none is left
-        // that could, the finalize step cannot run: the rollout fails, saying so.
-        let could = all.iter().any(|h| {
-            Some(&h.role) == role.as_ref()
+
+    fn held(&self, h: &HostName) -> bool {
+        self.snap.hold_of(h, &self.snap.role_of(h)).is_some()
+    }
+
+    /// The host to run the step. The granted host keeps it once it started there (a
+    /// finalize task is never run on two hosts), and while it is only gone (its
+    /// agent will be back); held before it started, the next healthy host takes it.
+    fn host(&self, granted: Option<&HostName>) -> Option<HostName> {
+        let snap = self.snap;
+        let started = |h: &HostName| {
+            running(snap, h)
+                || snap
+                    .step_statuses
+                    .keys()
+                    .any(|(p, _, sh)| p == "finalize" && sh == h)
+        };
+        let healthy = |h: &HostStatus| {
+            Some(&h.role) == self.role.as_ref()
                 && h.state == HostState::Upgraded
-                && !failed.contains_key(h.host.as_str())
+                && snap.agents.contains_key(&h.host)
+                && snap.hold_of(&h.host, &h.role).is_none()
+                && !self.failed.contains_key(h.host.as_str())
+                && snap.catalogs.get(&h.host).is_some_and(|c| c.is_ok())
+        };
+        granted
+            .filter(|h| started(h) || (!self.held(h) && !self.failed.contains_key(h.as_str())))
+            .cloned()
+            .or_else(|| self.all.iter().find(|h| healthy(h)).map(|h| h.host.clone()))
+    }
+
+    /// No host can run the step now. Held or gone hosts at the version may still
+    /// come back; if none is left that could, the step cannot run: the rollout
+    /// fails, saying so.
+    fn no_host(self) {
+        let role_name = self.role.as_ref().map_or("-", |r| r.as_str()).to_string();
+        let could = self.all.iter().any(|h| {
+            Some(&h.role) == self.role.as_ref()
+                && h.state == HostState::Upgraded
+                && !self.failed.contains_key(h.host.as_str())
         });
         if could {
-            out.finalize.state = "waiting";
-            out.finalize.reason = Some(format!(
+            self.out.finalize.state = "waiting";
+            self.out.finalize.reason = Some(format!(
                 "finalize waits for a healthy host of role {role_name} (at the version, alive, not held)"
             ));
             return;
@@ -1020,24 +1250,84 @@ fn finalize(
         let why = format!(
             "finalize cannot run: no host of role {role_name} is at the version without having failed (the finalize role's hosts failed or were left behind)"
         );
-        out.finalize.state = "failed";
-        out.finalize.reason = Some(why.clone());
-        failed.insert("finalize".to_string(), why);
-        out.standing = Standing::Finished { failed };
-        return;
-    };
-    out.finalize.host = Some(host.clone());
-    let cat = snap.catalogs.get(&host).and_then(|c| c.as_ref().ok());
-    let mine: Vec<Service> = cat
-        .map(|c| {
+        self.end("failed", "finalize", why);
+    }
+
+    /// The services with finalize tasks on `host`.
+    fn services_on(&self, host: &HostName) -> Vec<Service> {
+        let services = self.c.all_services();
+        let cat = self.snap.catalogs.get(host).and_then(|c| c.as_ref().ok());
+        cat.map(|c| {
             c.services
                 .iter()
                 .filter(|(s, st)| st.finalize && services.contains(s))
                 .map(|(s, _)| s.clone())
                 .collect()
         })
-        .unwrap_or_default();
-    out.finalize.services = mine.clone();
+        .unwrap_or_default()
+    }
+
+    /// How far the step is on `host`: done, failed, or running (granted again
+    /// when needed).
+    fn progress(self, host: &HostName, mine: &[Service], granted: Option<&HostName>) {
+        let refs: Vec<&Service> = mine.iter().collect();
+        match task_progress(self.snap, host, "finalize", &refs) {
+            Progress::Done => {
+                self.out.finalize.state = "done";
+                self.out.standing = Standing::Finished { failed: self.failed };
+            }
+            Progress::Failed(why, _) => {
+                let text = failed_text(self.snap, host, "finalize", &why);
+                self.end("failed", host.as_str(), text);
+            }
+            Progress::Open => {
+                self.out.finalize.state = "running";
+                let what = mine.iter().map(Service::as_str).collect::<Vec<_>>().join(", ");
+                let enabled = self.snap.gate(host, &self.snap.role_of(host)).enabled;
+                // Granted (again) to this host, and its key set, unless it is held:
+                // a hold's keys are never set back on.
+                if granted != Some(host) || (!enabled && !self.held(host)) {
+                    self.out.finalize_grant = Some(FinalizeGrant {
+                        rollout: self.id.to_string(),
+                        host: host.clone(),
+                    });
+                }
+                let why = self.running_reason(host, &what);
+                self.out.plan.reasons.insert(host.clone(), why);
+            }
+        }
+    }
+
+    /// Why the finalize host is where it is while the step runs.
+    fn running_reason(&self, host: &HostName, what: &str) -> Reason {
+        if self.held(host) {
+            return reason(
+                ReasonCode::Held,
+                format!("finalize ({what}) is granted to it, but it is held: the step waits for its release"),
+            );
+        }
+        if !self.snap.agents.contains_key(host) {
+            let mut r = lost_reason(host);
+            r.text = format!("finalize ({what}) is granted to it, but {}", r.text);
+            return r;
+        }
+        let text = if running(self.snap, host) {
+            format!("running the finalize tasks of {what}")
+        } else {
+            format!("finalize ({what}) is granted to it: its agent is about to start")
+        };
+        reason(ReasonCode::Upgrading, text)
+    }
+}
+
+/// The services declaring finalize tasks somewhere that the finalize host has none
+/// for: the step cannot run them all.
+fn missing_finalize(
+    declared: &BTreeMap<Service, Vec<HostName>>,
+    mine: &[Service],
+    host: &HostName,
+    role: Option<&Role>,
+) -> Option<String> {
     let missing: Vec<String> = declared
         .iter()
         .filter(|(s, _)| !mine.contains(s))
@@ -1048,69 +1338,14 @@ fn finalize(
             )
         })
         .collect();
-    if !missing.is_empty() {
-        let why = format!(
-            "finalize cannot run every service's finalize tasks: {} (install its task file on the hosts of role {})",
-            missing.join("; "),
-            role.as_ref().map_or("-", |r| r.as_str())
-        );
-        out.finalize.state = "failed";
-        out.finalize.reason = Some(why.clone());
-        failed.insert(host.to_string(), why);
-        out.standing = Standing::Finished { failed };
-        return;
+    if missing.is_empty() {
+        return None;
     }
-    let refs: Vec<&Service> = mine.iter().collect();
-    match task_progress(snap, &host, "finalize", &refs) {
-        Progress::Done => {
-            out.finalize.state = "done";
-            out.standing = Standing::Finished { failed };
-        }
-        Progress::Failed(why, _) => {
-            out.finalize.state = "failed";
-            let text = failed_text(snap, &host, "finalize", &why);
-            out.finalize.reason = Some(text.clone());
-            failed.insert(host.to_string(), text);
-            out.standing = Standing::Finished { failed };
-        }
-        Progress::Open => {
-            out.finalize.state = "running";
-            let what = mine.iter().map(Service::as_str).collect::<Vec<_>>().join(", ");
-            let is_held = held(&host);
-            let enabled = snap.gate(&host, &snap.role_of(&host)).enabled;
-            // Granted (again) to this host, and its key set, unless it is held: a
-            // hold's keys are never set back on.
-            if granted.as_ref() != Some(&host) || (!enabled && !is_held) {
-                out.finalize_grant = Some(FinalizeGrant {
-                    rollout: id.to_string(),
-                    host: host.clone(),
-                });
-            }
-            let why = if is_held {
-                reason(
-                    ReasonCode::Held,
-                    format!(
-                        "finalize ({what}) is granted to it, but it is held: the step waits for its release"
-                    ),
-                )
-            } else if !snap.agents.contains_key(&host) {
-                let mut r = lost_reason(&host);
-                r.text = format!("finalize ({what}) is granted to it, but {}", r.text);
-                r
-            } else if running(snap, &host) {
-                reason(
-                    ReasonCode::Upgrading,
-                    format!("running the finalize tasks of {what}"),
-                )
-            } else {
-                reason(
-                    ReasonCode::Upgrading,
-                    format!("finalize ({what}) is granted to it: its agent is about to start"),
-                )
-            };
-            out.plan.reasons.insert(host.clone(), why);
-        }
-    }
+    Some(format!(
+        "finalize cannot run every service's finalize tasks: {} (install its task file on the hosts of role {})",
+        missing.join("; "),
+        role.map_or("-", |r| r.as_str())
+    ))
 }
 
 /// A host without a live agent, for a reason.
