@@ -39,6 +39,18 @@ pub struct Context<'a> {
     pub busy_outside: &'a [HostStatus],
 }
 
+impl<'a> Context<'a> {
+    /// The context of a pass over rollout `rec` at `now`, nobody busy outside it.
+    pub fn of_rollout(now: u64, rec: &'a RolloutRecord, host_keys_only: bool) -> Self {
+        Context {
+            now,
+            rollout: Some(rec),
+            host_keys_only,
+            busy_outside: &[],
+        }
+    }
+}
+
 /// Why a host is where it is, for people (`text`) and programs (`code`, `at`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reason {
@@ -685,8 +697,9 @@ impl<'a> Pass<'a> {
             .flatten()
             .filter(|d| self.left(d) > 0)
             .collect();
-        let has_windows = !self.windows(g).is_empty();
-        let window = self.window_of(g);
+        let windows = self.windows(g);
+        let has_windows = !windows.is_empty();
+        let window = window::state(&windows, self.cx.now);
         if has_windows {
             match window {
                 WindowState::Open { closes_at } => plan.wake(closes_at),

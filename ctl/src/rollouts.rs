@@ -115,23 +115,38 @@ pub enum Started {
     Follow(Box<RolloutRecord>),
 }
 
-/// Starts a rollout to `version` under `rules` (validated JSON), or follows the
-/// active one when it has the same version and rules. The record, `/rollouts/current`,
-/// the desired version (with every enable key reset, when the version changes), the
-/// end of a replaced rollout and the clearing of an old emergency stop go in one
-/// transaction. `read` gives a fresh snapshot.
-#[allow(clippy::too_many_arguments)]
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+/// What `jioctl upgrade` asks for.
+pub struct Wanted<'a> {
+    pub version: &'a Version,
+    /// The rules, validated, as JSON (the record keeps them).
+    pub rules: &'a serde_json::Value,
+    /// The rules' stages in the order written (`stage_order`; empty: not composable).
+    pub order: Vec<String>,
+    /// The stages asked for (`--stage`; empty: every stage).
+    pub stages: &'a [String],
+    /// Recorded as forced past the check of the rules' intent.
+    pub forced: bool,
+}
+
+/// A composable rollout's stages in the order its rules write them (empty for a
+/// rolling one).
+pub fn stage_order(rules: &jio_common::rules::Rules) -> Vec<String> {
+    rules
+        .compose
+        .as_ref()
+        .map(|c| c.stage_names())
+        .unwrap_or_default()
+}
+
+/// Starts a rollout as `want` says, or follows the active one when it has the same
+/// version and rules. The record, `/rollouts/current`, the desired version (with
+/// every enable key reset, when the version changes), the end of a replaced rollout
+/// and the clearing of an old emergency stop go in one transaction. `read` gives a
+/// fresh snapshot.
 pub async fn start<F, Fut>(
     store: &DynStore,
     schema: &Schema,
-    version: &Version,
-    rules: &serde_json::Value,
-    stages: &[String],
-    forced: bool,
+    want: &Wanted<'_>,
     now: impl Fn() -> u64,
     read: F,
 ) -> Result<Started, ChangeError>
@@ -139,38 +154,15 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Snapshot, StoreError>>,
 {
-    let digest = rollout::digest(rules);
+    let digest = rollout::digest(want.rules);
     let by = by();
-    let order = jio_common::rules::Rules::parse(&rules.to_string())
-        .ok()
-        .and_then(|r| r.compose)
-        .map(|c| c.stage_names())
-        .unwrap_or_default();
     for _ in 0..ATTEMPTS {
         let snap = read().await?;
-        let replaces = match begin(&snap, version, &digest) {
-            Begin::Follow(r) => {
-                let wider = staged(&order, Some(&r.stages), stages)?;
-                // Forced now, where its rules' intent no longer passes the check:
-                // every driver drives it as written from now on.
-                let newly_forced = forced && !r.forced;
-                if wider.is_none() && !newly_forced {
-                    return Ok(Started::Follow(Box::new(r)));
-                }
-                // The same rollout goes on with more stages, or forced: its record
-                // says so, compared on what was read.
-                let cur = snap.rollout.as_ref();
-                let mut rec = r.clone();
-                if let Some(w) = wider {
-                    rec.stages = w;
-                }
-                rec.forced |= newly_forced;
-                let compares = compares_on(schema, cur);
-                if apply(store, schema, compares, vec![record_put(schema, &rec)]).await? {
-                    return Ok(Started::Follow(Box::new(rec)));
-                }
-                continue;
-            }
+        let replaces = match begin(&snap, want.version, &digest) {
+            Begin::Follow(r) => match follow_as_asked(store, schema, &snap, r, want).await? {
+                Some(started) => return Ok(started),
+                None => continue,
+            },
             Begin::Create { replaces } => replaces,
         };
         let ids = record_ids(store, schema).await?;
@@ -178,57 +170,130 @@ where
             Some(id) => read_record(store, schema, id).await?,
             None => None,
         };
-        // Ids are a second's stamp and the version: two rollouts to one version in
-        // the same second get the next free second.
-        let t = now();
+        let creating = Creating {
+            schema,
+            want,
+            snap: &snap,
+            replaces,
+            ids,
+            by: &by,
+            digest: &digest,
+            t: now(),
+        };
+        let record = creating.record(last.as_ref())?;
+        let (created, compares, ops) = creating.writes(record);
+        if applied(store, schema, compares, ops, &created.record).await? {
+            return Ok(Started::Created(Box::new(created)));
+        }
+    }
+    Err(ChangeError::Moving)
+}
+
+/// Following the active rollout: with more stages, or forced now where its rules'
+/// intent no longer passes the check (every driver drives it as written from now
+/// on), its record says so, compared on what was read. `None`: something moved.
+async fn follow_as_asked(
+    store: &DynStore,
+    schema: &Schema,
+    snap: &Snapshot,
+    mut rec: RolloutRecord,
+    want: &Wanted<'_>,
+) -> Result<Option<Started>, ChangeError> {
+    let wider = staged(&want.order, Some(&rec.stages), want.stages)?;
+    let newly_forced = want.forced && !rec.forced;
+    if wider.is_none() && !newly_forced {
+        return Ok(Some(Started::Follow(Box::new(rec))));
+    }
+    if let Some(w) = wider {
+        rec.stages = w;
+    }
+    rec.forced |= newly_forced;
+    let compares = compares_on(schema, snap.rollout.as_ref());
+    if apply(store, schema, compares, vec![record_put(schema, &rec)]).await? {
+        return Ok(Some(Started::Follow(Box::new(rec))));
+    }
+    Ok(None)
+}
+
+/// A new rollout being decided on what one read found.
+struct Creating<'a> {
+    schema: &'a Schema,
+    want: &'a Wanted<'a>,
+    snap: &'a Snapshot,
+    /// The current rollout it replaces, as read.
+    replaces: Option<CurrentRollout>,
+    /// The ids of the records kept.
+    ids: Vec<RolloutId>,
+    by: &'a str,
+    digest: &'a str,
+    t: u64,
+}
+
+impl Creating<'_> {
+    /// Its record (`last`: the newest record kept). Ids are a second's stamp and
+    /// the version: two rollouts to one version in the same second get the next
+    /// free second.
+    fn record(&self, last: Option<&RolloutRecord>) -> Result<RolloutRecord, ChangeError> {
+        let version = self.want.version;
         let mut record = RolloutRecord::start(
             version.clone(),
-            previous_of(&snap, version, last.as_ref()),
-            rules.clone(),
-            &by,
-            t,
+            previous_of(self.snap, version, last),
+            self.want.rules.clone(),
+            self.by,
+            self.t,
         );
-        record.forced = forced;
-        let other_rules = replaces
-            .as_ref()
-            .and_then(CurrentRollout::ok)
-            .filter(|r| r.state.active() && &r.version == version);
-        match staged(&order, None, stages) {
-            Ok(Some(st)) => record.stages = st,
-            Ok(None) => {}
-            // The active rollout to this version has other rules: this would be a
-            // new rollout, which starts with the first stage. Say so.
+        record.forced = self.want.forced;
+        if let Some(st) = self.stages()? {
+            record.stages = st;
+        }
+        let mut stamp = self.t;
+        while self.ids.contains(&record.id) {
+            stamp += 1;
+            record.id = RolloutId::new(stamp, version);
+        }
+        Ok(record)
+    }
+
+    /// The stages it starts. The active rollout to this version with other rules
+    /// and a refused `--stage`: this would be a new rollout, which starts with the
+    /// first stage. Say so.
+    fn stages(&self) -> Result<Option<Vec<String>>, ChangeError> {
+        let other_rules = self.active_replaced().filter(|r| &r.version == self.want.version);
+        match staged(&self.want.order, None, self.want.stages) {
             Err(ChangeError::Unusable(e)) if other_rules.is_some() => {
                 let r = other_rules
                     .map(|r| (r.id.to_string(), r.rules_digest()))
                     .unwrap_or_default();
-                return Err(ChangeError::Unusable(format!(
-                    "{e}; note: the active rollout {} to {version} has other rules ({}, these are {digest}), so this command would start a new rollout, not continue that one (give the same rules to continue it)",
-                    r.0, r.1
-                )));
+                Err(ChangeError::Unusable(format!(
+                    "{e}; note: the active rollout {} to {} has other rules ({}, these are {}), so this command would start a new rollout, not continue that one (give the same rules to continue it)",
+                    r.0, self.want.version, r.1, self.digest
+                )))
             }
-            Err(e) => return Err(e),
+            other => other,
         }
-        let mut stamp = t;
-        while ids.contains(&record.id) {
-            stamp += 1;
-            record.id = RolloutId::new(stamp, version);
-        }
-        let mut ops = Vec::new();
-        let replaces_active = replaces
+    }
+
+    fn active_replaced(&self) -> Option<&RolloutRecord> {
+        self.replaces
             .as_ref()
             .and_then(CurrentRollout::ok)
-            .is_some_and(|r| r.state.active());
+            .filter(|r| r.state.active())
+    }
+
+    /// What is written, in one transaction, and on which compares.
+    fn writes(self, record: RolloutRecord) -> (Created, Vec<Compare>, Vec<Op>) {
+        let (schema, snap, version) = (self.schema, self.snap, self.want.version);
+        let mut ops = Vec::new();
         if snap.current.as_ref() != Some(version) {
             ops.extend(writes::start_rollout_ops(schema, version));
-        } else if replaces_active {
+        } else if self.active_replaced().is_some() {
             // The keys the replaced rollout armed were admitted under its rules, not
             // these: the new one starts from nothing armed (hosts in flight finish
             // and keep their slots).
             ops.extend(writes::global_disable_ops(schema));
         }
-        if let Some(old) = replaces.as_ref().and_then(CurrentRollout::ok)
-            && let Ok(ended) = old.supersede(&by, &record.id, t)
+        if let Some(old) = self.replaces.as_ref().and_then(CurrentRollout::ok)
+            && let Ok(ended) = old.supersede(self.by, &record.id, self.t)
         {
             ops.push(record_put(schema, &ended));
         }
@@ -238,42 +303,52 @@ where
         }
         ops.push(record_put(schema, &record));
         ops.push(Op::put(schema.current_rollout(), record.id.to_string()));
-        let current = replaces.as_ref().and_then(|c| RolloutId::parse(&c.id));
-        let prune: Vec<RolloutId> = rollout::beyond_history(&ids, current.as_ref())
+        let current = self.replaces.as_ref().and_then(|c| RolloutId::parse(&c.id));
+        let prune: Vec<RolloutId> = rollout::beyond_history(&self.ids, current.as_ref())
             .into_iter()
             .take(20)
             .collect();
         ops.extend(prune.iter().map(|id| Op::Delete(schema.rollout(id))));
-        let mut compares = compares_on(schema, replaces.as_ref());
+        let mut compares = compares_on(schema, self.replaces.as_ref());
         compares.push(Compare::Absent(schema.rollout(&record.id)));
         // The desired version and the halt as read: every jioctl write of them bumps it.
         compares.push(Compare::ModRevision(
             schema.lock(jio_common::fleet::EPOCH),
             snap.epoch,
         ));
-        let applied = match apply(store, schema, compares, ops).await {
-            Ok(applied) => applied,
-            // Sent, not confirmed (a timeout under load): the compares make it
-            // all or nothing, so the record as stored says which. Ours is there and
-            // current: it was applied. Otherwise nothing was: plan again.
-            Err(StoreError::Ambiguous { .. }) => {
-                let stored = read_record(store, schema, &record.id).await?;
-                let current = store.get(&schema.current_rollout()).await?;
-                stored.as_ref() == Some(&record)
-                    && current.is_some_and(|kv| kv.value == record.id.to_string())
-            }
-            Err(e) => return Err(e.into()),
+        let created = Created {
+            record,
+            replaced: self.replaces,
+            cleared_halt,
+            pruned: prune.len(),
         };
-        if applied {
-            return Ok(Started::Created(Box::new(Created {
-                record,
-                replaced: replaces,
-                cleared_halt,
-                pruned: prune.len(),
-            })));
-        }
+        (created, compares, ops)
     }
-    Err(ChangeError::Moving)
+}
+
+/// Applies a new rollout's writes: whether they landed. Sent but not confirmed (a
+/// timeout under load): the compares make it all or nothing, so the record as
+/// stored says which. Ours is there and current: it was applied; otherwise nothing
+/// was.
+async fn applied(
+    store: &DynStore,
+    schema: &Schema,
+    compares: Vec<Compare>,
+    ops: Vec<Op>,
+    record: &RolloutRecord,
+) -> Result<bool, ChangeError> {
+    match apply(store, schema, compares, ops).await {
+        Ok(applied) => Ok(applied),
+        Err(StoreError::Ambiguous { .. }) => {
+            let stored = read_record(store, schema, &record.id).await?;
+            let current = store.get(&schema.current_rollout()).await?;
+            Ok(
+                stored.as_ref() == Some(record)
+                    && current.is_some_and(|kv| kv.value == record.id.to_string()),
+            )
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The stages the rollout `jioctl upgrade version --stage requested` with `rules`
@@ -283,18 +358,14 @@ pub fn stages_of(
     snap: &Snapshot,
     version: &Version,
     rules: &serde_json::Value,
+    order: &[String],
     requested: &[String],
 ) -> Result<Vec<String>, String> {
-    let order = jio_common::rules::Rules::parse(&rules.to_string())
-        .ok()
-        .and_then(|r| r.compose)
-        .map(|c| c.stage_names())
-        .unwrap_or_default();
     let (started, following) = match begin(snap, version, &rollout::digest(rules)) {
         Begin::Follow(r) => (Some(r.stages.clone()), true),
         Begin::Create { .. } => (None, false),
     };
-    match staged(&order, started.as_deref(), requested) {
+    match staged(order, started.as_deref(), requested) {
         Ok(Some(s)) => Ok(s),
         Ok(None) if following => Ok(started.unwrap_or_default()),
         Ok(None) => Ok(Vec::new()),
@@ -751,18 +822,16 @@ mod tests {
 
     async fn started(store: &DynStore, rules: serde_json::Value, now: u64) -> Started {
         let schema = Schema::default();
-        start(
-            store,
-            &schema,
-            &v("v2"),
-            &rules,
-            &[],
-            false,
-            || now,
-            || Snapshot::read(store, &schema),
-        )
-        .await
-        .unwrap()
+        let want = Wanted {
+            version: &v("v2"),
+            rules: &rules,
+            order: stage_order(&jio_common::rules::Rules::parse(&rules.to_string()).unwrap()),
+            stages: &[],
+            forced: false,
+        };
+        start(store, &schema, &want, || now, || Snapshot::read(store, &schema))
+            .await
+            .unwrap()
     }
 
     #[tokio::test]

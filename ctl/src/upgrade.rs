@@ -14,6 +14,7 @@
 //! again or stops. Passes are woken by a watch on the namespace (not a timer), by a
 //! pause's expiry and by the progress deadline. While it waits it says on what.
 
+mod intent;
 mod live;
 pub mod next;
 pub mod waves;
@@ -27,6 +28,7 @@ use tokio::time::Instant;
 use futures_util::StreamExt as _;
 
 use jio_common::clock::{DynClock, SystemClock};
+use jio_common::compose_rules::Compose;
 use jio_common::fleet::{self, HostState, HostStatus, Snapshot};
 use jio_common::keys::Schema;
 use jio_common::names::Version;
@@ -44,10 +46,7 @@ use crate::rollouts::{self, Started};
 use crate::status::stage_args;
 use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
 use live::{Applied, LiveView};
-use next::{
-    After, Deadline, DriverState, During, Ending, Next, Observed, PassOutcome, ProgressClock, Settled, Step,
-    Waiting, Who,
-};
+use next::{DriverState, During, Ending, Next, Observed, PassOutcome, ProgressClock, Step, Waiting, Who};
 
 /// How `jioctl upgrade` goes on once the rollout is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,8 +121,15 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         }
     }
     let clock: DynClock = std::sync::Arc::new(SystemClock);
+    let want = rollouts::Wanted {
+        version: &args.version,
+        rules: &args.rules_json,
+        order: rollouts::stage_order(&args.rules),
+        stages: &args.stages,
+        forced,
+    };
     let started = tokio::select! {
-        s = rollouts::start(store, schema, &args.version, &args.rules_json, &args.stages, forced, || clock.unix_now(), read) => s,
+        s = rollouts::start(store, schema, &want, || clock.unix_now(), read) => s,
         sig = interrupted() => return Err(Failure::new(
             signal_code(sig),
             format!("{sig}: stopped before the rollout was recorded; nothing was written"),
@@ -215,6 +221,10 @@ pub async fn follow(
         clock: std::sync::Arc::new(SystemClock),
     };
     let mut driver = Driver::new(store, schema, role_pattern, opts);
+    if record.rules == args.rules_json {
+        // The rules `upgrade` parsed are the record's: not parsed again.
+        driver.rules = Some((record.id.clone(), Ok(args.rules.clone())));
+    }
     match mode {
         Mode::Detach => return detached(store, schema, record, args).await,
         Mode::Once => match RolloutLock::try_take(store, schema, writes::LOCK_TTL).await? {
@@ -333,81 +343,11 @@ async fn detached(store: &DynStore, schema: &Schema, record: &RolloutRecord, arg
     Ok(())
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+/// `--noop`: what the rollout would do, written nowhere.
 fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
     let snap = waves::as_if_started(snap, &args.version);
     if let Some(c) = &args.rules.compose {
-        // A composable rollout: its stages and their phases, from the hosts'
-        // catalogs as they are now; refused as the command would be.
-        let stages = rollouts::stages_of(&snap, &args.version, &args.rules_json, &args.stages)
-            .map_err(Failure::usage)?;
-        let mut rec = jio_common::rollout::RolloutRecord::start(
-            args.version.clone(),
-            None,
-            args.rules_json.clone(),
-            "noop",
-            jio_common::time::unix_now(),
-        );
-        rec.stages = stages.clone();
-        let cx = jio_common::plan::Context {
-            now: jio_common::time::unix_now(),
-            rollout: Some(&rec),
-            host_keys_only: true,
-            busy_outside: &[],
-        };
-        let mut composed = jio_common::compose::plan(&snap, c, resolved, &cx);
-        // Nothing runs yet: a stage this command starts is `starts`, not `running`.
-        let starts = |name: &str| stages.is_empty() || stages.iter().any(|s| s == name);
-        for st in &mut composed.stages {
-            st.state = if starts(&st.name) { "starts" } else { "not_started" };
-            st.phase = None;
-            st.finished = None;
-            st.taking_part = None;
-        }
-        let finalize_role = c.finalize_role().map(|r| r.to_string());
-        if args.json {
-            let j = serde_json::json!({
-                "version": args.version,
-                "stages": composed.stages,
-                "finalize": {"role": finalize_role, "when": "after every stage is done, once, on the first healthy host of the role"},
-            });
-            println!("{}", crate::out::document(j));
-        } else {
-            crate::say!("composable rollout to {} (noop: nothing written):", args.version);
-            for st in &composed.stages {
-                crate::say!(
-                    "stage {} ({}): {}",
-                    st.name,
-                    st.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", "),
-                    if starts(&st.name) {
-                        "starts"
-                    } else {
-                        "not started by this command"
-                    }
-                );
-                for p in &st.phases {
-                    crate::say!("  {p}");
-                }
-            }
-            let blocked: Vec<String> = composed
-                .plan
-                .reasons
-                .iter()
-                .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
-                .map(|(h, r)| format!("{h}: {}", r.text))
-                .collect();
-            crate::say!(
-                "finalize: once every stage is done, on the first healthy host of role {} (the finalize tasks its task files declare)",
-                finalize_role.as_deref().unwrap_or("-")
-            );
-            for b in blocked {
-                crate::say!("{b}");
-            }
-        }
-        return Ok(());
+        return noop_composable(&snap, c, resolved, args);
     }
     let hosts = fleet::classify(&snap);
     let cx = jio_common::plan::Context {
@@ -436,6 +376,79 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
     Ok(())
 }
 
+/// `--noop` of a composable rollout: its stages and their phases, from the hosts'
+/// catalogs as they are now; refused as the command would be.
+fn noop_composable(snap: &Snapshot, c: &Compose, resolved: &rules::Resolved, args: &Args) -> Outcome {
+    let order = rollouts::stage_order(&args.rules);
+    let stages = rollouts::stages_of(snap, &args.version, &args.rules_json, &order, &args.stages)
+        .map_err(Failure::usage)?;
+    let mut rec = trial_record(args, "noop");
+    rec.stages = stages.clone();
+    let cx = jio_common::plan::Context::of_rollout(jio_common::time::unix_now(), &rec, true);
+    let mut composed = jio_common::compose::plan(snap, c, resolved, &cx);
+    // Nothing runs yet: a stage this command starts is `starts`, not `running`.
+    let starts = |name: &str| stages.is_empty() || stages.iter().any(|s| s == name);
+    for st in &mut composed.stages {
+        st.state = if starts(&st.name) { "starts" } else { "not_started" };
+        st.phase = None;
+        st.finished = None;
+        st.taking_part = None;
+    }
+    let finalize_role = c.finalize_role().map(|r| r.to_string());
+    if args.json {
+        let j = serde_json::json!({
+            "version": args.version,
+            "stages": composed.stages,
+            "finalize": {"role": finalize_role, "when": "after every stage is done, once, on the first healthy host of the role"},
+        });
+        println!("{}", crate::out::document(j));
+        return Ok(());
+    }
+    crate::say!("composable rollout to {} (noop: nothing written):", args.version);
+    for st in &composed.stages {
+        let roles: Vec<&str> = st.roles.iter().map(|r| r.as_str()).collect();
+        let what = if starts(&st.name) {
+            "starts"
+        } else {
+            "not started by this command"
+        };
+        crate::say!("stage {} ({}): {what}", st.name, roles.join(", "));
+        for p in &st.phases {
+            crate::say!("  {p}");
+        }
+    }
+    crate::say!(
+        "finalize: once every stage is done, on the first healthy host of role {} (the finalize tasks its task files declare)",
+        finalize_role.as_deref().unwrap_or("-")
+    );
+    for (h, r) in blocked(&composed) {
+        crate::say!("{h}: {r}");
+    }
+    Ok(())
+}
+
+/// A record of a rollout under `args` that is not written, to plan with.
+fn trial_record(args: &Args, by: &str) -> RolloutRecord {
+    RolloutRecord::start(
+        args.version.clone(),
+        None,
+        args.rules_json.clone(),
+        by,
+        jio_common::time::unix_now(),
+    )
+}
+
+/// The hosts the composable planner finds blocked, and why.
+fn blocked(composed: &jio_common::compose::Composed) -> Vec<(String, String)> {
+    composed
+        .plan
+        .reasons
+        .iter()
+        .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
+        .map(|(h, r)| (h.to_string(), r.text.clone()))
+        .collect()
+}
+
 /// The hosts a composable rollout under `args` would find blocked by their task
 /// files, and why.
 fn blocked_by_task_files(snap: &Snapshot, resolved: &rules::Resolved, args: &Args) -> Vec<(String, String)> {
@@ -443,26 +456,9 @@ fn blocked_by_task_files(snap: &Snapshot, resolved: &rules::Resolved, args: &Arg
         return Vec::new();
     };
     let snap = waves::as_if_started(snap.clone(), &args.version);
-    let rec = jio_common::rollout::RolloutRecord::start(
-        args.version.clone(),
-        None,
-        args.rules_json.clone(),
-        "check",
-        jio_common::time::unix_now(),
-    );
-    let cx = jio_common::plan::Context {
-        now: jio_common::time::unix_now(),
-        rollout: Some(&rec),
-        host_keys_only: true,
-        busy_outside: &[],
-    };
-    jio_common::compose::plan(&snap, c, resolved, &cx)
-        .plan
-        .reasons
-        .into_iter()
-        .filter(|(_, r)| r.code == jio_common::plan::ReasonCode::Blocked)
-        .map(|(h, r)| (h.to_string(), r.text))
-        .collect()
+    let rec = trial_record(args, "check");
+    let cx = jio_common::plan::Context::of_rollout(jio_common::time::unix_now(), &rec, true);
+    blocked(&jio_common::compose::plan(&snap, c, resolved, &cx))
 }
 
 /// SIGINT or SIGTERM, whichever comes first.
@@ -888,26 +884,11 @@ impl Driver<'_> {
         )));
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     async fn pass_on(&mut self, snap: &Snapshot) -> Result<PassOutcome, PassError> {
         self.last_revision = snap.revision;
         self.wake_at = None;
         let now = self.o.clock.unix_now();
-        // A lock left by a process of this host that no longer exists is taken over
-        // at once (`try_take` checks it again), not after its lease.
-        let free = match (&snap.lock_key, &snap.lock) {
-            (None, _) => true,
-            // Unreadable: no driver wrote it, it would never be released.
-            (Some(_), None) => true,
-            (Some(_), Some(holder)) => writes::holder_is_dead(holder),
-        };
-        let who = Who {
-            holding: self.lock.is_some(),
-            may_take: free && (self.o.daemon || snap.drivers.is_empty()),
-        };
+        let who = self.who(snap);
         self.closing_words(snap);
         let hosts = fleet::classify(snap);
         self.in_flight = hosts
@@ -936,30 +917,7 @@ impl Driver<'_> {
                 )),
             }),
             Step::TakeLock => Ok(self.take().await?),
-            Step::Watch(rec) => {
-                self.progress.update(snap, &hosts);
-                if let Some(outcome) = self.watch_composable(snap, &hosts, &rec, now) {
-                    return Ok(outcome);
-                }
-                let plan = self.plan_of(snap, &hosts, &rec).ok();
-                let driver = match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
-                    (None, services) if !services.is_empty() => {
-                        format!(
-                            "waits for the driver service(s) {} to take it",
-                            services.join(", ")
-                        )
-                    }
-                    _ => format!("is driven by {}", writes::describe(&snap.lock)),
-                };
-                Ok(PassOutcome::Continue {
-                    waiting: Some(format!(
-                        "rollout {} {driver}: {}",
-                        rec.id,
-                        plan.map(|(p, ..)| waiting_line(&hosts, &p))
-                            .unwrap_or_else(|| "its rules do not fit the fleet".into())
-                    )),
-                })
-            }
+            Step::Watch(rec) => Ok(self.watch_pass(snap, &hosts, &rec, now)),
             Step::Paused(rec) => {
                 self.progress.update(snap, &hosts);
                 if let RolloutState::Paused { until: Some(t), .. } = &rec.state {
@@ -974,38 +932,54 @@ impl Driver<'_> {
                 _ => BTreeMap::new(),
             })),
             Step::Expired(rec) => {
-                let Some(resumed) = rec.pause_expired(now) else {
-                    return Ok(PassOutcome::Replan);
-                };
-                if let Some(end) = self
-                    .fenced(rollouts::update_ops(self.schema, &resumed), snap)
-                    .await?
-                {
-                    return Ok(end);
-                }
-                self.note(&format!("rollout {}: its pause expired; it goes on", rec.id));
-                Ok(PassOutcome::Replan)
+                let i = intent::resume(self.schema, &rec, now);
+                Ok(self.act(snap, &hosts, i).await?)
             }
             Step::VersionMoved(rec) => {
-                let to = snap
-                    .current
-                    .as_ref()
-                    .map_or("nothing".to_string(), Version::to_string);
-                let reason = format!("the desired version was changed to {to} outside this rollout");
-                let Ok(ended) = rec.abort("jioctl", Some(reason.clone()), now) else {
-                    return Ok(PassOutcome::Replan);
-                };
-                // Its end resets the keys it armed (under its rules, for its version).
-                if let Some(end) = self
-                    .fenced(rollouts::end_ops(self.schema, &ended, true), snap)
-                    .await?
-                {
-                    return Ok(end);
-                }
-                self.note(&format!("rollout {} ended: {reason}", rec.id));
-                Ok(PassOutcome::Replan)
+                let i = intent::version_moved(self.schema, snap, &rec, now);
+                Ok(self.act(snap, &hosts, i).await?)
             }
             Step::Plan(rec) => self.plan_pass(snap, &hosts, &rec, now).await,
+        }
+    }
+
+    /// Whether this process holds the lock, and whether it may take it. A lock
+    /// left by a process of this host that no longer exists is taken over at once
+    /// (`try_take` checks it again), not after its lease.
+    fn who(&self, snap: &Snapshot) -> Who {
+        let free = match (&snap.lock_key, &snap.lock) {
+            (None, _) => true,
+            // Unreadable: no driver wrote it, it would never be released.
+            (Some(_), None) => true,
+            (Some(_), Some(holder)) => writes::holder_is_dead(holder),
+        };
+        Who {
+            holding: self.lock.is_some(),
+            may_take: free && (self.o.daemon || snap.drivers.is_empty()),
+        }
+    }
+
+    /// Following a rollout another process drives: what it waits for.
+    fn watch_pass(
+        &mut self,
+        snap: &Snapshot,
+        hosts: &[HostStatus],
+        rec: &RolloutRecord,
+        now: u64,
+    ) -> PassOutcome {
+        self.progress.update(snap, hosts);
+        if let Some(outcome) = self.watch_composable(snap, hosts, rec, now) {
+            return outcome;
+        }
+        let plan = self.plan_of(snap, hosts, rec, now).ok();
+        PassOutcome::Continue {
+            waiting: Some(format!(
+                "rollout {} {}: {}",
+                rec.id,
+                driven_by(snap),
+                plan.map(|(p, ..)| render::waiting_line_forever(hosts, &p))
+                    .unwrap_or_else(|| "its rules do not fit the fleet".into())
+            )),
         }
     }
 
@@ -1039,21 +1013,28 @@ impl Driver<'_> {
         }
     }
 
+    /// The rollout's rules, and the rules resolved for the fleet's roles.
+    fn resolved_of(
+        &mut self,
+        hosts: &[HostStatus],
+        rec: &RolloutRecord,
+    ) -> Result<(Rules, rules::Resolved), rules::RulesError> {
+        let rules = self.rules_of(rec)?;
+        let roles = hosts.iter().map(|h| h.role.clone()).collect();
+        let resolved = rules.resolve(&roles)?;
+        Ok((rules, resolved))
+    }
+
+    /// The rolling plan of this pass, with the rules it was made under.
     fn plan_of(
         &mut self,
         snap: &Snapshot,
         hosts: &[HostStatus],
         rec: &RolloutRecord,
+        now: u64,
     ) -> Result<(Plan, Rules, rules::Resolved), rules::RulesError> {
-        let rules = self.rules_of(rec)?;
-        let roles = hosts.iter().map(|h| h.role.clone()).collect();
-        let resolved = rules.resolve(&roles)?;
-        let cx = jio_common::plan::Context {
-            now: self.o.clock.unix_now(),
-            rollout: Some(rec),
-            host_keys_only: false,
-            busy_outside: &[],
-        };
+        let (rules, resolved) = self.resolved_of(hosts, rec)?;
+        let cx = jio_common::plan::Context::of_rollout(now, rec, false);
         Ok((
             jio_common::plan::plan(snap, hosts, &resolved, &cx),
             rules,
@@ -1061,10 +1042,16 @@ impl Driver<'_> {
         ))
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
+    /// Notes how much has finished, for the progress deadline (per rollout):
+    /// whether that changed since the last pass.
+    fn progressed(&mut self, rec: &RolloutRecord, finished: usize, now: u64) -> bool {
+        if self.clock.0.as_ref() != Some(&rec.id) {
+            self.clock = (Some(rec.id.clone()), ProgressClock::default());
+        }
+        self.clock.1.note(finished, now)
+    }
+
+    /// A rolling rollout's pass: plan, decide (`intent::rolling`), act.
     async fn plan_pass(
         &mut self,
         snap: &Snapshot,
@@ -1075,25 +1062,10 @@ impl Driver<'_> {
         if self.rules_of(rec).is_ok_and(|r| r.compose.is_some()) {
             return self.compose_pass(snap, hosts, rec, now).await;
         }
-        let (mut plan, rules, resolved) = self.plan_of(snap, hosts, rec).map_err(PassError::Rules)?;
-        // The check `upgrade` made, made again on today's fleet: rules whose intent
-        // is unclear admit nothing unless the operator forced them; what the plan
-        // withdraws (disarms, held hosts) is still written.
-        let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
-        let refused = rules::check_intent(
-            &resolved,
-            rules.sets_no_limit().then_some(moving),
-            rec.forced,
-        )
-        .err()
-        .map(|why| {
-            format!(
-                "{}; `jioctl upgrade {}{} --force` with the same rules records it forced and drives it as written, `jioctl rollout abort` ends it",
-                rules::admits_nothing(&why),
-                rec.version,
-                stage_args(rec)
-            )
-        });
+        let (mut plan, rules, resolved) = self.plan_of(snap, hosts, rec, now).map_err(PassError::Rules)?;
+        // Rules whose intent is unclear admit nothing unless the operator forced
+        // them; what the plan withdraws (disarms, held hosts) is still written.
+        let refused = intent::refusal(&rules, &resolved, hosts, rec);
         if refused.is_some() {
             plan.enable_roles.clear();
             plan.enable_hosts.clear();
@@ -1103,128 +1075,35 @@ impl Driver<'_> {
             crate::say!("pass at revision {}:", snap.revision);
             crate::say_text!("{}", render::plan_table(&plan));
         }
-        if self.clock.0.as_ref() != Some(&rec.id) {
-            self.clock = (Some(rec.id.clone()), ProgressClock::default());
-        }
         let finished = hosts
             .iter()
             .filter(|h| matches!(h.state, HostState::Upgraded | HostState::Failed))
             .count();
-        let progressed = self.clock.1.note(finished, now);
+        let progressed = self.progressed(rec, finished, now);
         if plan.waits_by_design() {
             // Not stuck: waiting for a window, the canaries or a soak.
             self.clock.1.since = now;
         }
         // A soak ending or a window opening changes the plan without any write.
         self.wake_at = plan.wake_at;
-        if refused.is_none()
-            && plan.canary.as_ref().is_some_and(|c| c.mark_done)
-            && let Some(done) = rec.canaries_done(now)
-        {
-            // The soak counts from now, on this driver's clock.
-            if let Some(end) = self
-                .fenced(rollouts::update_ops(self.schema, &done), snap)
-                .await?
-            {
-                return Ok(end);
-            }
-            self.note(&format!(
-                "rollout {}: every canary finished healthy; the rest waits for canary_soak ({})",
-                rec.id,
-                rules
-                    .canary_soak
-                    .map(jio_common::duration::format)
-                    .unwrap_or_default()
-            ));
-            return Ok(PassOutcome::Replan);
+        let decided = intent::rolling(&intent::Rolling {
+            schema: self.schema,
+            snap,
+            hosts,
+            rec,
+            rules: &rules,
+            resolved: &resolved,
+            plan: &plan,
+            refused: refused.as_deref(),
+            clock: &self.clock.1,
+            progressed,
+            now,
+        });
+        let outcome = self.act(snap, hosts, decided).await?;
+        if matches!(outcome, PassOutcome::Stopped { .. }) {
+            self.max_failures = resolved.max_failures.of(hosts.len(), false);
         }
-        if refused.is_none() && plan.canary.as_ref().is_some_and(|c| c.promote) {
-            let soak = rules
-                .canary_soak
-                .map(jio_common::duration::format)
-                .unwrap_or_default();
-            let reason = format!("the canaries stayed healthy for canary_soak ({soak})");
-            let Ok(promoted) = rec.promote("jioctl", Some(reason.clone()), now) else {
-                return Ok(PassOutcome::Replan);
-            };
-            if let Some(end) = self
-                .fenced(rollouts::update_ops(self.schema, &promoted), snap)
-                .await?
-            {
-                return Ok(end);
-            }
-            self.note(&format!(
-                "rollout {} promoted: {reason}; the rest is admitted",
-                rec.id
-            ));
-            return Ok(PassOutcome::Replan);
-        }
-        let (disarm, end) = match next::after_plan(snap, hosts, &plan) {
-            After::Apply => return Ok(self.apply(snap, &plan).await?),
-            After::Settle { disarm, end } => (disarm, end),
-        };
-        self.progress.update(snap, hosts);
-        let by = "jioctl";
-        match end {
-            Settled::Finished { .. } | Settled::Stopped => {
-                let failed = rollouts::failed_hosts(snap);
-                let Ok(mut ended) = rec.finish(failed.clone(), by, now) else {
-                    return Ok(PassOutcome::Replan);
-                };
-                if !plan.held.is_empty()
-                    && let Some(c) = ended.changes.last_mut()
-                {
-                    c.reason = Some(format!(
-                        "held back (still at their version): {}",
-                        jio_common::values::host_list(&plan.held)
-                    ));
-                }
-                if let Some(end) = self
-                    .fenced(rollouts::end_ops(self.schema, &ended, disarm), snap)
-                    .await?
-                {
-                    return Ok(end);
-                }
-                if disarm && !self.o.quiet {
-                    self.note("enable keys reset (puppet disabled globally): nothing is left armed");
-                }
-                self.note(&format!(
-                    "rollout {} to {} {}{}",
-                    rec.id,
-                    rec.version,
-                    ended.state.name(),
-                    if plan.held.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; held back (still at their version): {}",
-                            jio_common::values::host_list(&plan.held)
-                        )
-                    }
-                ));
-                Ok(match end {
-                    Settled::Stopped => {
-                        self.max_failures = resolved.max_failures.of(hosts.len(), false);
-                        PassOutcome::Stopped {
-                            failures: snap
-                                .failures
-                                .iter()
-                                .map(|(h, (step, value))| (h.clone(), *step, value.clone()))
-                                .collect(),
-                        }
-                    }
-                    _ => PassOutcome::Finished { failed: failed.len() },
-                })
-            }
-            Settled::Waiting => {
-                let line = refused.unwrap_or_else(|| waiting_line(hosts, &plan));
-                let holding = || render::holding(hosts, &plan, &resolved.group_of);
-                let deadline = rules.progress_deadline;
-                self.waiting(snap, rec, line, holding, progressed, deadline, now, Unit::Host)
-                    .await
-                    .map_err(PassError::from)
-            }
-        }
+        Ok(outcome)
     }
 
     /// Following a composable rollout another process drives: what it waits for,
@@ -1237,52 +1116,27 @@ impl Driver<'_> {
         rec: &RolloutRecord,
         now: u64,
     ) -> Option<PassOutcome> {
-        let rules = self.rules_of(rec).ok()?;
+        let (rules, resolved) = self.resolved_of(hosts, rec).ok()?;
         let c = rules.compose.as_ref()?;
-        let roles = hosts.iter().map(|h| h.role.clone()).collect();
-        let resolved = rules.resolve(&roles).ok()?;
-        let cx = jio_common::plan::Context {
-            now,
-            rollout: Some(rec),
-            host_keys_only: true,
-            busy_outside: &[],
-        };
+        let cx = jio_common::plan::Context::of_rollout(now, rec, true);
         let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
-        let driver = match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
-            (None, services) if !services.is_empty() => {
-                format!(
-                    "waits for the driver service(s) {} to take it",
-                    services.join(", ")
-                )
-            }
-            _ => format!("is driven by {}", writes::describe(&snap.lock)),
-        };
         if let jio_common::compose::Standing::StagesDone { not_started } = &composed.standing
             && self.o.target.is_some()
         {
-            self.note(&format!(
-                "every started stage is done; not started: {} (`jioctl upgrade {} --stage {}` continues this rollout)",
-                not_started.join(", "),
-                rec.version,
-                not_started.first().map_or("", |s| s.as_str())
-            ));
+            self.note(&intent::stages_done_line(rec, not_started));
             return Some(PassOutcome::StagesDone(not_started.clone()));
         }
         Some(PassOutcome::Continue {
             waiting: Some(format!(
-                "rollout {} {driver}: {}",
+                "rollout {} {}: {}",
                 rec.id,
+                driven_by(snap),
                 render::compose_waiting(&composed)
             )),
         })
     }
 
-    /// A composable rollout's pass: move a stage's phase on, admit the phase's
-    /// hosts, grant the finalize step, or end the rollout; otherwise wait.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
+    /// A composable rollout's pass: plan, decide (`intent::composable`), act.
     async fn compose_pass(
         &mut self,
         snap: &Snapshot,
@@ -1290,223 +1144,71 @@ impl Driver<'_> {
         rec: &RolloutRecord,
         now: u64,
     ) -> Result<PassOutcome, PassError> {
-        let rules = self.rules_of(rec).map_err(PassError::Rules)?;
+        let (rules, resolved) = self.resolved_of(hosts, rec).map_err(PassError::Rules)?;
         let Some(c) = rules.compose.as_ref() else {
             return Ok(PassOutcome::Replan);
         };
-        let roles = hosts.iter().map(|h| h.role.clone()).collect();
-        let resolved = rules.resolve(&roles).map_err(PassError::Rules)?;
-        let cx = jio_common::plan::Context {
-            now,
-            rollout: Some(rec),
-            host_keys_only: true,
-            busy_outside: &[],
-        };
+        let cx = jio_common::plan::Context::of_rollout(now, rec, true);
         let composed = jio_common::compose::plan(snap, c, &resolved, &cx);
         if self.o.verbose {
             crate::say!("pass at revision {}:", snap.revision);
             crate::say_text!("{}", render::stages(&composed));
             crate::say_text!("{}", render::plan_table(&composed.plan));
         }
-        if self.clock.0.as_ref() != Some(&rec.id) {
-            self.clock = (Some(rec.id.clone()), ProgressClock::default());
-        }
-        let progressed = self.clock.1.note(composed.progress, now);
+        let progressed = self.progressed(rec, composed.progress, now);
         self.wake_at = composed.plan.wake_at;
         self.progress.update(snap, hosts);
-        if composed.writes() {
-            let ops = writes::compose_ops(self.schema, &composed);
-            if let Some(end) = self.fenced(ops, snap).await? {
-                return Ok(end);
-            }
-            for (_, g) in composed.grants.iter().take(1) {
-                let services = if g.services.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        " ({})",
-                        g.services
-                            .iter()
-                            .map(|s| s.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                };
-                self.note(&format!("stage {}: phase {}{services} begins", g.stage, g.phase));
-            }
-            if let Some(f) = &composed.finalize_grant {
-                self.note(&format!("finalize: granted to {}", f.host));
-            }
-            if composed.grants.is_empty()
-                && let Some(a) = render::admitted(&composed.plan)
-            {
-                self.note(&a);
-            }
-            return Ok(PassOutcome::Continue { waiting: None });
+        if !composed.writes()
+            && matches!(
+                composed.standing,
+                jio_common::compose::Standing::StagesDone { .. }
+            )
+        {
+            // Waiting for an operator by design: not stuck.
+            self.clock.1.since = now;
         }
-        let by = "jioctl";
-        let end = |failed: &std::collections::BTreeMap<String, String>| rec.finish(failed.clone(), by, now);
-        match &composed.standing {
-            jio_common::compose::Standing::Finished { failed }
-            | jio_common::compose::Standing::Stopped { failed } => {
-                let stopped = matches!(composed.standing, jio_common::compose::Standing::Stopped { .. });
-                let Ok(mut ended) = end(failed) else {
-                    return Ok(PassOutcome::Replan);
-                };
-                let mut why: Vec<String> = Vec::new();
-                if stopped && let Some(at) = render::stopped_at(&composed) {
-                    why.push(at);
-                }
-                if !composed.plan.held.is_empty() {
-                    why.push(format!(
-                        "held back (still at their version): {}",
-                        jio_common::values::host_list(&composed.plan.held)
-                    ));
-                }
-                if !why.is_empty()
-                    && let Some(ch) = ended.changes.last_mut()
-                {
-                    ch.reason = Some(why.join("; "));
-                }
-                if let Some(end) = self
-                    .fenced(rollouts::end_ops(self.schema, &ended, true), snap)
-                    .await?
-                {
-                    return Ok(end);
-                }
-                self.note(&format!(
-                    "rollout {} to {} {}{}",
-                    rec.id,
-                    rec.version,
-                    ended.state.name(),
-                    if stopped {
-                        format!(
-                            ": {} host(s) failed, more than max_failures {}",
-                            failed.len(),
-                            resolved.max_failures.of(hosts.len(), false)
-                        )
-                    } else {
-                        String::new()
-                    }
-                ));
-                for (h, why) in failed {
-                    self.note(&format!("  {h}: {why}"));
-                }
-                if let Some(r) = ended.changes.last().and_then(|c| c.reason.as_ref()) {
-                    self.note(&format!("  ({r})"));
-                }
-                Ok(PassOutcome::Finished { failed: failed.len() })
-            }
-            jio_common::compose::Standing::StagesDone { not_started } => {
-                // Waiting for an operator by design: not stuck.
-                self.clock.1.since = now;
-                let line = format!(
-                    "every started stage is done; not started: {} (`jioctl upgrade {} --stage {}` continues this rollout)",
-                    not_started.join(", "),
-                    rec.version,
-                    not_started.first().map_or("", |s| s.as_str())
-                );
-                if self.o.target.is_some() {
-                    self.note(&line);
-                    return Ok(PassOutcome::StagesDone(not_started.clone()));
-                }
-                Ok(PassOutcome::Continue { waiting: Some(line) })
-            }
-            jio_common::compose::Standing::Moving => {
-                let line = render::compose_waiting(&composed);
-                let holding = || {
-                    composed
-                        .plan
-                        .reasons
-                        .iter()
-                        .filter(|(_, r)| !matches!(r.code, jio_common::plan::ReasonCode::WaitingFor))
-                        .map(|(h, r)| (h.to_string(), r.text.clone()))
-                        .collect()
-                };
-                let deadline = rules.progress_deadline;
-                self.waiting(snap, rec, line, holding, progressed, deadline, now, Unit::Step)
-                    .await
-                    .map_err(PassError::from)
-            }
-        }
+        let decided = intent::composable(&intent::Composable {
+            schema: self.schema,
+            rec,
+            composed: &composed,
+            max_failures: resolved.max_failures.of(hosts.len(), false),
+            following: self.o.target.is_some(),
+            clock: &self.clock.1,
+            progressed,
+            limit: rules.progress_deadline,
+            now,
+        });
+        Ok(self.act(snap, hosts, decided).await?)
     }
 
-    /// A pass that admitted nothing while hosts move: the progress deadline (mark
-    /// the rollout stuck, naming what `holding` says holds it; running again once
-    /// something finished), else wait, saying `line`.
-    #[allow(clippy::too_many_arguments)]
-    async fn waiting(
+    /// Applies what a pass decided: its writes in one transaction fenced on what
+    /// `snap` read and on still holding the lock, then its notes; or the end of the
+    /// pass when the write did not land (replan, or the lock lost).
+    async fn act(
         &mut self,
         snap: &Snapshot,
-        rec: &RolloutRecord,
-        line: String,
-        holding: impl FnOnce() -> BTreeMap<String, String>,
-        progressed: bool,
-        limit: Duration,
-        now: u64,
-        unit: Unit,
+        hosts: &[HostStatus],
+        i: intent::Intent,
     ) -> Result<PassOutcome, StoreError> {
-        let by = "jioctl";
-        match next::deadline(rec, &self.clock.1, progressed, limit, now) {
-            Deadline::Stuck => {
-                let Ok(stuck) = rec.stuck(holding(), by, now) else {
-                    return Ok(PassOutcome::Replan);
-                };
-                if let Some(end) = self
-                    .fenced(rollouts::update_ops(self.schema, &stuck), snap)
-                    .await?
-                {
-                    return Ok(end);
-                }
-                self.note(&format!(
-                    "rollout {} is stuck: {} finished within its progress_deadline ({}); waiting for: {line}",
-                    rec.id,
-                    match unit {
-                        Unit::Host => "no host",
-                        Unit::Step => "nothing",
-                    },
-                    jio_common::duration::format(limit)
-                ));
-                Ok(PassOutcome::Replan)
-            }
-            Deadline::Unstuck => {
-                if let Some(r) = rec.unstuck(by, now)
-                    && let Some(end) = self.fenced(rollouts::update_ops(self.schema, &r), snap).await?
-                {
-                    return Ok(end);
-                }
-                self.note(&format!(
-                    "rollout {} moves again{}",
-                    rec.id,
-                    match unit {
-                        Unit::Host => ": a host finished",
-                        Unit::Step => "",
-                    }
-                ));
-                Ok(PassOutcome::Replan)
-            }
-            Deadline::Due(t) => {
-                self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
-                Ok(PassOutcome::Continue { waiting: Some(line) })
-            }
-            Deadline::None => Ok(PassOutcome::Continue { waiting: Some(line) }),
+        if i.settled {
+            self.progress.update(snap, hosts);
         }
-    }
-
-    async fn apply(&mut self, snap: &Snapshot, plan: &Plan) -> Result<PassOutcome, StoreError> {
-        let ops = writes::plan_ops(self.schema, plan);
-        if let Some(end) = self.fenced(ops, snap).await? {
+        if let Some(t) = i.wake_at {
+            self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
+        }
+        if !i.ops.is_empty()
+            && let Some(end) = self.fenced(i.ops, snap).await?
+        {
             return Ok(end);
         }
-        if let Some(a) = render::admitted(plan) {
-            if self.o.daemon {
-                eprintln!("jioctl drive: {a}");
-            } else {
-                self.progress.note(&a);
+        for note in i.notes {
+            match note {
+                intent::Note::Say(line) => self.note(&line),
+                intent::Note::Admitted(a) if self.o.daemon => eprintln!("jioctl drive: {a}"),
+                intent::Note::Admitted(a) => self.progress.note(&a),
             }
         }
-        // The watch brings our own writes back into the view.
-        Ok(PassOutcome::Continue { waiting: None })
+        Ok(i.outcome)
     }
 
     /// Writes `ops` fenced on what `snap` read and on still holding the lock: `None`
@@ -1525,17 +1227,17 @@ impl Driver<'_> {
     }
 }
 
-/// What a rollout's progress counts: hosts (a plain rollout) or hosts' steps (a
-/// composable one), for the stuck and moving-again lines.
-#[derive(Debug, Clone, Copy)]
-enum Unit {
-    Host,
-    Step,
-}
-
-/// What the rollout waits for; when nothing can move without an operator, it says so.
-fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
-    render::waiting_line_forever(hosts, plan)
+/// Who drives a rollout this process follows.
+fn driven_by(snap: &Snapshot) -> String {
+    match (&snap.lock_key, snap.drivers.keys().cloned().collect::<Vec<_>>()) {
+        (None, services) if !services.is_empty() => {
+            format!(
+                "waits for the driver service(s) {} to take it",
+                services.join(", ")
+            )
+        }
+        _ => format!("is driven by {}", writes::describe(&snap.lock)),
+    }
 }
 
 /// Waiting: woken by any change; a slow resync guards against a silent watch, and
