@@ -707,7 +707,7 @@ impl Schema {
         if rest == CURRENT_VERSION {
             return Some(Parsed::CurrentVersion);
         }
-        let (prefix, parse) = FAMILIES.into_iter().find(|(p, _)| rest.starts_with(p))?;
+        let (prefix, parse) = FAMILIES.iter().find(|(p, _)| rest.starts_with(p))?;
         parse(&rest[prefix.len()..])
     }
 }

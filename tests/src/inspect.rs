@@ -82,3 +82,20 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Every file below `dir` whose name ends in `.<ext>`, in no particular order.
+pub fn files_below(dir: &std::path::Path, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == ext) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}

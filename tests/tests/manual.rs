@@ -8,17 +8,6 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn pages(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.expect("directory entry").path();
-        if path.is_dir() {
-            pages(&path, out);
-        } else if path.extension().is_some_and(|e| e == "md") {
-            out.push(path);
-        }
-    }
-}
-
 /// The targets of `[text](target)` links, outside code blocks and code spans.
 fn links(markdown: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -56,7 +45,7 @@ fn the_readme_stays_short() {
 #[test]
 fn the_manual_lists_every_page_and_every_link_resolves() {
     let mut files = vec![root().join("README.md")];
-    pages(&root().join("docs"), &mut files);
+    files.extend(jio_tests::inspect::files_below(&root().join("docs"), "md"));
     assert!(files.len() > 10, "{} pages", files.len());
     let index = std::fs::read_to_string(root().join("docs/README.md")).expect("docs/README.md");
     let listed = links(&index);
