@@ -436,11 +436,8 @@ fn moving_outside(v: &View<'_>, r: &Resolved, statuses: &[HostStatus], busy: &[H
     })
 }
 
-/// Whether the command ends at this pass, and how.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+/// Whether the command ends at this pass, and how: stopped on failures, done, or
+/// failed with every host not run saying why. Hosts left to move: not ended.
 fn ending(
     statuses: &[HostStatus],
     phases: &BTreeMap<HostName, HostPhase>,
@@ -448,24 +445,8 @@ fn ending(
     v: &View<'_>,
     r: &Resolved,
 ) -> Option<CommandState> {
-    let not_ok = |h: &HostName| -> Option<String> {
-        match phases[h] {
-            HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted => Some(
-                v.runs
-                    .results
-                    .get(h)
-                    .map(result_text)
-                    .unwrap_or_else(|| "its result cannot be read".into()),
-            ),
-            _ => None,
-        }
-    };
-    let failed: BTreeMap<String, String> = statuses
-        .iter()
-        .filter_map(|s| not_ok(&s.host).map(|w| (s.host.to_string(), w)))
-        .collect();
+    let mut hosts = failed_hosts(statuses, phases, v);
     if p.stopped_on_failures {
-        let mut hosts = failed;
         for s in statuses {
             if matches!(phases[&s.host], HostPhase::Pending | HostPhase::Admitted) {
                 hosts.insert(
@@ -480,45 +461,7 @@ fn ending(
     // hosts of a group that waits for a group where the command ended with a
     // failure (a host never runs a command twice, so that group is never done):
     // with nothing else left to move, the command ends without them.
-    let group_of = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
-    let dead: BTreeSet<String> = {
-        let mut by_group: BTreeMap<String, Vec<&HostStatus>> = BTreeMap::new();
-        for s in statuses {
-            by_group.entry(group_of(&s.role)).or_default().push(s);
-        }
-        by_group
-            .into_iter()
-            .filter(|(_, hs)| {
-                hs.iter()
-                    .all(|s| matches!(s.state, HostState::Upgraded | HostState::Failed))
-                    && hs.iter().any(|s| s.state == HostState::Failed)
-            })
-            .map(|(g, _)| g)
-            .collect()
-    };
-    let never: BTreeMap<&HostName, String> = statuses
-        .iter()
-        .filter(|s| s.state == HostState::Pending)
-        .filter_map(|s| {
-            let g = group_of(&s.role);
-            let on = p
-                .groups
-                .iter()
-                .find(|gp| gp.group == g)
-                .and_then(|gp| match &gp.action {
-                    crate::plan::GroupAction::Wait { on }
-                        if !on.is_empty() && on.iter().all(|d| dead.contains(d)) =>
-                    {
-                        Some(on.join(", "))
-                    }
-                    _ => None,
-                })?;
-            Some((
-                &s.host,
-                format!("not run: it waits for {on}, where the command failed"),
-            ))
-        })
-        .collect();
+    let never = never_admitted(statuses, p, r);
     let held: BTreeSet<&HostName> = p.held.iter().collect();
     let open: Vec<&HostStatus> = statuses
         .iter()
@@ -530,23 +473,87 @@ fn ending(
     {
         return None;
     }
-    if failed.is_empty() && open.is_empty() {
+    if hosts.is_empty() && open.is_empty() {
         return Some(CommandState::Done);
     }
-    let mut hosts = failed;
     for s in open {
-        if let Some(why) = never.get(&s.host) {
-            hosts.insert(s.host.to_string(), why.clone());
-            continue;
-        }
-        let why = p
-            .reasons
-            .get(&s.host)
-            .map(|r| r.text.clone())
-            .unwrap_or_else(|| "held".into());
-        hosts.insert(s.host.to_string(), format!("not run: {why}"));
+        let why = match never.get(&s.host) {
+            Some(why) => why.clone(),
+            None => {
+                let why = p.reasons.get(&s.host).map_or("held", |r| r.text.as_str());
+                format!("not run: {why}")
+            }
+        };
+        hosts.insert(s.host.to_string(), why);
     }
     Some(CommandState::Failed { failed_hosts: hosts })
+}
+
+/// The hosts whose run failed, was refused or interrupted, with their result.
+fn failed_hosts(
+    statuses: &[HostStatus],
+    phases: &BTreeMap<HostName, HostPhase>,
+    v: &View<'_>,
+) -> BTreeMap<String, String> {
+    statuses
+        .iter()
+        .filter(|s| {
+            matches!(
+                phases[&s.host],
+                HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted
+            )
+        })
+        .map(|s| {
+            let why = v
+                .runs
+                .results
+                .get(&s.host)
+                .map(result_text)
+                .unwrap_or_else(|| "its result cannot be read".into());
+            (s.host.to_string(), why)
+        })
+        .collect()
+}
+
+/// Pending hosts of a group that waits only for groups where the command ended
+/// with a failure (every host finished, one failed): they are never admitted.
+fn never_admitted<'s>(statuses: &'s [HostStatus], p: &Plan, r: &Resolved) -> BTreeMap<&'s HostName, String> {
+    let group_of = |role: &Role| r.group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
+    let mut by_group: BTreeMap<String, Vec<&HostStatus>> = BTreeMap::new();
+    for s in statuses {
+        by_group.entry(group_of(&s.role)).or_default().push(s);
+    }
+    let dead: BTreeSet<String> = by_group
+        .into_iter()
+        .filter(|(_, hs)| {
+            hs.iter()
+                .all(|s| matches!(s.state, HostState::Upgraded | HostState::Failed))
+                && hs.iter().any(|s| s.state == HostState::Failed)
+        })
+        .map(|(g, _)| g)
+        .collect();
+    let waits_on_dead = |g: &str| {
+        let gp = p.groups.iter().find(|gp| gp.group == g)?;
+        match &gp.action {
+            crate::plan::GroupAction::Wait { on }
+                if !on.is_empty() && on.iter().all(|d| dead.contains(d)) =>
+            {
+                Some(on.join(", "))
+            }
+            _ => None,
+        }
+    };
+    statuses
+        .iter()
+        .filter(|s| s.state == HostState::Pending)
+        .filter_map(|s| {
+            let on = waits_on_dead(&group_of(&s.role))?;
+            Some((
+                &s.host,
+                format!("not run: it waits for {on}, where the command failed"),
+            ))
+        })
+        .collect()
 }
 
 /// A result for people: `exit 3: <message>`, `refused: <why>`...

@@ -813,114 +813,112 @@ impl Names {
 mod tests {
     use super::*;
 
+    /// Rules that must be refused, and what the refusal must say.
+    const BAD_RULES: &[(&str, &str)] = &[
+        ("{", "malformed JSON"),
+        ("[]", "must be a JSON object"),
+        (r#"{"rolling": {}}"#, "unknown key \"rolling\""),
+        (
+            r#"{"rolling_rules": {"global": -1}}"#,
+            "rolling_rules.global: -1 is not a count",
+        ),
+        (
+            r#"{"rolling_rules": {"global": 1.5}}"#,
+            "rolling_rules.global: 1.5 is not a count",
+        ),
+        (
+            r#"{"rolling_rules": {"global": "3"}}"#,
+            "rolling_rules.global: \"3\" is not a count",
+        ),
+        (
+            r#"{"rolling_rules": {"roles": {"compute": true}}}"#,
+            "rolling_rules.roles.compute: true is not a count",
+        ),
+        (
+            r#"{"rolling_rules": {"glob": 1}}"#,
+            "rolling_rules: unknown key \"glob\"",
+        ),
+        (
+            r#"{"rolling_rules": {"roles": {"a b": 1}}}"#,
+            "must not contain whitespace",
+        ),
+        (
+            r#"{"group_mappings": {"ceph": "st("}}"#,
+            "group_mappings.ceph: \"st(\" is not a valid regex",
+        ),
+        (
+            r#"{"group_mappings": {"ceph": 3}}"#,
+            "must be a string or a non-empty list",
+        ),
+        (r#"{"role_order": {"a": "b", "b": "a"}}"#, "cycle: a -> b -> a"),
+        (r#"{"role_order": {"a": "a"}}"#, "cycle: a -> a"),
+        (
+            r#"{"role_order": {"a": "b"}, "role_dependencies": {}}"#,
+            "give only one",
+        ),
+        (r#"{"max_failures": -2}"#, "max_failures: -2 is not a count"),
+        (
+            r#"{"progress_deadline": 60}"#,
+            "progress_deadline: 60 must be a duration",
+        ),
+        (
+            r#"{"progress_deadline": "0"}"#,
+            "progress_deadline: must be longer than 0",
+        ),
+        (r#"{"progress_deadline": "soon"}"#, "invalid duration \"soon\""),
+        (
+            r#"{"rolling_rules":{"global":1},"rolling_rules":{"global":5}}"#,
+            "key \"rolling_rules\" is given twice",
+        ),
+        (
+            r#"{"rolling_rules":{"roles":{"compute":1,"compute":9}}}"#,
+            "key \"compute\" is given twice",
+        ),
+        (r#"{} {}"#, "malformed JSON"),
+        (
+            r#"{"rolling_rules": {"fleet": "0%"}}"#,
+            "rolling_rules.fleet: \"0%\" is not a percentage (a whole number from \"1%\" to \"100%\")",
+        ),
+        (
+            r#"{"rolling_rules": {"roles": {"compute": "150%"}}}"#,
+            "rolling_rules.roles.compute: \"150%\" is not a percentage",
+        ),
+        (
+            r#"{"max_failures": "ten%"}"#,
+            "max_failures: \"ten%\" is not a percentage",
+        ),
+        (r#"{"canary": -1}"#, "canary: -1 is not a count"),
+        (r#"{"canary": 0}"#, "canary: 0 canaries"),
+        (r#"{"canary": {"compute": 0}}"#, "canary.compute: 0 canaries"),
+        (r#"{"canary": {}}"#, "names no group"),
+        (r#"{"max_failures": "+5%"}"#, "is not a percentage"),
+        (
+            r#"{"canary": {"compute": true}}"#,
+            "canary.compute: true is not a count",
+        ),
+        (r#"{"canary_soak": "10m"}"#, "canary_soak is given without canary"),
+        (
+            r#"{"canary": 1, "canary_soak": 600}"#,
+            "canary_soak: 600 must be a duration",
+        ),
+        (
+            r#"{"min_healthy_time": "0"}"#,
+            "min_healthy_time: must be longer than 0",
+        ),
+        (r#"{"windows": []}"#, "windows: [] must be a non-empty list"),
+        (
+            r#"{"windows": [{"days": "weekdays", "start": "22:00", "end": "06:00"}]}"#,
+            "windows[0].days: \"weekdays\" is not a day",
+        ),
+        (
+            r#"{"windows": [{"days": "mon", "start": "22:00", "end": "06:00", "tz": "Mumbai"}]}"#,
+            "windows[0].tz: \"Mumbai\" is not a time zone",
+        ),
+    ];
+
     #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     fn bad_rules_are_rejected_with_every_problem_named() {
-        let cases = [
-            ("{", "malformed JSON"),
-            ("[]", "must be a JSON object"),
-            (r#"{"rolling": {}}"#, "unknown key \"rolling\""),
-            (
-                r#"{"rolling_rules": {"global": -1}}"#,
-                "rolling_rules.global: -1 is not a count",
-            ),
-            (
-                r#"{"rolling_rules": {"global": 1.5}}"#,
-                "rolling_rules.global: 1.5 is not a count",
-            ),
-            (
-                r#"{"rolling_rules": {"global": "3"}}"#,
-                "rolling_rules.global: \"3\" is not a count",
-            ),
-            (
-                r#"{"rolling_rules": {"roles": {"compute": true}}}"#,
-                "rolling_rules.roles.compute: true is not a count",
-            ),
-            (
-                r#"{"rolling_rules": {"glob": 1}}"#,
-                "rolling_rules: unknown key \"glob\"",
-            ),
-            (
-                r#"{"rolling_rules": {"roles": {"a b": 1}}}"#,
-                "must not contain whitespace",
-            ),
-            (
-                r#"{"group_mappings": {"ceph": "st("}}"#,
-                "group_mappings.ceph: \"st(\" is not a valid regex",
-            ),
-            (
-                r#"{"group_mappings": {"ceph": 3}}"#,
-                "must be a string or a non-empty list",
-            ),
-            (r#"{"role_order": {"a": "b", "b": "a"}}"#, "cycle: a -> b -> a"),
-            (r#"{"role_order": {"a": "a"}}"#, "cycle: a -> a"),
-            (
-                r#"{"role_order": {"a": "b"}, "role_dependencies": {}}"#,
-                "give only one",
-            ),
-            (r#"{"max_failures": -2}"#, "max_failures: -2 is not a count"),
-            (
-                r#"{"progress_deadline": 60}"#,
-                "progress_deadline: 60 must be a duration",
-            ),
-            (
-                r#"{"progress_deadline": "0"}"#,
-                "progress_deadline: must be longer than 0",
-            ),
-            (r#"{"progress_deadline": "soon"}"#, "invalid duration \"soon\""),
-            (
-                r#"{"rolling_rules":{"global":1},"rolling_rules":{"global":5}}"#,
-                "key \"rolling_rules\" is given twice",
-            ),
-            (
-                r#"{"rolling_rules":{"roles":{"compute":1,"compute":9}}}"#,
-                "key \"compute\" is given twice",
-            ),
-            (r#"{} {}"#, "malformed JSON"),
-            (
-                r#"{"rolling_rules": {"fleet": "0%"}}"#,
-                "rolling_rules.fleet: \"0%\" is not a percentage (a whole number from \"1%\" to \"100%\")",
-            ),
-            (
-                r#"{"rolling_rules": {"roles": {"compute": "150%"}}}"#,
-                "rolling_rules.roles.compute: \"150%\" is not a percentage",
-            ),
-            (
-                r#"{"max_failures": "ten%"}"#,
-                "max_failures: \"ten%\" is not a percentage",
-            ),
-            (r#"{"canary": -1}"#, "canary: -1 is not a count"),
-            (r#"{"canary": 0}"#, "canary: 0 canaries"),
-            (r#"{"canary": {"compute": 0}}"#, "canary.compute: 0 canaries"),
-            (r#"{"canary": {}}"#, "names no group"),
-            (r#"{"max_failures": "+5%"}"#, "is not a percentage"),
-            (
-                r#"{"canary": {"compute": true}}"#,
-                "canary.compute: true is not a count",
-            ),
-            (r#"{"canary_soak": "10m"}"#, "canary_soak is given without canary"),
-            (
-                r#"{"canary": 1, "canary_soak": 600}"#,
-                "canary_soak: 600 must be a duration",
-            ),
-            (
-                r#"{"min_healthy_time": "0"}"#,
-                "min_healthy_time: must be longer than 0",
-            ),
-            (r#"{"windows": []}"#, "windows: [] must be a non-empty list"),
-            (
-                r#"{"windows": [{"days": "weekdays", "start": "22:00", "end": "06:00"}]}"#,
-                "windows[0].days: \"weekdays\" is not a day",
-            ),
-            (
-                r#"{"windows": [{"days": "mon", "start": "22:00", "end": "06:00", "tz": "Mumbai"}]}"#,
-                "windows[0].tz: \"Mumbai\" is not a time zone",
-            ),
-        ];
-        for (text, want) in cases {
+        for (text, want) in BAD_RULES {
             let err = Rules::parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }

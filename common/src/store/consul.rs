@@ -156,10 +156,6 @@ impl ConsulStore {
 
 impl Inner {
     /// One request to the current endpoint, within `timeout` when given.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     async fn attempt(
         &self,
         method: reqwest::Method,
@@ -169,25 +165,7 @@ impl Inner {
         timeout: Option<Duration>,
     ) -> std::result::Result<Answer, Failure> {
         let (i, base) = self.endpoints.pick();
-        let mut params: Vec<String> = query
-            .iter()
-            .map(|(k, v)| {
-                if v.is_empty() {
-                    k.to_string()
-                } else {
-                    format!("{k}={}", crate::encode::path(v))
-                }
-            })
-            .collect();
-        if let Some(dc) = &self.datacenter {
-            params.push(format!("dc={}", crate::encode::path(dc)));
-        }
-        let url = if params.is_empty() {
-            format!("{base}{path}")
-        } else {
-            format!("{base}{path}?{}", params.join("&"))
-        };
-        let mut req = self.clients[i].http.request(method, url);
+        let mut req = self.clients[i].http.request(method, self.url(base, path, query));
         if let Some(t) = &self.token {
             req = req.header("X-Consul-Token", t.expose());
         }
@@ -204,14 +182,7 @@ impl Inner {
                 let connect = e.is_connect();
                 let reason = error_chain(&e.without_url());
                 fail_over(&reason);
-                if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
-                    return Err(Failure::Refused(tls));
-                }
-                return Err(if connect {
-                    Failure::NotSent(reason)
-                } else {
-                    Failure::Unknown(reason)
-                });
+                return Err(self.not_answered(connect, reason));
             }
         };
         let status = resp.status().as_u16();
@@ -232,23 +203,9 @@ impl Inner {
                 return Err(Failure::Unknown(reason));
             }
         };
-        // Rate limits (429; 503 "rate limit exceeded" for writes) refuse before
-        // anything is applied: another try is safe, on another server if there is one.
-        // So does a server without a leader (500 `No cluster leader`).
-        let said = String::from_utf8_lossy(&body);
-        if status == 429
-            || (status == 503 && said.contains("rate limit"))
-            || (status >= 500 && said.contains("No cluster leader"))
-        {
+        if let Some(failure) = refused_by_server(status, &body) {
             fail_over(&format!("HTTP {status}"));
-            return Err(Failure::NotSent(format!("HTTP {status}: {}", said.trim())));
-        }
-        if status >= 500 && !is_api_error(&body) {
-            fail_over(&format!("HTTP {status}"));
-            return Err(Failure::Unknown(format!(
-                "HTTP {status}: {}",
-                String::from_utf8_lossy(&body).trim()
-            )));
+            return Err(failure);
         }
         Ok(Answer {
             status,
@@ -256,6 +213,41 @@ impl Inner {
             body,
             filtered,
         })
+    }
+
+    /// The request's URL on endpoint `base`, with the datacenter when one is set.
+    fn url(&self, base: &str, path: &str, query: &[(&str, String)]) -> String {
+        let mut params: Vec<String> = query
+            .iter()
+            .map(|(k, v)| {
+                if v.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{k}={}", crate::encode::path(v))
+                }
+            })
+            .collect();
+        if let Some(dc) = &self.datacenter {
+            params.push(format!("dc={}", crate::encode::path(dc)));
+        }
+        if params.is_empty() {
+            format!("{base}{path}")
+        } else {
+            format!("{base}{path}?{}", params.join("&"))
+        }
+    }
+
+    /// A request that got no answer: refused by TLS, not sent (no connection), or
+    /// perhaps applied.
+    fn not_answered(&self, connect: bool, reason: String) -> Failure {
+        if let Some(tls) = tls_failure(&reason, self.tls.as_ref()) {
+            return Failure::Refused(tls);
+        }
+        if connect {
+            Failure::NotSent(reason)
+        } else {
+            Failure::Unknown(reason)
+        }
     }
 
     /// A request with retries across endpoints. `idempotent`: may be repeated when it
@@ -441,10 +433,6 @@ impl Inner {
     /// Applies Consul txn operations; `Ok(None)` when a check failed (nothing written).
     /// `revision`: the caller wants the transaction's revision (a transaction that
     /// puts nothing then costs a read of the index after it); otherwise 0.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     async fn apply(
         &self,
         ops: Vec<Value>,
@@ -461,21 +449,7 @@ impl Inner {
             ));
         }
         let body = serde_json::to_vec(&ops).unwrap_or_default();
-        let keys: Vec<(bool, String)> = ops
-            .iter()
-            .map(|op| {
-                // What Consul checks the token for: read for `get` and
-                // `check-index`, write for the rest (`check-not-exists` too).
-                let verb = op["KV"]["Verb"].as_str().unwrap_or("");
-                let write = !matches!(verb, "get" | "check-index" | "check-session");
-                (write, format!("/{}", op["KV"]["Key"].as_str().unwrap_or("")))
-            })
-            .collect();
-        let puts: Vec<String> = ops
-            .iter()
-            .filter(|op| matches!(op["KV"]["Verb"].as_str(), Some("set" | "cas" | "lock")))
-            .filter_map(|op| op["KV"]["Key"].as_str().map(str::to_string))
-            .collect();
+        let keys = txn_keys(&ops);
         let a = self
             .call(
                 "transaction",
@@ -486,94 +460,32 @@ impl Inner {
                 idempotent,
             )
             .await?;
+        let answer = || serde_json::from_slice::<Value>(&a.body).unwrap_or(Value::Null);
         match a.status {
-            200 => {
-                let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
-                // Only what the transaction put counts: a `check-index` or `get`
-                // result shows the index the key had before it.
-                let from_results = v["Results"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|r| {
-                        r["KV"]["Key"]
-                            .as_str()
-                            .is_some_and(|k| puts.iter().any(|p| p.as_str() == k))
-                    })
-                    .filter_map(|r| r["KV"]["ModifyIndex"].as_u64())
-                    .max();
-                // Consul answers a write transaction without `X-Consul-Index`: the
-                // revision is the highest `ModifyIndex` of the keys it put (a changed
-                // key's is the transaction's own; a skipped same-value write shows
-                // its old one), or, when there are none (only deletes), the index
-                // read after it.
-                let rev = match (a.index, from_results) {
-                    (Some(i), _) => i,
-                    (None, Some(m)) => m,
-                    (None, None) if revision => self.index().await?,
-                    (None, None) => 0,
-                };
-                Ok(Ok(rev as Revision))
-            }
+            // Consul answers a write transaction without `X-Consul-Index`: the
+            // revision is the highest `ModifyIndex` of the keys it put (a changed
+            // key's is the transaction's own; a skipped same-value write shows its
+            // old one), or, when there are none (only deletes), the index read
+            // after it.
+            200 => Ok(Ok(match (a.index, put_index(&answer(), &ops)) {
+                (Some(i), _) => i,
+                (None, Some(m)) => m,
+                (None, None) if revision => self.index().await?,
+                (None, None) => 0,
+            } as Revision)),
             409 => {
-                let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
-                // ACL denials come back as 409 too, one error per operation refused:
-                // a refusal, never a lost compare.
-                let denied: Vec<&(bool, String)> = v["Errors"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|e| {
-                        e["What"]
-                            .as_str()
-                            .is_some_and(|w| w.to_ascii_lowercase().contains("permission denied"))
-                    })
-                    .filter_map(|e| keys.get(e["OpIndex"].as_u64()? as usize))
-                    .collect();
-                if !denied.is_empty() {
-                    let list = |write: bool| {
-                        let ks: Vec<&str> = denied
-                            .iter()
-                            .filter(|(w, _)| *w == write)
-                            .map(|(_, k)| k.as_str())
-                            .collect();
-                        ks.join(", ")
-                    };
-                    let parts: Vec<String> = [(true, "writing"), (false, "reading")]
-                        .into_iter()
-                        .map(|(w, doing)| (doing, list(w)))
-                        .filter(|(_, ks)| !ks.is_empty())
-                        .map(|(doing, ks)| format!("{doing} {ks}"))
-                        .collect();
+                let v = answer();
+                if let Some(message) = txn_denied(&v, &keys) {
                     return Err(StoreError::Denied {
                         url: self.url.clone(),
                         op: "transaction",
-                        message: format!("Permission denied ({} with this ACL token)", parts.join("; ")),
+                        message,
                     });
                 }
-                let what = v["Errors"][0]["What"]
-                    .as_str()
-                    .unwrap_or("a check failed")
-                    .to_string();
-                Ok(Err(what))
+                let what = v["Errors"][0]["What"].as_str().unwrap_or("a check failed");
+                Ok(Err(what.to_string()))
             }
-            413 => {
-                let written: Vec<&str> = keys.iter().filter(|(w, _)| *w).map(|(_, k)| k.as_str()).collect();
-                let shown = written.iter().take(3).copied().collect::<Vec<_>>().join(", ");
-                let more = written.len().saturating_sub(3);
-                Err(self.rejected(
-                    "transaction",
-                    format!(
-                        "{} (writing {shown}{}): Consul takes at most 512 KiB per value and per transaction",
-                        String::from_utf8_lossy(&a.body).trim(),
-                        if more > 0 {
-                            format!(" and {more} more")
-                        } else {
-                            String::new()
-                        }
-                    ),
-                ))
-            }
+            413 => Err(self.rejected("transaction", too_large(&a.body, &keys))),
             _ => Err(self.rejected(
                 "transaction",
                 format!("HTTP {}: {}", a.status, String::from_utf8_lossy(&a.body).trim()),
@@ -598,6 +510,108 @@ impl Inner {
         }
         Ok(a.index.unwrap_or(0).max(1))
     }
+}
+
+/// An answer that is no answer: rate limits (429; 503 "rate limit exceeded" for
+/// writes) and a server without a leader (500 `No cluster leader`) refuse before
+/// anything is applied, so another try is safe, on another server if there is one;
+/// another server error that is not the API's own may have been applied.
+fn refused_by_server(status: u16, body: &[u8]) -> Option<Failure> {
+    let said = String::from_utf8_lossy(body);
+    if status == 429
+        || (status == 503 && said.contains("rate limit"))
+        || (status >= 500 && said.contains("No cluster leader"))
+    {
+        return Some(Failure::NotSent(format!("HTTP {status}: {}", said.trim())));
+    }
+    if status >= 500 && !is_api_error(body) {
+        return Some(Failure::Unknown(format!("HTTP {status}: {}", said.trim())));
+    }
+    None
+}
+
+/// Each operation's key, and whether Consul checks the token for writing it: read
+/// for `get` and `check-index`, write for the rest (`check-not-exists` too).
+fn txn_keys(ops: &[Value]) -> Vec<(bool, String)> {
+    ops.iter()
+        .map(|op| {
+            let verb = op["KV"]["Verb"].as_str().unwrap_or("");
+            let write = !matches!(verb, "get" | "check-index" | "check-session");
+            (write, format!("/{}", op["KV"]["Key"].as_str().unwrap_or("")))
+        })
+        .collect()
+}
+
+/// The highest `ModifyIndex` among the results of the keys the transaction put:
+/// only those count (a `check-index` or `get` result shows the index the key had
+/// before it).
+fn put_index(answer: &Value, ops: &[Value]) -> Option<u64> {
+    let puts: Vec<&str> = ops
+        .iter()
+        .filter(|op| matches!(op["KV"]["Verb"].as_str(), Some("set" | "cas" | "lock")))
+        .filter_map(|op| op["KV"]["Key"].as_str())
+        .collect();
+    answer["Results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["KV"]["Key"].as_str().is_some_and(|k| puts.contains(&k)))
+        .filter_map(|r| r["KV"]["ModifyIndex"].as_u64())
+        .max()
+}
+
+/// ACL denials come back as 409 too, one error per operation refused: a refusal,
+/// never a lost compare. The message names the keys refused for writing and for
+/// reading.
+fn txn_denied(answer: &Value, keys: &[(bool, String)]) -> Option<String> {
+    let denied: Vec<&(bool, String)> = answer["Errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["What"]
+                .as_str()
+                .is_some_and(|w| w.to_ascii_lowercase().contains("permission denied"))
+        })
+        .filter_map(|e| keys.get(e["OpIndex"].as_u64()? as usize))
+        .collect();
+    if denied.is_empty() {
+        return None;
+    }
+    let list = |write: bool| {
+        let ks: Vec<&str> = denied
+            .iter()
+            .filter(|(w, _)| *w == write)
+            .map(|(_, k)| k.as_str())
+            .collect();
+        ks.join(", ")
+    };
+    let parts: Vec<String> = [(true, "writing"), (false, "reading")]
+        .into_iter()
+        .map(|(w, doing)| (doing, list(w)))
+        .filter(|(_, ks)| !ks.is_empty())
+        .map(|(doing, ks)| format!("{doing} {ks}"))
+        .collect();
+    Some(format!(
+        "Permission denied ({} with this ACL token)",
+        parts.join("; ")
+    ))
+}
+
+/// A transaction too large for Consul (413), naming the first keys it wrote.
+fn too_large(body: &[u8], keys: &[(bool, String)]) -> String {
+    let written: Vec<&str> = keys.iter().filter(|(w, _)| *w).map(|(_, k)| k.as_str()).collect();
+    let shown = written.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+    let more = written.len().saturating_sub(3);
+    format!(
+        "{} (writing {shown}{}): Consul takes at most 512 KiB per value and per transaction",
+        String::from_utf8_lossy(body).trim(),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )
 }
 
 fn kv_path(key: &str) -> String {
