@@ -74,13 +74,6 @@ fn compares_on(schema: &Schema, cur: Option<&CurrentRollout>) -> Vec<Compare> {
     }
 }
 
-fn record_put(schema: &Schema, r: &RolloutRecord) -> Op {
-    Op::put(
-        schema.rollout(&r.id),
-        serde_json::to_string(r).unwrap_or_default(),
-    )
-}
-
 /// One transaction of `ops` on `compares`, with the epoch bump: `false` when
 /// something moved.
 async fn apply(
@@ -209,7 +202,7 @@ async fn follow_as_asked(
     }
     rec.forced |= newly_forced;
     let compares = compares_on(schema, snap.rollout.as_ref());
-    if apply(store, schema, compares, vec![record_put(schema, &rec)]).await? {
+    if apply(store, schema, compares, vec![writes::record_put(schema, &rec)]).await? {
         return Ok(Some(Started::Follow(Box::new(rec))));
     }
     Ok(None)
@@ -295,13 +288,13 @@ impl Creating<'_> {
         if let Some(old) = self.replaces.as_ref().and_then(CurrentRollout::ok)
             && let Ok(ended) = old.supersede(self.by, &record.id, self.t)
         {
-            ops.push(record_put(schema, &ended));
+            ops.push(writes::record_put(schema, &ended));
         }
         let cleared_halt = snap.halt.as_ref().map(|(h, _)| h.clone());
         if cleared_halt.is_some() {
             ops.push(Op::Delete(schema.lock(HALT)));
         }
-        ops.push(record_put(schema, &record));
+        ops.push(writes::record_put(schema, &record));
         ops.push(Op::put(schema.current_rollout(), record.id.to_string()));
         let current = self.replaces.as_ref().and_then(|c| RolloutId::parse(&c.id));
         let prune: Vec<RolloutId> = rollout::beyond_history(&self.ids, current.as_ref())
@@ -487,7 +480,7 @@ fn change_ops(
             // Hosts enabled but not started must not start while paused: the keys go
             // (an agent's start is fenced on them); hosts in flight finish.
             ops.extend(writes::global_disable_ops(schema));
-            ops.push(record_put(schema, &r));
+            ops.push(writes::record_put(schema, &r));
             Changed {
                 record: r,
                 started: None,
@@ -496,7 +489,7 @@ fn change_ops(
         }
         Change::Resume => {
             let r = rec.resume(by, now)?;
-            ops.push(record_put(schema, &r));
+            ops.push(writes::record_put(schema, &r));
             Changed {
                 record: r,
                 started: None,
@@ -505,7 +498,7 @@ fn change_ops(
         }
         Change::Promote { reason } => {
             let r = rec.promote(by, reason.clone(), now)?;
-            ops.push(record_put(schema, &r));
+            ops.push(writes::record_put(schema, &r));
             Changed {
                 record: r,
                 started: None,
@@ -514,7 +507,7 @@ fn change_ops(
         }
         Change::Abort { reason } => {
             let r = rec.abort(by, reason.clone(), now)?;
-            ops.extend(end_ops(schema, &r, true));
+            ops.extend(writes::end_ops(schema, &r, true));
             Changed {
                 record: r,
                 started: None,
@@ -530,7 +523,7 @@ fn change_ops(
             let mut back = ended.undo(by, now)?;
             back.forced |= *force;
             if aborted_first {
-                ops.push(record_put(schema, &ended));
+                ops.push(writes::record_put(schema, &ended));
             }
             if snap.current.as_ref() != Some(&back.version) {
                 ops.extend(writes::start_rollout_ops(schema, &back.version));
@@ -541,7 +534,7 @@ fn change_ops(
                 // Starting a rollout is the decision to go on after an emergency stop.
                 ops.push(Op::Delete(schema.lock(HALT)));
             }
-            ops.push(record_put(schema, &back));
+            ops.push(writes::record_put(schema, &back));
             ops.push(Op::put(schema.current_rollout(), back.id.to_string()));
             Changed {
                 record: ended,
@@ -616,25 +609,6 @@ where
     Err(ChangeError::Moving)
 }
 
-/// The end of a rollout (done, failed, aborted): its record, `/rollouts/current`
-/// removed, and (`disarm`) every enable key reset, so nothing is left armed.
-pub fn end_ops(schema: &Schema, ended: &RolloutRecord, disarm: bool) -> Vec<Op> {
-    let mut ops = Vec::new();
-    if disarm {
-        ops.extend(writes::global_disable_ops(schema));
-    }
-    ops.push(record_put(schema, ended));
-    ops.push(Op::Delete(schema.current_rollout()));
-    // A composable rollout's phase grants end with it.
-    ops.push(Op::DeletePrefix(schema.steps()));
-    ops
-}
-
-/// A record's write alone (pause expiry, stuck, unstuck).
-pub fn update_ops(schema: &Schema, r: &RolloutRecord) -> Vec<Op> {
-    vec![record_put(schema, r)]
-}
-
 /// The emergency stop's end of the current rollout, when one is active.
 pub fn emergency_ops(
     schema: &Schema,
@@ -647,7 +621,7 @@ pub fn emergency_ops(
     };
     let compares = compares_on(schema, Some(cur));
     match cur.ok().map(|r| r.emergency_stop(by, now)) {
-        Some(Ok(ended)) => (compares, end_ops(schema, &ended, false), Some(ended)),
+        Some(Ok(ended)) => (compares, writes::end_ops(schema, &ended, false), Some(ended)),
         _ => (compares, vec![Op::Delete(schema.current_rollout())], None),
     }
 }

@@ -21,6 +21,7 @@ use jio_common::fleet::{EPOCH, HALT, LockRecord, ROLLOUT_LOCK};
 use jio_common::keys::{EnableLevel, Schema};
 use jio_common::names::Version;
 use jio_common::plan::Plan;
+use jio_common::rollout::RolloutRecord;
 use jio_common::store::{Compare, DynStore, ErrorKind, LeaseId, Op, Revision, StoreError, Txn, TxnOutcome};
 use jio_common::time::unix_now;
 use jio_common::values::format_bool;
@@ -197,6 +198,33 @@ pub enum Fenced {
     Moved,
     /// The rollout lock is no longer this process's: nothing more was written.
     LockLost,
+}
+
+/// A rollout record's write.
+pub fn record_put(schema: &Schema, r: &RolloutRecord) -> Op {
+    Op::put(
+        schema.rollout(&r.id),
+        serde_json::to_string(r).unwrap_or_default(),
+    )
+}
+
+/// The end of a rollout (done, failed, aborted): its record, `/rollouts/current`
+/// removed, and (`disarm`) every enable key reset, so nothing is left armed.
+pub fn end_ops(schema: &Schema, ended: &RolloutRecord, disarm: bool) -> Vec<Op> {
+    let mut ops = Vec::new();
+    if disarm {
+        ops.extend(global_disable_ops(schema));
+    }
+    ops.push(record_put(schema, ended));
+    ops.push(Op::Delete(schema.current_rollout()));
+    // A composable rollout's phase grants end with it.
+    ops.push(Op::DeletePrefix(schema.steps()));
+    ops
+}
+
+/// A record's write alone (pause expiry, stuck, unstuck).
+pub fn update_ops(schema: &Schema, r: &RolloutRecord) -> Vec<Op> {
+    vec![record_put(schema, r)]
 }
 
 /// Applies `ops` if the epoch is still at `epoch` and `lock` is still held.

@@ -34,7 +34,7 @@ impl TriggerUpdate {
             match s.rollout.as_ref().and_then(|c| c.ok()) {
                 Some(r) if r.version != v && r.state.active() => {
                     if let Ok(e) = r.abort(&by, reason, now) {
-                        ops.extend(crate::rollouts::end_ops(schema, &e, false));
+                        ops.extend(crate::writes::end_ops(schema, &e, false));
                         *ended.borrow_mut() = Some(e);
                     }
                 }

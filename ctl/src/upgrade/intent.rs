@@ -21,6 +21,7 @@ use super::next::{self, After, Deadline, PassOutcome, ProgressClock, Settled};
 use crate::render;
 use crate::rollouts;
 use crate::status::stage_args;
+use crate::writes;
 
 /// Who the driver's changes of a record are by.
 const BY: &str = "jioctl";
@@ -86,7 +87,7 @@ pub fn resume(schema: &Schema, rec: &RolloutRecord, now: u64) -> Intent {
     let Some(resumed) = rec.pause_expired(now) else {
         return Intent::replan();
     };
-    Intent::write(rollouts::update_ops(schema, &resumed), PassOutcome::Replan)
+    Intent::write(writes::update_ops(schema, &resumed), PassOutcome::Replan)
         .say(format!("rollout {}: its pause expired; it goes on", rec.id))
 }
 
@@ -101,7 +102,7 @@ pub fn version_moved(schema: &Schema, snap: &Snapshot, rec: &RolloutRecord, now:
     let Ok(ended) = rec.abort(BY, Some(reason.clone()), now) else {
         return Intent::replan();
     };
-    Intent::write(rollouts::end_ops(schema, &ended, true), PassOutcome::Replan)
+    Intent::write(writes::end_ops(schema, &ended, true), PassOutcome::Replan)
         .say(format!("rollout {} ended: {reason}", rec.id))
 }
 
@@ -165,7 +166,7 @@ pub fn waiting<H: FnOnce() -> BTreeMap<String, String>>(w: Wait<'_, H>) -> Inten
                 Unit::Host => "no host",
                 Unit::Step => "nothing",
             };
-            Intent::write(rollouts::update_ops(w.schema, &stuck), PassOutcome::Replan).say(format!(
+            Intent::write(writes::update_ops(w.schema, &stuck), PassOutcome::Replan).say(format!(
                 "rollout {} is stuck: {what} finished within its progress_deadline ({}); waiting for: {}",
                 rec.id,
                 jio_common::duration::format(w.limit),
@@ -175,7 +176,7 @@ pub fn waiting<H: FnOnce() -> BTreeMap<String, String>>(w: Wait<'_, H>) -> Inten
         Deadline::Unstuck => {
             let ops = rec
                 .unstuck(BY, w.now)
-                .map(|r| rollouts::update_ops(w.schema, &r))
+                .map(|r| writes::update_ops(w.schema, &r))
                 .unwrap_or_default();
             let what = match w.unit {
                 Unit::Host => ": a host finished",
@@ -245,7 +246,7 @@ pub fn rolling(p: &Rolling<'_>) -> Intent {
 /// The plan's admissions and withdrawals, written.
 fn admit(schema: &Schema, plan: &Plan) -> Intent {
     let mut i = Intent::write(
-        crate::writes::plan_ops(schema, plan),
+        writes::plan_ops(schema, plan),
         // The watch brings our own writes back into the view.
         PassOutcome::Continue { waiting: None },
     );
@@ -266,7 +267,7 @@ fn canaries(p: &Rolling<'_>) -> Option<Intent> {
         && let Some(done) = p.rec.canaries_done(p.now)
     {
         return Some(
-            Intent::write(rollouts::update_ops(p.schema, &done), PassOutcome::Replan).say(format!(
+            Intent::write(writes::update_ops(p.schema, &done), PassOutcome::Replan).say(format!(
                 "rollout {}: every canary finished healthy; the rest waits for canary_soak ({soak})",
                 p.rec.id
             )),
@@ -280,7 +281,7 @@ fn canaries(p: &Rolling<'_>) -> Option<Intent> {
         return Some(Intent::replan());
     };
     Some(
-        Intent::write(rollouts::update_ops(p.schema, &promoted), PassOutcome::Replan).say(format!(
+        Intent::write(writes::update_ops(p.schema, &promoted), PassOutcome::Replan).say(format!(
             "rollout {} promoted: {reason}; the rest is admitted",
             p.rec.id
         )),
@@ -316,7 +317,7 @@ fn finish_rolling(p: &Rolling<'_>, disarm: bool, end: Settled) -> Intent {
         },
         _ => PassOutcome::Finished { failed: failed.len() },
     };
-    let mut i = Intent::write(rollouts::end_ops(p.schema, &ended, disarm), outcome);
+    let mut i = Intent::write(writes::end_ops(p.schema, &ended, disarm), outcome);
     if disarm {
         i = i.say("enable keys reset (puppet disabled globally): nothing is left armed".into());
     }
@@ -397,7 +398,7 @@ pub fn stages_done_line(rec: &RolloutRecord, not_started: &[String]) -> String {
 /// The grants, admissions and finalize grant of a composable pass, written.
 fn compose_writes(schema: &Schema, composed: &Composed) -> Intent {
     let mut i = Intent::write(
-        crate::writes::compose_ops(schema, composed),
+        writes::compose_ops(schema, composed),
         PassOutcome::Continue { waiting: None },
     );
     if let Some((_, g)) = composed.grants.first() {
@@ -452,7 +453,7 @@ fn finish_composable(p: &Composable<'_>, failed: &BTreeMap<String, String>, stop
         String::new()
     };
     let mut i = Intent::write(
-        rollouts::end_ops(p.schema, &ended, true),
+        writes::end_ops(p.schema, &ended, true),
         PassOutcome::Finished { failed: failed.len() },
     )
     .say(format!(
