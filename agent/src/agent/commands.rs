@@ -765,17 +765,18 @@ mod tests {
         }
     }
 
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
-    fn what_an_agent_does_with_a_command() {
-        let h = HostName::new("compute1").unwrap();
-        let hold = Hold {
-            key: "/holds/host/compute1".into(),
-            record: Err("x".into()),
-        };
+    /// A command's record, its start, whether its result is in the store, its
+    /// hold, and what the agent does with it.
+    type Case<'a> = (
+        Option<Result<CommandRecord, String>>,
+        Option<Result<Started, String>>,
+        bool,
+        Option<&'a Hold>,
+        &'a str,
+    );
+
+    /// The cases of `what_an_agent_does_with_a_command`, on compute1.
+    fn command_cases(hold: &Hold) -> Vec<Case<'_>> {
         let started = Started {
             at: 5,
             pid: 1,
@@ -786,14 +787,7 @@ mod tests {
             by: "bob".into(),
             reason: None,
         };
-        type Case<'a> = (
-            Option<Result<CommandRecord, String>>,
-            Option<Result<Started, String>>,
-            bool,
-            Option<&'a Hold>,
-            &'a str,
-        );
-        let cases: Vec<Case<'_>> = vec![
+        vec![
             (None, None, false, None, "skip"),
             (Some(Err("bad".into())), None, false, None, "refuse"),
             (
@@ -842,14 +836,14 @@ mod tests {
                 Some(Ok(rec(&["compute1"], true, running.clone()))),
                 Some(Ok(started.clone())),
                 false,
-                Some(&hold),
+                Some(hold),
                 "held",
             ),
             (
                 Some(Ok(rec(&["compute1"], false, running.clone()))),
                 None,
                 false,
-                Some(&hold),
+                Some(hold),
                 "held",
             ),
             (
@@ -859,7 +853,28 @@ mod tests {
                 None,
                 "run 1",
             ),
-        ];
+        ]
+    }
+
+    /// What `step` decided, in a word (and the attempt of a run).
+    fn step_name(s: &CommandStep) -> String {
+        match s {
+            CommandStep::Skip { .. } => "skip".to_string(),
+            CommandStep::Held { .. } => "held".into(),
+            CommandStep::Run { attempt } => format!("run {attempt}"),
+            CommandStep::Refuse { .. } => "refuse".into(),
+            CommandStep::Interrupted { .. } => "interrupted".into(),
+        }
+    }
+
+    #[test]
+    fn what_an_agent_does_with_a_command() {
+        let h = HostName::new("compute1").unwrap();
+        let hold = Hold {
+            key: "/holds/host/compute1".into(),
+            record: Err("x".into()),
+        };
+        let cases = command_cases(&hold);
         for (i, (record, started, result, hold, want)) in cases.into_iter().enumerate() {
             let c = Candidate {
                 host: &h,
@@ -868,13 +883,7 @@ mod tests {
                 result,
                 hold,
             };
-            let got = match step(&c) {
-                CommandStep::Skip { .. } => "skip".to_string(),
-                CommandStep::Held { .. } => "held".into(),
-                CommandStep::Run { attempt } => format!("run {attempt}"),
-                CommandStep::Refuse { .. } => "refuse".into(),
-                CommandStep::Interrupted { .. } => "interrupted".into(),
-            };
+            let got = step_name(&step(&c));
             assert_eq!(got, want, "case {i}");
         }
     }
