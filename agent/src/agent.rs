@@ -1050,10 +1050,8 @@ impl Agent {
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
+/// Logs what a pass decided (the decisions of holds, rollouts and composable
+/// rollouts by `log_rollout_decision`).
 fn log_decision(d: &Decision, obs: &Observation) {
     let local = obs.local.as_ref().map(Version::as_str).unwrap_or("none");
     match d {
@@ -1089,6 +1087,14 @@ fn log_decision(d: &Decision, obs: &Observation) {
             %version,
             "health check skipped: a jioctl upgrade driver holds the rollout lock"
         ),
+        _ => log_rollout_decision(d),
+    }
+}
+
+/// Logs a decision made by a hold, the active rollout's rules or a composable
+/// rollout's grants (`log_decision` logs the others).
+fn log_rollout_decision(d: &Decision) {
+    match d {
         Decision::Held { version, hold } => match &hold.record {
             Ok(h) => tracing::info!(
                 key = %hold.key,
@@ -1153,5 +1159,6 @@ fn log_decision(d: &Decision, obs: &Observation) {
             %version,
             "composable rollout: {granted} is granted, but this host did not finish {missed} (a task failed, or it was held while the phase went on): it stays behind in this rollout (a new rollout retries it)"
         ),
+        _ => {}
     }
 }

@@ -389,10 +389,6 @@ async fn pending_update(cfg: &Config) -> u8 {
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 async fn status(cfg: &Config, as_json: bool) -> u8 {
     let store = match connect(cfg).await {
         Ok(s) => s,
@@ -413,24 +409,40 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
     let decision = decide::decide(&obs);
     let j = agent.journal();
     if as_json {
-        let out = json!({
-            "host": cfg.hostname,
-            "role": cfg.role,
-            "store": cfg.store.to_string(),
-            "desired": obs.desired,
-            "desired_invalid": obs.desired_invalid,
-            "local": obs.local,
-            "enabled": obs.gate.enabled,
-            "decided_by": obs.gate.level,
-            "blocked": obs.gate.blocked,
-            "decision": decision_text(&decision),
-            "last_run": j.last_run,
-            "in_progress": j.in_progress,
-            "unreported": j.unreported.len(),
-        });
+        let out = status_json(cfg, &obs, &decision, j);
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
         return exit::OK;
     }
+    print_status(cfg, &obs, &decision, j);
+    exit::OK
+}
+
+/// `jio-agent status --json`: what the host observed and decided, and its journal.
+fn status_json(
+    cfg: &Config,
+    obs: &decide::Observation,
+    decision: &Decision,
+    j: &Journal,
+) -> serde_json::Value {
+    json!({
+        "host": cfg.hostname,
+        "role": cfg.role,
+        "store": cfg.store.to_string(),
+        "desired": obs.desired,
+        "desired_invalid": obs.desired_invalid,
+        "local": obs.local,
+        "enabled": obs.gate.enabled,
+        "decided_by": obs.gate.level,
+        "blocked": obs.gate.blocked,
+        "decision": decision_text(decision),
+        "last_run": j.last_run,
+        "in_progress": j.in_progress,
+        "unreported": j.unreported.len(),
+    })
+}
+
+/// Prints `jio-agent status` as text, one line per fact.
+fn print_status(cfg: &Config, obs: &decide::Observation, decision: &Decision, j: &Journal) {
     let none = || "none".to_string();
     println!("host:      {} (role {})", cfg.hostname, cfg.role);
     println!("store:     {}", cfg.store);
@@ -456,7 +468,7 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
             if obs.gate.enabled { "yes" } else { "no" }
         ),
     }
-    println!("decision:  {}", decision_text(&decision));
+    println!("decision:  {}", decision_text(decision));
     match &j.last_run {
         Some(r) => println!(
             "last run:  {} {} at step {} ({}){}; logs in {}",
@@ -475,7 +487,6 @@ async fn status(cfg: &Config, as_json: bool) -> u8 {
             j.unreported.len()
         );
     }
-    exit::OK
 }
 
 fn service_list(s: &[jio_common::names::Service]) -> String {
@@ -907,10 +918,6 @@ async fn run(cfg: Config, sources: Overrides) -> u8 {
 }
 
 /// The daemon; `Err(())` when it stopped to start again (SIGHUP).
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> {
     let _lock = match state::lock(&cfg.state_dir) {
         Ok(l) => l,
@@ -938,43 +945,9 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
             shutdown.clone(),
         ))
     });
-    // The daemon waits for the store instead of exiting.
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
-    let mut last_refusal = String::new();
-    let store = loop {
-        match connect(&cfg).await {
-            Ok(s) => break s,
-            Err(e) if e.kind() == ErrorKind::Unavailable => {
-                metrics.store_failed();
-                if backoff.failures() == 0 {
-                    tracing::warn!(error = %e, "store unreachable; waiting for it");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff.fail_spread()) => {}
-                    _ = shutdown.changed() => return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) },
-                    // Nothing runs while the store is waited for: a reload applies now.
-                    _ = reload.changed() => if restarting() { return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) } },
-                }
-            }
-            // TLS, authentication or permission: fixed on the store's side (a
-            // certificate re-issued, a password reset, a role granted) as often as
-            // here, so the daemon waits and says why, again only when the reason changes.
-            Err(e) if e.kind() == ErrorKind::Denied => {
-                metrics.store_failed();
-                let msg = e.to_string();
-                if msg != last_refusal {
-                    tracing::error!(error = %msg, "the store refused this agent; waiting (check its certificate, user, password and role)");
-                    last_refusal = msg;
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff.fail_spread()) => {}
-                    _ = shutdown.changed() => return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) },
-                    // Nothing runs while the store is waited for: a reload applies now.
-                    _ = reload.changed() => if restarting() { return if restart_wins(&restarting).await { Err(()) } else { Ok(exit::OK) } },
-                }
-            }
-            Err(e) => return Ok(fail(e, exit::USAGE)),
-        }
+    let store = match wait_for_store(&cfg, &metrics, (&mut shutdown, &mut reload), &restarting).await {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     // Ready once the store answered: systemd's `Type=notify` waits for this.
     crate::notify::notify(&format!("READY=1\nSTATUS=connected to {}", cfg.store));
@@ -1004,23 +977,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         agent.set_upload_wake(u.wake.clone());
         tokio::spawn(u.run(stop_uploads))
     });
-    {
-        // SIGUSR1 logs the counts (for operators and the footprint benchmark).
-        let counting = counting.clone();
-        tokio::spawn(async move {
-            let Ok(mut usr1) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
-            else {
-                return;
-            };
-            while usr1.recv().await.is_some() {
-                tracing::info!(
-                    store_requests = counting.requests(),
-                    lease_renewals = counting.keep_alives(),
-                    "store requests since start"
-                );
-            }
-        });
-    }
+    log_counts_on_sigusr1(counting.clone());
     tracing::info!(host = %cfg.hostname, role = %cfg.role, "jio-agent running");
     agent.set_reload(signals.restart.clone());
     let res = crate::daemon::serve(agent).await;
@@ -1029,11 +986,7 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
     let _ = signals.stop.send(true);
     // systemd's reload protocol: RELOADING=1, then the new process's READY=1.
     crate::notify::notify(if restarting() { "RELOADING=1" } else { "STOPPING=1" });
-    tracing::info!(
-        store_requests = counting.requests(),
-        lease_renewals = counting.keep_alives(),
-        "store requests since start"
-    );
+    log_counts(&counting);
     if let Some(u) = uploader {
         let _ = u.await;
     }
@@ -1049,4 +1002,83 @@ async fn serve_until_stopped(cfg: Config, sources: Overrides) -> Result<u8, ()> 
         }
         Err(e) => Ok(fail(&e, error_code(&e))),
     }
+}
+
+/// Connects to the store, waiting for it while it is unreachable or refuses this
+/// agent (said once per reason); `Err`: what the daemon returns instead (it was
+/// stopped or reloaded meanwhile, or the store cannot be used as configured).
+async fn wait_for_store(
+    cfg: &Config,
+    metrics: &crate::metrics::Metrics,
+    signals: (&mut watch::Receiver<bool>, &mut watch::Receiver<bool>),
+    restarting: &impl Fn() -> bool,
+) -> Result<DynStore, Result<u8, ()>> {
+    let (shutdown, reload) = signals;
+    // The daemon waits for the store instead of exiting.
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+    let mut last_refusal = String::new();
+    loop {
+        match connect(cfg).await {
+            Ok(s) => return Ok(s),
+            Err(e) if e.kind() == ErrorKind::Unavailable => {
+                metrics.store_failed();
+                if backoff.failures() == 0 {
+                    tracing::warn!(error = %e, "store unreachable; waiting for it");
+                }
+            }
+            // TLS, authentication or permission: fixed on the store's side (a
+            // certificate re-issued, a password reset, a role granted) as often as
+            // here, so the daemon waits and says why, again only when the reason changes.
+            Err(e) if e.kind() == ErrorKind::Denied => {
+                metrics.store_failed();
+                let msg = e.to_string();
+                if msg != last_refusal {
+                    tracing::error!(error = %msg, "the store refused this agent; waiting (check its certificate, user, password and role)");
+                    last_refusal = msg;
+                }
+            }
+            Err(e) => return Err(Ok(fail(e, exit::USAGE))),
+        }
+        if let Some(code) = wait_or_stop(&mut backoff, shutdown, reload, restarting).await {
+            return Err(code);
+        }
+    }
+}
+
+/// Waits the backoff's next delay before the store is tried again; `Some`: the
+/// daemon stopped, or a reload came (what it returns then).
+async fn wait_or_stop(
+    backoff: &mut Backoff,
+    shutdown: &mut watch::Receiver<bool>,
+    reload: &mut watch::Receiver<bool>,
+    restarting: &impl Fn() -> bool,
+) -> Option<Result<u8, ()>> {
+    tokio::select! {
+        _ = tokio::time::sleep(backoff.fail_spread()) => None,
+        _ = shutdown.changed() => Some(if restart_wins(restarting).await { Err(()) } else { Ok(exit::OK) }),
+        // Nothing runs while the store is waited for: a reload applies now.
+        _ = reload.changed() => if restarting() { Some(if restart_wins(restarting).await { Err(()) } else { Ok(exit::OK) }) } else { None },
+    }
+}
+
+/// Logs the store requests and lease renewals since the start.
+fn log_counts(counting: &store::CountingStore) {
+    tracing::info!(
+        store_requests = counting.requests(),
+        lease_renewals = counting.keep_alives(),
+        "store requests since start"
+    );
+}
+
+/// SIGUSR1 logs the counts (for operators and the footprint benchmark).
+fn log_counts_on_sigusr1(counting: store::CountingStore) {
+    tokio::spawn(async move {
+        let Ok(mut usr1) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        else {
+            return;
+        };
+        while usr1.recv().await.is_some() {
+            log_counts(&counting);
+        }
+    });
 }

@@ -454,10 +454,6 @@ fn commands(src: &mut Sources<'_>, file: &mut FileConfig) -> (Vec<Vec<String>>, 
     (pre_commands, puppet, validation)
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 fn build(
     mut file: FileConfig,
     ov: &Overrides,
@@ -468,6 +464,58 @@ fn build(
     let id = identity(&mut src, &mut file, system_hostname);
     let t = timing(&mut src, &mut file);
     let (pre_commands, puppet_command, validation_command) = commands(&mut src, &mut file);
+    let p = paths(&mut src, &mut file);
+    let allow_any_command = src.boolean("allow_any_command", file.allow_any_command.take(), false);
+    let hiera_file = hiera_file(&mut src, &mut file);
+    let metrics = metrics_outputs(&mut src, &mut file);
+    let log_format = log_format(&mut src, &mut file);
+    let swift = swift(&mut src, &mut file);
+    Some(Config {
+        store: id.store?,
+        store_given: id.store_given,
+        schema: id.schema?,
+        hostname: id.hostname?,
+        role: id.role?,
+        state_dir: p.state_dir,
+        version_file: p.version_file,
+        facts_file: p.facts_file,
+        pre_commands,
+        pre_command_timeout: t.pre_command,
+        puppet_command,
+        puppet_timeout: t.puppet,
+        validation_command,
+        validation_dir: p.validation_dir,
+        validation_timeout: t.validation,
+        services_dir: p.services_dir,
+        task_timeout: t.task,
+        actions_dir: p.actions_dir,
+        allow_any_command,
+        command_timeout: t.command,
+        retry_interval: t.retry,
+        health_interval: t.health,
+        resync_interval: t.resync,
+        lease_ttl: t.lease_ttl,
+        stop_grace: t.stop_grace,
+        store_retry: t.store_retry,
+        swift,
+        log_format,
+        hiera_file,
+        metrics,
+    })
+}
+
+/// The agent's files and directories.
+struct Paths {
+    state_dir: PathBuf,
+    version_file: PathBuf,
+    facts_file: PathBuf,
+    validation_dir: PathBuf,
+    services_dir: PathBuf,
+    actions_dir: PathBuf,
+}
+
+/// The agent's files and directories, each from a flag, the file or its default.
+fn paths(src: &mut Sources<'_>, file: &mut FileConfig) -> Paths {
     let state_dir = src.path("state_dir", file.state_dir.take(), "/var/lib/jiocloud");
     let version_file = src.path("version_file", file.version_file.take(), "/etc/current_version");
     let facts_file = src.path(
@@ -490,16 +538,31 @@ fn build(
         file.actions_dir.take(),
         "/usr/lib/jiocloud/actions",
     );
-    let allow_any_command = src.boolean("allow_any_command", file.allow_any_command.take(), false);
-    let hiera_file = match src.pick(
+    Paths {
+        state_dir,
+        version_file,
+        facts_file,
+        validation_dir,
+        services_dir,
+        actions_dir,
+    }
+}
+
+/// The Hiera file read for `hiera_file` lookups (`None`: set empty, none is read).
+fn hiera_file(src: &mut Sources<'_>, file: &mut FileConfig) -> Option<PathBuf> {
+    match src.pick(
         "hiera_file",
         file.hiera_file.take().map(|p| p.to_string_lossy().into_owned()),
     ) {
         None => Some(PathBuf::from(DEFAULT_HIERA_FILE)),
         Some((p, _)) if p.is_empty() => None,
         Some((p, _)) => Some(PathBuf::from(p)),
-    };
-    let metrics = MetricsOutputs {
+    }
+}
+
+/// Where the metrics are served and written (each optional).
+fn metrics_outputs(src: &mut Sources<'_>, file: &mut FileConfig) -> MetricsOutputs {
+    MetricsOutputs {
         listen: match src.pick("metrics_listen", file.metrics_listen.take()) {
             None => None,
             Some((v, _)) if v.is_empty() => None,
@@ -529,8 +592,12 @@ fn build(
             }
             Some((p, _)) => Some(PathBuf::from(p)),
         },
-    };
-    let log_format = match src.pick("log_format", file.log_format.take()) {
+    }
+}
+
+/// The log format: text (the default) or JSON.
+fn log_format(src: &mut Sources<'_>, file: &mut FileConfig) -> LogFormat {
+    match src.pick("log_format", file.log_format.take()) {
         None => LogFormat::Text,
         Some((v, _)) if v == "text" => LogFormat::Text,
         Some((v, _)) if v == "json" => LogFormat::Json,
@@ -540,44 +607,19 @@ fn build(
             ));
             LogFormat::Text
         }
-    };
-    let swift = file.swift.take().and_then(|settings| {
+    }
+}
+
+/// The Swift client run logs are uploaded with, when `[swift]` is configured.
+fn swift(
+    src: &mut Sources<'_>,
+    file: &mut FileConfig,
+) -> Option<std::sync::Arc<jio_common::swift::SwiftClient>> {
+    file.swift.take().and_then(|settings| {
         jio_common::swift::SwiftClient::new(settings)
             .map(std::sync::Arc::new)
             .map_err(|e| src.error(format!("[swift]: {e}")))
             .ok()
-    });
-    Some(Config {
-        store: id.store?,
-        store_given: id.store_given,
-        schema: id.schema?,
-        hostname: id.hostname?,
-        role: id.role?,
-        state_dir,
-        version_file,
-        facts_file,
-        pre_commands,
-        pre_command_timeout: t.pre_command,
-        puppet_command,
-        puppet_timeout: t.puppet,
-        validation_command,
-        validation_dir,
-        validation_timeout: t.validation,
-        services_dir,
-        task_timeout: t.task,
-        actions_dir,
-        allow_any_command,
-        command_timeout: t.command,
-        retry_interval: t.retry,
-        health_interval: t.health,
-        resync_interval: t.resync,
-        lease_ttl: t.lease_ttl,
-        stop_grace: t.stop_grace,
-        store_retry: t.store_retry,
-        swift,
-        log_format,
-        hiera_file,
-        metrics,
     })
 }
 

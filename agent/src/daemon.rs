@@ -122,10 +122,6 @@ fn after_pass(
 }
 
 /// The reconcile loop, until the shutdown signal.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
     let mut stop = agent.shutdown().clone();
     let resync = agent.config().resync_interval;
@@ -169,17 +165,7 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
                 }
             }
             Err(e) => {
-                agent.metrics().pass_failed(e.store_unavailable());
-                let msg = e.to_string();
-                if last_error.as_ref() != Some(&msg) {
-                    if e.store_unavailable() {
-                        tracing::warn!(error = %e, "store unreachable; retrying");
-                    } else {
-                        tracing::error!(error = %e, "the pass failed; retrying with backoff");
-                    }
-                    last_error = Some(msg);
-                }
-                agent.forget_decision();
+                pass_failed(agent, &e, &mut last_error);
                 if due {
                     health.restart();
                 }
@@ -187,32 +173,56 @@ pub async fn run(agent: &mut Agent) -> Result<(), AgentError> {
             }
         };
         tokio::select! {
-            ev = watches.next() => {
-                match ev {
-                    Some(Ok(ev)) => agent.watched(&ev),
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "watch failed; reopening");
-                        agent.metrics().store_failed();
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        watches = open_watches(agent).await;
-                        agent.watches_reopened();
-                        agent.metrics().watches_reopened();
-                    }
-                    None => {
-                        watches = open_watches(agent).await;
-                        agent.watches_reopened();
-                        agent.metrics().watches_reopened();
-                    }
-                }
-                // Drain whatever else already arrived: one pass covers it all.
-                while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(watches.next()) {
-                    agent.watched(&ev);
-                }
-            }
+            ev = watches.next() => watched(agent, &mut watches, ev).await,
             _ = files_or(agent.services_poll(), wait) => {}
             _ = stop.changed() => {}
             _ = agent.reload_changed() => {}
         }
+    }
+}
+
+/// A pass that failed: counted, logged once until its error changes, and the
+/// decision forgotten (the next pass decides again).
+fn pass_failed(agent: &mut Agent, e: &AgentError, last_error: &mut Option<String>) {
+    agent.metrics().pass_failed(e.store_unavailable());
+    let msg = e.to_string();
+    if last_error.as_ref() != Some(&msg) {
+        if e.store_unavailable() {
+            tracing::warn!(error = %e, "store unreachable; retrying");
+        } else {
+            tracing::error!(error = %e, "the pass failed; retrying with backoff");
+        }
+        *last_error = Some(msg);
+    }
+    agent.forget_decision();
+}
+
+/// Takes a watch event (and whatever else already arrived: one pass covers it
+/// all); watches that failed or ended are opened again.
+async fn watched(
+    agent: &mut Agent,
+    watches: &mut SelectAll<WatchStream>,
+    ev: Option<<SelectAll<WatchStream> as futures_util::Stream>::Item>,
+) {
+    match ev {
+        Some(Ok(ev)) => agent.watched(&ev),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "watch failed; reopening");
+            agent.metrics().store_failed();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            *watches = open_watches(agent).await;
+            agent.watches_reopened();
+            agent.metrics().watches_reopened();
+        }
+        None => {
+            *watches = open_watches(agent).await;
+            agent.watches_reopened();
+            agent.metrics().watches_reopened();
+        }
+    }
+    // Drain whatever else already arrived: one pass covers it all.
+    while let Some(Some(Ok(ev))) = futures_util::FutureExt::now_or_never(watches.next()) {
+        agent.watched(&ev);
     }
 }
 

@@ -676,18 +676,30 @@ mod tests {
         o
     }
 
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
-    fn a_composable_rollout_runs_only_the_granted_phase() {
-        let svc = |n: &str| vec![jio_common::names::Service::new(n).unwrap()];
-        let tasks = |phase: &str, s: &str| Decision::Tasks {
+    /// One service, by name.
+    fn svc(n: &str) -> Vec<jio_common::names::Service> {
+        vec![jio_common::names::Service::new(n).unwrap()]
+    }
+
+    /// Running the tasks of `phase` for the service `s`, at v2.
+    fn tasks(phase: &str, s: &str) -> Decision {
+        Decision::Tasks {
             version: v("v2"),
             phase: phase.into(),
             services: svc(s),
-        };
+        }
+    }
+
+    #[test]
+    fn a_composable_rollout_runs_only_the_granted_phase() {
+        granted_phases_run_when_enabled();
+        a_host_that_missed_a_step_is_left_behind();
+        failures_holds_and_health_checks_in_a_composable_rollout();
+    }
+
+    /// Only a granted step phase with work left runs, when enabled; the puppet
+    /// phase is the usual upgrade.
+    fn granted_phases_run_when_enabled() {
         // A step phase with work left, enabled: its tasks run.
         assert_eq!(
             decide(&composable(Some("pre-1"), &["nova"], true, "v1")),
@@ -722,6 +734,11 @@ mod tests {
             tasks("post-3", "nova")
         );
         assert_eq!(decide(&composable(None, &[], true, "v2")), Decision::UpToDate);
+    }
+
+    /// A host that did not finish an earlier step (or Puppet) is left behind; the
+    /// finalize step granted to it runs.
+    fn a_host_that_missed_a_step_is_left_behind() {
         // A host that did not finish an earlier step is left behind.
         let mut o = composable(Some("pre-2"), &["nova"], true, "v1");
         o.compose.unfinished = Some("pre-1 of nova".into());
@@ -750,6 +767,11 @@ mod tests {
         assert_eq!(decide(&o), tasks("finalize", "nova"));
         o.compose.unfinished_any = Some("post-4 of nova".into());
         assert!(matches!(decide(&o), Decision::LeftBehind { .. }));
+    }
+
+    /// A failed step waits for its enable key, a hold keeps a step from starting,
+    /// and health checks go on only where the stage did not reach.
+    fn failures_holds_and_health_checks_in_a_composable_rollout() {
         // A failed step is not retried on a timer in a composable rollout; a
         // write of its enable key after the failure was reported retries it.
         let mut o = composable(Some("pre-1"), &["nova"], true, "v1");
@@ -797,112 +819,53 @@ mod tests {
         ));
     }
 
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
-    fn versions_and_gate() {
+    /// A case of `versions_and_gate`: desired, local, enabled, level => decision.
+    type GateCase = (Option<&'static str>, Option<&'static str>, bool, Level, Decision);
+
+    /// The upgrade to `version`, and why.
+    fn upgrade(version: &str, why: Why) -> Decision {
+        Decision::Upgrade {
+            version: v(version),
+            why,
+        }
+    }
+
+    /// The update to `version` pending, not enabled at `level`.
+    fn disabled(version: &str, level: Level) -> Decision {
+        Decision::Disabled {
+            version: v(version),
+            level,
+        }
+    }
+
+    /// The cases of `versions_and_gate`.
+    fn versions_and_gate_cases() -> [GateCase; 13] {
         use Decision::*;
-        let table = [
+        use Level::*;
+        let (v1, v2) = (Some("v1"), Some("v2"));
+        [
             // desired, local, enabled, level => decision
-            (None, None, true, Level::Default, NoDesiredVersion),
-            (None, Some("v1"), false, Level::Global, NoDesiredVersion),
-            (Some("v1"), Some("v1"), true, Level::Host, UpToDate),
-            (Some("v1"), Some("v1"), false, Level::Global, UpToDate),
-            (
-                Some("v2"),
-                Some("v1"),
-                true,
-                Level::Default,
-                Upgrade {
-                    version: v("v2"),
-                    why: Why::Enabled(Level::Default),
-                },
-            ),
-            (
-                Some("v2"),
-                Some("v1"),
-                true,
-                Level::Host,
-                Upgrade {
-                    version: v("v2"),
-                    why: Why::Enabled(Level::Host),
-                },
-            ),
-            (
-                Some("v2"),
-                Some("v1"),
-                true,
-                Level::Role,
-                Upgrade {
-                    version: v("v2"),
-                    why: Why::Enabled(Level::Role),
-                },
-            ),
-            (
-                Some("v2"),
-                Some("v1"),
-                false,
-                Level::Global,
-                Disabled {
-                    version: v("v2"),
-                    level: Level::Global,
-                },
-            ),
-            (
-                Some("v2"),
-                Some("v1"),
-                false,
-                Level::Role,
-                Disabled {
-                    version: v("v2"),
-                    level: Level::Role,
-                },
-            ),
-            (
-                Some("v2"),
-                Some("v1"),
-                false,
-                Level::Host,
-                Disabled {
-                    version: v("v2"),
-                    level: Level::Host,
-                },
-            ),
+            (None, None, true, Default, NoDesiredVersion),
+            (None, v1, false, Global, NoDesiredVersion),
+            (v1, v1, true, Host, UpToDate),
+            (v1, v1, false, Global, UpToDate),
+            (v2, v1, true, Default, upgrade("v2", Why::Enabled(Default))),
+            (v2, v1, true, Host, upgrade("v2", Why::Enabled(Host))),
+            (v2, v1, true, Role, upgrade("v2", Why::Enabled(Role))),
+            (v2, v1, false, Global, disabled("v2", Global)),
+            (v2, v1, false, Role, disabled("v2", Role)),
+            (v2, v1, false, Host, disabled("v2", Host)),
             // A host that never converged goes whatever the gate says (bootstrap exception).
-            (
-                Some("v2"),
-                None,
-                false,
-                Level::Global,
-                Upgrade {
-                    version: v("v2"),
-                    why: Why::FirstConverge,
-                },
-            ),
-            (
-                Some("v2"),
-                None,
-                true,
-                Level::Host,
-                Upgrade {
-                    version: v("v2"),
-                    why: Why::FirstConverge,
-                },
-            ),
+            (v2, None, false, Global, upgrade("v2", Why::FirstConverge)),
+            (v2, None, true, Host, upgrade("v2", Why::FirstConverge)),
             // A downgrade is just another version.
-            (
-                Some("v1"),
-                Some("v2"),
-                true,
-                Level::Global,
-                Upgrade {
-                    version: v("v1"),
-                    why: Why::Enabled(Level::Global),
-                },
-            ),
-        ];
+            (v1, v2, true, Global, upgrade("v1", Why::Enabled(Global))),
+        ]
+    }
+
+    #[test]
+    fn versions_and_gate() {
+        let table = versions_and_gate_cases();
         for (desired, local, enabled, level, want) in table {
             assert_eq!(
                 decide(&obs(desired, local, enabled, level)),

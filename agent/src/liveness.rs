@@ -196,10 +196,6 @@ async fn write_all(store: &DynStore, txn: Txn) -> Result<(), StoreError> {
     Ok(())
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 async fn keep(
     store: DynStore,
     (key, clock_key): (Key, Option<Key>),
@@ -209,135 +205,207 @@ async fn keep(
     mut stop: watch::Receiver<bool>,
     metrics: Option<crate::metrics::Metrics>,
 ) {
-    let mut dirty = true;
-    let mut failing = false;
-    // Renewed every TTL/2 (the store is asked half as often as at TTL/3, and a dead
-    // agent's record still ends at most one TTL after it died). A renewal that
-    // failed is retried once a second until one works, and the next is due a
-    // period after the last that worked: record changes never put it off.
-    let period = ttl / 2;
-    let retry = Duration::from_secs(1).min(period);
-    // Failed writes are retried after 1 s, doubling up to a quarter of the TTL,
-    // spread at random: a fleet whose store is overloaded must not retry in step.
-    let mut retries = jio_common::backoff::Backoff::new(retry, (period / 2).max(retry));
-    let mut renew_at = Instant::now() + period;
-    let mut clock_dirty = true;
-    let mut clock_at = Instant::now();
-    // The lease the clock was last written under: a lease `commit` granted (the
-    // old one, and the clock with it, gone) gets the clock again.
-    let mut clock_lease: Option<LeaseId> = None;
+    let mut k = Keeper::new(store, key, clock_key, ttl, shared, metrics);
     loop {
-        let step: Result<(), StoreError> = async {
-            let mut lease = shared.lock().await;
-            if lease.is_none() {
-                *lease = Some(store.grant_lease(ttl).await?.id);
-                renew_at = Instant::now() + period;
-                dirty = true;
-                clock_dirty = true;
-            }
-            if clock_lease.as_ref() != lease.as_ref() {
-                clock_dirty = true;
-            }
-            let clock_due = clock_key.is_some() && (clock_dirty || clock_at.elapsed() >= CLOCK_REFRESH);
-            // The record and the clock in one write when both are due (a new
-            // lease): one proposal per agent to etcd's members, not two.
-            let mut txn = Txn::new();
-            if dirty {
-                let value = serde_json::to_string(&*record.borrow_and_update()).unwrap_or_default();
-                txn = txn.then(Op::Put {
-                    key: key.clone(),
-                    value,
-                    lease: lease.clone(),
-                });
-            }
-            if let (true, Some(ck)) = (clock_due, &clock_key) {
-                txn = txn.then(Op::Put {
-                    key: ck.clone(),
-                    value: unix_now_ms().to_string(),
-                    lease: lease.clone(),
-                });
-            }
-            if txn.ops.is_empty() {
-                return Ok(());
-            }
-            if let Err(e) = write_all(&store, txn).await {
-                if e.kind() == ErrorKind::NotFound {
-                    *lease = None;
-                }
-                return Err(e);
-            }
-            dirty = false;
-            if clock_due {
-                clock_dirty = false;
-                clock_at = Instant::now();
-                clock_lease = lease.clone();
-            }
-            Ok(())
+        let step = k.write_due(&mut record).await;
+        k.note(step);
+        let wake = k.wake_at();
+        let woke = tokio::select! {
+            _ = tokio::time::sleep_until(wake) => Woke::Due,
+            changed = record.changed() => Woke::Record(changed.is_ok()),
+            _ = stop.changed() => Woke::Stop,
+        };
+        match woke {
+            Woke::Due => k.renew_if_due().await,
+            Woke::Record(true) => k.dirty = true,
+            Woke::Record(false) | Woke::Stop => return,
         }
-        .await;
+    }
+}
+
+/// What woke the keeper: its time came, the record changed (`false`: its sender
+/// is gone), or it is told to stop.
+enum Woke {
+    Due,
+    Record(bool),
+    Stop,
+}
+
+/// The liveness keeper's state between its steps: what it writes, under which
+/// lease, what is due and whether the store is failing.
+struct Keeper {
+    store: DynStore,
+    key: Key,
+    clock_key: Option<Key>,
+    ttl: Duration,
+    shared: Lease,
+    metrics: Option<crate::metrics::Metrics>,
+    period: Duration,
+    retries: jio_common::backoff::Backoff,
+    dirty: bool,
+    failing: bool,
+    renew_at: Instant,
+    clock_dirty: bool,
+    clock_at: Instant,
+    /// The lease the clock was last written under: a lease `commit` granted (the
+    /// old one, and the clock with it, gone) gets the clock again.
+    clock_lease: Option<LeaseId>,
+}
+
+impl Keeper {
+    fn new(
+        store: DynStore,
+        key: Key,
+        clock_key: Option<Key>,
+        ttl: Duration,
+        shared: Lease,
+        metrics: Option<crate::metrics::Metrics>,
+    ) -> Keeper {
+        // Renewed every TTL/2 (the store is asked half as often as at TTL/3, and a dead
+        // agent's record still ends at most one TTL after it died). A renewal that
+        // failed is retried once a second until one works, and the next is due a
+        // period after the last that worked: record changes never put it off.
+        let period = ttl / 2;
+        let retry = Duration::from_secs(1).min(period);
+        // Failed writes are retried after 1 s, doubling up to a quarter of the TTL,
+        // spread at random: a fleet whose store is overloaded must not retry in step.
+        let retries = jio_common::backoff::Backoff::new(retry, (period / 2).max(retry));
+        Keeper {
+            store,
+            key,
+            clock_key,
+            ttl,
+            shared,
+            metrics,
+            period,
+            retries,
+            dirty: true,
+            failing: false,
+            renew_at: Instant::now() + period,
+            clock_dirty: true,
+            clock_at: Instant::now(),
+            clock_lease: None,
+        }
+    }
+
+    /// Writes what is due (the record when it changed, the clock when due), under
+    /// the shared lease (granted first when there is none).
+    async fn write_due(&mut self, record: &mut watch::Receiver<AgentRecord>) -> Result<(), StoreError> {
+        let mut lease = self.shared.lock().await;
+        if lease.is_none() {
+            *lease = Some(self.store.grant_lease(self.ttl).await?.id);
+            self.renew_at = Instant::now() + self.period;
+            self.dirty = true;
+            self.clock_dirty = true;
+        }
+        if self.clock_lease.as_ref() != lease.as_ref() {
+            self.clock_dirty = true;
+        }
+        let clock_due =
+            self.clock_key.is_some() && (self.clock_dirty || self.clock_at.elapsed() >= CLOCK_REFRESH);
+        // The record and the clock in one write when both are due (a new
+        // lease): one proposal per agent to etcd's members, not two.
+        let mut txn = Txn::new();
+        if self.dirty {
+            let value = serde_json::to_string(&*record.borrow_and_update()).unwrap_or_default();
+            txn = txn.then(Op::Put {
+                key: self.key.clone(),
+                value,
+                lease: lease.clone(),
+            });
+        }
+        if let (true, Some(ck)) = (clock_due, &self.clock_key) {
+            txn = txn.then(Op::Put {
+                key: ck.clone(),
+                value: unix_now_ms().to_string(),
+                lease: lease.clone(),
+            });
+        }
+        if txn.ops.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = write_all(&self.store, txn).await {
+            if e.kind() == ErrorKind::NotFound {
+                *lease = None;
+            }
+            return Err(e);
+        }
+        self.dirty = false;
+        if clock_due {
+            self.clock_dirty = false;
+            self.clock_at = Instant::now();
+            self.clock_lease = lease.clone();
+        }
+        Ok(())
+    }
+
+    /// Says (once) when the writes begin to fail and when they work again.
+    fn note(&mut self, step: Result<(), StoreError>) {
         match step {
-            Ok(()) if failing => {
-                tracing::info!(key = %key, "liveness record restored");
-                failing = false;
-                if let Some(m) = &metrics {
+            Ok(()) if self.failing => {
+                tracing::info!(key = %self.key, "liveness record restored");
+                self.failing = false;
+                if let Some(m) = &self.metrics {
                     m.store_answered();
                 }
             }
             Ok(()) => {}
             Err(e) => {
-                if !failing {
-                    tracing::warn!(key = %key, error = %e, "cannot write the liveness record; retrying");
-                    failing = true;
-                    if let Some(m) = &metrics {
+                if !self.failing {
+                    tracing::warn!(key = %self.key, error = %e, "cannot write the liveness record; retrying");
+                    self.failing = true;
+                    if let Some(m) = &self.metrics {
                         m.store_failed();
                     }
                 }
             }
         }
-        let wake = if failing {
-            Instant::now() + retries.fail_spread()
+    }
+
+    /// When the next step is due: a retry while failing, else the next renewal
+    /// (or clock refresh).
+    fn wake_at(&mut self) -> Instant {
+        if self.failing {
+            Instant::now() + self.retries.fail_spread()
         } else {
-            retries.succeed();
-            match &clock_key {
-                Some(_) => renew_at.min(clock_at + CLOCK_REFRESH),
-                None => renew_at,
+            self.retries.succeed();
+            match &self.clock_key {
+                Some(_) => self.renew_at.min(self.clock_at + CLOCK_REFRESH),
+                None => self.renew_at,
             }
-        };
-        tokio::select! {
-            _ = tokio::time::sleep_until(wake) => {
-                let current = shared.lock().await.clone();
-                if let Some(l) = current && !failing && Instant::now() >= renew_at {
-                    match store.keep_alive(&l).await {
-                        Ok(_) => renew_at = Instant::now() + period,
-                        Err(e) if e.kind() == ErrorKind::NotFound => {
-                            tracing::warn!(key = %key, "liveness lease ended; granting a new one");
-                            let mut lease = shared.lock().await;
-                            if lease.as_ref() == Some(&l) {
-                                *lease = None;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(key = %key, error = %e, "cannot renew the liveness lease; retrying");
-                            failing = true;
-                            if let Some(m) = &metrics {
-                                m.store_failed();
-                            }
-                            // Only a write that succeeds says the record is back: the
-                            // next step rewrites it (and meets the same refusal, said
-                            // once, while it lasts). The renewal is then tried at once.
-                            dirty = true;
-                            renew_at = Instant::now();
-                        }
+        }
+    }
+
+    /// Renews the lease when its renewal is due and the store is not failing; a
+    /// lease that ended is dropped (the next step grants a new one).
+    async fn renew_if_due(&mut self) {
+        let current = self.shared.lock().await.clone();
+        if let Some(l) = current
+            && !self.failing
+            && Instant::now() >= self.renew_at
+        {
+            match self.store.keep_alive(&l).await {
+                Ok(_) => self.renew_at = Instant::now() + self.period,
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    tracing::warn!(key = %self.key, "liveness lease ended; granting a new one");
+                    let mut lease = self.shared.lock().await;
+                    if lease.as_ref() == Some(&l) {
+                        *lease = None;
                     }
                 }
-            }
-            changed = record.changed() => {
-                if changed.is_err() {
-                    return;
+                Err(e) => {
+                    tracing::warn!(key = %self.key, error = %e, "cannot renew the liveness lease; retrying");
+                    self.failing = true;
+                    if let Some(m) = &self.metrics {
+                        m.store_failed();
+                    }
+                    // Only a write that succeeds says the record is back: the
+                    // next step rewrites it (and meets the same refusal, said
+                    // once, while it lasts). The renewal is then tried at once.
+                    self.dirty = true;
+                    self.renew_at = Instant::now();
                 }
-                dirty = true;
             }
-            _ = stop.changed() => return,
         }
     }
 }

@@ -148,15 +148,28 @@ impl Metrics {
     }
 
     /// The text of one scrape.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub fn render(&self) -> String {
         let queue = crate::uploads::queue_length(&self.state_dir) as f64;
         let r = self.record.lock().unwrap_or_else(|p| p.into_inner());
-        let host = || ("host", self.host.clone());
         let mut e = Exposition::new();
+        self.render_identity(&mut e);
+        render_pass(&mut e, &r);
+        if let Some(run) = &r.last_run {
+            render_last_run(&mut e, run);
+        }
+        render_counts(&mut e, &r);
+        e.single(
+            "jio_agent_upload_queue_length",
+            Kind::Gauge,
+            "Run logs waiting to be uploaded to Swift.",
+            queue,
+        );
+        e.finish()
+    }
+
+    /// The agent's build, host, role and start time.
+    fn render_identity(&self, e: &mut Exposition) {
+        let host = || ("host", self.host.clone());
         e.family(
             "jio_agent_info",
             Kind::Gauge,
@@ -176,12 +189,18 @@ impl Metrics {
             "When the agent started (Unix time).",
             self.started,
         );
-        let version = |v: &Option<String>| {
-            v.iter()
-                .map(|v| (vec![("version", v.clone())], 1.0))
-                .collect::<Vec<_>>()
-        };
-        e.family(
+    }
+}
+
+/// What the last pass read and decided: the desired and local versions, the gate
+/// and the decision.
+fn render_pass(e: &mut Exposition, r: &Record) {
+    let version = |v: &Option<String>| {
+        v.iter()
+            .map(|v| (vec![("version", v.clone())], 1.0))
+            .collect::<Vec<_>>()
+    };
+    e.family(
             "jio_agent_desired_version_info",
             Kind::Gauge,
             "The fleet's desired version (/current_version) as last read (always 1; absent when none is set).",
@@ -207,46 +226,52 @@ impl Metrics {
             "What the agent's last pass decided (up_to_date, upgrade, disabled, held, ...).",
             r.decision.iter().map(|d| (vec![("decision", d.to_string())], 1.0)),
         );
-        if let Some(run) = &r.last_run {
-            let labels = || {
-                vec![
-                    ("version", run.version.to_string()),
-                    ("result", run.result.as_str().to_string()),
-                ]
-            };
-            e.family(
-                "jio_agent_last_run_info",
-                Kind::Gauge,
-                "The last upgrade run: its version and result (success, failed, interrupted).",
-                [(
-                    {
-                        let mut l = labels();
-                        l.push(("step", run.step.clone()));
-                        l
-                    },
-                    1.0,
-                )],
-            )
-            .single(
-                "jio_agent_last_run_success",
-                Kind::Gauge,
-                "1 when the last upgrade run succeeded, 0 otherwise.",
-                f64::from(u8::from(run.result == crate::state::RunResult::Success)),
-            )
-            .single(
-                "jio_agent_last_run_timestamp_seconds",
-                Kind::Gauge,
-                "When the last upgrade run ended (Unix time).",
-                run.finished as f64,
-            )
-            .single(
-                "jio_agent_last_run_duration_seconds",
-                Kind::Gauge,
-                "How long the last upgrade run took.",
-                run.finished.saturating_sub(run.started) as f64,
-            );
-        }
-        e.family(
+}
+
+/// The last upgrade run: its version, result, end and duration.
+fn render_last_run(e: &mut Exposition, run: &LastRun) {
+    let labels = || {
+        vec![
+            ("version", run.version.to_string()),
+            ("result", run.result.as_str().to_string()),
+        ]
+    };
+    e.family(
+        "jio_agent_last_run_info",
+        Kind::Gauge,
+        "The last upgrade run: its version and result (success, failed, interrupted).",
+        [(
+            {
+                let mut l = labels();
+                l.push(("step", run.step.clone()));
+                l
+            },
+            1.0,
+        )],
+    )
+    .single(
+        "jio_agent_last_run_success",
+        Kind::Gauge,
+        "1 when the last upgrade run succeeded, 0 otherwise.",
+        f64::from(u8::from(run.result == crate::state::RunResult::Success)),
+    )
+    .single(
+        "jio_agent_last_run_timestamp_seconds",
+        Kind::Gauge,
+        "When the last upgrade run ended (Unix time).",
+        run.finished as f64,
+    )
+    .single(
+        "jio_agent_last_run_duration_seconds",
+        Kind::Gauge,
+        "How long the last upgrade run took.",
+        run.finished.saturating_sub(run.started) as f64,
+    );
+}
+
+/// The step durations, the run, failure and error counts and whether the store is up.
+fn render_counts(e: &mut Exposition, r: &Record) {
+    e.family(
             "jio_agent_step_duration_seconds",
             Kind::Gauge,
             "How long each step took the last time it ran (configure: pre-commands and Puppet; validate).",
@@ -288,21 +313,13 @@ impl Metrics {
             "Times a store watch was re-established after its connection was lost (by the store's client, or by the agent reopening it).",
             (r.watch_reopens + jio_common::store::watch_reconnects()) as f64,
         );
-        if let Some(up) = r.store_up {
-            e.single(
+    if let Some(up) = r.store_up {
+        e.single(
                 "jio_agent_store_up",
                 Kind::Gauge,
                 "1 when the store last answered the agent (a pass, its liveness record), 0 when it last failed to.",
                 f64::from(u8::from(up)),
             );
-        }
-        e.single(
-            "jio_agent_upload_queue_length",
-            Kind::Gauge,
-            "Run logs waiting to be uploaded to Swift.",
-            queue,
-        );
-        e.finish()
     }
 }
 

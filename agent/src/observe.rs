@@ -13,7 +13,8 @@
 use jio_common::fleet::{CurrentRollout, ROLLOUT_LOCK};
 use jio_common::gate::{self, GateKeys, KeyState};
 use jio_common::keys::{EnableLevel, HoldTarget, Key, Schema};
-use jio_common::names::{HostName, Role};
+use jio_common::names::{HostName, Role, Service, Version};
+use jio_common::phase::{FinalizeGrant, Grant, When};
 use jio_common::rules::Rules;
 use jio_common::store::{Compare, DynStore, KeyValue, Op, Revision, StoreError, WatchEvent};
 use jio_common::values::{HostResult, parse_json, parse_version};
@@ -273,10 +274,6 @@ impl View {
 /// usable, else from the store (and the view starts again from that read). An
 /// invalid value is part of what was observed (the decision says the host is
 /// blocked), never an error.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 pub async fn observe(
     store: &DynStore,
     who: Subject<'_>,
@@ -284,27 +281,8 @@ pub async fn observe(
     view: &mut View,
     read: bool,
 ) -> Result<Observation, AgentError> {
-    let mut keys = vec![who.schema.current_version()];
-    keys.extend(who.gate_keys());
-    keys.push(who.schema.lock(ROLLOUT_LOCK));
-    keys.extend(who.hold_keys());
-    keys.push(who.schema.current_rollout());
-    keys.push(who.schema.result(who.host));
-    keys.extend(who.grant_keys());
-    keys.push(who.schema.command_inbox(who.host));
-    let got = match view.values(&keys).filter(|_| !read) {
-        Some(got) => got,
-        None => {
-            view.invalidate();
-            let (got, at) = store.get_many_at(&keys).await?;
-            if got.len() == keys.len() {
-                view.keys = keys.iter().cloned().zip(got.iter().cloned()).collect();
-                view.at = at;
-                view.read_at = Some(tokio::time::Instant::now());
-            }
-            got
-        }
-    };
+    let keys = observed_keys(who);
+    let got = read_observed(store, view, &keys, read).await?;
     let [
         desired,
         h,
@@ -325,39 +303,12 @@ pub async fn observe(
             message: "the store answered a different number of keys".into(),
         })
     })?;
-    let mut states: [KeyState; 3] = Default::default();
-    let mut revs: [Revision; 3] = [0; 3];
-    for (i, kv) in [h, r, g].into_iter().enumerate() {
-        if let Some(kv) = kv {
-            states[i] = KeyState::read(Some(&kv));
-            revs[i] = kv.mod_revision;
-        }
-    }
+    let (gate_keys, gate_revisions) = gate_facts([h, r, g]);
     let desired_revision = desired.as_ref().map_or(0, |kv| kv.mod_revision);
-    let (desired, desired_invalid) = match desired.as_ref().map(parse_version) {
-        None => (None, None),
-        Some(Ok(v)) => (v, None),
-        Some(Err(e)) => (None, Some(e.to_string())),
-    };
-    let [host, role, global] = states;
-    let hold_revisions = [&host_hold, &role_hold].map(|kv| kv.as_ref().map_or(0, |kv| kv.mod_revision));
-    let hold = [host_hold, role_hold]
-        .into_iter()
-        .flatten()
-        .next()
-        .map(|kv| Hold {
-            key: kv.key.to_string(),
-            record: parse_json(&kv).map_err(|e| e.to_string()),
-        });
+    let (desired, desired_invalid) = desired_version(desired.as_ref());
+    let (hold, hold_revisions) = hold_facts(host_hold, role_hold);
     let rollout_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
-    let rollout = match &current {
-        None => {
-            // No rollout: none is cached (nor watched for, see `Agent::watches_steps`).
-            *mem.rollout_cache = None;
-            RolloutFacts::default()
-        }
-        Some(cur) => rollout_facts(store, who, cur, mem.rollout_cache).await?,
-    };
+    let rollout = current_rollout(store, who, current.as_ref(), mem.rollout_cache).await?;
     let compose = compose_facts(
         who,
         &rollout,
@@ -372,8 +323,8 @@ pub async fn observe(
         desired_revision,
         rollout_lock: lock.is_some(),
         local: state::read_local_version(mem.version_file)?,
-        gate: gate::decide(&GateKeys { host, role, global }),
-        gate_revisions: revs,
+        gate: gate::decide(&gate_keys),
+        gate_revisions,
         failure: mem.journal.failure.clone(),
         unreported: !mem.journal.unreported.is_empty(),
         now: mem.now,
@@ -392,6 +343,94 @@ pub async fn observe(
     })
 }
 
+/// The desired version as read (`None` when unset or invalid), and why it is invalid.
+fn desired_version(kv: Option<&KeyValue>) -> (Option<Version>, Option<String>) {
+    match kv.map(parse_version) {
+        None => (None, None),
+        Some(Ok(v)) => (v, None),
+        Some(Err(e)) => (None, Some(e.to_string())),
+    }
+}
+
+/// The active rollout's facts, from `/rollouts/current` as read (and the cache).
+async fn current_rollout(
+    store: &DynStore,
+    who: Subject<'_>,
+    current: Option<&KeyValue>,
+    cache: &mut RolloutCache,
+) -> Result<RolloutFacts, AgentError> {
+    match current {
+        None => {
+            // No rollout: none is cached (nor watched for, see `Agent::watches_steps`).
+            *cache = None;
+            Ok(RolloutFacts::default())
+        }
+        Some(cur) => rollout_facts(store, who, cur, cache).await,
+    }
+}
+
+/// The twelve keys a decision reads, in the order `observe` takes them apart.
+fn observed_keys(who: Subject<'_>) -> Vec<Key> {
+    let mut keys = vec![who.schema.current_version()];
+    keys.extend(who.gate_keys());
+    keys.push(who.schema.lock(ROLLOUT_LOCK));
+    keys.extend(who.hold_keys());
+    keys.push(who.schema.current_rollout());
+    keys.push(who.schema.result(who.host));
+    keys.extend(who.grant_keys());
+    keys.push(who.schema.command_inbox(who.host));
+    keys
+}
+
+/// The keys' values from `view` when `read` is false and it has them all, else
+/// from the store (and the view starts again from that read).
+async fn read_observed(
+    store: &DynStore,
+    view: &mut View,
+    keys: &[Key],
+    read: bool,
+) -> Result<Vec<Option<KeyValue>>, AgentError> {
+    if let Some(got) = view.values(keys).filter(|_| !read) {
+        return Ok(got);
+    }
+    view.invalidate();
+    let (got, at) = store.get_many_at(keys).await?;
+    if got.len() == keys.len() {
+        view.keys = keys.iter().cloned().zip(got.iter().cloned()).collect();
+        view.at = at;
+        view.read_at = Some(tokio::time::Instant::now());
+    }
+    Ok(got)
+}
+
+/// The enable gate's host, role and global keys as read, and their revisions.
+fn gate_facts(kvs: [Option<KeyValue>; 3]) -> (GateKeys, [Revision; 3]) {
+    let mut states: [KeyState; 3] = Default::default();
+    let mut revs: [Revision; 3] = [0; 3];
+    for (i, kv) in kvs.into_iter().enumerate() {
+        if let Some(kv) = kv {
+            states[i] = KeyState::read(Some(&kv));
+            revs[i] = kv.mod_revision;
+        }
+    }
+    let [host, role, global] = states;
+    (GateKeys { host, role, global }, revs)
+}
+
+/// The hold that keeps the host out (its own before its role's), and both holds' revisions.
+fn hold_facts(host_hold: Option<KeyValue>, role_hold: Option<KeyValue>) -> (Option<Hold>, [Revision; 2]) {
+    let hold_revisions = [&host_hold, &role_hold].map(|kv| kv.as_ref().map_or(0, |kv| kv.mod_revision));
+    let hold = [host_hold, role_hold]
+        .into_iter()
+        .flatten()
+        .next()
+        .map(|kv| Hold {
+            key: kv.key.to_string(),
+            record: parse_json(&kv).map_err(|e| e.to_string()),
+        });
+    (hold, hold_revisions)
+}
+
 /// The fleet commands this host is admitted to, from its inbox as read.
 fn command_facts(inbox: Option<&KeyValue>) -> CommandFacts {
     let Some(kv) = inbox else {
@@ -408,10 +447,6 @@ fn command_facts(inbox: Option<&KeyValue>) -> CommandFacts {
 /// What a composable rollout asks of this host: the phase granted to its role (or
 /// the finalize step granted to it) for the active rollout, and which of its
 /// services have tasks left in it (by its task files and its journal).
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 fn compose_facts(
     who: Subject<'_>,
     rollout: &RolloutFacts,
@@ -420,7 +455,6 @@ fn compose_facts(
     journal: &Journal,
     services: &crate::services::Services,
 ) -> ComposeFacts {
-    use jio_common::phase::{FinalizeGrant, Grant, When};
     let grant_revisions = grants.map(|kv| kv.as_ref().map_or(0, |kv| kv.mod_revision));
     let mut f = ComposeFacts {
         grant_revisions,
@@ -431,25 +465,47 @@ fn compose_facts(
     };
     f.active = true;
     let mine = c.services_of(who.role);
-    let done = |phase: &str, s: &jio_common::names::Service| {
-        journal
-            .tasks
-            .as_ref()
-            .is_some_and(|t| &t.rollout == id && t.finished.contains(&format!("{phase}/{s}")))
+    let tasks = Tasks {
+        id,
+        journal,
+        services,
     };
-    // Left in a step: a service whose file has tasks there (or cannot be read:
-    // running it says why) and that did not finish it.
-    let left =
-        |when: When, step: u32, phase: &str, among: &mut dyn Iterator<Item = &jio_common::names::Service>| {
-            among
-                .filter(|s| match services.get(s) {
-                    Ok(file) => !file.tasks_at(when, step).is_empty(),
-                    Err(_) => true,
-                })
-                .filter(|s| !done(phase, s))
-                .cloned()
-                .collect::<Vec<_>>()
-        };
+    let (grant, finalize, problem) = parse_grants(grants);
+    f.problem = problem;
+    if let Some(g) = grant
+        && &g.rollout == id
+    {
+        if let Some(when) = g.when() {
+            let granted: Vec<&Service> = mine.iter().filter(|s| g.services.contains(s)).collect();
+            f.left = tasks.left(when, g.step(), &g.phase, granted.into_iter());
+        }
+        f.grant = Some(g);
+    }
+    if let Some(g) = finalize
+        && &g.rollout == id
+        && &g.host == who.host
+    {
+        let with_finalize = tasks.with_finalize(c.all_services());
+        f.finalize_left = tasks.left(When::Finalize, 0, "finalize", with_finalize.into_iter());
+        f.finalize = true;
+    }
+    let steps = own_steps(mine, services);
+    if let Some(g) = &f.grant
+        && let Some(k) = g.key()
+    {
+        f.unfinished = tasks
+            .unfinished_before(&steps, (k.rank, k.step))
+            .or_else(|| tasks.unfinished_at_step(g, mine));
+    }
+    f.unfinished_any = tasks.unfinished_before(&steps, (3, 0));
+    f.touched = journal.tasks.as_ref().is_some_and(|t| {
+        &t.rollout == id && !(t.done.is_empty() && t.finished.is_empty() && t.failed.is_none())
+    });
+    f
+}
+
+/// The phase grant and the finalize grant as read, and why either grants nothing.
+fn parse_grants(grants: [&Option<KeyValue>; 2]) -> (Option<Grant>, Option<FinalizeGrant>, Option<String>) {
     let mut problems = Vec::new();
     let grant = grants[0].as_ref().and_then(|kv| {
         parse_json::<Grant>(kv)
@@ -461,36 +517,16 @@ fn compose_facts(
             .map_err(|e| problems.push(format!("{e} (no driver writes such a grant: it grants nothing)")))
             .ok()
     });
-    f.problem = (!problems.is_empty()).then(|| problems.join("; "));
-    if let Some(g) = grant
-        && &g.rollout == id
-    {
-        if let Some(when) = g.when() {
-            let granted: Vec<&jio_common::names::Service> =
-                mine.iter().filter(|s| g.services.contains(s)).collect();
-            f.left = left(when, g.step(), &g.phase, &mut granted.into_iter());
-        }
-        f.grant = Some(g);
-    }
-    if let Some(g) = finalize
-        && &g.rollout == id
-        && &g.host == who.host
-    {
-        let all = c.all_services();
-        let with_finalize: Vec<&jio_common::names::Service> = all
-            .into_iter()
-            .filter(|s| {
-                services
-                    .get(s)
-                    .is_ok_and(|f| !f.tasks_at(When::Finalize, 0).is_empty())
-            })
-            .collect();
-        f.finalize_left = left(When::Finalize, 0, "finalize", &mut with_finalize.into_iter());
-        f.finalize = true;
-    }
-    // This host's own steps, in the order phases run, and the first of them before
-    // a point that did not finish in this rollout.
-    let mut steps: Vec<((u8, u32), String, &jio_common::names::Service)> = Vec::new();
+    let problem = (!problems.is_empty()).then(|| problems.join("; "));
+    (grant, finalize, problem)
+}
+
+/// This host's own steps, in the order phases run: (rank, step), phase name, service.
+fn own_steps<'a>(
+    mine: &'a [Service],
+    services: &crate::services::Services,
+) -> Vec<((u8, u32), String, &'a Service)> {
+    let mut steps: Vec<((u8, u32), String, &Service)> = Vec::new();
     for s in mine {
         if let Ok(file) = services.get(s) {
             for t in &file.tasks {
@@ -508,53 +544,93 @@ fn compose_facts(
         }
     }
     steps.sort();
-    let unfinished_before = |point: (u8, u32)| {
+    steps
+}
+
+/// The services' task files and what the journal says finished in the active rollout.
+struct Tasks<'a> {
+    id: &'a String,
+    journal: &'a Journal,
+    services: &'a crate::services::Services,
+}
+
+impl Tasks<'_> {
+    /// The service finished this phase in the active rollout.
+    fn done(&self, phase: &str, s: &Service) -> bool {
+        self.journal
+            .tasks
+            .as_ref()
+            .is_some_and(|t| &t.rollout == self.id && t.finished.contains(&format!("{phase}/{s}")))
+    }
+
+    /// Left in a step: a service whose file has tasks there (or cannot be read:
+    /// running it says why) and that did not finish it.
+    fn left<'s>(
+        &self,
+        when: When,
+        step: u32,
+        phase: &str,
+        among: impl Iterator<Item = &'s Service>,
+    ) -> Vec<Service> {
+        among
+            .filter(|s| match self.services.get(s) {
+                Ok(file) => !file.tasks_at(when, step).is_empty(),
+                Err(_) => true,
+            })
+            .filter(|s| !self.done(phase, s))
+            .cloned()
+            .collect::<Vec<_>>()
+    }
+
+    /// The services (of all roles) whose files have finalize tasks.
+    fn with_finalize<'s>(&self, all: impl IntoIterator<Item = &'s Service>) -> Vec<&'s Service> {
+        all.into_iter()
+            .filter(|s| {
+                self.services
+                    .get(s)
+                    .is_ok_and(|f| !f.tasks_at(When::Finalize, 0).is_empty())
+            })
+            .collect()
+    }
+
+    /// The first of this host's steps before `point` that did not finish in this rollout.
+    fn unfinished_before(&self, steps: &[((u8, u32), String, &Service)], point: (u8, u32)) -> Option<String> {
         steps
             .iter()
             .filter(|(k, ..)| *k < point)
-            .find(|(_, p, s)| !done(p, s))
+            .find(|(_, p, s)| !self.done(p, s))
             .map(|(_, p, s)| format!("{p} of {s}"))
-    };
-    if let Some(g) = &f.grant
-        && let Some(k) = g.key()
-    {
-        f.unfinished = unfinished_before((k.rank, k.step)).or_else(|| {
-            // At the same step: a service of this host that a granted one runs
-            // after (through its own `after`, or through others) must have
-            // finished it first.
-            let when = g.when()?;
-            let after_of =
-                |x: &jio_common::names::Service| services.get(x).map(|f| f.after.clone()).unwrap_or_default();
-            let mut before: Vec<jio_common::names::Service> = Vec::new();
-            let mut todo: Vec<jio_common::names::Service> = g
-                .services
-                .iter()
-                .filter(|x| mine.contains(x))
-                .flat_map(after_of)
-                .collect();
-            while let Some(x) = todo.pop() {
-                if !before.contains(&x) {
-                    todo.extend(after_of(&x));
-                    before.push(x);
-                }
-            }
-            before
-                .iter()
-                .filter(|x| mine.contains(x) && !g.services.contains(x))
-                .filter(|x| {
-                    services
-                        .get(x)
-                        .is_ok_and(|f| !f.tasks_at(when, g.step()).is_empty())
-                })
-                .find(|x| !done(&g.phase, x))
-                .map(|x| format!("{} of {x}", g.phase))
-        });
     }
-    f.unfinished_any = unfinished_before((3, 0));
-    f.touched = journal.tasks.as_ref().is_some_and(|t| {
-        &t.rollout == id && !(t.done.is_empty() && t.finished.is_empty() && t.failed.is_none())
-    });
-    f
+
+    /// At the granted step: a service of this host that a granted one runs after
+    /// (through its own `after`, or through others) must have finished it first.
+    fn unfinished_at_step(&self, g: &Grant, mine: &[Service]) -> Option<String> {
+        let when = g.when()?;
+        let after_of = |x: &Service| self.services.get(x).map(|f| f.after.clone()).unwrap_or_default();
+        let mut before: Vec<Service> = Vec::new();
+        let mut todo: Vec<Service> = g
+            .services
+            .iter()
+            .filter(|x| mine.contains(x))
+            .flat_map(after_of)
+            .collect();
+        while let Some(x) = todo.pop() {
+            if !before.contains(&x) {
+                todo.extend(after_of(&x));
+                before.push(x);
+            }
+        }
+        before
+            .iter()
+            .filter(|x| mine.contains(x) && !g.services.contains(x))
+            .filter(|x| {
+                self.services
+                    .get(x)
+                    .is_ok_and(|f| !f.tasks_at(when, g.step()).is_empty())
+            })
+            .find(|x| !self.done(&g.phase, x))
+            .map(|x| format!("{} of {x}", g.phase))
+    }
 }
 
 /// What the rollout `/rollouts/current` (as read: `cur`) names says for this host:

@@ -177,10 +177,6 @@ pub fn load(dir: &Path) -> Services {
 }
 
 /// Parses one task file; every problem is named with the file (and the task).
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 pub fn parse(service: &Service, path: &Path, text: &str) -> Result<ServiceFile, String> {
     let file = path.display();
     let doc: FileDoc = toml::from_str(text).map_err(|e| {
@@ -194,84 +190,13 @@ pub fn parse(service: &Service, path: &Path, text: &str) -> Result<ServiceFile, 
         )
     })?;
     let mut errors = Vec::new();
-    let mut after = Vec::new();
-    for a in doc.after {
-        match Service::new(a.as_str()) {
-            Ok(s) if &s == service => errors.push(format!("after names the service itself ({s})")),
-            Ok(s) => after.push(s),
-            Err(e) => errors.push(format!("after: {e}")),
-        }
-    }
+    let after = parse_after(service, doc.after, &mut errors);
     let mut tasks = Vec::new();
     let mut names = BTreeSet::new();
     for (i, t) in doc.task.into_iter().enumerate() {
-        let label = t
-            .name
-            .as_deref()
-            .map_or_else(|| format!("task {}", i + 1), |n| format!("task {n:?}"));
-        let name = match t.name {
-            Some(n) if !n.trim().is_empty() => n,
-            _ => {
-                errors.push(format!("{label}: name is missing"));
-                continue;
-            }
-        };
-        if !names.insert(name.clone()) {
-            errors.push(format!("{label}: two tasks have this name"));
+        if let Some(task) = parse_task(i, t, &mut names, &mut errors) {
+            tasks.push(task);
         }
-        let when = match t.when.as_deref() {
-            Some("pre") => When::Pre,
-            Some("post") => When::Post,
-            Some("finalize") => When::Finalize,
-            Some(other) => {
-                errors.push(format!(
-                    "{label}: when = {other:?} (allowed: pre, post, finalize)"
-                ));
-                continue;
-            }
-            None => {
-                errors.push(format!("{label}: when is missing (pre, post or finalize)"));
-                continue;
-            }
-        };
-        let step = match (when, t.step) {
-            (When::Finalize, s) => s.unwrap_or(0),
-            (_, Some(s)) if s > 0 => s,
-            (_, _) => {
-                errors.push(format!(
-                    "{label}: step must be a number from 1 for a {} task",
-                    when.as_str()
-                ));
-                continue;
-            }
-        };
-        let command = match t.command {
-            Some(c) if c.first().is_some_and(|p| !p.is_empty()) => c,
-            _ => {
-                errors.push(format!("{label}: command must be a non-empty argument list"));
-                continue;
-            }
-        };
-        let timeout = match t.timeout.as_deref().map(jio_common::duration::parse) {
-            None => None,
-            Some(Ok(d)) if !d.is_zero() => Some(d),
-            Some(Ok(_)) => {
-                errors.push(format!("{label}: timeout must be longer than 0"));
-                None
-            }
-            Some(Err(e)) => {
-                errors.push(format!("{label}: timeout: {e}"));
-                None
-            }
-        };
-        tasks.push(Task {
-            name,
-            when,
-            step,
-            command,
-            timeout,
-            idempotent: t.idempotent,
-        });
     }
     if errors.is_empty() {
         Ok(ServiceFile {
@@ -281,6 +206,96 @@ pub fn parse(service: &Service, path: &Path, text: &str) -> Result<ServiceFile, 
         })
     } else {
         Err(format!("{file}: {}", errors.join("; ")))
+    }
+}
+
+/// The services a task file says its service runs after (never itself).
+fn parse_after(service: &Service, names: Vec<String>, errors: &mut Vec<String>) -> Vec<Service> {
+    let mut after = Vec::new();
+    for a in names {
+        match Service::new(a.as_str()) {
+            Ok(s) if &s == service => errors.push(format!("after names the service itself ({s})")),
+            Ok(s) => after.push(s),
+            Err(e) => errors.push(format!("after: {e}")),
+        }
+    }
+    after
+}
+
+/// The `i`th task of a file (`None`: it cannot run, and `errors` says why);
+/// `names`: the names of the tasks before it.
+fn parse_task(i: usize, t: TaskDoc, names: &mut BTreeSet<String>, errors: &mut Vec<String>) -> Option<Task> {
+    let label = t
+        .name
+        .as_deref()
+        .map_or_else(|| format!("task {}", i + 1), |n| format!("task {n:?}"));
+    let name = match t.name {
+        Some(n) if !n.trim().is_empty() => n,
+        _ => {
+            errors.push(format!("{label}: name is missing"));
+            return None;
+        }
+    };
+    if !names.insert(name.clone()) {
+        errors.push(format!("{label}: two tasks have this name"));
+    }
+    let when = match t.when.as_deref() {
+        Some("pre") => When::Pre,
+        Some("post") => When::Post,
+        Some("finalize") => When::Finalize,
+        Some(other) => {
+            errors.push(format!(
+                "{label}: when = {other:?} (allowed: pre, post, finalize)"
+            ));
+            return None;
+        }
+        None => {
+            errors.push(format!("{label}: when is missing (pre, post or finalize)"));
+            return None;
+        }
+    };
+    let step = match (when, t.step) {
+        (When::Finalize, s) => s.unwrap_or(0),
+        (_, Some(s)) if s > 0 => s,
+        (_, _) => {
+            errors.push(format!(
+                "{label}: step must be a number from 1 for a {} task",
+                when.as_str()
+            ));
+            return None;
+        }
+    };
+    let command = match t.command {
+        Some(c) if c.first().is_some_and(|p| !p.is_empty()) => c,
+        _ => {
+            errors.push(format!("{label}: command must be a non-empty argument list"));
+            return None;
+        }
+    };
+    let timeout = task_timeout(&label, t.timeout.as_deref(), errors);
+    Some(Task {
+        name,
+        when,
+        step,
+        command,
+        timeout,
+        idempotent: t.idempotent,
+    })
+}
+
+/// A task's own timeout (`None`: none given, or it is invalid and `errors` says why).
+fn task_timeout(label: &str, timeout: Option<&str>, errors: &mut Vec<String>) -> Option<std::time::Duration> {
+    match timeout.map(jio_common::duration::parse) {
+        None => None,
+        Some(Ok(d)) if !d.is_zero() => Some(d),
+        Some(Ok(_)) => {
+            errors.push(format!("{label}: timeout must be longer than 0"));
+            None
+        }
+        Some(Err(e)) => {
+            errors.push(format!("{label}: timeout: {e}"));
+            None
+        }
     }
 }
 

@@ -10,10 +10,11 @@
 //! while the action ran) reports it `interrupted` and does not run it again,
 //! unless the command was created with `--rerun-interrupted`.
 
+use std::ops::ControlFlow;
 use std::os::unix::fs::PermissionsExt as _;
 
 use jio_common::command_record::{CommandRecord, CommandResult, RunOutcome, Started};
-use jio_common::keys::RunPart;
+use jio_common::keys::{Key, RunPart};
 use jio_common::names::CommandId;
 use jio_common::names::HostName;
 use jio_common::store::{Compare, KeyValue, Op, Revision, Txn};
@@ -179,13 +180,57 @@ pub fn resolve(cfg: &Config, rec: &CommandRecord) -> Result<Vec<String>, String>
     })
 }
 
+/// Why a command that was running when the agent stopped is not run again.
+fn interrupted_reason(run: &CommandRun) -> String {
+    format!(
+        "the agent stopped while the action ran (attempt {}, started at {}); not run again{}",
+        run.attempt,
+        jio_common::plan::when(run.started),
+        if run.rerun_interrupted {
+            " (the command ended meanwhile)"
+        } else {
+            " (the command was not created with --rerun-interrupted)"
+        }
+    )
+}
+
+/// The environment an action runs with: the command, host, role, run directory
+/// and attempt.
+fn command_env(
+    cfg: &Config,
+    id: &CommandId,
+    attempt: u32,
+    run_dir: &std::path::Path,
+) -> Vec<(String, String)> {
+    [
+        ("JIO_COMMAND", id.to_string()),
+        ("JIO_HOST", cfg.hostname.to_string()),
+        ("JIO_ROLE", cfg.role.to_string()),
+        ("JIO_RUN_DIR", run_dir.display().to_string()),
+        ("JIO_ATTEMPT", attempt.to_string()),
+    ]
+    .map(|(k, v)| (k.to_string(), v))
+    .to_vec()
+}
+
+/// A failed action's message: the reason and the first meaningful line of its
+/// stderr (else stdout); `None` unless it failed.
+fn failure_message(outcome: &Outcome, run_dir: &std::path::Path) -> Option<String> {
+    match outcome {
+        Outcome::Failure(reason) => {
+            let detail = ["action.stderr", "action.stdout"].iter().find_map(|n| {
+                let text = std::fs::read_to_string(run_dir.join(n)).ok()?;
+                crate::results::first_meaningful_line(&text)
+            });
+            Some(crate::results::message(reason, detail.as_deref()))
+        }
+        _ => None,
+    }
+}
+
 impl Agent {
     /// Runs, refuses or reports the first command of the inbox this host has not
     /// finished. `None`: nothing to do for commands (the upgrade's decision goes on).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub(super) async fn command_pass(&mut self, obs: &Observation) -> Result<Option<PassResult>, AgentError> {
         if let Some(p) = &obs.commands.problem {
             self.note_command(format!("command inbox: {p}"), true);
@@ -201,73 +246,80 @@ impl Agent {
             .cloned()
             .collect();
         for id in ids {
-            let host = self.cfg.hostname.clone();
-            let keys = [
-                self.cfg.schema.command(&id),
-                self.cfg.schema.command_run(&id, RunPart::Started, &host),
-                self.cfg.schema.command_run(&id, RunPart::Results, &host),
-            ];
-            let got = self.store.get_many(&keys).await?;
-            let [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3] = match got.try_into() {
-                Ok(a) => a,
-                Err(_) => continue,
+            let got = self.store.get_many(&self.command_keys(&id)).await?;
+            let Ok(kvs) = <[Option<KeyValue>; 3]>::try_from(got) else {
+                continue;
             };
-            let record = rec_kv
-                .as_ref()
-                .map(|kv| parse_json::<CommandRecord>(kv).map_err(|e| e.to_string()));
-            let started = started_kv
-                .as_ref()
-                .map(|kv| parse_json::<Started>(kv).map_err(|e| e.to_string()));
-            let c = Candidate {
-                host: &host,
-                record,
-                started,
-                result: result_kv.is_some(),
-                hold: obs.hold.as_ref(),
-            };
-            let decided = step(&c);
-            match decided {
-                CommandStep::Skip { why, forget } => {
-                    tracing::info!(command = %id, "fleet command not run here: {why}");
-                    if forget {
-                        self.ledger.journal.commands.mark_done(id.as_str());
-                        self.ledger.save();
-                    }
-                }
-                CommandStep::Held { why } => {
-                    self.note_command(format!("fleet command {id} waits: the host is {why}"), false);
-                    return Ok(None);
-                }
-                CommandStep::Refuse { reason } => {
-                    tracing::warn!(command = %id, "{reason}");
-                    let started = c.started.and_then(Result::ok).map_or(0, |s| s.at);
-                    return self
-                        .command_not_run(&id, RunOutcome::Refused, reason, started, 1)
-                        .await
-                        .map(Some);
-                }
-                CommandStep::Interrupted { reason } => {
-                    tracing::warn!(command = %id, "fleet command interrupted: {reason}");
-                    let (at, attempt) = c
-                        .started
-                        .and_then(Result::ok)
-                        .map_or((0, 1), |s| (s.at, s.attempt));
-                    return self
-                        .command_not_run(&id, RunOutcome::Interrupted, reason, at, attempt)
-                        .await
-                        .map(Some);
-                }
-                CommandStep::Run { attempt } => {
-                    let Some(Ok(rec)) = c.record else { continue };
-                    let revs = (
-                        rec_kv.map_or(0, |kv| kv.mod_revision),
-                        started_kv.map_or(0, |kv| kv.mod_revision),
-                    );
-                    return self.command_run(rec, attempt, revs, obs).await.map(Some);
-                }
+            if let ControlFlow::Break(done) = self.command_candidate(&id, kvs, obs).await? {
+                return Ok(done);
             }
         }
         Ok(None)
+    }
+
+    /// Decides (`step`) and does what this host does with one command of its
+    /// inbox, read as its record, start and result; `Continue`: on to the next
+    /// command, `Break`: the pass's result.
+    async fn command_candidate(
+        &mut self,
+        id: &CommandId,
+        [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3],
+        obs: &Observation,
+    ) -> Result<ControlFlow<Option<PassResult>>, AgentError> {
+        let host = self.cfg.hostname.clone();
+        let record = rec_kv
+            .as_ref()
+            .map(|kv| parse_json::<CommandRecord>(kv).map_err(|e| e.to_string()));
+        let started = started_kv
+            .as_ref()
+            .map(|kv| parse_json::<Started>(kv).map_err(|e| e.to_string()));
+        let c = Candidate {
+            host: &host,
+            record,
+            started,
+            result: result_kv.is_some(),
+            hold: obs.hold.as_ref(),
+        };
+        let done = match step(&c) {
+            CommandStep::Skip { why, forget } => {
+                tracing::info!(command = %id, "fleet command not run here: {why}");
+                if forget {
+                    self.ledger.journal.commands.mark_done(id.as_str());
+                    self.ledger.save();
+                }
+                return Ok(ControlFlow::Continue(()));
+            }
+            CommandStep::Held { why } => {
+                self.note_command(format!("fleet command {id} waits: the host is {why}"), false);
+                return Ok(ControlFlow::Break(None));
+            }
+            CommandStep::Refuse { reason } => {
+                tracing::warn!(command = %id, "{reason}");
+                let started = c.started.and_then(Result::ok).map_or(0, |s| s.at);
+                self.command_not_run(id, RunOutcome::Refused, reason, started, 1)
+                    .await?
+            }
+            CommandStep::Interrupted { reason } => {
+                tracing::warn!(command = %id, "fleet command interrupted: {reason}");
+                let (at, attempt) = c
+                    .started
+                    .and_then(Result::ok)
+                    .map_or((0, 1), |s| (s.at, s.attempt));
+                self.command_not_run(id, RunOutcome::Interrupted, reason, at, attempt)
+                    .await?
+            }
+            CommandStep::Run { attempt } => {
+                let Some(Ok(rec)) = c.record else {
+                    return Ok(ControlFlow::Continue(()));
+                };
+                let revs = (
+                    rec_kv.map_or(0, |kv| kv.mod_revision),
+                    started_kv.map_or(0, |kv| kv.mod_revision),
+                );
+                self.command_run(rec, attempt, revs, obs).await?
+            }
+        };
+        Ok(ControlFlow::Break(Some(done)))
     }
 
     /// Logs a note about commands once until it changes.
@@ -284,10 +336,6 @@ impl Agent {
 
     /// A command in the journal from before this pass: an agent died or was
     /// stopped while it ran, or before its start was confirmed.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     async fn recover_command(&mut self, obs: &Observation) -> Result<PassResult, AgentError> {
         let Some(run) = self.ledger.journal.commands.in_progress.clone() else {
             return Ok(PassResult::Reported);
@@ -297,71 +345,24 @@ impl Agent {
             self.ledger.save();
             return Ok(PassResult::Reported);
         };
-        let host = self.cfg.hostname.clone();
-        let keys = [
-            self.cfg.schema.command(&id),
-            self.cfg.schema.command_run(&id, RunPart::Started, &host),
-            self.cfg.schema.command_run(&id, RunPart::Results, &host),
-        ];
-        let got = self.store.get_many(&keys).await?;
-        let [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3] = got.try_into().unwrap_or_default();
-        let record = rec_kv
-            .as_ref()
-            .and_then(|kv| parse_json::<CommandRecord>(kv).ok());
+        let got = self.store.get_many(&self.command_keys(&id)).await?;
+        let kvs: [Option<KeyValue>; 3] = got.try_into().unwrap_or_default();
         if !run.confirmed {
-            // The action never ran (it is spawned only once the start is confirmed).
-            // Whether the start reached the store is told by its record.
-            let ours = started_kv
-                .as_ref()
-                .and_then(|kv| parse_json::<Started>(kv).ok())
-                .is_some_and(|s| s.attempt == run.attempt && s.at == run.started);
-            self.ledger.journal.commands.in_progress = None;
-            self.ledger.save();
-            let Some(kv) = started_kv.filter(|_| ours) else {
-                tracing::info!(command = %id, "a fleet command's start was not written before the agent stopped; it never ran");
-                return Ok(PassResult::Reported);
-            };
-            // Written but never run: it runs now if it still may, else the start
-            // is taken back (fenced on it), so that nobody waits for it.
-            if let Some(rec) = record.filter(|r| {
-                r.state.active()
-                    && r.hosts.contains(&host)
-                    && obs.commands.inbox.contains(&id)
-                    && obs.hold.is_none()
-                    && result_kv.is_none()
-            }) {
-                tracing::info!(command = %id, "a fleet command's start was written but its action never ran; it runs now");
-                let rec_rev = rec_kv.map_or(0, |kv| kv.mod_revision);
-                return self
-                    .command_run(rec, run.attempt, (rec_rev, kv.mod_revision), obs)
-                    .await;
-            }
-            let txn = Txn::new()
-                .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
-                .then(Op::Delete(kv.key.clone()));
-            self.store.txn(txn).await?;
-            tracing::info!(command = %id, "a fleet command's start was written but its action never ran, and it may not run now; its start is taken back");
-            return Ok(PassResult::Reported);
+            return self.recover_unconfirmed(&run, &id, kvs, obs).await;
         }
-        let rerun = record
+        let [rec_kv, _, result_kv] = kvs;
+        let host = &self.cfg.hostname;
+        let rerun = rec_kv
             .as_ref()
-            .is_some_and(|r| r.rerun_interrupted && r.state.active() && r.hosts.contains(&host));
+            .and_then(|kv| parse_json::<CommandRecord>(kv).ok())
+            .is_some_and(|r| r.rerun_interrupted && r.state.active() && r.hosts.contains(host));
         if rerun && result_kv.is_none() {
             tracing::warn!(command = %id, attempt = run.attempt, "a fleet command was interrupted (the agent stopped while it ran); it runs again (--rerun-interrupted)");
             self.ledger.journal.commands.in_progress = None;
             self.ledger.save();
             return Ok(PassResult::Reported);
         }
-        let reason = format!(
-            "the agent stopped while the action ran (attempt {}, started at {}); not run again{}",
-            run.attempt,
-            jio_common::plan::when(run.started),
-            if run.rerun_interrupted {
-                " (the command ended meanwhile)"
-            } else {
-                " (the command was not created with --rerun-interrupted)"
-            }
-        );
+        let reason = interrupted_reason(&run);
         tracing::warn!(command = %id, "fleet command interrupted: {reason}");
         let ended = self.clock.unix_now();
         let result = CommandResult {
@@ -373,18 +374,66 @@ impl Agent {
             run_dir: Some(run.run_dir.display().to_string()),
             attempt: run.attempt,
         };
-        let (log, object) = self.command_log(&id, &result, &run.run_dir);
-        let j = &mut self.ledger.journal.commands;
-        j.in_progress = None;
-        j.mark_done(id.as_str());
-        j.unreported.push(PendingCommandReport {
-            id: id.to_string(),
-            result,
-            log,
-            object,
-        });
-        self.ledger.save();
+        self.journal_command_result(&id, result, &run.run_dir);
         self.flush_commands(false).await?;
+        Ok(PassResult::Reported)
+    }
+
+    /// The keys a command is read by on this host: its record, its start and its result.
+    fn command_keys(&self, id: &CommandId) -> [Key; 3] {
+        let host = &self.cfg.hostname;
+        [
+            self.cfg.schema.command(id),
+            self.cfg.schema.command_run(id, RunPart::Started, host),
+            self.cfg.schema.command_run(id, RunPart::Results, host),
+        ]
+    }
+
+    /// A journaled command whose start was never confirmed: the action never ran
+    /// (it is spawned only once the start is confirmed). If its start reached the
+    /// store, the command runs now if it still may, else the start is taken back.
+    async fn recover_unconfirmed(
+        &mut self,
+        run: &CommandRun,
+        id: &CommandId,
+        [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3],
+        obs: &Observation,
+    ) -> Result<PassResult, AgentError> {
+        let host = self.cfg.hostname.clone();
+        let record = rec_kv
+            .as_ref()
+            .and_then(|kv| parse_json::<CommandRecord>(kv).ok());
+        // Whether the start reached the store is told by its record.
+        let ours = started_kv
+            .as_ref()
+            .and_then(|kv| parse_json::<Started>(kv).ok())
+            .is_some_and(|s| s.attempt == run.attempt && s.at == run.started);
+        self.ledger.journal.commands.in_progress = None;
+        self.ledger.save();
+        let Some(kv) = started_kv.filter(|_| ours) else {
+            tracing::info!(command = %id, "a fleet command's start was not written before the agent stopped; it never ran");
+            return Ok(PassResult::Reported);
+        };
+        // Written but never run: it runs now if it still may, else the start
+        // is taken back (fenced on it), so that nobody waits for it.
+        if let Some(rec) = record.filter(|r| {
+            r.state.active()
+                && r.hosts.contains(&host)
+                && obs.commands.inbox.contains(id)
+                && obs.hold.is_none()
+                && result_kv.is_none()
+        }) {
+            tracing::info!(command = %id, "a fleet command's start was written but its action never ran; it runs now");
+            let rec_rev = rec_kv.map_or(0, |kv| kv.mod_revision);
+            return self
+                .command_run(rec, run.attempt, (rec_rev, kv.mod_revision), obs)
+                .await;
+        }
+        let txn = Txn::new()
+            .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
+            .then(Op::Delete(kv.key.clone()));
+        self.store.txn(txn).await?;
+        tracing::info!(command = %id, "a fleet command's start was written but its action never ran, and it may not run now; its start is taken back");
         Ok(PassResult::Reported)
     }
 
@@ -421,15 +470,11 @@ impl Agent {
 
     /// Runs the command's action: journaled, then started in a fenced transaction,
     /// then run under its timeout, then reported with the run's end.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     async fn command_run(
         &mut self,
         rec: CommandRecord,
         attempt: u32,
-        (rec_rev, started_rev): (Revision, Revision),
+        revs: (Revision, Revision),
         obs: &Observation,
     ) -> Result<PassResult, AgentError> {
         let id = rec.id.clone();
@@ -451,23 +496,90 @@ impl Agent {
                     .await;
             }
         };
-        self.ledger.journal.commands.in_progress = Some(CommandRun {
+        self.journal_command_start(&rec, attempt, now, &run_dir);
+        if !self.start_command(&id, attempt, now, revs, obs).await? {
+            return Ok(PassResult::Raced);
+        }
+        tracing::info!(command = %id, attempt, argv = %crate::runner::display_argv(&argv), run_dir = %run_dir.display(), "fleet command starts");
+        let (f, outcome) = self.run_action(&rec, &argv, attempt, &run_dir).await;
+        let ended = self.clock.unix_now();
+        if matches!(outcome, Outcome::Interrupted) {
+            // The agent is stopping: the journal keeps the run, and the next start
+            // reports it (or runs it again, if the command allows).
+            if let Some(r) = self.ledger.journal.commands.in_progress.as_mut() {
+                r.child = None;
+            }
+            self.ledger.save();
+            return Ok(PassResult::Command {
+                id: id.to_string(),
+                outcome: RunOutcome::Interrupted,
+            });
+        }
+        let result = CommandResult {
+            outcome: if outcome.ok() {
+                RunOutcome::Succeeded
+            } else {
+                RunOutcome::Failed
+            },
+            exit_code: match f.exit {
+                runner::Exit::Code(c) => Some(c),
+                _ => None,
+            },
+            message: failure_message(&outcome, &run_dir),
+            started: now,
+            ended,
+            run_dir: Some(run_dir.display().to_string()),
+            attempt,
+        };
+        let done = result.outcome;
+        self.journal_command_result(&id, result, &run_dir);
+        if let Err(e) = self.flush_commands(true).await {
+            tracing::warn!(error = %e, "the command's result stays in the journal and is reported when the store takes it");
+        }
+        Ok(PassResult::Command {
             id: id.to_string(),
+            outcome: done,
+        })
+    }
+
+    /// Puts the command in the journal (not yet confirmed) before its start is written.
+    fn journal_command_start(
+        &mut self,
+        rec: &CommandRecord,
+        attempt: u32,
+        now: u64,
+        run_dir: &std::path::Path,
+    ) {
+        self.ledger.journal.commands.in_progress = Some(CommandRun {
+            id: rec.id.to_string(),
             attempt,
             started: now,
-            run_dir: run_dir.clone(),
+            run_dir: run_dir.to_path_buf(),
             confirmed: false,
             rerun_interrupted: rec.rerun_interrupted,
             child: None,
         });
         self.ledger.save();
+    }
+
+    /// Writes the command's start, fenced on the inbox, the record, the host's
+    /// holds and its start and result keys; `false`: something changed (the
+    /// journal entry is dropped), else the journal entry is confirmed.
+    async fn start_command(
+        &mut self,
+        id: &CommandId,
+        attempt: u32,
+        now: u64,
+        (rec_rev, started_rev): (Revision, Revision),
+        obs: &Observation,
+    ) -> Result<bool, AgentError> {
         let schema = &self.cfg.schema;
         let host = &self.cfg.hostname;
         let mut fence = vec![
             Compare::ModRevision(schema.command_inbox(host), obs.commands.revision),
-            Compare::ModRevision(schema.command(&id), rec_rev),
-            Compare::ModRevision(schema.command_run(&id, RunPart::Started, host), started_rev),
-            Compare::ModRevision(schema.command_run(&id, RunPart::Results, host), 0),
+            Compare::ModRevision(schema.command(id), rec_rev),
+            Compare::ModRevision(schema.command_run(id, RunPart::Started, host), started_rev),
+            Compare::ModRevision(schema.command_run(id, RunPart::Results, host), 0),
         ];
         fence.extend(self.subject().hold_fence(obs));
         let start = Started {
@@ -476,7 +588,7 @@ impl Agent {
             attempt,
         };
         let ops = vec![Op::put(
-            schema.command_run(&id, RunPart::Started, host),
+            schema.command_run(id, RunPart::Started, host),
             serde_json::to_string(&start).unwrap_or_default(),
         )];
         let version = obs.local.clone();
@@ -487,26 +599,29 @@ impl Agent {
             tracing::info!(command = %id, "the command's admission, record or a hold changed before it could start; deciding again");
             self.ledger.journal.commands.in_progress = None;
             self.ledger.save();
-            return Ok(PassResult::Raced);
+            return Ok(false);
         }
         if let Some(r) = self.ledger.journal.commands.in_progress.as_mut() {
             r.confirmed = true;
         }
         self.ledger.save();
-        tracing::info!(command = %id, attempt, argv = %crate::runner::display_argv(&argv), run_dir = %run_dir.display(), "fleet command starts");
-        let env: Vec<(String, String)> = [
-            ("JIO_COMMAND", id.to_string()),
-            ("JIO_HOST", self.cfg.hostname.to_string()),
-            ("JIO_ROLE", self.cfg.role.to_string()),
-            ("JIO_RUN_DIR", run_dir.display().to_string()),
-            ("JIO_ATTEMPT", attempt.to_string()),
-        ]
-        .map(|(k, v)| (k.to_string(), v))
-        .to_vec();
+        Ok(true)
+    }
+
+    /// Runs the action under its timeout (its process group journaled once
+    /// spawned), and tells how it went.
+    async fn run_action(
+        &mut self,
+        rec: &CommandRecord,
+        argv: &[String],
+        attempt: u32,
+        run_dir: &std::path::Path,
+    ) -> (runner::Finished, Outcome) {
+        let env = command_env(&self.cfg, &rec.id, attempt, run_dir);
         let stdout = run_dir.join("action.stdout");
         let stderr = run_dir.join("action.stderr");
         let spec = Spec {
-            argv: &argv,
+            argv,
             env: &env,
             timeout: rec
                 .timeout_s
@@ -522,50 +637,15 @@ impl Agent {
             }
         };
         let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace, &mut on_spawn).await;
-        let ended = self.clock.unix_now();
         let outcome = runner::plain_outcome(&format!("action {:?}", rec.action), &f.exit);
-        tracing::info!(command = %id, exit = %f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "fleet command finished");
-        if matches!(outcome, Outcome::Interrupted) {
-            // The agent is stopping: the journal keeps the run, and the next start
-            // reports it (or runs it again, if the command allows).
-            if let Some(r) = self.ledger.journal.commands.in_progress.as_mut() {
-                r.child = None;
-            }
-            self.ledger.save();
-            return Ok(PassResult::Command {
-                id: id.to_string(),
-                outcome: RunOutcome::Interrupted,
-            });
-        }
-        let exit_code = match f.exit {
-            runner::Exit::Code(c) => Some(c),
-            _ => None,
-        };
-        let message = match &outcome {
-            Outcome::Failure(reason) => {
-                let detail = ["action.stderr", "action.stdout"].iter().find_map(|n| {
-                    let text = std::fs::read_to_string(run_dir.join(n)).ok()?;
-                    crate::results::first_meaningful_line(&text)
-                });
-                Some(crate::results::message(reason, detail.as_deref()))
-            }
-            _ => None,
-        };
-        let result = CommandResult {
-            outcome: if outcome.ok() {
-                RunOutcome::Succeeded
-            } else {
-                RunOutcome::Failed
-            },
-            exit_code,
-            message,
-            started: now,
-            ended,
-            run_dir: Some(run_dir.display().to_string()),
-            attempt,
-        };
-        let done = result.outcome;
-        let (log, object) = self.command_log(&id, &result, &run_dir);
+        tracing::info!(command = %rec.id, exit = %f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "fleet command finished");
+        (f, outcome)
+    }
+
+    /// Journals a command's result to be reported (with its composed log): the
+    /// command is done and no longer in progress.
+    fn journal_command_result(&mut self, id: &CommandId, result: CommandResult, run_dir: &std::path::Path) {
+        let (log, object) = self.command_log(id, &result, run_dir);
         let j = &mut self.ledger.journal.commands;
         j.in_progress = None;
         j.mark_done(id.as_str());
@@ -576,13 +656,6 @@ impl Agent {
             object,
         });
         self.ledger.save();
-        if let Err(e) = self.flush_commands(true).await {
-            tracing::warn!(error = %e, "the command's result stays in the journal and is reported when the store takes it");
-        }
-        Ok(PassResult::Command {
-            id: id.to_string(),
-            outcome: done,
-        })
     }
 
     /// Composes the action's output into one log for Swift (when configured).
@@ -692,17 +765,18 @@ mod tests {
         }
     }
 
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
-    fn what_an_agent_does_with_a_command() {
-        let h = HostName::new("compute1").unwrap();
-        let hold = Hold {
-            key: "/holds/host/compute1".into(),
-            record: Err("x".into()),
-        };
+    /// A command's record, its start, whether its result is in the store, its
+    /// hold, and what the agent does with it.
+    type Case<'a> = (
+        Option<Result<CommandRecord, String>>,
+        Option<Result<Started, String>>,
+        bool,
+        Option<&'a Hold>,
+        &'a str,
+    );
+
+    /// The cases of `what_an_agent_does_with_a_command`, on compute1.
+    fn command_cases(hold: &Hold) -> Vec<Case<'_>> {
         let started = Started {
             at: 5,
             pid: 1,
@@ -713,14 +787,7 @@ mod tests {
             by: "bob".into(),
             reason: None,
         };
-        type Case<'a> = (
-            Option<Result<CommandRecord, String>>,
-            Option<Result<Started, String>>,
-            bool,
-            Option<&'a Hold>,
-            &'a str,
-        );
-        let cases: Vec<Case<'_>> = vec![
+        vec![
             (None, None, false, None, "skip"),
             (Some(Err("bad".into())), None, false, None, "refuse"),
             (
@@ -769,14 +836,14 @@ mod tests {
                 Some(Ok(rec(&["compute1"], true, running.clone()))),
                 Some(Ok(started.clone())),
                 false,
-                Some(&hold),
+                Some(hold),
                 "held",
             ),
             (
                 Some(Ok(rec(&["compute1"], false, running.clone()))),
                 None,
                 false,
-                Some(&hold),
+                Some(hold),
                 "held",
             ),
             (
@@ -786,7 +853,28 @@ mod tests {
                 None,
                 "run 1",
             ),
-        ];
+        ]
+    }
+
+    /// What `step` decided, in a word (and the attempt of a run).
+    fn step_name(s: &CommandStep) -> String {
+        match s {
+            CommandStep::Skip { .. } => "skip".to_string(),
+            CommandStep::Held { .. } => "held".into(),
+            CommandStep::Run { attempt } => format!("run {attempt}"),
+            CommandStep::Refuse { .. } => "refuse".into(),
+            CommandStep::Interrupted { .. } => "interrupted".into(),
+        }
+    }
+
+    #[test]
+    fn what_an_agent_does_with_a_command() {
+        let h = HostName::new("compute1").unwrap();
+        let hold = Hold {
+            key: "/holds/host/compute1".into(),
+            record: Err("x".into()),
+        };
+        let cases = command_cases(&hold);
         for (i, (record, started, result, hold, want)) in cases.into_iter().enumerate() {
             let c = Candidate {
                 host: &h,
@@ -795,13 +883,7 @@ mod tests {
                 result,
                 hold,
             };
-            let got = match step(&c) {
-                CommandStep::Skip { .. } => "skip".to_string(),
-                CommandStep::Held { .. } => "held".into(),
-                CommandStep::Run { attempt } => format!("run {attempt}"),
-                CommandStep::Refuse { .. } => "refuse".into(),
-                CommandStep::Interrupted { .. } => "interrupted".into(),
-            };
+            let got = step_name(&step(&c));
             assert_eq!(got, want, "case {i}");
         }
     }

@@ -76,10 +76,6 @@ impl Agent {
 
     /// Runs the tasks left of `services` in `phase` (`finalize`: their finalize
     /// tasks), fenced like an upgrade's start and on the grants as read.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub(super) async fn tasks(
         &mut self,
         version: Version,
@@ -103,25 +99,18 @@ impl Agent {
         self.refresh_hiera().await;
         let started = self.clock.unix_now();
         self.run_begun = (started, obs.gate_revisions);
-        let j = self.ledger.journal.tasks.get_or_insert_with(TaskJournal::default);
-        if j.rollout != rollout {
-            *j = TaskJournal {
-                rollout: rollout.clone(),
-                ..TaskJournal::default()
-            };
-        }
+        self.journal_tasks_of(&rollout);
         let order = crate::services::in_order(&services, &self.services);
         let run_dir = match self.prepare_run(&version, started) {
             Ok(d) => d,
             Err((run_dir, reason)) => {
-                let first = order.first().cloned();
-                let ran = Ran::Failed {
-                    task: None,
-                    reason,
-                    exit_code: None,
-                };
-                if let Some(s) = first {
-                    self.service_ended(&version, &rollout, &phase, &s, ran, &run_dir, true)
+                if let Some(s) = order.first() {
+                    let ran = Ran::Failed {
+                        task: None,
+                        reason,
+                        exit_code: None,
+                    };
+                    self.service_ended(&version, &rollout, &phase, s, ran, &run_dir, true)
                         .await;
                 }
                 return Ok(PassResult::Ran {
@@ -143,12 +132,7 @@ impl Agent {
                         .await;
                 }
                 Ran::Interrupted => {
-                    let ended = self.clock.unix_now();
-                    let mut close = self.run_close(&version, Step::Configured, &run_dir, ended);
-                    close.phase = Some(phase.clone());
-                    close.apply(&mut self.ledger.journal, &Outcome::Interrupted);
-                    self.ledger.save();
-                    tracing::warn!(%version, phase, "step interrupted; it resumes at the next start");
+                    self.step_interrupted(&version, &phase, &run_dir);
                     result = RunResult::Interrupted;
                     break;
                 }
@@ -171,12 +155,31 @@ impl Agent {
         Ok(PassResult::Ran { version, result })
     }
 
+    /// The journal's record of the rollout's steps on this host (started afresh
+    /// for another rollout).
+    fn journal_tasks_of(&mut self, rollout: &str) {
+        let j = self.ledger.journal.tasks.get_or_insert_with(TaskJournal::default);
+        if j.rollout != rollout {
+            *j = TaskJournal {
+                rollout: rollout.to_string(),
+                ..TaskJournal::default()
+            };
+        }
+    }
+
+    /// The agent is stopping mid-step: the run is closed as interrupted in the
+    /// journal, and the step resumes at the next start.
+    fn step_interrupted(&mut self, version: &Version, phase: &str, run_dir: &Path) {
+        let ended = self.clock.unix_now();
+        let mut close = self.run_close(version, Step::Configured, run_dir, ended);
+        close.phase = Some(phase.to_string());
+        close.apply(&mut self.ledger.journal, &Outcome::Interrupted);
+        self.ledger.save();
+        tracing::warn!(%version, phase, "step interrupted; it resumes at the next start");
+    }
+
     /// Runs one service's tasks of the step, skipping those done before.
     #[allow(clippy::too_many_arguments)]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     async fn run_service(
         &mut self,
         version: &Version,
@@ -212,47 +215,12 @@ impl Agent {
             if self.stopping() {
                 return Ran::Interrupted;
             }
-            let env: Vec<(String, String)> = [
-                ("JIO_VERSION", version.to_string()),
-                ("JIO_HOST", self.cfg.hostname.to_string()),
-                ("JIO_ROLE", self.cfg.role.to_string()),
-                ("JIO_RUN_DIR", run_dir.display().to_string()),
-                ("JIO_SERVICE", s.to_string()),
-                ("JIO_STEP", phase.to_string()),
-                ("JIO_TASK", task.name.clone()),
-                ("JIO_ROLLOUT", rollout.to_string()),
-            ]
-            .map(|(k, v)| (k.to_string(), v))
-            .to_vec();
+            let env = self.task_env(version, rollout, phase, s, &task.name, run_dir);
             let base = format!("task-{phase}-{s}-{n:02}");
-            let spec = Spec {
-                argv: &task.command,
-                env: &env,
-                timeout: task.timeout.unwrap_or(self.cfg.task_timeout),
-                stdout: &run_dir.join(format!("{base}.stdout")),
-                stderr: &run_dir.join(format!("{base}.stderr")),
-            };
-            tracing::info!(service = %s, phase, task = %task.name, command = %crate::runner::display_argv(&task.command), "task starts");
-            let ledger = &mut self.ledger;
-            let mut on_spawn = |group: ProcessGroup| {
-                if let Some(run) = ledger.journal.in_progress.as_mut() {
-                    run.child = Some(group);
-                    ledger.save();
-                }
-            };
-            let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace, &mut on_spawn).await;
-            tracing::info!(service = %s, phase, task = %task.name, exit = %f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "task finished");
+            let f = self.run_task(s, phase, task, &env, (run_dir, &base)).await;
             let outcome = runner::plain_outcome(&format!("task {:?} of {s}", task.name), &f.exit);
             match outcome {
-                Outcome::Success { .. } => {
-                    if let Some(t) = self.ledger.journal.tasks.as_mut() {
-                        t.done.insert(key);
-                    }
-                    if let Some(run) = self.ledger.journal.in_progress.as_mut() {
-                        run.child = None;
-                    }
-                    self.ledger.save();
-                }
+                Outcome::Success { .. } => self.task_done(key),
                 Outcome::Interrupted => return Ran::Interrupted,
                 Outcome::Failure(reason) => {
                     return Ran::Failed {
@@ -267,6 +235,72 @@ impl Agent {
             }
         }
         Ran::Done
+    }
+
+    /// The environment a task runs with: the version, host, role, run directory,
+    /// service, step, task and rollout.
+    fn task_env(
+        &self,
+        version: &Version,
+        rollout: &str,
+        phase: &str,
+        s: &Service,
+        task: &str,
+        run_dir: &Path,
+    ) -> Vec<(String, String)> {
+        [
+            ("JIO_VERSION", version.to_string()),
+            ("JIO_HOST", self.cfg.hostname.to_string()),
+            ("JIO_ROLE", self.cfg.role.to_string()),
+            ("JIO_RUN_DIR", run_dir.display().to_string()),
+            ("JIO_SERVICE", s.to_string()),
+            ("JIO_STEP", phase.to_string()),
+            ("JIO_TASK", task.to_string()),
+            ("JIO_ROLLOUT", rollout.to_string()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
+    }
+
+    /// Runs one task under its timeout, its output in the run directory's
+    /// `base`.stdout and `base`.stderr (its process group journaled once spawned).
+    async fn run_task(
+        &mut self,
+        s: &Service,
+        phase: &str,
+        task: &crate::services::Task,
+        env: &[(String, String)],
+        (run_dir, base): (&Path, &str),
+    ) -> runner::Finished {
+        let spec = Spec {
+            argv: &task.command,
+            env,
+            timeout: task.timeout.unwrap_or(self.cfg.task_timeout),
+            stdout: &run_dir.join(format!("{base}.stdout")),
+            stderr: &run_dir.join(format!("{base}.stderr")),
+        };
+        tracing::info!(service = %s, phase, task = %task.name, command = %crate::runner::display_argv(&task.command), "task starts");
+        let ledger = &mut self.ledger;
+        let mut on_spawn = |group: ProcessGroup| {
+            if let Some(run) = ledger.journal.in_progress.as_mut() {
+                run.child = Some(group);
+                ledger.save();
+            }
+        };
+        let f = runner::run(&spec, &mut self.shutdown, self.cfg.stop_grace, &mut on_spawn).await;
+        tracing::info!(service = %s, phase, task = %task.name, exit = %f.exit, elapsed_ms = f.elapsed.as_millis() as u64, "task finished");
+        f
+    }
+
+    /// A task succeeded: in the journal before the next one starts.
+    fn task_done(&mut self, key: String) {
+        if let Some(t) = self.ledger.journal.tasks.as_mut() {
+            t.done.insert(key);
+        }
+        if let Some(run) = self.ledger.journal.in_progress.as_mut() {
+            run.child = None;
+        }
+        self.ledger.save();
     }
 
     /// Reports how one service's step ended. The last report of the run (`last`)
