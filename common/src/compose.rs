@@ -904,15 +904,16 @@ impl Walk<'_> {
             return self.out;
         }
         // Every stage is done: the finalize step.
-        finalize(
-            self.snap,
-            self.c,
-            self.all,
-            &self.id,
-            &mut self.out,
-            self.failed,
-            self.max_failures,
-        );
+        Finalize {
+            snap: self.snap,
+            c: self.c,
+            all: self.all,
+            id: &self.id,
+            out: &mut self.out,
+            failed: self.failed,
+            role: self.c.finalize_role(),
+        }
+        .run(self.max_failures);
         self.out
     }
 }
@@ -1083,58 +1084,6 @@ fn phase_snapshot(
     ps
 }
 
-/// The finalize step, once every stage is done: which host runs it, and how far it
-/// is. A failure of it, or a host that cannot run it, ends the rollout failed.
-fn finalize(
-    snap: &Snapshot,
-    c: &Compose,
-    all: &[HostStatus],
-    id: &str,
-    out: &mut Composed,
-    failed: BTreeMap<String, String>,
-    max_failures: u64,
-) {
-    let f = Finalize {
-        snap,
-        c,
-        all,
-        id,
-        out,
-        failed,
-        role: c.finalize_role(),
-    };
-    if f.failed.len() as u64 > max_failures {
-        f.out.finalize.state = "waiting";
-        f.out.finalize.reason = Some("not run: more hosts failed than max_failures".into());
-        f.out.standing = Standing::Stopped { failed: f.failed };
-        return;
-    }
-    let declared = f.declared();
-    if declared.is_empty() {
-        f.out.finalize.state = "none";
-        f.out.standing = Standing::Finished { failed: f.failed };
-        return;
-    }
-    if let Some(why) = f.hosts_behind() {
-        return f.end("not_run", "finalize", why);
-    }
-    let granted = snap
-        .finalize_grant
-        .as_ref()
-        .filter(|g| g.rollout == id)
-        .map(|g| g.host.clone());
-    let Some(host) = f.host(granted.as_ref()) else {
-        return f.no_host();
-    };
-    f.out.finalize.host = Some(host.clone());
-    let mine = f.services_on(&host);
-    f.out.finalize.services = mine.clone();
-    if let Some(why) = missing_finalize(&declared, &mine, &host, f.role.as_ref()) {
-        return f.end("failed", host.as_str(), why);
-    }
-    f.progress(&host, &mine, granted.as_ref());
-}
-
 /// The finalize step as one pass decides it.
 struct Finalize<'a> {
     snap: &'a Snapshot,
@@ -1147,6 +1096,43 @@ struct Finalize<'a> {
 }
 
 impl Finalize<'_> {
+    /// Runs the finalize step's decision, once every stage is done: which host runs
+    /// it, and how far it is. A failure of it, or a host that cannot run it, ends the
+    /// rollout failed.
+    fn run(self, max_failures: u64) {
+        if self.failed.len() as u64 > max_failures {
+            self.out.finalize.state = "waiting";
+            self.out.finalize.reason = Some("not run: more hosts failed than max_failures".into());
+            self.out.standing = Standing::Stopped { failed: self.failed };
+            return;
+        }
+        let declared = self.declared();
+        if declared.is_empty() {
+            self.out.finalize.state = "none";
+            self.out.standing = Standing::Finished { failed: self.failed };
+            return;
+        }
+        if let Some(why) = self.hosts_behind() {
+            return self.end("not_run", "finalize", why);
+        }
+        let granted = self
+            .snap
+            .finalize_grant
+            .as_ref()
+            .filter(|g| g.rollout == self.id)
+            .map(|g| g.host.clone());
+        let Some(host) = self.host(granted.as_ref()) else {
+            return self.no_host();
+        };
+        self.out.finalize.host = Some(host.clone());
+        let mine = self.services_on(&host);
+        self.out.finalize.services = mine.clone();
+        if let Some(why) = missing_finalize(&declared, &mine, &host, self.role.as_ref()) {
+            return self.end("failed", host.as_str(), why);
+        }
+        self.progress(&host, &mine, granted.as_ref());
+    }
+
     /// Ends the rollout with the finalize step in `state`, a failure of `key` (a
     /// host, or `finalize`) saying why.
     fn end(mut self, state: &'static str, key: &str, why: String) {

@@ -107,7 +107,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
         .rules
         .resolve(&roles)
         .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
-    let forced = intent(&snap, &resolved, &args)?;
+    let forced = check_intent(&snap, &resolved, &args)?;
     if args.noop {
         return noop(snap, &resolved, &args);
     }
@@ -166,7 +166,7 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
 /// is recorded, with what `--force` lets through said as warnings. `Ok(true)`:
 /// forced past a refusal (the record says so). Following the active rollout to
 /// this version with these rules, which its operator forced, needs no `--force`.
-fn intent(snap: &Snapshot, resolved: &rules::Resolved, args: &Args) -> Result<bool, Failure> {
+fn check_intent(snap: &Snapshot, resolved: &rules::Resolved, args: &Args) -> Result<bool, Failure> {
     let moving = snap
         .hosts()
         .iter()
@@ -1190,7 +1190,7 @@ impl Driver<'_> {
         hosts: &[HostStatus],
         i: intent::Intent,
     ) -> Result<PassOutcome, StoreError> {
-        if i.settled {
+        if i.refresh_progress {
             self.progress.update(snap, hosts);
         }
         if let Some(t) = i.wake_at {

@@ -447,7 +447,7 @@ fn the_reader_finds_paths_in_use_groups_and_circles() {
 
 /// Functions still longer than 80 lines, each marked where it stands. The number
 /// only goes down: lower it when one is cut.
-const LONG_FUNCTIONS_LEFT: usize = 29;
+const LONG_FUNCTIONS_LEFT: usize = 11;
 
 /// The marks in `code` (whitespace removed), each of which must stand on a
 /// function (not on an `impl` or a module, where it would cover many).

@@ -37,8 +37,9 @@ pub struct Intent {
     pub outcome: PassOutcome,
     /// A pass is due then without any change (the progress deadline).
     pub wake_at: Option<u64>,
-    /// Nothing was admitted: the progress view is brought up to date first.
-    pub settled: bool,
+    /// Bring the progress view up to date before acting (the rollout settled:
+    /// nothing was admitted).
+    pub refresh_progress: bool,
 }
 
 /// A line for the operator.
@@ -56,7 +57,7 @@ impl Intent {
             notes: Vec::new(),
             outcome,
             wake_at: None,
-            settled: false,
+            refresh_progress: false,
         }
     }
 
@@ -238,7 +239,7 @@ pub fn rolling(p: &Rolling<'_>) -> Intent {
         }),
     };
     Intent {
-        settled: true,
+        refresh_progress: true,
         ..intent
     }
 }
@@ -631,7 +632,7 @@ mod tests {
             } else {
                 // Refused: nothing moves, the pass waits saying why.
                 assert!(out.contains("refused"), "{case}: {out}");
-                assert!(i.settled, "{case}");
+                assert!(i.refresh_progress, "{case}");
             }
         }
     }
