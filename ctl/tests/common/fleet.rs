@@ -258,3 +258,12 @@ pub async fn keys_under(s: &DynStore, prefix: &str) -> BTreeMap<String, String> 
         .map(|kv| (kv.key.to_string(), kv.value))
         .collect()
 }
+
+/// A real etcd with agents `names` converged to v1, their runs taking `seconds`;
+/// keep the `Etcd` alive for the test's length.
+pub async fn fleet_on_etcd(names: &[&str], seconds: f64) -> (jio_tests::Etcd, String, Fleet) {
+    let etcd = jio_tests::Etcd::start().await;
+    let url = etcd.url();
+    let f = Fleet::start(&url, names, seconds).await;
+    (etcd, url, f)
+}
