@@ -10,18 +10,7 @@ async fn assert_one_at_a_time_on_two_of_four(instructions: &str) {
     let names = ["compute1", "compute2", "compute3", "compute4"];
     let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(1.5);
-    let out = run_bounded(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1,compute2",
-            "--instructions",
-            instructions,
-            "restart",
-        ],
-    )
-    .await;
+    let out = run_bounded(&url, &on_hosts("compute1,compute2", instructions, &["restart"])).await;
     assert_exit(&out, 0, &f, &a);
     let runs = a.runs();
     assert_eq!(runs.len(), 2, "{}", a.log());
@@ -105,8 +94,7 @@ async fn a_command_and_an_upgrade_never_run_at_once_on_a_host_and_share_the_limi
     assert_exit(&cmd, 0, &f, &a);
     assert!(f.all_at("v2"));
     // Puppet's log and the action's log, together.
-    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
-    all.extend(a.runs());
+    let all = v2_and_action_runs(&f, &a);
     assert_eq!(all.len(), 6, "three upgrades and three commands:\n{all:#?}");
     // On one host, never both at once.
     let v = same_host_overlaps(&all);
@@ -128,31 +116,9 @@ async fn a_command_and_an_upgrade_never_run_at_once_on_a_host_and_share_the_limi
 async fn a_command_counts_busy_hosts_outside_its_targets_against_the_role_limit() {
     let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     a.set_seconds(3.0);
-    let first = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-            "one",
-        ],
-    );
+    let first = spawn(&url, &on_hosts("compute1", ONE_COMPUTE, &["restart", "one"]));
     wait_started(&a, "compute1").await;
-    let second = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute2",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-            "two",
-        ],
-    );
+    let second = spawn(&url, &on_hosts("compute2", ONE_COMPUTE, &["restart", "two"]));
     let o1 = finish(first, secs(60)).await;
     let o2 = finish(second, secs(60)).await;
     assert_eq!(o1.status.code(), Some(0), "{}", text(&o1));
@@ -178,23 +144,12 @@ async fn a_command_waits_for_an_upgrade_on_another_host_of_the_role() {
         f.runs().iter().any(|r| r.version == "v2")
     })
     .await;
-    let command = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute2",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-        ],
-    );
+    let command = spawn(&url, &on_hosts("compute2", ONE_COMPUTE, &["restart"]));
     let up = finish(upgrade, secs(120)).await;
     let cmd = finish(command, secs(120)).await;
     assert_eq!(up.status.code(), Some(0), "{}", text(&up));
     assert_eq!(cmd.status.code(), Some(0), "{}", text(&cmd));
-    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
-    all.extend(a.runs());
+    let all = v2_and_action_runs(&f, &a);
     let (n, at) = max_overlap(&all);
     assert!(
         n <= 1,
@@ -210,25 +165,14 @@ async fn an_upgrade_waits_for_a_command_on_another_host_of_the_role() {
     let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     f.set_seconds(0.5);
     a.set_seconds(3.0);
-    let command = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-        ],
-    );
+    let command = spawn(&url, &on_hosts("compute1", ONE_COMPUTE, &["restart"]));
     wait_started(&a, "compute1").await;
     let upgrade = spawn(&url, &["upgrade", "v2", "--instructions", ONE_COMPUTE]);
     let cmd = finish(command, secs(120)).await;
     let up = finish(upgrade, secs(120)).await;
     assert_eq!(cmd.status.code(), Some(0), "{}", text(&cmd));
     assert_eq!(up.status.code(), Some(0), "{}", text(&up));
-    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
-    all.extend(a.runs());
+    let all = v2_and_action_runs(&f, &a);
     let (n, at) = max_overlap(&all);
     assert!(n <= 1, "{n} compute hosts busy at once: {at:?}\n{all:#?}");
 }
@@ -320,14 +264,11 @@ async fn role_order_waits_only_for_the_commands_own_hosts_of_the_followed_role()
     wait_agent_gone(&url, "controller2").await;
     let p = spawn(
         &url,
-        &[
-            "run",
-            "--hosts",
+        &on_hosts(
             "controller1,compute1",
-            "--instructions",
             r#"{"role_order": {"compute": "controller"}}"#,
-            "restart",
-        ],
+            &["restart"],
+        ),
     );
     let out = finish_or_kill(p, secs(20)).await;
     kill_pids(&[a.pid("stubborn-controller2"), a.pid("grandchild-controller2")]);

@@ -172,17 +172,7 @@ async fn a_hold_after_admission_keeps_the_action_from_starting_and_is_named() {
     a.set_seconds(0.2);
     // Freeze the agent (well within its 3 s lease), admit, hold, thaw.
     signal(&f.daemons[0], Signal::SIGSTOP);
-    let follower = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let follower = spawn(&url, &on_hosts("compute1", GLOBAL_ONE, &["restart"]));
     let wait = wait_for("compute1 to be admitted", secs(10), || async {
         inbox_of(&url, "compute1").await.is_some()
     });
@@ -333,18 +323,7 @@ async fn a_command_waits_for_its_window_and_says_so() {
         hhmm(-3600),
         hhmm(3600)
     );
-    let out = run_bounded(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            &open_now,
-            "restart",
-        ],
-    )
-    .await;
+    let out = run_bounded(&url, &on_hosts("compute1", &open_now, &["restart"])).await;
     assert_exit(&out, 0, &f, &a);
     assert_eq!(a.runs().len(), 1, "{}", a.log());
 }

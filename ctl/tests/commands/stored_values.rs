@@ -28,17 +28,7 @@ async fn bad_bytes_in_command_keys_are_named_and_the_rest_goes_on() {
     etcdctl_put(&url, b"/commands/not-an-id", b"\xff");
     // No limit here: whether an unreadable inbox elsewhere takes a slot is the
     // next tests' question.
-    let out = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1,compute2",
-            "--instructions",
-            "{}",
-            "restart",
-        ],
-    );
+    let out = spawn(&url, &on_hosts("compute1,compute2", "{}", &["restart"]));
     let out = finish_or_kill(out, secs(30))
         .await
         .unwrap_or_else(|so_far| panic!("jioctl run never ended:\n{so_far}\n{}", diagnostics(&f, &a)));
@@ -93,17 +83,7 @@ async fn bad_bytes_in_command_keys_are_named_and_the_rest_goes_on() {
 async fn an_unreadable_inbox_elsewhere_does_not_stall_a_command_for_ever() {
     let (_etcd, url, a, f) = action_fleet(&["compute1", "compute3"]).await;
     etcdctl_put(&url, b"/config_state/commands/compute3", b"\xff\xfe");
-    let out = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let out = spawn(&url, &on_hosts("compute1", GLOBAL_ONE, &["restart"]));
     let out = finish_or_kill(out, secs(20)).await.unwrap_or_else(|so_far| {
         panic!(
             "the command never ran: compute3's unreadable inbox holds the only slot:\n{so_far}\n{}",

@@ -348,3 +348,17 @@ pub async fn first_command_id(s: &jio_common::store::DynStore) -> String {
         .trim_start_matches("/commands/")
         .to_string()
 }
+
+/// `jioctl run --hosts <hosts> --instructions <instructions> <action...>`'s arguments.
+pub fn on_hosts<'a>(hosts: &'a str, instructions: &'a str, action: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", "--hosts", hosts, "--instructions", instructions];
+    args.extend_from_slice(action);
+    args
+}
+
+/// Every run that kept a host busy: Puppet's runs of v2 and the actions' runs.
+pub fn v2_and_action_runs(f: &Fleet, a: &Actions) -> Vec<Run> {
+    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
+    all.extend(a.runs());
+    all
+}
