@@ -106,14 +106,7 @@ async fn kill_9_mid_step_reruns_only_the_interrupted_task_and_the_step_completes
     let (_etcd, url, mut f) = stand_in_fleet(&names, &[keystone(), nova_compute_for_the_kill()]).await;
     let (nc, victim, slow) = ("nova_compute", "compute2", "wait for instances");
     f.set_task_seconds(victim, nc, Phase::Pre(2), Some(slow), 30.0);
-    let driver = f.spawn_upgrade(
-        &url,
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" },
-  "rolling_rules": { "roles": { "compute": 2 } }
-}"#,
-    );
+    let driver = f.spawn_upgrade(&url, TWO_COMPUTES_RULES);
     let long = wait_for_run(&f, "compute2's long task of step 2 to run", secs(60), |r| {
         r.host == victim && r.phase == Phase::Pre(2) && r.task == slow && r.end.is_none()
     })
@@ -317,17 +310,7 @@ async fn sigterm_mid_task_keeps_the_slot_and_the_step_resumes() {
     f.assert_exit(&out, 0);
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
-    assert_eq!(
-        count(
-            &runs,
-            "compute1",
-            "nova_compute",
-            Phase::Pre(1),
-            "RPC pin nova-compute"
-        ),
-        2,
-        "{d}"
-    );
+    assert_eq!(rpc_pins(&runs, "compute1"), 2, "{d}");
     for (h, phase, task) in [
         ("compute2", Phase::Pre(1), "RPC pin nova-compute"),
         ("compute1", Phase::Post(3), "db sync"),
@@ -397,11 +380,7 @@ async fn a_step_that_ends_while_the_store_is_unreachable_keeps_its_slot() {
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
     for h in ["compute1", "compute2"] {
-        assert_eq!(
-            count(&runs, h, "nova_compute", Phase::Pre(1), "RPC pin nova-compute"),
-            1,
-            "{h}\n{d}"
-        );
+        assert_eq!(rpc_pins(&runs, h), 1, "{h}\n{d}");
         assert_eq!(
             count(&runs, h, "nova_compute", Phase::Post(3), "db sync"),
             1,
@@ -498,13 +477,7 @@ async fn a_task_past_its_timeout_is_stopped_and_fails_the_rollout() {
     )
     .unwrap();
     f.set_task_seconds("compute2", "nova_compute", Phase::Pre(1), None, 20.0);
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" },
-  "rolling_rules": { "roles": { "compute": 2 } }
-}"#,
-    );
+    let rules = f.rules(TWO_COMPUTES_RULES);
     let started = std::time::Instant::now();
     let out = f
         .upgrade(&url, &["v2", "--instructions-file", &rules], 1, secs(50))
@@ -562,13 +535,7 @@ async fn garbage_grants_and_catalogs_are_named_and_repaired() {
         t.contains("/hosts/compute1/services") && t.contains("/steps/roles/controller"),
         "{t}"
     );
-    let driver = f.spawn_upgrade(
-        &url,
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
+    let driver = f.spawn_upgrade(&url, FINALIZE_RULES);
     let out = tokio::time::timeout(secs(30), driver.wait_with_output()).await;
     for h in names {
         assert!(f.agent_running(h), "{h}'s agent ended\n{}", f.diagnostics());

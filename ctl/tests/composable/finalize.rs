@@ -8,18 +8,7 @@ async fn a_failed_finalize_task_fails_the_rollout_naming_the_host_and_the_task()
     let names = ["compute1", "compute2", "controller1", "controller2"];
     let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     f.fail("controller1", "nova_compute", Phase::Finalize);
-    let out = f
-        .upgrade_under(
-            &url,
-            r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" },
-  "rolling_rules": { "roles": { "compute": 2 } }
-}"#,
-            1,
-            secs(90),
-        )
-        .await;
+    let out = f.upgrade_under(&url, TWO_COMPUTES_RULES, 1, secs(90)).await;
     assert!(out.contains("controller1"), "{out}");
     let runs = f.runs_of("v2");
     // Every host was upgraded; only the deployment-wide step failed.
@@ -80,13 +69,7 @@ async fn the_finalize_host_killed_mid_finalize_resumes_there_and_nowhere_else() 
     let names = ["compute1", "controller1", "controller2"];
     let (_etcd, url, mut f) = stand_in_fleet(&names, &[keystone(), nova_compute_fin()]).await;
     f.set_task_seconds("controller1", "nova_compute", Phase::Finalize, None, 30.0);
-    let driver = f.spawn_upgrade(
-        &url,
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
+    let driver = f.spawn_upgrade(&url, FINALIZE_RULES);
     let fin = wait_v2_phase(&f, "controller1", Phase::Finalize).await;
     // explain during the finalize phase answers and names it.
     let out = run(&url, &["explain", "controller1"]).await;
@@ -146,13 +129,7 @@ async fn a_finalize_host_held_before_finalize_gives_way_to_the_next_healthy_one(
     let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     // post-4 is nova_compute's alone: the controllers are done by then.
     f.set_task_seconds("compute1", "nova_compute", Phase::Post(4), None, 5.0);
-    let driver = f.spawn_upgrade(
-        &url,
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
+    let driver = f.spawn_upgrade(&url, FINALIZE_RULES);
     wait_v2_phase(&f, "compute1", Phase::Post(4)).await;
     let out = run(&url, &["hold", "controller1", "--reason", "review"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

@@ -122,17 +122,7 @@ async fn get_failures_still_names_a_host_whose_task_failed_after_the_rollout_end
     let names = ["compute1", "controller1"];
     let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     f.fail("compute1", "nova_compute", Phase::Pre(1));
-    let out = f
-        .upgrade_under(
-            &url,
-            r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-            1,
-            secs(40),
-        )
-        .await;
+    let out = f.upgrade_under(&url, FINALIZE_RULES, 1, secs(40)).await;
     assert!(out.contains("compute1"), "{out}");
     assert_eq!(rollout_record(&url).await["state"], "failed");
     let out = run(&url, &["get-failures", "--hosts"]).await;

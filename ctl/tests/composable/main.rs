@@ -78,6 +78,20 @@ fn log(runs: &[Made<'_>]) -> String {
     lines.into_iter().map(|(_, l)| l).collect()
 }
 
+/// Rules with keystone on the controllers, nova_compute on the computes and the
+/// finalize step on a controller.
+const FINALIZE_RULES: &str = r#"{
+  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
+  "finalize": { "role": "controller" }
+}"#;
+
+/// [`FINALIZE_RULES`] with two computes at a time.
+const TWO_COMPUTES_RULES: &str = r#"{
+  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
+  "finalize": { "role": "controller" },
+  "rolling_rules": { "roles": { "compute": 2 } }
+}"#;
+
 /// Rules with one compute at a time, so that computes wait for admission.
 const ONE_RULES: &str = r#"{
   "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
@@ -92,6 +106,11 @@ async fn mid_pre_1(f: &Fleet, url: &str, seconds: f64) -> tokio::process::Child 
     let driver = f.spawn_upgrade(url, ONE_RULES);
     wait_v2_phase(f, "compute1", Phase::Pre(1)).await;
     driver
+}
+
+/// How often `host` ran nova_compute's pre-1 task "RPC pin nova-compute".
+fn rpc_pins(runs: &[TaskRun], host: &str) -> usize {
+    count(runs, host, "nova_compute", Phase::Pre(1), "RPC pin nova-compute")
 }
 
 fn key(k: &str) -> Key {

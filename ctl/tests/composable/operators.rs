@@ -172,17 +172,7 @@ async fn abort_then_the_same_rules_is_a_new_rollout_that_runs_the_steps_again() 
         1,
         "{d}"
     );
-    assert_eq!(
-        count(
-            &runs,
-            "compute1",
-            "nova_compute",
-            Phase::Pre(1),
-            "RPC pin nova-compute"
-        ),
-        1,
-        "{d}"
-    );
+    assert_eq!(rpc_pins(&runs, "compute1"), 1, "{d}");
     assert!(keys_under(&s, "/steps/").await.is_empty());
 }
 

@@ -27,13 +27,7 @@ async fn small_rollout_on(url: &str) {
     let st = json(url, &["status"]).await;
     let txt = st.to_string();
     assert!(!txt.contains("\"services\":{\"dir\""), "{st:#}");
-    let driver = f.spawn_upgrade(
-        url,
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
+    let driver = f.spawn_upgrade(url, FINALIZE_RULES);
     // The grants are there while it runs.
     wait_for("a grant under /steps/", secs(30), || async {
         !keys_under(&s, "/steps/").await.is_empty()
