@@ -29,6 +29,19 @@ const SIX: [&str; 6] = [
 
 const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
 
+/// Checks that at most two computes ran at once from `t0` on, by the shared log;
+/// returns the most that did and the runs.
+#[track_caller]
+fn at_most_two_at_once(f: &Fleet, t0: f64) -> (usize, Vec<Run>) {
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, t0);
+    assert!(
+        most <= 2,
+        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
+    );
+    (most, runs)
+}
+
 /// A driver of v2 under [`COMPUTE_2`], once its second wave (the third and fourth
 /// computes) runs its puppet.
 async fn second_wave_of_v2(url: &str, f: &Fleet) -> Child {
@@ -55,12 +68,7 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     // The dead driver's lock (same host, its pid gone) was taken over at once.
     assert_says(&out, "took over the rollout lock");
-    let runs = f.runs();
-    let (most, at) = max_overlap(&runs, t0);
-    assert!(
-        most <= 2,
-        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
-    );
+    let (most, runs) = at_most_two_at_once(&f, t0);
     assert!(f.all_at("v3"));
     // The limit was reached, so the check could have failed.
     assert_eq!(most, 2, "{runs:#?}");
@@ -86,12 +94,7 @@ async fn a_frozen_agent_keeps_its_slot_across_a_re_target() {
     signal(&f.daemons[2], nix::sys::signal::Signal::SIGCONT);
     let out = finish(second, Duration::from_secs(120)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let runs = f.runs();
-    let (most, at) = max_overlap(&runs, t0);
-    assert!(
-        most <= 2,
-        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
-    );
+    at_most_two_at_once(&f, t0);
     assert!(f.all_at("v3"));
     for d in &mut f.daemons {
         assert!(d.try_wait().unwrap().is_none());
