@@ -41,6 +41,16 @@ async fn lock_pid(s: &DynStore) -> Option<u32> {
 }
 
 /// Waits until no rollout is current (the last one ended).
+/// Checks that the scraped metrics give the series `name` the value `want`.
+#[track_caller]
+fn assert_metric(scraped: &str, name: &str, want: f64) {
+    assert_eq!(
+        jio_tests::prometheus::value(scraped, name),
+        Some(want),
+        "{scraped}"
+    );
+}
+
 async fn until_no_rollout(s: &DynStore, within: Duration) {
     wait_for("the rollout to end", within, || async {
         s.get(&Schema::default().current_rollout())
@@ -470,44 +480,21 @@ async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
     )
     .await;
     check(&scraped).unwrap();
-    assert_eq!(
-        value(&scraped, "jio_fleet_group_in_flight{group=\"compute\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
-    assert_eq!(
-        value(&scraped, "jio_fleet_group_limit{group=\"compute\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
-    assert_eq!(value(&scraped, "jio_drive_lock_held"), Some(1.0), "{scraped}");
-    assert_eq!(
-        value(&scraped, "jio_rollout_state{state=\"running\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
-    assert_eq!(value(&scraped, "jio_rollout_active"), Some(1.0), "{scraped}");
-    assert_eq!(
-        value(&scraped, "jio_fleet_desired_version_info{version=\"v2\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
+    assert_metric(&scraped, "jio_fleet_group_in_flight{group=\"compute\"}", 1.0);
+    assert_metric(&scraped, "jio_fleet_group_limit{group=\"compute\"}", 1.0);
+    assert_metric(&scraped, "jio_drive_lock_held", 1.0);
+    assert_metric(&scraped, "jio_rollout_state{state=\"running\"}", 1.0);
+    assert_metric(&scraped, "jio_rollout_active", 1.0);
+    assert_metric(&scraped, "jio_fleet_desired_version_info{version=\"v2\"}", 1.0);
     let scraped = until(&metrics, "jio_rollout_state{state=\"failed\"}", 1.0).await;
     check(&scraped).unwrap();
-    assert_eq!(
-        value(
-            &scraped,
-            "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"failed\"}"
-        ),
-        Some(1.0),
-        "{scraped}"
+    assert_metric(
+        &scraped,
+        "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"failed\"}",
+        1.0,
     );
-    assert_eq!(
-        value(&scraped, "jio_rollout_state{state=\"running\"}"),
-        Some(0.0),
-        "{scraped}"
-    );
-    assert_eq!(value(&scraped, "jio_rollout_active"), Some(0.0), "{scraped}");
+    assert_metric(&scraped, "jio_rollout_state{state=\"running\"}", 0.0);
+    assert_metric(&scraped, "jio_rollout_active", 0.0);
     assert!(
         scraped
             .lines()
