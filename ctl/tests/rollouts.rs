@@ -20,7 +20,9 @@ use jio_common::store::DynStore;
 use jio_tests::Recorder;
 use jio_tests::inspect::{open, text, wait_for};
 
-use common::fleet::{Fleet, finish, fleet_on_etcd, keys_under, max_overlap, now, signal, spawn};
+use common::fleet::{
+    Fleet, finish, fleet_on_etcd, keys_under, max_overlap, now, register_host, signal, spawn,
+};
 use common::run;
 
 const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
@@ -335,13 +337,7 @@ async fn a_rollout_without_progress_becomes_stuck_and_names_its_hosts() {
     let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2"], 0.3).await;
     let s = open(&url).await;
     // A host registered whose agent never runs: it will be lost once enabled.
-    s.put(
-        &Key::new("/hosts/compute7").unwrap(),
-        r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#,
-        None,
-    )
-    .await
-    .unwrap();
+    register_host(&s, "compute7", "compute").await;
     let rules = r#"{"rolling_rules":{"global":1},"progress_deadline":"3s"}"#;
     let rec = recorder(&s, rules).await;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;

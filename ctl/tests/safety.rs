@@ -20,7 +20,9 @@ use jio_tests::etcd::etcdctl_put;
 use jio_tests::inspect::{open, text, wait_for};
 use tokio::process::Child;
 
-use common::fleet::{Fleet, Run, finish, fleet_on_etcd, keys_under, max_overlap, now, signal, spawn};
+use common::fleet::{
+    Fleet, Run, finish, fleet_on_etcd, keys_under, max_overlap, now, register_host, signal, spawn,
+};
 use common::{assert_says, jioctl, run};
 
 const SIX: [&str; 6] = [
@@ -327,13 +329,7 @@ async fn a_lost_host_is_named_while_the_rollout_waits() {
     let (_etcd, url, f) = fleet_on_etcd(&["compute1"], 0.2).await;
     let s = open(&url).await;
     // A host registered, whose agent never runs.
-    s.put(
-        &jio_common::keys::Key::new("/hosts/compute7").unwrap(),
-        r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#,
-        None,
-    )
-    .await
-    .unwrap();
+    register_host(&s, "compute7", "compute").await;
     let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "4s", "--force"]).await;
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     let t = text(&out);

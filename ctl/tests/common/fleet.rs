@@ -267,3 +267,16 @@ pub async fn fleet_on_etcd(names: &[&str], seconds: f64) -> (jio_tests::Etcd, St
     let f = Fleet::start(&url, names, seconds).await;
     (etcd, url, f)
 }
+
+/// Registers host `name` of `role` in the store, as an agent would at its start;
+/// no agent runs for it.
+pub async fn register_host(s: &DynStore, name: &str, role: &str) {
+    let record = format!(r#"{{"role":"{role}","agent_version":"0.1.0","addresses":[],"first_seen":1}}"#);
+    s.put(
+        &jio_common::keys::Key::new(format!("/hosts/{name}")).unwrap(),
+        &record,
+        None,
+    )
+    .await
+    .unwrap();
+}
