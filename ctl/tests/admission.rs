@@ -22,8 +22,8 @@ use jio_common::store::{DynStore, WatchEvent};
 use jio_tests::inspect::{open, text, wait_for};
 use jio_tests::{Etcd, Recorder};
 
-use common::fleet::{Fleet, finish, keys_under, max_overlap, now, spawn};
-use common::run;
+use common::fleet::{Fleet, finish, fleet_on_etcd, keys_under, max_overlap, now, spawn};
+use common::{assert_says, run};
 
 const SIX: [&str; 6] = [
     "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
@@ -82,18 +82,12 @@ async fn puts_under(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_host_stays_at_its_version_while_the_rest_finish() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&SIX, 0.5).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &SIX, 0.5).await;
     let rules = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
     let out = run(&url, &["hold", "compute2", "--reason", "disk swap"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        text(&out).contains("held host compute2 (disk swap)"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, "held host compute2 (disk swap)");
     // Bad input changes nothing.
     let out = run(&url, &["hold", "bad host"]).await;
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
@@ -146,10 +140,8 @@ async fn a_held_host_stays_at_its_version_while_the_rest_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_hold_keeps_every_host_of_the_role_out_and_its_dependents_wait() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&["controller1", "compute1", "compute2"], 0.3).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &["controller1", "compute1", "compute2"], 0.3).await;
     let out = run(
         &url,
         &["hold", "--role", "controller", "--reason", "db migration"],
@@ -173,11 +165,7 @@ async fn a_role_hold_keeps_every_host_of_the_role_out_and_its_dependents_wait() 
         "{why}"
     );
     let out = run(&url, &["release", "controller1"]).await;
-    assert!(
-        text(&out).contains("held through its role controller"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, "held through its role controller");
     let out = run(&url, &["release", "--role", "controller"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = run(&url, &["rollout", "resume"]).await;
@@ -192,10 +180,8 @@ async fn a_role_hold_keeps_every_host_of_the_role_out_and_its_dependents_wait() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_agent_is_never_admitted_and_is_named() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, mut f) = fleet_on_etcd(&["compute1", "compute2", "compute3"], 0.5).await;
     let s = open(&url).await;
-    let mut f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.5).await;
     // compute2's agent stops; its lease (3 s) ends.
     f.daemons[1].kill().await.unwrap();
     wait_for("compute2's lease to end", Duration::from_secs(20), || async {
@@ -244,10 +230,8 @@ fn hhmm(t: u64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_closing_mid_rollout_stops_admission_and_says_when_it_opens() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&SIX, 3.0).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &SIX, 3.0).await;
     // The window closes at the next minute boundary at least 15 s away; the rollout
     // starts 10 s before it, so that some hosts go and the rest is left.
     let t = now() as u64;
@@ -412,10 +396,8 @@ async fn explain_names_each_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_rollout_waits_then_is_promoted_and_a_soak_promotes_by_itself() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&SIX, 1.0).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &SIX, 1.0).await;
     let rules = r#"{"rolling_rules":{"roles":{"compute":2}},"canary":1}"#;
     let rec = recorder(&s, rules).await;
     let t0 = now();
@@ -487,10 +469,8 @@ async fn a_canary_rollout_waits_then_is_promoted_and_a_soak_promotes_by_itself()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_healthy_time_keeps_the_slot_until_the_host_soaked() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2", "compute3"], 0.5).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.5).await;
     let rules = r#"{"rolling_rules":{"roles":{"compute":1}},"min_healthy_time":"4s"}"#;
     let rec = recorder(&s, rules).await;
     let follower = spawn(&url, &["upgrade", "v2", "--instructions", rules]);
@@ -537,9 +517,7 @@ async fn min_healthy_time_keeps_the_slot_until_the_host_soaked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_a_failed_then_retrying_host() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.3).await;
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2", "compute3"], 0.3).await;
     f.fail("compute1", true);
     let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;
@@ -583,10 +561,8 @@ async fn get(s: &DynStore, key: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holding_an_armed_host_disables_it_and_its_release_starts_nothing_outside_the_plan() {
     use nix::sys::signal::Signal;
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2", "compute3"], 6.0).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 6.0).await;
     let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
     let rec = recorder(&s, rules).await;
     // compute1's agent is frozen: it will be enabled and not start.

@@ -12,10 +12,9 @@ mod common;
 
 use std::time::Duration;
 
-use jio_tests::Etcd;
 use jio_tests::inspect::{open, text, wait_for};
 
-use common::fleet::{Fleet, finish, keys_under, max_overlap, now, signal, spawn};
+use common::fleet::{finish, fleet_on_etcd, keys_under, max_overlap, now, signal, spawn};
 use common::run;
 
 const THREE: [&str; 3] = ["compute1", "compute2", "compute3"];
@@ -23,10 +22,8 @@ const ONE_AT_A_TIME: &str = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_host_refuses_a_host_in_flight_and_the_limit_holds() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (etcd, url, f) = fleet_on_etcd(&THREE, 6.0).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &THREE, 6.0).await;
     let t0 = now();
     let driver = spawn(&url, &["upgrade", "v2", "--instructions", ONE_AT_A_TIME]);
     wait_for("compute1's puppet to start", Duration::from_secs(30), || async {
@@ -67,9 +64,7 @@ async fn forget_host_refuses_a_host_in_flight_and_the_limit_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_agents_open_run_is_lost_everywhere_and_keeps_its_slot() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let mut f = Fleet::start(&url, &THREE, 8.0).await;
+    let (_etcd, url, mut f) = fleet_on_etcd(&THREE, 8.0).await;
     let driver = spawn(&url, &["upgrade", "v2", "--instructions", ONE_AT_A_TIME]);
     wait_for("compute1's puppet to start", Duration::from_secs(30), || async {
         f.runs().iter().any(|r| r.version == "v2" && r.host == "compute1")
@@ -108,11 +103,9 @@ async fn a_dead_agents_open_run_is_lost_everywhere_and_keeps_its_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_current_rollout_value_makes_the_follower_wait_not_end() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
     let names = ["compute1", "compute2", "compute3", "compute4"];
-    let f = Fleet::start(&url, &names, 3.0).await;
+    let (etcd, url, f) = fleet_on_etcd(&names, 3.0).await;
+    let s = open(&url).await;
     let t0 = now();
     let driver = spawn(&url, &["upgrade", "v2", "--instructions", ONE_AT_A_TIME]);
     wait_for("compute1's puppet to start", Duration::from_secs(30), || async {

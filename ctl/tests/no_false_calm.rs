@@ -17,8 +17,8 @@ use jio_tests::Etcd;
 use jio_tests::inspect::{open, text, wait_for};
 
 use common::commands::{Actions, wait_started};
-use common::fleet::{Fleet, finish, keys_under, signal, spawn};
-use common::{jioctl, run};
+use common::fleet::{Fleet, finish, fleet_on_etcd, keys_under, signal, spawn};
+use common::{assert_says, jioctl, run};
 
 const COMPUTE_1: &str = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
 
@@ -28,9 +28,7 @@ fn status_json(out: &std::process::Output) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_nobody_drives_is_said_at_the_top() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let f = Fleet::start(&url, &["compute1", "compute2"], 0.5).await;
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2"], 0.5).await;
     let out = run(&url, &["upgrade", "v2", "--detach", "--instructions", COMPUTE_1]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let st = text(&run(&url, &["status"]).await);
@@ -61,10 +59,8 @@ async fn a_rollout_nobody_drives_is_said_at_the_top() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_down_on_an_upgraded_host_is_named_and_bad_values_are_not_hosts() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (etcd, url, mut f) = fleet_on_etcd(&["compute1", "compute2", "compute3"], 0.1).await;
     let s = open(&url).await;
-    let mut f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.1).await;
     signal(&f.daemons[1], nix::sys::signal::Signal::SIGKILL);
     let _ = f.daemons[1].wait().await;
     wait_for(
@@ -74,11 +70,7 @@ async fn an_agent_down_on_an_upgraded_host_is_named_and_bad_values_are_not_hosts
     )
     .await;
     let st = run(&url, &["status"]).await;
-    assert!(
-        text(&st).contains("agents down on 1 upgraded host(s): compute2"),
-        "{}",
-        text(&st)
-    );
+    assert_says(&st, "agents down on 1 upgraded host(s): compute2");
     let v = status_json(&run(&url, &["status", "--json"]).await);
     assert_eq!(v["agents_down"], serde_json::json!(["compute2"]), "{v:#}");
     // A running version for a name no host can have: a problem naming its key.
@@ -106,9 +98,7 @@ async fn an_agent_down_on_an_upgraded_host_is_named_and_bad_values_are_not_hosts
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_whose_output_closes_says_it_stopped_and_who_drives_now() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 2.0).await;
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2", "compute3"], 2.0).await;
     let mut child = jioctl(&url, &["upgrade", "v2", "--instructions", COMPUTE_1])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

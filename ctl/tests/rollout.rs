@@ -170,25 +170,27 @@ fn rolling_rules() -> (PathBuf, Rules) {
     (p, rules)
 }
 
+/// A recorder of the store `s` under the example rolling rules, with the path of
+/// those rules' file.
+async fn record_rolling(s: &DynStore) -> (Recorder, String) {
+    let (path, rules) = rolling_rules();
+    let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
+    (rec, path.to_str().unwrap().to_string())
+}
+
+/// `jioctl upgrade v2 --retry` under the rules file `path`: its arguments.
+fn upgrade_under(path: &str) -> [&str; 5] {
+    ["upgrade", "v2", "--instructions-file", path, "--retry"]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollout_with_real_puppet_never_breaks_a_limit_or_the_order() {
     let etcd = Etcd::start().await;
     let url = etcd.url();
     let s = open(&url).await;
     let f = fleet(&url, &EIGHT, Kind::Real).await;
-    let (path, rules) = rolling_rules();
-    let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
-    let out = run(
-        &url,
-        &[
-            "upgrade",
-            "v2",
-            "--instructions-file",
-            path.to_str().unwrap(),
-            "--retry",
-        ],
-    )
-    .await;
+    let (rec, path) = record_rolling(&s).await;
+    let out = run(&url, &upgrade_under(&path)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let record = rec.stop().await;
     assert!(record.violations.is_empty(), "{:#?}", record.violations);
@@ -219,15 +221,8 @@ async fn two_drivers_at_once_still_respect_the_rules() {
     let url = etcd.url();
     let s = open(&url).await;
     let f = fleet(&url, &EIGHT, Kind::Fake).await;
-    let (path, rules) = rolling_rules();
-    let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
-    let args = [
-        "upgrade",
-        "v2",
-        "--instructions-file",
-        path.to_str().unwrap(),
-        "--retry",
-    ];
+    let (rec, path) = record_rolling(&s).await;
+    let args = upgrade_under(&path);
     let (a, b) = tokio::join!(run(&url, &args), run(&url, &args));
     assert_eq!(a.status.code(), Some(0), "{}", text(&a));
     assert_eq!(b.status.code(), Some(0), "{}", text(&b));
@@ -577,22 +572,12 @@ async fn rollout_on_consul_survives_sessions_expiring_midway() {
         .await
         .unwrap();
     let f = fleet(&agents_url, &EIGHT, Kind::Fake).await;
-    let (path, rules) = rolling_rules();
-    let rec = Recorder::start(s.clone(), Schema::default(), rules).await;
-    let driver = jioctl(
-        &url,
-        &[
-            "upgrade",
-            "v2",
-            "--instructions-file",
-            path.to_str().unwrap(),
-            "--retry",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let (rec, path) = record_rolling(&s).await;
+    let driver = jioctl(&url, &upgrade_under(&path))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Once the first host is through, Consul invalidates every session (as when nodes
     // fail their checks): liveness records and the rollout lock vanish.
     let v2 = Key::new("/running/versions/v2/").unwrap();

@@ -17,10 +17,12 @@ use std::time::{Duration, Instant};
 use jio_common::keys::{Key, Schema};
 use jio_common::rules::Rules;
 use jio_common::store::DynStore;
+use jio_tests::Recorder;
 use jio_tests::inspect::{open, text, wait_for};
-use jio_tests::{Etcd, Recorder};
 
-use common::fleet::{Fleet, finish, keys_under, max_overlap, now, signal, spawn};
+use common::fleet::{
+    Fleet, finish, fleet_on_etcd, keys_under, max_overlap, now, register_host, signal, spawn,
+};
 use common::run;
 
 const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
@@ -41,6 +43,16 @@ async fn lock_pid(s: &DynStore) -> Option<u32> {
 }
 
 /// Waits until no rollout is current (the last one ended).
+/// Checks that the scraped metrics give the series `name` the value `want`.
+#[track_caller]
+fn assert_metric(scraped: &str, name: &str, want: f64) {
+    assert_eq!(
+        jio_tests::prometheus::value(scraped, name),
+        Some(want),
+        "{scraped}"
+    );
+}
+
 async fn until_no_rollout(s: &DynStore, within: Duration) {
     wait_for("the rollout to end", within, || async {
         s.get(&Schema::default().current_rollout())
@@ -78,10 +90,8 @@ async fn checked(rec: Recorder, f: &Fleet, from: f64, limit: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_driver_takes_over_within_the_lease_and_the_rollout_completes() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&SIX, 2.0).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &SIX, 2.0).await;
     let rec = recorder(&s, COMPUTE_2).await;
     let t0 = now();
     let lease = Duration::from_secs(4);
@@ -148,10 +158,8 @@ async fn a_standby_driver_takes_over_within_the_lease_and_the_rollout_completes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_admits_no_host_until_resumed() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&SIX, 3.0).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &SIX, 3.0).await;
     let rec = recorder(&s, COMPUTE_2).await;
     let t0 = now();
     let follower = spawn(&url, &["upgrade", "v2", "--instructions", COMPUTE_2]);
@@ -206,11 +214,9 @@ async fn a_pause_admits_no_host_until_resumed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_then_undo_and_history() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
     let names = ["compute1", "compute2", "compute3", "compute4"];
-    let f = Fleet::start(&url, &names, 1.5).await;
+    let (_etcd, url, f) = fleet_on_etcd(&names, 1.5).await;
+    let s = open(&url).await;
     let rec = recorder(&s, COMPUTE_1).await;
     let t0 = now();
     let follower = spawn(&url, &["upgrade", "v2", "--instructions", COMPUTE_1]);
@@ -281,10 +287,8 @@ async fn abort_then_undo_and_history() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_rollout_is_finished_by_the_driver_service() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&SIX, 1.0).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &SIX, 1.0).await;
     let rec = recorder(&s, COMPUTE_2).await;
     let t0 = now();
     let service = spawn(&url, &["drive"]);
@@ -330,18 +334,10 @@ async fn a_detached_rollout_is_finished_by_the_driver_service() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_without_progress_becomes_stuck_and_names_its_hosts() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2"], 0.3).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &["compute1", "compute2"], 0.3).await;
     // A host registered whose agent never runs: it will be lost once enabled.
-    s.put(
-        &Key::new("/hosts/compute7").unwrap(),
-        r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#,
-        None,
-    )
-    .await
-    .unwrap();
+    register_host(&s, "compute7", "compute").await;
     let rules = r#"{"rolling_rules":{"global":1},"progress_deadline":"3s"}"#;
     let rec = recorder(&s, rules).await;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;
@@ -377,10 +373,8 @@ async fn a_rollout_without_progress_becomes_stuck_and_names_its_hosts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_values_never_end_the_driver_service_nor_blind_status() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2"], 0.3).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &["compute1", "compute2"], 0.3).await;
     let mut service = spawn(&url, &["drive", "--lease", "3s"]);
     wait_for(
         "the driver service to register",
@@ -438,9 +432,7 @@ async fn bad_values_never_end_the_driver_service_nor_blind_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
     use jio_tests::prometheus::{check, until, value};
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let f = Fleet::start(&url, &["compute1", "compute2", "compute3", "controller1"], 1.0).await;
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2", "compute3", "controller1"], 1.0).await;
     let port = jio_tests::free_port();
     let metrics = format!("http://127.0.0.1:{port}/metrics");
     let service = spawn(&url, &["drive", "--metrics-listen", &port.to_string()]);
@@ -484,44 +476,21 @@ async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
     )
     .await;
     check(&scraped).unwrap();
-    assert_eq!(
-        value(&scraped, "jio_fleet_group_in_flight{group=\"compute\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
-    assert_eq!(
-        value(&scraped, "jio_fleet_group_limit{group=\"compute\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
-    assert_eq!(value(&scraped, "jio_drive_lock_held"), Some(1.0), "{scraped}");
-    assert_eq!(
-        value(&scraped, "jio_rollout_state{state=\"running\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
-    assert_eq!(value(&scraped, "jio_rollout_active"), Some(1.0), "{scraped}");
-    assert_eq!(
-        value(&scraped, "jio_fleet_desired_version_info{version=\"v2\"}"),
-        Some(1.0),
-        "{scraped}"
-    );
+    assert_metric(&scraped, "jio_fleet_group_in_flight{group=\"compute\"}", 1.0);
+    assert_metric(&scraped, "jio_fleet_group_limit{group=\"compute\"}", 1.0);
+    assert_metric(&scraped, "jio_drive_lock_held", 1.0);
+    assert_metric(&scraped, "jio_rollout_state{state=\"running\"}", 1.0);
+    assert_metric(&scraped, "jio_rollout_active", 1.0);
+    assert_metric(&scraped, "jio_fleet_desired_version_info{version=\"v2\"}", 1.0);
     let scraped = until(&metrics, "jio_rollout_state{state=\"failed\"}", 1.0).await;
     check(&scraped).unwrap();
-    assert_eq!(
-        value(
-            &scraped,
-            "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"failed\"}"
-        ),
-        Some(1.0),
-        "{scraped}"
+    assert_metric(
+        &scraped,
+        "jio_fleet_hosts{group=\"compute\",role=\"compute\",state=\"failed\"}",
+        1.0,
     );
-    assert_eq!(
-        value(&scraped, "jio_rollout_state{state=\"running\"}"),
-        Some(0.0),
-        "{scraped}"
-    );
-    assert_eq!(value(&scraped, "jio_rollout_active"), Some(0.0), "{scraped}");
+    assert_metric(&scraped, "jio_rollout_state{state=\"running\"}", 0.0);
+    assert_metric(&scraped, "jio_rollout_active", 0.0);
     assert!(
         scraped
             .lines()
@@ -594,10 +563,8 @@ async fn on_a_terminal(url: &str, args: &[&str], cols: u16, term: &str) -> (Opti
 /// stamped with the time; and timestamped lines per group when not on a terminal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_fits_the_terminal_with_a_bar_per_group() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "compute4", "controller1"];
-    let f = Fleet::start(&url, &names, 1.5).await;
+    let (_etcd, url, f) = fleet_on_etcd(&names, 1.5).await;
     let rules =
         r#"{"rolling_rules":{"roles":{"compute":2,"controller":1}},"role_order":{"compute":"controller"}}"#;
     let (code, screens) = on_a_terminal(&url, &["upgrade", "v2", "--instructions", rules], 80, "xterm").await;

@@ -20,14 +20,29 @@ use jio_tests::etcd::etcdctl_put;
 use jio_tests::inspect::{open, text, wait_for};
 use tokio::process::Child;
 
-use common::fleet::{Fleet, Run, finish, keys_under, max_overlap, now, signal, spawn};
-use common::{jioctl, run};
+use common::fleet::{
+    Fleet, Run, finish, fleet_on_etcd, keys_under, max_overlap, now, register_host, signal, spawn,
+};
+use common::{assert_says, jioctl, run};
 
 const SIX: [&str; 6] = [
     "compute1", "compute2", "compute3", "compute4", "compute5", "compute6",
 ];
 
 const COMPUTE_2: &str = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+
+/// Checks that at most two computes ran at once from `t0` on, by the shared log;
+/// returns the most that did and the runs.
+#[track_caller]
+fn at_most_two_at_once(f: &Fleet, t0: f64) -> (usize, Vec<Run>) {
+    let runs = f.runs();
+    let (most, at) = max_overlap(&runs, t0);
+    assert!(
+        most <= 2,
+        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
+    );
+    (most, runs)
+}
 
 /// A driver of v2 under [`COMPUTE_2`], once its second wave (the third and fourth
 /// computes) runs its puppet.
@@ -42,9 +57,7 @@ async fn second_wave_of_v2(url: &str, f: &Fleet) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_targeting_mid_rollout_keeps_the_limit() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let f = Fleet::start(&url, &SIX, 4.0).await;
+    let (_etcd, url, f) = fleet_on_etcd(&SIX, 4.0).await;
     let t0 = now();
     let rules = COMPUTE_2;
     // In the second wave the first two computes are done, so a re-targeted plan in
@@ -56,17 +69,8 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
     let out = run(&url, &["upgrade", "v3", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     // The dead driver's lock (same host, its pid gone) was taken over at once.
-    assert!(
-        text(&out).contains("took over the rollout lock"),
-        "{}",
-        text(&out)
-    );
-    let runs = f.runs();
-    let (most, at) = max_overlap(&runs, t0);
-    assert!(
-        most <= 2,
-        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
-    );
+    assert_says(&out, "took over the rollout lock");
+    let (most, runs) = at_most_two_at_once(&f, t0);
     assert!(f.all_at("v3"));
     // The limit was reached, so the check could have failed.
     assert_eq!(most, 2, "{runs:#?}");
@@ -74,10 +78,8 @@ async fn re_targeting_mid_rollout_keeps_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_agent_keeps_its_slot_across_a_re_target() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "compute4"];
-    let mut f = Fleet::start(&url, &names, 4.0).await;
+    let (_etcd, url, mut f) = fleet_on_etcd(&names, 4.0).await;
     let t0 = now();
     let rules = COMPUTE_2;
     let first = second_wave_of_v2(&url, &f).await;
@@ -94,12 +96,7 @@ async fn a_frozen_agent_keeps_its_slot_across_a_re_target() {
     signal(&f.daemons[2], nix::sys::signal::Signal::SIGCONT);
     let out = finish(second, Duration::from_secs(120)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let runs = f.runs();
-    let (most, at) = max_overlap(&runs, t0);
-    assert!(
-        most <= 2,
-        "{most} computes ran at once against a limit of 2: {at:?}\n{runs:#?}"
-    );
+    at_most_two_at_once(&f, t0);
     assert!(f.all_at("v3"));
     for d in &mut f.daemons {
         assert!(d.try_wait().unwrap().is_none());
@@ -108,11 +105,9 @@ async fn a_frozen_agent_keeps_its_slot_across_a_re_target() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_that_lost_its_lock_writes_nothing_more() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
     let names = ["compute1", "compute2", "compute3", "compute4", "compute5"];
-    let f = Fleet::start(&url, &names, 3.0).await;
+    let (_etcd, url, f) = fleet_on_etcd(&names, 3.0).await;
+    let s = open(&url).await;
     let loose = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
     let strict = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
     let a = spawn(&url, &["upgrade", "v2", "--instructions", loose, "--retry"]);
@@ -165,11 +160,9 @@ async fn a_driver_that_lost_its_lock_writes_nothing_more() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
     let names = ["compute1", "compute2", "compute3", "compute4"];
-    let f = Fleet::start(&url, &names, 2.0).await;
+    let (_etcd, url, f) = fleet_on_etcd(&names, 2.0).await;
+    let s = open(&url).await;
     let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
     let driver = spawn(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]);
     wait_for("the first compute to start", Duration::from_secs(30), || async {
@@ -179,11 +172,7 @@ async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
     let stop = run(&url, &["global-disable-puppet"]).await;
     let stopped_at = now();
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
-    assert!(
-        text(&stop).contains("was running: it has been halted"),
-        "{}",
-        text(&stop)
-    );
+    assert_says(&stop, "was running: it has been halted");
     let out = finish(driver, Duration::from_secs(20)).await;
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     assert!(
@@ -216,21 +205,15 @@ async fn the_emergency_stop_halts_the_driver_and_stays_stopped() {
     // Starting the upgrade again is the operator's decision to go on.
     let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        text(&out).contains("cleared the emergency stop"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, "cleared the emergency stop");
     assert!(f.all_at("v2"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_rollout_leaves_nothing_armed() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let s = open(&url).await;
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start(&url, &names, 0.2).await;
+    let (_etcd, url, f) = fleet_on_etcd(&names, 0.2).await;
+    let s = open(&url).await;
     let out = run(&url, &["upgrade", "v2", "--retry", "--force"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("nothing is left armed"), "{}", text(&out));
@@ -250,11 +233,7 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     // Opening the gate for everyone is refused, naming how many it would release.
     let out = run(&url, &["enable-puppet", "true", "--global"]).await;
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
-    assert!(
-        text(&out).contains("would release 3 host(s) at once"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, "would release 3 host(s) at once");
     assert_eq!(
         s.get(&Schema::default().enable(&jio_common::keys::EnableLevel::Global))
             .await
@@ -267,11 +246,7 @@ async fn a_finished_rollout_leaves_nothing_armed() {
     // With --force it is written, and said.
     let out = run(&url, &["enable-puppet", "true", "--global", "--force"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        text(&out).contains("3 host(s) released at once"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, "3 host(s) released at once");
     wait_for(
         "the forced release to upgrade the fleet",
         Duration::from_secs(30),
@@ -286,9 +261,7 @@ async fn a_finished_rollout_leaves_nothing_armed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let mut f = Fleet::start(&url, &["compute1", "compute2", "controller1"], 0.2).await;
+    let (_etcd, url, mut f) = fleet_on_etcd(&["compute1", "compute2", "controller1"], 0.2).await;
     etcdctl_put(&url, b"/hosts/ghost1", b"{\"role\":\"x\xff\"}");
     etcdctl_put(&url, b"/agents/ghost2", b"\xfe");
     etcdctl_put(&url, b"/running/versions/v1/ghost3", b"\xff");
@@ -353,18 +326,10 @@ async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_host_is_named_while_the_rollout_waits() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1"], 0.2).await;
     let s = open(&url).await;
-    let f = Fleet::start(&url, &["compute1"], 0.2).await;
     // A host registered, whose agent never runs.
-    s.put(
-        &jio_common::keys::Key::new("/hosts/compute7").unwrap(),
-        r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#,
-        None,
-    )
-    .await
-    .unwrap();
+    register_host(&s, "compute7", "compute").await;
     let out = run(&url, &["upgrade", "v2", "--retry", "--timeout", "4s", "--force"]).await;
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     let t = text(&out);
@@ -378,18 +343,12 @@ async fn a_lost_host_is_named_while_the_rollout_waits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_enabled_failed_host_counts_as_retrying_at_once() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let f = Fleet::start(&url, &["compute1", "compute2", "compute3"], 0.5).await;
+    let (_etcd, url, f) = fleet_on_etcd(&["compute1", "compute2", "compute3"], 0.5).await;
     f.fail("compute2", true);
     let rules = r#"{"rolling_rules": {"global": 1}}"#;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules, "--retry"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(
-        text(&out).contains("compute2: configured failed"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, "compute2: configured failed");
     f.fail("compute2", false);
     let out = run(&url, &["enable-puppet", "true", "--host", "compute2"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -425,11 +384,7 @@ async fn sigterm_and_sigint_release_the_lock() {
         signal(&driver, sig);
         let out = finish(driver, Duration::from_secs(10)).await;
         assert_eq!(out.status.code(), Some(code), "{sig}: {}", text(&out));
-        assert!(
-            text(&out).contains("the rollout lock is released"),
-            "{}",
-            text(&out)
-        );
+        assert_says(&out, "the rollout lock is released");
         assert!(
             s.get(&lock).await.unwrap().is_none(),
             "{sig}: the lock is gone at once"
@@ -567,11 +522,7 @@ async fn nonsense_is_refused_and_no_rules_is_said() {
     );
     let out = run(&url, &["upgrade", "v2", "--noop", "--force"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        text(&out).contains("--force: the rules set no rolling limit: 2 host(s)"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, "--force: the rules set no rolling limit: 2 host(s)");
     let out = run(
         &url,
         &[
@@ -588,10 +539,8 @@ async fn nonsense_is_refused_and_no_rules_is_said() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_host_removes_a_decommissioned_host_in_one_go() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
+    let (_etcd, url, mut f) = fleet_on_etcd(&["compute1", "compute2"], 0.2).await;
     let s = open(&url).await;
-    let mut f = Fleet::start(&url, &["compute1", "compute2"], 0.2).await;
     let out = run(
         &url,
         &[

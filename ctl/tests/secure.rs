@@ -68,6 +68,16 @@ async fn a_rollout_over_tls_with_restricted_roles_and_expiring_tokens() {
 }
 
 /// The URL of `etcd` as `user`, with one parameter replaced.
+/// The current version the store at `url` holds.
+async fn current_version(url: &str) -> String {
+    let s = open(url).await;
+    s.get(&Schema::default().current_version())
+        .await
+        .unwrap()
+        .unwrap()
+        .value
+}
+
 fn with(url: &str, param: &str, value: &Path) -> String {
     let (base, query) = url.split_once('?').unwrap();
     let q: Vec<String> = query
@@ -244,13 +254,7 @@ async fn bad_credentials_are_one_clear_line_and_change_nothing() {
             text(&out)
         );
     }
-    let s = open(&operator).await;
-    let v = s
-        .get(&Schema::default().current_version())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(v.value, "v1", "nothing was changed");
+    assert_eq!(current_version(&operator).await, "v1", "nothing was changed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,13 +338,7 @@ async fn a_user_on_an_etcd_without_authentication_is_let_through() {
     assert!(url.starts_with("etcds://"), "{url}");
     let out = run(&url, &["trigger-update", "v3"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let s = open(&etcd.url_as("x")).await;
-    let v = s
-        .get(&Schema::default().current_version())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(v.value, "v3");
+    assert_eq!(current_version(&etcd.url_as("x")).await, "v3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,13 +357,7 @@ async fn a_member_that_drops_tls_connections_is_passed_over() {
         .replacen("etcds://", &format!("etcds://127.0.0.1:{bad},"), 1);
     let out = run(&url, &["trigger-update", "v4"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let s = open(&etcd.url_as("jio-operator")).await;
-    let v = s
-        .get(&Schema::default().current_version())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(v.value, "v4");
+    assert_eq!(current_version(&etcd.url_as("jio-operator")).await, "v4");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

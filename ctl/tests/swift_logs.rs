@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use jio_tests::inspect::{open, text};
 use jio_tests::{Etcd, Host, Puppet, Swift};
 use tokio::process::Command;
 
-use common::{agent_bin, jioctl_bin};
+use common::agent_bin;
 
 fn swift_section(swift: &Swift, key: &str) -> String {
     format!(
@@ -22,6 +23,51 @@ fn swift_section(swift: &Swift, key: &str) -> String {
         swift.auth_url(),
         swift.key_file(key).display()
     )
+}
+
+/// A real etcd whose current version is v1 and a real Swift, started together;
+/// with the store's URL and the store.
+async fn etcd_and_swift_at_v1() -> (Etcd, Swift, String, DynStore) {
+    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
+    let url = etcd.url();
+    let s = open(&url).await;
+    s.put(&Schema::default().current_version(), "v1", None)
+        .await
+        .unwrap();
+    (etcd, swift, url, s)
+}
+
+/// Writes an executable script at `path`.
+fn write_script(path: &Path, body: &str) {
+    std::fs::write(path, body).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+/// Each host's agent daemon (`jio-agent run`), its output discarded.
+fn spawn_daemons(hosts: &[Host]) -> Vec<tokio::process::Child> {
+    hosts
+        .iter()
+        .map(|h| {
+            Command::from(h.agent(&agent_bin(), &["run"]))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// `jioctl logs`' flags to read Swift as the uploader, with the key in `key`.
+fn swift_flags(swift: &Swift, key: &Path) -> Vec<String> {
+    vec![
+        "--swift-auth-url".into(),
+        swift.auth_url(),
+        "--swift-user".into(),
+        "fleet:uploader".into(),
+        "--swift-key-file".into(),
+        key.display().to_string(),
+    ]
 }
 
 async fn leaf(s: &DynStore, key: &str) -> Option<String> {
@@ -47,12 +93,7 @@ async fn wait_leaf_url(s: &DynStore, key: &str, limit: Duration) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_leave_links_and_jioctl_logs_prints_a_failed_run() {
-    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
-    let url = etcd.url();
-    let s = open(&url).await;
-    s.put(&Schema::default().current_version(), "v1", None)
-        .await
-        .unwrap();
+    let (_etcd, swift, url, s) = etcd_and_swift_at_v1().await;
     let puppet_ok = Puppet::new();
     let ok = puppet_ok.manifest("ok", "notice('hello from the manifest')\n");
     let good = Host::new(
@@ -115,30 +156,18 @@ async fn runs_leave_links_and_jioctl_logs_prints_a_failed_run() {
 
     // jioctl: get-failures shows the link; logs prints the log.
     let key = swift.key_file("s3cr3t");
-    let jioctl = |args: &[&str]| {
-        let mut c = Command::new(jioctl_bin());
-        c.arg("--store").arg(&url).args(args).env("HOME", "/nonexistent");
-        c
-    };
+    let jioctl = |args: &[&str]| common::jioctl(&url, args);
     let out = jioctl(&["get-failures", "--hosts"]).output().await.unwrap();
     assert!(
         String::from_utf8_lossy(&out.stdout).contains(&link),
         "{}",
         text(&out)
     );
-    let out = jioctl(&[
-        "logs",
-        "compute2",
-        "--swift-auth-url",
-        &swift.auth_url(),
-        "--swift-user",
-        "fleet:uploader",
-        "--swift-key-file",
-        key.to_str().unwrap(),
-    ])
-    .output()
-    .await
-    .unwrap();
+    let out = jioctl(&["logs", "compute2"])
+        .args(swift_flags(&swift, &key))
+        .output()
+        .await
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -146,21 +175,11 @@ async fn runs_leave_links_and_jioctl_logs_prints_a_failed_run() {
         "{printed}"
     );
     // Asking for a phase the host has no entry for is a clear error.
-    let out = jioctl(&[
-        "logs",
-        "compute2",
-        "--phase",
-        "validated",
-        "--swift-auth-url",
-        &swift.auth_url(),
-        "--swift-user",
-        "fleet:uploader",
-        "--swift-key-file",
-        key.to_str().unwrap(),
-    ])
-    .output()
-    .await
-    .unwrap();
+    let out = jioctl(&["logs", "compute2", "--phase", "validated"])
+        .args(swift_flags(&swift, &key))
+        .output()
+        .await
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out).contains("no validated status entry for v1"),
@@ -244,12 +263,7 @@ async fn swift_down_during_a_run_then_agent_restart_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_a_clear_error_and_runs_are_still_reported() {
-    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
-    let url = etcd.url();
-    let s = open(&url).await;
-    s.put(&Schema::default().current_version(), "v1", None)
-        .await
-        .unwrap();
+    let (_etcd, swift, url, s) = etcd_and_swift_at_v1().await;
     let host = Host::new(
         "db2",
         &url,
@@ -285,22 +299,15 @@ async fn wrong_credentials_are_a_clear_error_and_runs_are_still_reported() {
 /// is named (service, step, task, exit code, log) by `explain` and `get-failures`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
-    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
-    let url = etcd.url();
-    let s = open(&url).await;
-    s.put(&Schema::default().current_version(), "v1", None)
-        .await
-        .unwrap();
+    let (_etcd, swift, url, s) = etcd_and_swift_at_v1().await;
     let services = tempfile::tempdir().unwrap();
     let script = services.path().join("task.sh");
-    std::fs::write(
+    write_script(
         &script,
         "#!/bin/sh\n# Prints what it does; fails on the host named by its argument.\n\
          echo \"task $JIO_TASK of $JIO_SERVICE at $JIO_STEP on $JIO_HOST\"\n\
          if [ \"$JIO_HOST\" = \"$1\" ]; then echo 'boom: the database is locked' >&2; exit 3; fi\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     let sh = script.display().to_string();
     std::fs::write(
         services.path().join("svc.toml"),
@@ -328,17 +335,7 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
             Host::new(h, &url, &puppet.command(&ok), &extra)
         })
         .collect();
-    let mut daemons: Vec<tokio::process::Child> = hosts
-        .iter()
-        .map(|h| {
-            Command::from(h.agent(&agent_bin(), &["run"]))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let mut daemons = spawn_daemons(&hosts);
     jio_tests::inspect::wait_for(
         "both hosts at v1 with their catalogs",
         Duration::from_secs(180),
@@ -351,21 +348,13 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
     )
     .await;
     let rules = r#"{"roles_data": {"compute": ["svc"]}, "rolling_rules": {"global": 1}}"#;
-    let out = Command::new(jioctl_bin())
-        .args([
-            "--store",
-            &url,
-            "upgrade",
-            "v2",
-            "--instructions",
-            rules,
-            "--timeout",
-            "2m",
-        ])
-        .env("HOME", "/nonexistent")
-        .output()
-        .await
-        .unwrap();
+    let out = common::jioctl(
+        &url,
+        &["upgrade", "v2", "--instructions", rules, "--timeout", "2m"],
+    )
+    .output()
+    .await
+    .unwrap();
     // compute2's post step fails: the rollout stops (max_failures 0).
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let id = s
@@ -396,11 +385,7 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
     .await;
     let body = swift.get(&failed).await;
     assert!(body.contains("boom: the database is locked"), "{body}");
-    let jioctl = |args: &[&str]| {
-        let mut c = Command::new(jioctl_bin());
-        c.arg("--store").arg(&url).args(args).env("HOME", "/nonexistent");
-        c
-    };
+    let jioctl = |args: &[&str]| common::jioctl(&url, args);
     // The result names the step, the service, the task, the exit code; its log
     // link arrives with the upload.
     jio_tests::inspect::wait_for(
@@ -444,21 +429,14 @@ async fn a_composable_rollouts_steps_are_linked_and_a_failed_task_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_commands_output_is_linked_and_jioctl_logs_command_prints_it() {
-    let (etcd, swift) = tokio::join!(Etcd::start(), Swift::start());
-    let url = etcd.url();
-    let s = open(&url).await;
-    s.put(&Schema::default().current_version(), "v1", None)
-        .await
-        .unwrap();
+    let (_etcd, swift, url, s) = etcd_and_swift_at_v1().await;
     let actions = tempfile::tempdir().unwrap();
     let action = actions.path().join("restart");
-    std::fs::write(
+    write_script(
         &action,
         "#!/bin/sh\necho \"restarting $1 on $JIO_HOST\"\n\
          [ \"$JIO_HOST\" = compute2 ] && { echo \"$1 did not come back on $JIO_HOST\" >&2; exit 3; }\nexit 0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&action, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     // Top-level keys before the [swift] table.
     let extra = format!(
         "actions_dir = \"{}\"\nhealth_interval = \"0\"\n{}",
@@ -469,38 +447,17 @@ async fn a_fleet_commands_output_is_linked_and_jioctl_logs_command_prints_it() {
         .iter()
         .map(|h| Host::new(h, &url, &["/bin/true".to_string()], &extra))
         .collect();
-    let mut daemons: Vec<tokio::process::Child> = hosts
-        .iter()
-        .map(|h| {
-            Command::from(h.agent(&agent_bin(), &["run"]))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let mut daemons = spawn_daemons(&hosts);
     jio_tests::inspect::wait_for("both agents at v1", Duration::from_secs(60), || async {
         hosts.iter().all(|h| h.local_version().as_deref() == Some("v1"))
     })
     .await;
-    let out = Command::new(jioctl_bin())
-        .arg("--store")
-        .arg(&url)
-        .args(["run", "--all", "restart", "nova-compute"])
-        .env("HOME", "/nonexistent")
+    let out = common::jioctl(&url, &["run", "--all", "restart", "nova-compute"])
         .output()
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let id = text(&out)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("jioctl: command ")
-                .and_then(|r| r.split_once(" recorded"))
-        })
-        .map(|(id, _)| id.to_string())
-        .unwrap();
+    let id = common::commands::command_id(&text(&out));
     // Each host's output is uploaded and linked from its leaf.
     let link = wait_leaf_url(
         &s,
@@ -526,19 +483,8 @@ async fn a_fleet_commands_output_is_linked_and_jioctl_logs_command_prints_it() {
     // jioctl logs --command prints it, and names what is missing otherwise.
     let key = swift.key_file("s3cr3t");
     let logs = |host: &str, id: &str| {
-        let mut c = Command::new(jioctl_bin());
-        c.arg("--store")
-            .arg(&url)
-            .args(["logs", host, "--command", id])
-            .args([
-                "--swift-auth-url",
-                &swift.auth_url(),
-                "--swift-user",
-                "fleet:uploader",
-            ])
-            .arg("--swift-key-file")
-            .arg(&key)
-            .env("HOME", "/nonexistent");
+        let mut c = common::jioctl(&url, &["logs", host, "--command", id]);
+        c.args(swift_flags(&swift, &key));
         c
     };
     let out = logs("compute1", &id).output().await.unwrap();

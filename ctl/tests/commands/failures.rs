@@ -5,31 +5,17 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_host_stops_the_command_under_max_failures() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &COMPUTES, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&COMPUTES).await;
     a.fail("compute2");
     let out = run_bounded(
         &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
+        &on_computes(
             r#"{"rolling_rules": {"roles": {"compute": 1}}, "max_failures": 0}"#,
-            "restart",
-            "nova-compute",
-        ],
+            &["restart", "nova-compute"],
+        ),
     )
     .await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 1, &f, &a);
     let runs = a.runs();
     // One at a time in name order: compute1, then compute2 fails; nothing after it.
     let hosts: Vec<&str> = runs.iter().map(|r| r.host.as_str()).collect();
@@ -73,10 +59,7 @@ async fn a_failing_host_stops_the_command_under_max_failures() {
 /// role that failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_in_a_followed_role_within_max_failures_ends_the_command() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "controller1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "controller1"]).await;
     a.fail("controller1");
     let follower = spawn(
         &url,
@@ -113,23 +96,14 @@ async fn a_failure_in_a_followed_role_within_max_failures_ends_the_command() {
 /// of the action gone; the agent goes on to the next command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_stops_the_whole_action_and_is_reported_failed() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     let started = std::time::Instant::now();
     let out = run_bounded(
         &url,
         &["run", "--hosts", "compute1", "--timeout", "2s", "stubborn"],
     )
     .await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 1, &f, &a);
     assert!(started.elapsed() < secs(30), "took {:?}", started.elapsed());
     let id = command_id(&text(&out));
     let r = result_of(&url, &id, "compute1").await.unwrap();

@@ -57,10 +57,7 @@ async fn seed_history(url: &str, n: u64) -> Vec<String> {
 /// exit code and the value named, and nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_naming_the_value_and_nothing_is_written() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let _f = Fleet::start_with(&url, &url, &["compute1", "controller1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, _a, _f) = action_fleet(&["compute1", "controller1"]).await;
     let unknown = "20261125T000000Z-nope";
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (
@@ -173,22 +170,12 @@ async fn bad_input_is_refused_naming_the_value_and_nothing_is_written() {
 /// drops `Resolved::warnings` and resolves against the command's own roles only.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misspelt_role_in_a_commands_rules_is_named_not_silently_dropped() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(1.0);
     let out = run_bounded(
         &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            r#"{"rolling_rules": {"roles": {"comptue": 1}}}"#,
-            "restart",
-        ],
+        &on_computes(r#"{"rolling_rules": {"roles": {"comptue": 1}}}"#, &["restart"]),
     )
     .await;
     let (n, at) = max_overlap(&a.runs());
@@ -211,13 +198,7 @@ async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_a
     let marker = a.path("any.log");
     // An action that is installed nowhere: refused on closed1, with the reason.
     let out = run_bounded(&url, &["run", "--all", "flush-caches"]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 1, &f, &a);
     let id = command_id(&text(&out));
     let refused = result_of(&url, &id, "closed1").await.unwrap();
     assert_eq!(refused["outcome"], "refused", "{refused:#}");
@@ -241,13 +222,7 @@ async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_a
         ],
     )
     .await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 1, &f, &a);
     let id = command_id(&text(&out));
     let ran = std::fs::read_to_string(&marker).unwrap_or_default();
     assert_eq!(ran, "open1\n", "only the host that allows any command ran it");
@@ -273,10 +248,7 @@ async fn actions_that_are_not_installed_are_refused_and_allow_any_command_runs_a
 /// --json`: the shapes docs/jioctl.md and docs/fleet-commands.md give.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_output_has_the_documented_shapes() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     a.fail("compute2");
     let out = run_bounded(
         &url,
@@ -291,13 +263,7 @@ async fn json_output_has_the_documented_shapes() {
         ],
     )
     .await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 1, &f, &a);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("run --json is not one JSON object ({e}):\n{}", text(&out)));
     for k in ["command", "hosts", "counts", "finished", "problems"] {
@@ -347,19 +313,10 @@ async fn json_output_has_the_documented_shapes() {
 /// them and itself (100), deleting the oldest 6 with their runs, and no other run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_keeps_the_last_hundred_and_deletes_the_oldest_with_their_runs() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     let ids = seed_history(&url, 105).await;
     let out = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     let new = command_id(&text(&out));
     let s = open(&url).await;
     let records = keys_under(&s, "/commands/").await;
@@ -394,10 +351,7 @@ async fn history_keeps_the_last_hundred_and_deletes_the_oldest_with_their_runs()
 /// from then on, and nothing is pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_history_is_pruned_in_transactions_the_store_takes() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     seed_history(&url, 170).await;
     let out = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
     assert_eq!(
@@ -439,24 +393,13 @@ async fn a_command_on_consul_runs_once_per_host_under_the_agents_policy() {
     let f = Fleet::start_with(&url, &agents_url, &names, 0.1, |_| a.config(false)).await;
     let follower = spawn(
         &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
+        &on_computes(
             r#"{"rolling_rules": {"roles": {"compute": 1}}}"#,
-            "restart",
-            "nova",
-        ],
+            &["restart", "nova"],
+        ),
     );
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     let id = command_id(&text(&out));
     let runs = a.runs();
     assert_eq!(runs.len(), 3, "{}", a.log());

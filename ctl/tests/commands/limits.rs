@@ -4,34 +4,38 @@
 
 use super::*;
 
+/// Checks that `restart` on compute1 and compute2 of four compute hosts, under
+/// `instructions` (a 50% limit), exits 0, runs on both and never on both at once.
+async fn assert_one_at_a_time_on_two_of_four(instructions: &str) {
+    let names = ["compute1", "compute2", "compute3", "compute4"];
+    let (_etcd, url, a, f) = action_fleet(&names).await;
+    a.set_seconds(1.5);
+    let out = run_bounded(&url, &on_hosts("compute1,compute2", instructions, &["restart"])).await;
+    assert_exit(&out, 0, &f, &a);
+    let runs = a.runs();
+    assert_eq!(runs.len(), 2, "{}", a.log());
+    let (n, at) = max_overlap(&runs);
+    assert_eq!(
+        n,
+        1,
+        "50% of the command's 2 hosts is 1, yet {n} ran at once: {at:?}\n{}",
+        a.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_under_a_limit_of_two_never_runs_on_more_than_two_hosts_at_once() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &COMPUTES, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&COMPUTES).await;
     a.set_seconds(0.8);
     let out = run_bounded(
         &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
+        &on_computes(
             r#"{"rolling_rules": {"roles": {"compute": 2}}}"#,
-            "restart",
-            "nova-compute",
-            "--graceful",
-        ],
+            &["restart", "nova-compute", "--graceful"],
+        ),
     )
     .await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     let runs = a.runs();
     // Every host ran it exactly once, with its arguments as a list.
     assert_eq!(runs.len(), COMPUTES.len(), "{}", a.log());
@@ -77,47 +81,20 @@ async fn a_command_under_a_limit_of_two_never_runs_on_more_than_two_hosts_at_onc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_and_an_upgrade_never_run_at_once_on_a_host_and_share_the_limit() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     f.set_seconds(1.0);
     a.set_seconds(1.0);
     let rules = r#"{"rolling_rules": {"roles": {"compute": 1}}}"#;
     let upgrade = spawn(&url, &["upgrade", "v2", "--instructions", rules]);
-    let command = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            rules,
-            "restart",
-            "nova",
-        ],
-    );
+    let command = spawn(&url, &on_computes(rules, &["restart", "nova"]));
     let up = finish(upgrade, secs(120)).await;
     let cmd = finish(command, secs(120)).await;
-    assert_eq!(
-        up.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&up),
-        diagnostics(&f, &a)
-    );
-    assert_eq!(
-        cmd.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&cmd),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&up, 0, &f, &a);
+    assert_exit(&cmd, 0, &f, &a);
     assert!(f.all_at("v2"));
     // Puppet's log and the action's log, together.
-    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
-    all.extend(a.runs());
+    let all = v2_and_action_runs(&f, &a);
     assert_eq!(all.len(), 6, "three upgrades and three commands:\n{all:#?}");
     // On one host, never both at once.
     let v = same_host_overlaps(&all);
@@ -137,36 +114,11 @@ async fn a_command_and_an_upgrade_never_run_at_once_on_a_host_and_share_the_limi
 /// of `rec.hosts` only, so busy hosts outside the targets never count).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_counts_busy_hosts_outside_its_targets_against_the_role_limit() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     a.set_seconds(3.0);
-    let first = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-            "one",
-        ],
-    );
+    let first = spawn(&url, &on_hosts("compute1", ONE_COMPUTE, &["restart", "one"]));
     wait_started(&a, "compute1").await;
-    let second = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute2",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-            "two",
-        ],
-    );
+    let second = spawn(&url, &on_hosts("compute2", ONE_COMPUTE, &["restart", "two"]));
     let o1 = finish(first, secs(60)).await;
     let o2 = finish(second, secs(60)).await;
     assert_eq!(o1.status.code(), Some(0), "{}", text(&o1));
@@ -184,10 +136,7 @@ async fn a_command_counts_busy_hosts_outside_its_targets_against_the_role_limit(
 /// while another runs the command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_waits_for_an_upgrade_on_another_host_of_the_role() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     f.set_seconds(3.0);
     a.set_seconds(0.5);
     let upgrade = spawn(&url, &["upgrade", "v2", "--instructions", ONE_COMPUTE]);
@@ -195,23 +144,12 @@ async fn a_command_waits_for_an_upgrade_on_another_host_of_the_role() {
         f.runs().iter().any(|r| r.version == "v2")
     })
     .await;
-    let command = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute2",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-        ],
-    );
+    let command = spawn(&url, &on_hosts("compute2", ONE_COMPUTE, &["restart"]));
     let up = finish(upgrade, secs(120)).await;
     let cmd = finish(command, secs(120)).await;
     assert_eq!(up.status.code(), Some(0), "{}", text(&up));
     assert_eq!(cmd.status.code(), Some(0), "{}", text(&cmd));
-    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
-    all.extend(a.runs());
+    let all = v2_and_action_runs(&f, &a);
     let (n, at) = max_overlap(&all);
     assert!(
         n <= 1,
@@ -224,31 +162,17 @@ async fn a_command_waits_for_an_upgrade_on_another_host_of_the_role() {
 /// command waits for it under `compute: 1` (the upgrade classifies the whole fleet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_waits_for_a_command_on_another_host_of_the_role() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     f.set_seconds(0.5);
     a.set_seconds(3.0);
-    let command = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            ONE_COMPUTE,
-            "restart",
-        ],
-    );
+    let command = spawn(&url, &on_hosts("compute1", ONE_COMPUTE, &["restart"]));
     wait_started(&a, "compute1").await;
     let upgrade = spawn(&url, &["upgrade", "v2", "--instructions", ONE_COMPUTE]);
     let cmd = finish(command, secs(120)).await;
     let up = finish(upgrade, secs(120)).await;
     assert_eq!(cmd.status.code(), Some(0), "{}", text(&cmd));
     assert_eq!(up.status.code(), Some(0), "{}", text(&up));
-    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
-    all.extend(a.runs());
+    let all = v2_and_action_runs(&f, &a);
     let (n, at) = max_overlap(&all);
     assert!(n <= 1, "{n} compute hosts busy at once: {at:?}\n{all:#?}");
 }
@@ -258,51 +182,14 @@ async fn an_upgrade_waits_for_a_command_on_another_host_of_the_role() {
 /// never two on one host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_commands_on_the_same_hosts_share_the_limit() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     a.set_seconds(0.7);
-    let c1 = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-            "one",
-        ],
-    );
-    let c2 = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-            "two",
-        ],
-    );
+    let c1 = spawn(&url, &on_computes(GLOBAL_ONE, &["restart", "one"]));
+    let c2 = spawn(&url, &on_computes(GLOBAL_ONE, &["restart", "two"]));
     let o1 = finish(c1, secs(60)).await;
     let o2 = finish(c2, secs(60)).await;
-    assert_eq!(
-        o1.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&o1),
-        diagnostics(&f, &a)
-    );
-    assert_eq!(
-        o2.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&o2),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&o1, 0, &f, &a);
+    assert_exit(&o2, 0, &f, &a);
     let runs = a.runs();
     assert_eq!(runs.len(), 4, "{}", a.log());
     let (n, at) = max_overlap(&runs);
@@ -318,28 +205,12 @@ async fn two_commands_on_the_same_hosts_share_the_limit() {
 /// counts the others' hosts), every follower exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_commands_at_once_on_the_same_hosts_run_once_each_one_at_a_time() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(0.4);
     let ps: Vec<_> = ["a", "b", "c"]
         .iter()
-        .map(|n| {
-            spawn(
-                &url,
-                &[
-                    "run",
-                    "--role",
-                    "compute",
-                    "--instructions",
-                    GLOBAL_ONE,
-                    "restart",
-                    n,
-                ],
-            )
-        })
+        .map(|n| spawn(&url, &on_computes(GLOBAL_ONE, &["restart", n])))
         .collect();
     for p in ps {
         let o = finish(p, secs(120)).await;
@@ -364,80 +235,14 @@ async fn three_commands_at_once_on_the_same_hosts_run_once_each_one_at_a_time() 
 /// is given every host of the fleet, and `limit_of` takes the group's size there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_percentage_role_limit_is_of_the_commands_hosts() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let names = ["compute1", "compute2", "compute3", "compute4"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
-    a.set_seconds(1.5);
-    let out = run_bounded(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1,compute2",
-            "--instructions",
-            r#"{"rolling_rules": {"roles": {"compute": "50%"}}}"#,
-            "restart",
-        ],
-    )
-    .await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
-    let runs = a.runs();
-    assert_eq!(runs.len(), 2, "{}", a.log());
-    let (n, at) = max_overlap(&runs);
-    assert_eq!(
-        n,
-        1,
-        "50% of the command's 2 hosts is 1, yet {n} ran at once: {at:?}\n{}",
-        a.log()
-    );
+    assert_one_at_a_time_on_two_of_four(r#"{"rolling_rules": {"roles": {"compute": "50%"}}}"#).await;
 }
 
 /// Found: the same for the `fleet` cap: `fleet: "50%"` on a command of 2 hosts
 /// (of a fleet of 4) lets both run at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_percentage_fleet_cap_is_of_the_commands_hosts() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let names = ["compute1", "compute2", "compute3", "compute4"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
-    a.set_seconds(1.5);
-    let out = run_bounded(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1,compute2",
-            "--instructions",
-            r#"{"rolling_rules": {"fleet": "50%"}}"#,
-            "restart",
-        ],
-    )
-    .await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
-    let runs = a.runs();
-    assert_eq!(runs.len(), 2, "{}", a.log());
-    let (n, at) = max_overlap(&runs);
-    assert_eq!(
-        n,
-        1,
-        "50% of the command's 2 hosts is 1, yet {n} ran at once: {at:?}\n{}",
-        a.log()
-    );
+    assert_one_at_a_time_on_two_of_four(r#"{"rolling_rules": {"fleet": "50%"}}"#).await;
 }
 
 /// Found: `role_order` waits for hosts the command does not name. controller2's
@@ -450,33 +255,20 @@ async fn a_percentage_fleet_cap_is_of_the_commands_hosts() {
 /// counts every busy host of the role as not done).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn role_order_waits_only_for_the_commands_own_hosts_of_the_followed_role() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "controller1", "controller2"];
-    let mut f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, mut f) = action_fleet(&names).await;
     let other = spawn(&url, &["run", "--hosts", "controller2", "stubborn"]);
     wait_started(&a, "controller2").await;
-    f.daemons[2].start_kill().unwrap();
-    let _ = f.daemons[2].wait().await;
+    kill_agent(&mut f, 2).await;
     drop(other); // killed: the other command stays active, undriven
-    let s = open(&url).await;
-    wait_for("controller2's agent record to expire", secs(20), || async {
-        !keys_under(&s, "/agents/")
-            .await
-            .contains_key("/agents/controller2")
-    })
-    .await;
+    wait_agent_gone(&url, "controller2").await;
     let p = spawn(
         &url,
-        &[
-            "run",
-            "--hosts",
+        &on_hosts(
             "controller1,compute1",
-            "--instructions",
             r#"{"role_order": {"compute": "controller"}}"#,
-            "restart",
-        ],
+            &["restart"],
+        ),
     );
     let out = finish_or_kill(p, secs(20)).await;
     kill_pids(&[a.pid("stubborn-controller2"), a.pid("grandchild-controller2")]);
@@ -486,11 +278,5 @@ async fn role_order_waits_only_for_the_commands_own_hosts_of_the_followed_role()
             a.log()
         )
     });
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
 }

@@ -20,23 +20,12 @@ fn hhmm(offset: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_mid_way_lets_the_running_host_finish_and_starts_no_other() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3", "compute4"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(3.0);
     let follower = spawn(
         &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            r#"{"rolling_rules": {"global": 1}}"#,
-            "restart",
-            "nova",
-        ],
+        &on_computes(r#"{"rolling_rules": {"global": 1}}"#, &["restart", "nova"]),
     );
     wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
@@ -49,13 +38,7 @@ async fn cancel_mid_way_lets_the_running_host_finish_and_starts_no_other() {
     );
     let at_cancel = super_now();
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(6),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 6, &f, &a);
     let runs = a.runs();
     // The running host finished; no host started after the cancel.
     assert_eq!(runs.len(), 1, "{}", a.log());
@@ -84,22 +67,9 @@ async fn cancel_mid_way_lets_the_running_host_finish_and_starts_no_other() {
 /// command on compute1 (or an upgrade) waits for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_command_without_a_follower_leaves_no_admission_behind() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     a.set_seconds(2.0);
-    let follower = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let follower = spawn(&url, &on_computes(GLOBAL_ONE, &["restart"]));
     wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
     // Stop following (Ctrl-C): the command goes on, undriven.
@@ -138,31 +108,13 @@ async fn a_cancelled_command_without_a_follower_leaves_no_admission_behind() {
 /// ends (exit 6), naming the host whose agent is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_commands_follower_ends_though_a_dead_agent_never_reports() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let mut f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, mut f) = action_fleet(&["compute1", "compute2"]).await;
     a.set_seconds(30.0);
-    let follower = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let follower = spawn(&url, &on_computes(GLOBAL_ONE, &["restart"]));
     wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
-    f.daemons[0].start_kill().unwrap();
-    let _ = f.daemons[0].wait().await;
-    let s = open(&url).await;
-    wait_for("compute1's agent record to expire", secs(20), || async {
-        !keys_under(&s, "/agents/").await.contains_key("/agents/compute1")
-    })
-    .await;
+    kill_agent(&mut f, 0).await;
+    wait_agent_gone(&url, "compute1").await;
     let c = run_bounded(&url, &["commands", "cancel", &id]).await;
     assert_eq!(c.status.code(), Some(0), "{}", text(&c));
     let out = finish_or_kill(follower, secs(20)).await;
@@ -178,10 +130,7 @@ async fn a_cancelled_commands_follower_ends_though_a_dead_agent_never_reports() 
 /// runs a new command normally, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_paused_while_admitted_never_starts_a_command_cancelled_meanwhile() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     signal(&f.daemons[0], Signal::SIGSTOP);
     let follower = spawn(&url, &["run", "--hosts", "compute1", "restart"]);
     let s = open(&url).await;
@@ -189,13 +138,7 @@ async fn an_agent_paused_while_admitted_never_starts_a_command_cancelled_meanwhi
         inbox_of(&url, "compute1").await.is_some()
     })
     .await;
-    let id = keys_under(&s, "/commands/")
-        .await
-        .keys()
-        .next()
-        .unwrap()
-        .trim_start_matches("/commands/")
-        .to_string();
+    let id = first_command_id(&s).await;
     let c = run_bounded(&url, &["commands", "cancel", &id]).await;
     assert_eq!(c.status.code(), Some(0), "{}", text(&c));
     signal(&f.daemons[0], Signal::SIGCONT);
@@ -210,13 +153,7 @@ async fn an_agent_paused_while_admitted_never_starts_a_command_cancelled_meanwhi
     );
     assert!(result_of(&url, &id, "compute1").await.is_none());
     let again = run_bounded(&url, &["run", "--hosts", "compute1", "restart", "again"]).await;
-    assert_eq!(
-        again.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&again),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&again, 0, &f, &a);
     assert_eq!(a.runs().len(), 1, "{}", a.log());
 }
 
@@ -231,24 +168,11 @@ async fn an_agent_paused_while_admitted_never_starts_a_command_cancelled_meanwhi
 /// `run`'s progress), and the admission keeps its slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_after_admission_keeps_the_action_from_starting_and_is_named() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     a.set_seconds(0.2);
     // Freeze the agent (well within its 3 s lease), admit, hold, thaw.
     signal(&f.daemons[0], Signal::SIGSTOP);
-    let follower = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let follower = spawn(&url, &on_hosts("compute1", GLOBAL_ONE, &["restart"]));
     let wait = wait_for("compute1 to be admitted", secs(10), || async {
         inbox_of(&url, "compute1").await.is_some()
     });
@@ -290,23 +214,10 @@ async fn a_hold_after_admission_keeps_the_action_from_starting_and_is_named() {
 /// says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_emergency_stop_mid_command_aborts_it_and_the_running_host_finishes() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(2.0);
-    let follower = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let follower = spawn(&url, &on_computes(GLOBAL_ONE, &["restart"]));
     wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
     let stop = run(&url, &["global-disable-puppet"]).await;
@@ -314,13 +225,7 @@ async fn the_emergency_stop_mid_command_aborts_it_and_the_running_host_finishes(
     assert!(text(&stop).contains(&id), "{}", text(&stop));
     let at_stop = common::fleet::now();
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(6),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 6, &f, &a);
     assert!(text(&out).contains("aborted"), "{}", text(&out));
     let runs = a.runs();
     assert_eq!(runs.len(), 1, "{}", a.log());
@@ -343,10 +248,7 @@ async fn the_emergency_stop_mid_command_aborts_it_and_the_running_host_finishes(
 /// or at least say that it runs despite the emergency stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_created_after_the_emergency_stop_is_refused_or_says_so() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     let stop = run(&url, &["global-disable-puppet"]).await;
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
     let out = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
@@ -364,10 +266,7 @@ async fn a_command_created_after_the_emergency_stop_is_refused_or_says_so() {
 /// then ends a command created before it (aborted, exit 6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_emergency_stop_cleared_by_an_upgrade_a_command_runs_and_a_new_stop_ends_it() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     let stop = run(&url, &["global-disable-puppet"]).await;
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
     let up = run_bounded(&url, &["upgrade", "v1", "--detach", "--force"]).await;
@@ -377,17 +276,7 @@ async fn after_an_emergency_stop_cleared_by_an_upgrade_a_command_runs_and_a_new_
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", diagnostics(&f, &a));
     assert!(!t.contains("emergency stop"), "{t}");
     a.set_seconds(2.0);
-    let p = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let p = spawn(&url, &on_computes(GLOBAL_ONE, &["restart"]));
     wait_for("a second run to start", secs(30), || async {
         a.runs().len() == 2
     })
@@ -404,10 +293,7 @@ async fn after_an_emergency_stop_cleared_by_an_upgrade_a_command_runs_and_a_new_
 /// inside one it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_waits_for_its_window_and_says_so() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     let closed = format!(
         r#"{{"windows": [{{"days": "daily", "start": "{}", "end": "{}", "tz": "UTC"}}]}}"#,
         hhmm(6 * 3600),
@@ -437,25 +323,8 @@ async fn a_command_waits_for_its_window_and_says_so() {
         hhmm(-3600),
         hhmm(3600)
     );
-    let out = run_bounded(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            &open_now,
-            "restart",
-        ],
-    )
-    .await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    let out = run_bounded(&url, &on_hosts("compute1", &open_now, &["restart"])).await;
+    assert_exit(&out, 0, &f, &a);
     assert_eq!(a.runs().len(), 1, "{}", a.log());
 }
 
@@ -464,10 +333,7 @@ async fn a_command_waits_for_its_window_and_says_so() {
 /// and no host upgrades meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_rollout_does_not_hold_up_a_command() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     let up = run_bounded(
         &url,
         &[
@@ -484,23 +350,10 @@ async fn a_paused_rollout_does_not_hold_up_a_command() {
     assert_eq!(pause.status.code(), Some(0), "{}", text(&pause));
     let out = run_bounded(
         &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            r#"{"rolling_rules": {"roles": {"compute": 1}}}"#,
-            "restart",
-        ],
+        &on_computes(r#"{"rolling_rules": {"roles": {"compute": 1}}}"#, &["restart"]),
     )
     .await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     assert_eq!(a.runs().len(), 2, "{}", a.log());
     assert_eq!(f.started("v2"), 0, "a host upgraded during the pause");
 }
@@ -515,17 +368,10 @@ async fn a_paused_rollout_does_not_hold_up_a_command() {
 /// follower exits 6, compute2 `not run`, nothing left admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_left_with_only_a_lost_host_waits_says_why_and_is_cancelled() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let mut f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
-    f.daemons[1].start_kill().unwrap();
-    let _ = f.daemons[1].wait().await;
+    let (_etcd, url, a, mut f) = action_fleet(&["compute1", "compute2"]).await;
+    kill_agent(&mut f, 1).await;
     let s = open(&url).await;
-    wait_for("compute2's agent record to expire", secs(20), || async {
-        !keys_under(&s, "/agents/").await.contains_key("/agents/compute2")
-    })
-    .await;
+    wait_agent_gone(&url, "compute2").await;
     let follower = spawn(&url, &["run", "--role", "compute", "restart"]);
     wait_for("compute1's result", secs(30), || async {
         let cmds = keys_under(&s, "/commands/").await;
@@ -537,13 +383,7 @@ async fn a_command_left_with_only_a_lost_host_waits_says_why_and_is_cancelled() 
         }
     })
     .await;
-    let id = keys_under(&s, "/commands/")
-        .await
-        .keys()
-        .next()
-        .unwrap()
-        .trim_start_matches("/commands/")
-        .to_string();
+    let id = first_command_id(&s).await;
     let show = run_bounded(&url, &["commands", "show", &id]).await;
     let t = text(&show);
     assert_eq!(show.status.code(), Some(0), "{t}");

@@ -38,10 +38,7 @@ async fn wait_state(url: &str, id: &str, state: &str, within: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_mid_command_reports_it_interrupted_and_does_not_run_it_again() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let mut f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, mut f) = action_fleet(&["compute1", "compute2"]).await;
     a.set_seconds(30.0);
     let follower = spawn(&url, &["run", "--hosts", "compute1", "restart", "nova"]);
     wait_started(&a, "compute1").await;
@@ -53,13 +50,7 @@ async fn an_agent_killed_mid_command_reports_it_interrupted_and_does_not_run_it_
     a.set_seconds(0.2);
     f.daemons[0] = f.spawn_agent(0);
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 1, &f, &a);
     let id = command_id(&text(&out));
     let r = result_of(&url, &id, "compute1").await.unwrap();
     assert_eq!(r["outcome"], "interrupted", "{r:#}");
@@ -97,13 +88,7 @@ async fn an_agent_killed_mid_command_reports_it_interrupted_and_does_not_run_it_
     a.set_seconds(0.2);
     f.daemons[1] = f.spawn_agent(1);
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     let id = command_id(&text(&out));
     let r = result_of(&url, &id, "compute2").await.unwrap();
     assert_eq!(r["outcome"], "succeeded", "{r:#}");
@@ -138,13 +123,7 @@ async fn an_agent_restarted_mid_command_reports_it_interrupted_and_does_not_reru
     a.set_seconds(0.2);
     f.daemons[0] = f.spawn_agent(0);
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 1, &f, &a);
     let r = result_of(&url, &id, "compute1").await.unwrap();
     assert_eq!(r["outcome"], "interrupted", "{r:#}");
     tokio::time::sleep(secs(1)).await;
@@ -156,26 +135,12 @@ async fn an_agent_restarted_mid_command_reports_it_interrupted_and_does_not_reru
 /// is in the store); the host is reported, the command ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restarted_without_its_journal_does_not_run_the_command_twice() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let mut f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, mut f) = action_fleet(&["compute1", "compute2"]).await;
     a.set_seconds(3.0);
-    let follower = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let follower = spawn(&url, &on_computes(GLOBAL_ONE, &["restart"]));
     wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
-    f.daemons[0].start_kill().unwrap();
-    let _ = f.daemons[0].wait().await;
+    kill_agent(&mut f, 0).await;
     std::fs::remove_file(f.hosts[0].state_dir().join("journal.json")).unwrap();
     let child = f.spawn_agent(0);
     f.daemons[0] = child;
@@ -207,23 +172,10 @@ async fn an_agent_restarted_without_its_journal_does_not_run_the_command_twice()
 /// followers exit 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_killed_mid_command_is_taken_over_and_each_host_runs_once() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(1.0);
-    let mut driver = spawn(
-        &url,
-        &[
-            "run",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let mut driver = spawn(&url, &on_computes(GLOBAL_ONE, &["restart"]));
     wait_started(&a, "compute1").await;
     let id = a.runs()[0].version.clone();
     signal(&driver, Signal::SIGKILL);
@@ -237,10 +189,7 @@ async fn a_driver_killed_mid_command_is_taken_over_and_each_host_runs_once() {
         assert!(text(o).contains("3 of 3 hosts succeeded"), "{}", text(o));
     }
     let runs = a.runs();
-    assert_eq!(runs.len(), 3, "{}", a.log());
-    assert!(repeated(&runs, &id).is_empty(), "{}", a.log());
-    let (n, at) = max_overlap(&runs);
-    assert_eq!(n, 1, "{at:?}\n{}", a.log());
+    assert_once_each_one_at_a_time(&runs, &id, 3, &a);
     assert_eq!(command_record(&url, &id).await["state"], "done");
 }
 
@@ -249,51 +198,25 @@ async fn a_driver_killed_mid_command_is_taken_over_and_each_host_runs_once() {
 /// never two at once, each host once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_driver_that_lost_its_lease_cannot_admit_after_a_follower_took_over() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(1.5);
     let mut drive = spawn(&url, &["drive", "--lease", "3s"]);
-    let rec = run_bounded(
-        &url,
-        &[
-            "run",
-            "--detach",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    )
-    .await;
-    assert_eq!(rec.status.code(), Some(0), "{}", text(&rec));
-    let id = String::from_utf8_lossy(&rec.stdout).trim().to_string();
+    let id = record_detached(&url, GLOBAL_ONE).await;
     wait_started(&a, "compute1").await;
     signal(&drive, Signal::SIGSTOP);
     let follower = spawn(&url, &["commands", "follow", &id]);
     wait_started(&a, "compute2").await;
     signal(&drive, Signal::SIGCONT);
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     tokio::time::sleep(secs(1)).await;
     assert!(
         drive.try_wait().unwrap().is_none(),
         "the driver service ended after its pause"
     );
     let runs = a.runs();
-    assert_eq!(runs.len(), 3, "{}", a.log());
-    assert!(repeated(&runs, &id).is_empty(), "{}", a.log());
-    let (n, at) = max_overlap(&runs);
-    assert_eq!(n, 1, "{at:?}\n{}", a.log());
+    assert_once_each_one_at_a_time(&runs, &id, 3, &a);
 }
 
 /// `run --detach` with a driver service running: the service picks the command
@@ -301,11 +224,8 @@ async fn a_paused_driver_that_lost_its_lease_cannot_admit_after_a_follower_took_
 /// withdraws every admission and releases the command's lock; it lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_service_drives_a_detached_command_to_its_end() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(0.5);
     let mut drive = spawn(&url, &["drive", "--lease", "3s"]);
     // The service registers before the command is recorded.
@@ -348,11 +268,8 @@ async fn the_driver_service_drives_a_detached_command_to_its_end() {
 /// never two at once under `global: 1`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_of_the_driving_service_hands_the_command_to_the_standby_at_once() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&names).await;
     a.set_seconds(2.0);
     let d1 = spawn(&url, &["drive"]);
     let d2 = spawn(&url, &["drive"]);
@@ -361,21 +278,7 @@ async fn sigterm_of_the_driving_service_hands_the_command_to_the_standby_at_once
         keys_under(&s, "/drivers/").await.len() == 2
     })
     .await;
-    let rec = run_bounded(
-        &url,
-        &[
-            "run",
-            "--detach",
-            "--role",
-            "compute",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    )
-    .await;
-    assert_eq!(rec.status.code(), Some(0), "{}", text(&rec));
-    let id = String::from_utf8_lossy(&rec.stdout).trim().to_string();
+    let id = record_detached(&url, GLOBAL_ONE).await;
     wait_started(&a, "compute1").await;
     let holder = lock_pid(&url, &id).await;
     let (driving, standby) = if d1.id() == Some(holder) {

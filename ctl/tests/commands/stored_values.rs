@@ -14,11 +14,8 @@ use super::*;
 /// the agent names its inbox key, `logs --command` without Swift is a usage error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_bytes_in_command_keys_are_named_and_the_rest_goes_on() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let mut f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, mut f) = action_fleet(&names).await;
     let mut drive = spawn(&url, &["drive", "--lease", "3s"]);
     let junk = "20261125T000000Z-junk";
     etcdctl_put(&url, b"/config_state/commands/compute3", b"\xff\xfe");
@@ -31,27 +28,11 @@ async fn bad_bytes_in_command_keys_are_named_and_the_rest_goes_on() {
     etcdctl_put(&url, b"/commands/not-an-id", b"\xff");
     // No limit here: whether an unreadable inbox elsewhere takes a slot is the
     // next tests' question.
-    let out = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1,compute2",
-            "--instructions",
-            "{}",
-            "restart",
-        ],
-    );
+    let out = spawn(&url, &on_hosts("compute1,compute2", "{}", &["restart"]));
     let out = finish_or_kill(out, secs(30))
         .await
         .unwrap_or_else(|so_far| panic!("jioctl run never ended:\n{so_far}\n{}", diagnostics(&f, &a)));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     let id = command_id(&text(&out));
     let listed = run_bounded(&url, &["commands", "list"]).await;
     assert_eq!(listed.status.code(), Some(0), "{}", text(&listed));
@@ -100,22 +81,9 @@ async fn bad_bytes_in_command_keys_are_named_and_the_rest_goes_on() {
 /// slot taken for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_inbox_elsewhere_does_not_stall_a_command_for_ever() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute3"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute3"]).await;
     etcdctl_put(&url, b"/config_state/commands/compute3", b"\xff\xfe");
-    let out = spawn(
-        &url,
-        &[
-            "run",
-            "--hosts",
-            "compute1",
-            "--instructions",
-            GLOBAL_ONE,
-            "restart",
-        ],
-    );
+    let out = spawn(&url, &on_hosts("compute1", GLOBAL_ONE, &["restart"]));
     let out = finish_or_kill(out, secs(20)).await.unwrap_or_else(|so_far| {
         panic!(
             "the command never ran: compute3's unreadable inbox holds the only slot:\n{so_far}\n{}",
@@ -165,10 +133,7 @@ async fn an_unreadable_inbox_elsewhere_does_not_stall_an_upgrade_for_ever() {
 /// repaired the command finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_targeted_host_with_an_unreadable_inbox_waits_named_until_repaired() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1", "compute2"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1", "compute2"]).await;
     etcdctl_put(&url, b"/config_state/commands/compute2", b"\xff");
     let follower = spawn(&url, &["run", "--role", "compute", "restart"]);
     wait_started(&a, "compute1").await;
@@ -191,13 +156,7 @@ async fn a_targeted_host_with_an_unreadable_inbox_waits_named_until_repaired() {
         .await
         .unwrap();
     let out = finish(follower, secs(60)).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        text(&out),
-        diagnostics(&f, &a)
-    );
+    assert_exit(&out, 0, &f, &a);
     assert_eq!(a.runs().len(), 2, "{}", a.log());
 }
 
@@ -206,11 +165,8 @@ async fn a_targeted_host_with_an_unreadable_inbox_waits_named_until_repaired() {
 /// key; the agents live on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_corrupted_mid_command_is_named_and_the_driver_service_goes_on() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
     let names = ["compute1", "compute2", "compute3"];
-    let mut f = Fleet::start_with(&url, &url, &names, 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, mut f) = action_fleet(&names).await;
     a.set_seconds(1.5);
     let mut drive = spawn(&url, &["drive", "--lease", "3s"]);
     let rec = run_bounded(
@@ -264,10 +220,7 @@ async fn a_record_corrupted_mid_command_is_named_and_the_driver_service_goes_on(
 /// `Runs::from_kvs`: `commands show` never names the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_log_link_is_named_by_commands_show() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let _f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, _a, _f) = action_fleet(&["compute1"]).await;
     let out = run_bounded(&url, &["run", "--hosts", "compute1", "restart"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let id = command_id(&text(&out));
@@ -291,10 +244,7 @@ async fn an_unreadable_log_link_is_named_by_commands_show() {
 /// fails ("no fleet command"): only an etcdctl by hand frees the host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_to_a_command_whose_record_is_gone_does_not_hold_the_host_for_ever() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
-    let a = Actions::new();
-    let f = Fleet::start_with(&url, &url, &["compute1"], 0.1, |_| a.config(false)).await;
+    let (_etcd, url, a, f) = action_fleet(&["compute1"]).await;
     let gone = "20261001T000000Z-gone";
     let s = open(&url).await;
     s.put(

@@ -272,3 +272,93 @@ pub fn action_pids(actions_dir: &std::path::Path) -> Vec<i32> {
 pub async fn run_bounded(url: &str, args: &[&str]) -> Output {
     super::fleet::finish(super::fleet::spawn(url, args), secs(120)).await
 }
+
+/// A real etcd with agents `names` converged to v1 that run these actions
+/// (`allow_any_command` off); keep the `Etcd` alive for the test's length.
+pub async fn action_fleet(names: &[&str]) -> (jio_tests::Etcd, String, Actions, Fleet) {
+    let etcd = jio_tests::Etcd::start().await;
+    let url = etcd.url();
+    let a = Actions::new();
+    let f = Fleet::start_with(&url, &url, names, 0.1, |_| a.config(false)).await;
+    (etcd, url, a, f)
+}
+
+/// Checks that a `jioctl` exited with `code`, showing its output, the actions'
+/// log and every agent's log otherwise.
+#[track_caller]
+pub fn assert_exit(out: &Output, code: i32, f: &Fleet, a: &Actions) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}\n{}",
+        text(out),
+        diagnostics(f, a)
+    );
+}
+
+/// `jioctl run --role compute --instructions <instructions> <action...>`'s arguments.
+pub fn on_computes<'a>(instructions: &'a str, action: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", "--role", "compute", "--instructions", instructions];
+    args.extend_from_slice(action);
+    args
+}
+
+/// Records `restart` on the compute role under `instructions` with `run --detach`
+/// (checking it exits 0) and returns the command's id it printed.
+pub async fn record_detached(url: &str, instructions: &str) -> String {
+    let mut args = vec!["run", "--detach"];
+    args.extend(on_computes(instructions, &["restart"]).into_iter().skip(1));
+    let rec = run_bounded(url, &args).await;
+    assert_eq!(rec.status.code(), Some(0), "{}", text(&rec));
+    String::from_utf8_lossy(&rec.stdout).trim().to_string()
+}
+
+/// Kills host `i`'s agent (SIGKILL) and waits for it to be gone.
+pub async fn kill_agent(f: &mut Fleet, i: usize) {
+    f.daemons[i].start_kill().unwrap();
+    let _ = f.daemons[i].wait().await;
+}
+
+/// Waits until `host`'s agent record has expired from the store.
+pub async fn wait_agent_gone(url: &str, host: &str) {
+    let s = open(url).await;
+    let key = format!("/agents/{host}");
+    wait_for(&format!("{host}'s agent record to expire"), secs(20), || async {
+        !keys_under(&s, "/agents/").await.contains_key(&key)
+    })
+    .await;
+}
+
+/// Checks that `runs` of command `id` are `n`, one per host, never two at once.
+#[track_caller]
+pub fn assert_once_each_one_at_a_time(runs: &[Run], id: &str, n: usize, a: &Actions) {
+    assert_eq!(runs.len(), n, "{}", a.log());
+    assert!(repeated(runs, id).is_empty(), "{}", a.log());
+    let (most, at) = max_overlap(runs);
+    assert_eq!(most, 1, "{at:?}\n{}", a.log());
+}
+
+/// The id of the first command recorded in the store (by key).
+pub async fn first_command_id(s: &jio_common::store::DynStore) -> String {
+    keys_under(s, "/commands/")
+        .await
+        .keys()
+        .next()
+        .unwrap()
+        .trim_start_matches("/commands/")
+        .to_string()
+}
+
+/// `jioctl run --hosts <hosts> --instructions <instructions> <action...>`'s arguments.
+pub fn on_hosts<'a>(hosts: &'a str, instructions: &'a str, action: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", "--hosts", hosts, "--instructions", instructions];
+    args.extend_from_slice(action);
+    args
+}
+
+/// Every run that kept a host busy: Puppet's runs of v2 and the actions' runs.
+pub fn v2_and_action_runs(f: &Fleet, a: &Actions) -> Vec<Run> {
+    let mut all: Vec<Run> = f.runs().into_iter().filter(|r| r.version == "v2").collect();
+    all.extend(a.runs());
+    all
+}

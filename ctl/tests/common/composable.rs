@@ -743,6 +743,97 @@ impl Fleet {
         );
         text(&out)
     }
+
+    /// `jioctl upgrade v2` under the rules `json` (written to the rules file), as
+    /// `upgrade` runs and checks it.
+    pub async fn upgrade_under(&self, url: &str, json: &str, code: i32, within: Duration) -> String {
+        let rules = self.rules(json);
+        self.upgrade(url, &["v2", "--instructions-file", &rules], code, within)
+            .await
+    }
+
+    /// `jioctl upgrade v2 --stage <stage>` under the rules file `rules`, which must
+    /// end 0 within `within` (as `upgrade` checks it).
+    pub async fn upgrade_stage(&self, url: &str, rules: &str, stage: &str, within: Duration) -> String {
+        let args = ["v2", "--instructions-file", rules, "--stage", stage];
+        self.upgrade(url, &args, 0, within).await
+    }
+
+    /// `jioctl upgrade v2` under the rules `json` (written to the rules file), in
+    /// the background.
+    pub fn spawn_upgrade(&self, url: &str, json: &str) -> Child {
+        let rules = self.rules(json);
+        spawn(url, &["upgrade", "v2", "--instructions-file", &rules])
+    }
+
+    /// Checks that a `jioctl` exited with `code`, showing its output and the
+    /// fleet's diagnostics otherwise.
+    #[track_caller]
+    pub fn assert_exit(&self, out: &std::process::Output, code: i32) {
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{}\n{}",
+            text(out),
+            self.diagnostics()
+        );
+    }
+}
+
+/// A real etcd with agents `names` converged to v1 under the stand-in Puppet,
+/// sharing `services`; keep the `Etcd` alive for the test's length.
+pub async fn stand_in_fleet(names: &[&str], services: &[Service]) -> (jio_tests::Etcd, String, Fleet) {
+    let etcd = jio_tests::Etcd::start().await;
+    let url = etcd.url();
+    let f = Fleet::start(&url, names, services, PuppetKind::StandIn).await;
+    (etcd, url, f)
+}
+
+/// `jioctl upgrade v2 --instructions-file <rules> --stage <stage>` in the background.
+pub fn spawn_stage(url: &str, rules: &str, stage: &str) -> Child {
+    spawn(
+        url,
+        &["upgrade", "v2", "--instructions-file", rules, "--stage", stage],
+    )
+}
+
+/// Waits until `host`'s `phase` of the rollout to v2 has started, and returns its run.
+pub async fn wait_v2_phase(f: &Fleet, host: &str, phase: Phase) -> TaskRun {
+    wait_for_run(
+        f,
+        &format!("{host}'s {phase} to start"),
+        Duration::from_secs(60),
+        |r| r.host == host && r.phase == phase && r.version == "v2",
+    )
+    .await
+}
+
+/// nova_compute()'s phases, in the order a host runs them.
+pub const NOVA_PHASES: [Phase; 5] = [
+    Phase::Pre(1),
+    Phase::Pre(2),
+    Phase::Puppet,
+    Phase::Post(3),
+    Phase::Post(4),
+];
+
+/// Checks that no two of compute1, compute2 and compute3 ran one of nova_compute's
+/// phases at once, by the task log.
+#[track_caller]
+pub fn assert_one_compute_at_a_time(runs: &[TaskRun], f: &Fleet) {
+    for phase in NOVA_PHASES {
+        let (n, at) = max_overlap(runs, &set(&["compute1", "compute2", "compute3"]), phase);
+        assert!(n <= 1, "{phase}: {at:?}\n{}", f.diagnostics());
+    }
+}
+
+/// Checks that the rollout record says `failed` and names each of `named`
+/// (`what` says what it should name).
+pub async fn assert_rollout_failed_naming(url: &str, named: &[&str], what: &str) {
+    let r = rollout_record(url).await;
+    assert_eq!(r["state"], "failed", "{r:#}");
+    let record = r.to_string();
+    assert!(named.iter().all(|n| record.contains(n)), "{what}: {r:#}");
 }
 
 impl Drop for Fleet {

@@ -258,3 +258,25 @@ pub async fn keys_under(s: &DynStore, prefix: &str) -> BTreeMap<String, String> 
         .map(|kv| (kv.key.to_string(), kv.value))
         .collect()
 }
+
+/// A real etcd with agents `names` converged to v1, their runs taking `seconds`;
+/// keep the `Etcd` alive for the test's length.
+pub async fn fleet_on_etcd(names: &[&str], seconds: f64) -> (jio_tests::Etcd, String, Fleet) {
+    let etcd = jio_tests::Etcd::start().await;
+    let url = etcd.url();
+    let f = Fleet::start(&url, names, seconds).await;
+    (etcd, url, f)
+}
+
+/// Registers host `name` of `role` in the store, as an agent would at its start;
+/// no agent runs for it.
+pub async fn register_host(s: &DynStore, name: &str, role: &str) {
+    let record = format!(r#"{{"role":"{role}","agent_version":"0.1.0","addresses":[],"first_seen":1}}"#);
+    s.put(
+        &jio_common::keys::Key::new(format!("/hosts/{name}")).unwrap(),
+        &record,
+        None,
+    )
+    .await
+    .unwrap();
+}

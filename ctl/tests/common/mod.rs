@@ -43,6 +43,14 @@ pub async fn run(url: &str, args: &[&str]) -> Output {
     jioctl(url, args).output().await.unwrap()
 }
 
+/// Checks that what a `jioctl` printed (its output and errors) holds `what`,
+/// showing all of it otherwise.
+#[track_caller]
+pub fn assert_says(out: &Output, what: &str) {
+    let t = jio_tests::inspect::text(out);
+    assert!(t.contains(what), "{t}");
+}
+
 /// What `jioctl status` exits with, as documented: 1 when the fleet it shows (its
 /// JSON document) has a failed or lost host, or one without a live agent that is
 /// not upgraded; 0 otherwise.

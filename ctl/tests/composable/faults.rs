@@ -102,26 +102,11 @@ async fn repoint(f: &mut Fleet, host: &str, url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_step_reruns_only_the_interrupted_task_and_the_step_completes() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "controller1"];
-    let mut f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_for_the_kill()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, mut f) = stand_in_fleet(&names, &[keystone(), nova_compute_for_the_kill()]).await;
     let (nc, victim, slow) = ("nova_compute", "compute2", "wait for instances");
     f.set_task_seconds(victim, nc, Phase::Pre(2), Some(slow), 30.0);
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" },
-  "rolling_rules": { "roles": { "compute": 2 } }
-}"#,
-    );
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
+    let driver = f.spawn_upgrade(&url, TWO_COMPUTES_RULES);
     let long = wait_for_run(&f, "compute2's long task of step 2 to run", secs(60), |r| {
         r.host == victim && r.phase == Phase::Pre(2) && r.task == slow && r.end.is_none()
     })
@@ -144,7 +129,7 @@ async fn kill_9_mid_step_reruns_only_the_interrupted_task_and_the_step_completes
     )
     .await;
     let out = finish(driver, secs(90)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     assert!(f.all_at(&names, "v2"), "{}", f.diagnostics());
     let runs = f.runs_of("v2");
 
@@ -211,13 +196,13 @@ async fn kill_9_between_two_services_of_a_step_keeps_the_order_and_runs_the_firs
     )
     .await;
     f.set_task_seconds("controller1", "keystone", Phase::Pre(1), None, 30.0);
-    let rules = f.rules(
+    let driver = f.spawn_upgrade(
+        &url,
         r#"{
   "roles_data": { "controller": ["keystone", "glance"], "compute": ["nova_compute"] },
   "finalize": { "role": "controller" }
 }"#,
     );
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
     let long = wait_for_run(&f, "controller1's keystone pre-1 to start", secs(60), |r| {
         r.host == "controller1" && r.service == "keystone" && r.phase == Phase::Pre(1)
     })
@@ -238,7 +223,7 @@ async fn kill_9_between_two_services_of_a_step_keeps_the_order_and_runs_the_firs
     })
     .await;
     let out = ends_within(&f, &url, driver, secs(50)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
     assert_eq!(
@@ -273,16 +258,8 @@ async fn kill_9_between_two_services_of_a_step_keeps_the_order_and_runs_the_firs
 /// task again and the rollout ends done, one compute at a time, each other task once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_task_keeps_the_slot_and_the_step_resumes() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1"];
-    let mut f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, mut f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     // A short stop_grace: the task is stopped soon after the SIGTERM.
     let cfg = f.hosts[f.index("compute1")].config();
     let mut c = std::fs::read_to_string(&cfg).unwrap();
@@ -291,12 +268,8 @@ async fn sigterm_mid_task_keeps_the_slot_and_the_step_resumes() {
     f.kill_agent("compute1").await;
     f.restart_agent("compute1");
     f.set_task_seconds("compute1", "nova_compute", Phase::Pre(1), None, 30.0);
-    let rules = f.rules(ONE_RULES);
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
-    let long = wait_for_run(&f, "compute1's pre-1 to start", secs(60), |r| {
-        r.host == "compute1" && r.phase == Phase::Pre(1) && r.version == "v2"
-    })
-    .await;
+    let driver = f.spawn_upgrade(&url, ONE_RULES);
+    let long = wait_v2_phase(&f, "compute1", Phase::Pre(1)).await;
     f.clear_task_seconds("compute1", "nova_compute", Phase::Pre(1), None);
     let pid = f.agent_pid("compute1");
     nix::sys::signal::kill(
@@ -334,20 +307,10 @@ async fn sigterm_mid_task_keeps_the_slot_and_the_step_resumes() {
     );
     f.restart_agent("compute1");
     let out = ends_within(&f, &url, driver, secs(50)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
-    assert_eq!(
-        count(
-            &runs,
-            "compute1",
-            "nova_compute",
-            Phase::Pre(1),
-            "RPC pin nova-compute"
-        ),
-        2,
-        "{d}"
-    );
+    assert_eq!(rpc_pins(&runs, "compute1"), 2, "{d}");
     for (h, phase, task) in [
         ("compute2", Phase::Pre(1), "RPC pin nova-compute"),
         ("compute1", Phase::Post(3), "db sync"),
@@ -370,16 +333,8 @@ async fn sigterm_mid_task_keeps_the_slot_and_the_step_resumes() {
 /// not run again, and the rollout ends done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_ends_while_the_store_is_unreachable_keeps_its_slot() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1"];
-    let mut f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (etcd, url, mut f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     let proxy = Proxy::start(etcd.port(0)).await;
     repoint(&mut f, "compute1", &format!("etcd://127.0.0.1:{}", proxy.port)).await;
     let s = open(&url).await;
@@ -388,12 +343,8 @@ async fn a_step_that_ends_while_the_store_is_unreachable_keeps_its_slot() {
     })
     .await;
     f.set_task_seconds("compute1", "nova_compute", Phase::Pre(1), None, 3.0);
-    let rules = f.rules(ONE_RULES);
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
-    wait_for_run(&f, "compute1's pre-1 to start", secs(60), |r| {
-        r.host == "compute1" && r.phase == Phase::Pre(1) && r.version == "v2"
-    })
-    .await;
+    let driver = f.spawn_upgrade(&url, ONE_RULES);
+    wait_v2_phase(&f, "compute1", Phase::Pre(1)).await;
     proxy.cut();
     let cut_at = now();
     wait_for_run(&f, "compute1's pre-1 to end", secs(20), |r| {
@@ -429,11 +380,7 @@ async fn a_step_that_ends_while_the_store_is_unreachable_keeps_its_slot() {
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
     for h in ["compute1", "compute2"] {
-        assert_eq!(
-            count(&runs, h, "nova_compute", Phase::Pre(1), "RPC pin nova-compute"),
-            1,
-            "{h}\n{d}"
-        );
+        assert_eq!(rpc_pins(&runs, h), 1, "{h}\n{d}");
         assert_eq!(
             count(&runs, h, "nova_compute", Phase::Post(3), "db sync"),
             1,
@@ -448,16 +395,12 @@ async fn a_step_that_ends_while_the_store_is_unreachable_keeps_its_slot() {
 /// lock over and finishes the rollout: each task once, lockstep and the limit hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_killed_mid_phase_is_taken_over_and_nothing_runs_twice() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "controller1"];
-    let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::StandIn).await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     let mut first = mid_pre_1(&f, &url, 3.0).await;
     first.start_kill().unwrap();
     first.wait().await.unwrap();
-    let rules = f.rules(ONE_RULES);
-    f.upgrade(&url, &["v2", "--instructions-file", &rules], 0, secs(60))
-        .await;
+    f.upgrade_under(&url, ONE_RULES, 0, secs(60)).await;
     let runs = f.runs_of("v2");
     assert!(f.all_at(&names, "v2"), "{}", f.diagnostics());
     let v = lockstep_violations(&runs, &set(&names));
@@ -476,16 +419,7 @@ async fn a_driver_killed_mid_phase_is_taken_over_and_nothing_runs_twice() {
             );
         }
     }
-    for phase in [
-        Phase::Pre(1),
-        Phase::Pre(2),
-        Phase::Puppet,
-        Phase::Post(3),
-        Phase::Post(4),
-    ] {
-        let (n, at) = max_overlap(&runs, &set(&["compute1", "compute2", "compute3"]), phase);
-        assert!(n <= 1, "{phase}: {at:?}\n{}", f.diagnostics());
-    }
+    assert_one_compute_at_a_time(&runs, &f);
 }
 
 // ---------------------------------------------------------------------------
@@ -496,17 +430,15 @@ async fn a_driver_killed_mid_phase_is_taken_over_and_nothing_runs_twice() {
 /// the other follows): both end 0, each task ran once, in lockstep, within the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_drivers_racing_on_the_grants_run_each_task_once() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "controller1"];
-    let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::StandIn).await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     let rules = f.rules(ONE_RULES);
     let a = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
     let b = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
     let a = ends_within(&f, &url, a, secs(90)).await;
     let b = ends_within(&f, &url, b, secs(30)).await;
-    assert_eq!(a.status.code(), Some(0), "{}\n{}", text(&a), f.diagnostics());
-    assert_eq!(b.status.code(), Some(0), "{}\n{}", text(&b), f.diagnostics());
+    f.assert_exit(&a, 0);
+    f.assert_exit(&b, 0);
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
     assert!(lockstep_violations(&runs, &set(&names)).is_empty(), "{d}");
@@ -519,17 +451,7 @@ async fn two_drivers_racing_on_the_grants_run_each_task_once() {
             assert_eq!(count(&runs, h, "nova_compute", phase, task), 1, "{h} {task}\n{d}");
         }
     }
-    let computes = set(&["compute1", "compute2", "compute3"]);
-    for phase in [
-        Phase::Pre(1),
-        Phase::Pre(2),
-        Phase::Puppet,
-        Phase::Post(3),
-        Phase::Post(4),
-    ] {
-        let (n, at) = max_overlap(&runs, &computes, phase);
-        assert!(n <= 1, "{phase}: {at:?}\n{d}");
-    }
+    assert_one_compute_at_a_time(&runs, &f);
 }
 
 /// A task past its own `timeout` is stopped (it never logs its end), fails its host
@@ -537,16 +459,8 @@ async fn two_drivers_racing_on_the_grants_run_each_task_once() {
 /// phase starts anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_past_its_timeout_is_stopped_and_fails_the_rollout() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     // nova_compute's pre-1 task with a 1 s timeout; compute2's sleeps 20 s.
     let task = f.work.path().join("task.sh").display().to_string();
     let log = f.log_path().display().to_string();
@@ -563,13 +477,7 @@ async fn a_task_past_its_timeout_is_stopped_and_fails_the_rollout() {
     )
     .unwrap();
     f.set_task_seconds("compute2", "nova_compute", Phase::Pre(1), None, 20.0);
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" },
-  "rolling_rules": { "roles": { "compute": 2 } }
-}"#,
-    );
+    let rules = f.rules(TWO_COMPUTES_RULES);
     let started = std::time::Instant::now();
     let out = f
         .upgrade(&url, &["v2", "--instructions-file", &rules], 1, secs(50))
@@ -588,13 +496,12 @@ async fn a_task_past_its_timeout_is_stopped_and_fails_the_rollout() {
     assert!(slow[0].end.is_none(), "stopped before its end: {slow:#?}");
     let later: Vec<&TaskRun> = runs.iter().filter(|r| r.phase > Phase::Pre(1)).collect();
     assert!(later.is_empty(), "{later:#?}\n{}", f.diagnostics());
-    let r = rollout_record(&url).await;
-    assert_eq!(r["state"], "failed", "{r:#}");
-    let why = r.to_string();
-    assert!(
-        why.contains("RPC pin nova-compute") && why.contains("did not finish within 1s"),
-        "the failure names the task and its timeout: {r:#}"
-    );
+    assert_rollout_failed_naming(
+        &url,
+        &["RPC pin nova-compute", "did not finish within 1s"],
+        "the failure names the task and its timeout",
+    )
+    .await;
 }
 
 /// Garbage in the keys of a composable rollout before it starts: a grant that is not
@@ -604,16 +511,8 @@ async fn a_task_past_its_timeout_is_stopped_and_fails_the_rollout() {
 /// catalog again (it is the only writer of that key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_grants_and_catalogs_are_named_and_repaired() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1"];
-    let mut f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, mut f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     let s = open(&url).await;
     let key = |k: &str| jio_common::keys::Key::new(k).unwrap();
     s.put(&key("/steps/roles/controller"), "{not json", None)
@@ -636,13 +535,7 @@ async fn garbage_grants_and_catalogs_are_named_and_repaired() {
         t.contains("/hosts/compute1/services") && t.contains("/steps/roles/controller"),
         "{t}"
     );
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
+    let driver = f.spawn_upgrade(&url, FINALIZE_RULES);
     let out = tokio::time::timeout(secs(30), driver.wait_with_output()).await;
     for h in names {
         assert!(f.agent_running(h), "{h}'s agent ended\n{}", f.diagnostics());

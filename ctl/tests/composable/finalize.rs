@@ -5,21 +5,10 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_finalize_task_fails_the_rollout_naming_the_host_and_the_task() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1", "controller2"];
-    let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::StandIn).await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     f.fail("controller1", "nova_compute", Phase::Finalize);
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" },
-  "rolling_rules": { "roles": { "compute": 2 } }
-}"#,
-    );
-    let out = f
-        .upgrade(&url, &["v2", "--instructions-file", &rules], 1, secs(90))
-        .await;
+    let out = f.upgrade_under(&url, TWO_COMPUTES_RULES, 1, secs(90)).await;
     assert!(out.contains("controller1"), "{out}");
     let runs = f.runs_of("v2");
     // Every host was upgraded; only the deployment-wide step failed.
@@ -27,13 +16,12 @@ async fn a_failed_finalize_task_fails_the_rollout_naming_the_host_and_the_task()
     // It ran once (not again elsewhere), after everything else had ended.
     let v = finalize_violations(&runs, "controller1", &[("nova_compute", "unpin RPC")]);
     assert!(v.is_empty(), "{v:#?}\n{}", f.diagnostics());
-    let r = rollout_record(&url).await;
-    assert_eq!(r["state"], "failed", "{r:#}");
-    let record = r.to_string();
-    assert!(
-        record.contains("controller1") && record.contains("unpin RPC"),
-        "the failed record names the host and the task: {r:#}"
-    );
+    assert_rollout_failed_naming(
+        &url,
+        &["controller1", "unpin RPC"],
+        "the failed record names the host and the task",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -46,18 +34,11 @@ async fn a_failed_finalize_task_fails_the_rollout_naming_the_host_and_the_task()
 /// host and why finalize did not run) rather than wait for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finalize_role_whose_only_host_failed_ends_the_rollout() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_fin()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_fin()]).await;
     f.fail("controller1", "keystone", Phase::Pre(1));
-    let rules = f.rules(
+    let driver = f.spawn_upgrade(
+        &url,
         r#"{
   "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
   "finalize": { "role": "controller" },
@@ -65,7 +46,6 @@ async fn a_finalize_role_whose_only_host_failed_ends_the_rollout() {
   "rolling_rules": { "roles": { "compute": 2 } }
 }"#,
     );
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
     let out = ends_within(&f, &url, driver, secs(45)).await;
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}\n{}", f.diagnostics());
@@ -86,28 +66,11 @@ async fn a_finalize_role_whose_only_host_failed_ends_the_rollout() {
 /// same host and the rollout ends done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_finalize_host_killed_mid_finalize_resumes_there_and_nowhere_else() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1", "controller2"];
-    let mut f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_fin()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, mut f) = stand_in_fleet(&names, &[keystone(), nova_compute_fin()]).await;
     f.set_task_seconds("controller1", "nova_compute", Phase::Finalize, None, 30.0);
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
-    let fin = wait_for_run(&f, "controller1's finalize to start", secs(60), |r| {
-        r.host == "controller1" && r.phase == Phase::Finalize && r.version == "v2"
-    })
-    .await;
+    let driver = f.spawn_upgrade(&url, FINALIZE_RULES);
+    let fin = wait_v2_phase(&f, "controller1", Phase::Finalize).await;
     // explain during the finalize phase answers and names it.
     let out = run(&url, &["explain", "controller1"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -148,7 +111,7 @@ async fn the_finalize_host_killed_mid_finalize_resumes_there_and_nowhere_else() 
     )
     .await;
     let out = ends_within(&f, &url, driver, secs(40)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     let runs = f.runs_of("v2");
     let fins: Vec<&TaskRun> = runs.iter().filter(|r| r.phase == Phase::Finalize).collect();
     assert_eq!(fins.len(), 2, "the interrupted run and its rerun: {fins:#?}");
@@ -162,27 +125,16 @@ async fn the_finalize_host_killed_mid_finalize_resumes_there_and_nowhere_else() 
 /// ends done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finalize_host_held_before_finalize_gives_way_to_the_next_healthy_one() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1", "controller2"];
-    let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::StandIn).await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     // post-4 is nova_compute's alone: the controllers are done by then.
     f.set_task_seconds("compute1", "nova_compute", Phase::Post(4), None, 5.0);
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
-    let driver = spawn(&url, &["upgrade", "v2", "--instructions-file", &rules]);
-    wait_for_run(&f, "compute1's post-4 to start", secs(60), |r| {
-        r.host == "compute1" && r.phase == Phase::Post(4) && r.version == "v2"
-    })
-    .await;
+    let driver = f.spawn_upgrade(&url, FINALIZE_RULES);
+    wait_v2_phase(&f, "compute1", Phase::Post(4)).await;
     let out = run(&url, &["hold", "controller1", "--reason", "review"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = ends_within(&f, &url, driver, secs(40)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     let runs = f.runs_of("v2");
     let v = finalize_violations(&runs, "controller2", &[("nova_compute", "unpin RPC")]);
     assert!(v.is_empty(), "{v:#?}\n{}", f.diagnostics());

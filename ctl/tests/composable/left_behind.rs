@@ -12,17 +12,33 @@ const LEFT_RULES: &str = r#"{
   "rolling_rules": { "roles": { "compute": 2 } }
 }"#;
 
+/// How often compute2 ran each step the left-behind tests check, by the task log.
+struct Compute2Ran {
+    /// pre-1's `RPC pin nova-compute`.
+    pre_1: usize,
+    /// Puppet.
+    puppet: usize,
+    /// post-3's `db sync`.
+    post_3: usize,
+}
+
+/// Counts compute2's runs of pre-1's RPC pin, Puppet and post-3's db sync.
+fn compute2_ran(runs: &[TaskRun]) -> Compute2Ran {
+    let n = |service, phase, task| count(runs, "compute2", service, phase, task);
+    Compute2Ran {
+        pre_1: n("nova_compute", Phase::Pre(1), "RPC pin nova-compute"),
+        puppet: n("puppet", Phase::Puppet, "puppet"),
+        post_3: n("nova_compute", Phase::Post(3), "db sync"),
+    }
+}
+
 /// compute2 is left behind after failing in `failed_in`; while compute1's post-3
 /// runs long (the post-3 grant stands), the operator enables compute2 again. Returns
 /// the driver's output and the v2 runs.
 async fn enable_a_left_behind_host(f: &Fleet, url: &str, release: bool, code: i32) -> (String, Vec<TaskRun>) {
     f.set_task_seconds("compute1", "nova_compute", Phase::Post(3), None, 12.0);
-    let rules = f.rules(LEFT_RULES);
-    let driver = spawn(url, &["upgrade", "v2", "--instructions-file", &rules]);
-    wait_for_run(f, "compute1's post-3 to start", secs(60), |r| {
-        r.host == "compute1" && r.phase == Phase::Post(3) && r.version == "v2"
-    })
-    .await;
+    let driver = f.spawn_upgrade(url, LEFT_RULES);
+    wait_v2_phase(f, "compute1", Phase::Post(3)).await;
     if release {
         let out = run(url, &["release", "compute2"]).await;
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -45,41 +61,16 @@ async fn enable_a_left_behind_host(f: &Fleet, url: &str, release: bool, code: i3
 /// it runs neither Puppet nor post-3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_whose_task_failed_refuses_a_later_phase_even_when_enabled() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     f.fail("compute2", "nova_compute", Phase::Pre(1));
     let (out, runs) = enable_a_left_behind_host(&f, &url, false, 1).await;
     assert!(out.contains("compute2"), "{out}");
     let d = f.diagnostics();
-    assert_eq!(
-        count(
-            &runs,
-            "compute2",
-            "nova_compute",
-            Phase::Pre(1),
-            "RPC pin nova-compute"
-        ),
-        1,
-        "{d}"
-    );
-    assert_eq!(
-        count(&runs, "compute2", "puppet", Phase::Puppet, "puppet"),
-        0,
-        "{d}"
-    );
-    assert_eq!(
-        count(&runs, "compute2", "nova_compute", Phase::Post(3), "db sync"),
-        0,
-        "{d}"
-    );
+    let ran = compute2_ran(&runs);
+    assert_eq!(ran.pre_1, 1, "{d}");
+    assert_eq!(ran.puppet, 0, "{d}");
+    assert_eq!(ran.post_3, 0, "{d}");
     assert!(f.all_at(&["compute2"], "v1"), "{d}");
     assert!(f.all_at(&["compute1", "controller1"], "v2"), "{d}");
 }
@@ -89,28 +80,16 @@ async fn a_host_whose_task_failed_refuses_a_later_phase_even_when_enabled() {
 /// when an operator enables it again while post-3 is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_whose_puppet_failed_refuses_the_post_phase_even_when_enabled() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     f.hosts[f.index("compute2")].set_validation(false);
     let (out, runs) = enable_a_left_behind_host(&f, &url, false, 1).await;
     assert!(out.contains("compute2"), "{out}");
     let d = f.diagnostics();
+    let ran = compute2_ran(&runs);
+    assert_eq!(ran.puppet, 1, "{d}");
     assert_eq!(
-        count(&runs, "compute2", "puppet", Phase::Puppet, "puppet"),
-        1,
-        "{d}"
-    );
-    assert_eq!(
-        count(&runs, "compute2", "nova_compute", Phase::Post(3), "db sync"),
-        0,
+        ran.post_3, 0,
         "compute2 failed its Puppet phase, yet ran post-3's db sync\n{d}"
     );
 }
@@ -120,39 +99,17 @@ async fn a_host_whose_puppet_failed_refuses_the_post_phase_even_when_enabled() {
 /// post-3's tasks: it ran neither its pre step nor Puppet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_left_behind_while_held_refuses_the_post_phase_when_released_and_enabled() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     let out = run(&url, &["hold", "compute2", "--reason", "disk swap"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let (_, runs) = enable_a_left_behind_host(&f, &url, true, 0).await;
     let d = f.diagnostics();
+    let ran = compute2_ran(&runs);
+    assert_eq!(ran.pre_1, 0, "{d}");
+    assert_eq!(ran.puppet, 0, "{d}");
     assert_eq!(
-        count(
-            &runs,
-            "compute2",
-            "nova_compute",
-            Phase::Pre(1),
-            "RPC pin nova-compute"
-        ),
-        0,
-        "{d}"
-    );
-    assert_eq!(
-        count(&runs, "compute2", "puppet", Phase::Puppet, "puppet"),
-        0,
-        "{d}"
-    );
-    assert_eq!(
-        count(&runs, "compute2", "nova_compute", Phase::Post(3), "db sync"),
-        0,
+        ran.post_3, 0,
         "compute2 skipped pre-1 and Puppet, yet ran post-3's db sync\n{d}"
     );
 }
@@ -162,26 +119,10 @@ async fn a_host_left_behind_while_held_refuses_the_post_phase_when_released_and_
 /// does after a plain rollout failed in Puppet (its entries stay with the version).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_failures_still_names_a_host_whose_task_failed_after_the_rollout_ended() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     f.fail("compute1", "nova_compute", Phase::Pre(1));
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
-    let out = f
-        .upgrade(&url, &["v2", "--instructions-file", &rules], 1, secs(40))
-        .await;
+    let out = f.upgrade_under(&url, FINALIZE_RULES, 1, secs(40)).await;
     assert!(out.contains("compute1"), "{out}");
     assert_eq!(rollout_record(&url).await["state"], "failed");
     let out = run(&url, &["get-failures", "--hosts"]).await;

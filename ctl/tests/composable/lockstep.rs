@@ -34,9 +34,7 @@ async fn lockstep_with_real_puppet_no_host_starts_a_step_early_and_the_limits_ho
     let url = etcd.url();
     let names: Vec<&str> = CONTROLLERS.iter().chain(COMPUTES.iter()).copied().collect();
     let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::Real).await;
-    let rules = f.rules(LOCKSTEP_RULES);
-    f.upgrade(&url, &["v2", "--instructions-file", &rules], 0, secs(120))
-        .await;
+    f.upgrade_under(&url, LOCKSTEP_RULES, 0, secs(120)).await;
     let runs = f.runs_of("v2");
     assert!(f.all_at(&names, "v2"), "{}", f.diagnostics());
 
@@ -78,13 +76,7 @@ async fn lockstep_with_real_puppet_no_host_starts_a_step_early_and_the_limits_ho
     // Within each phase the rolling limits held, and were reached (so the check
     // could have failed).
     let mut most: BTreeMap<&str, usize> = BTreeMap::new();
-    for phase in [
-        Phase::Pre(1),
-        Phase::Pre(2),
-        Phase::Puppet,
-        Phase::Post(3),
-        Phase::Post(4),
-    ] {
+    for phase in NOVA_PHASES {
         for (role, hosts, limit) in [("controller", &CONTROLLERS[..], 1), ("compute", &COMPUTES[..], 2)] {
             let (n, at) = max_overlap(&runs, &set(hosts), phase);
             assert!(
@@ -219,16 +211,8 @@ async fn a_service_after_keystone_waits_for_keystone_on_every_host_and_on_its_ow
 /// `/steps/` watch, not from a resync (5 min): its task starts within 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_agent_sees_the_first_grant_of_a_new_composable_rollout_promptly() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     let rules = f.rules(ONE_RULES);
     let out = run(
         &url,

@@ -21,9 +21,11 @@ mod stages;
 mod stores;
 
 use common::composable::{
-    Fleet, Phase, PuppetKind, Service, Task, TaskRun, after_violations, alive, count, finalize_violations,
-    json, lockstep_violations, max_overlap, nova_compute, of_version, parent_pid, parse_log, rollout_record,
-    sequence_violations, set, stage_order_violations, stage_states, wait_for_run,
+    Fleet, NOVA_PHASES, Phase, PuppetKind, Service, Task, TaskRun, after_violations, alive,
+    assert_one_compute_at_a_time, assert_rollout_failed_naming, count, finalize_violations, json,
+    lockstep_violations, max_overlap, nova_compute, of_version, parent_pid, parse_log, rollout_record,
+    sequence_violations, set, spawn_stage, stage_order_violations, stage_states, stand_in_fleet,
+    wait_for_run, wait_v2_phase,
 };
 use common::fleet::{finish, keys_under, spawn};
 use common::run;
@@ -76,6 +78,20 @@ fn log(runs: &[Made<'_>]) -> String {
     lines.into_iter().map(|(_, l)| l).collect()
 }
 
+/// Rules with keystone on the controllers, nova_compute on the computes and the
+/// finalize step on a controller.
+const FINALIZE_RULES: &str = r#"{
+  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
+  "finalize": { "role": "controller" }
+}"#;
+
+/// [`FINALIZE_RULES`] with two computes at a time.
+const TWO_COMPUTES_RULES: &str = r#"{
+  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
+  "finalize": { "role": "controller" },
+  "rolling_rules": { "roles": { "compute": 2 } }
+}"#;
+
 /// Rules with one compute at a time, so that computes wait for admission.
 const ONE_RULES: &str = r#"{
   "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
@@ -87,13 +103,14 @@ const ONE_RULES: &str = r#"{
 /// compute1 runs it (the other computes wait for their turn).
 async fn mid_pre_1(f: &Fleet, url: &str, seconds: f64) -> tokio::process::Child {
     f.set_task_seconds("compute1", "nova_compute", Phase::Pre(1), None, seconds);
-    let rules = f.rules(ONE_RULES);
-    let driver = spawn(url, &["upgrade", "v2", "--instructions-file", &rules]);
-    wait_for_run(f, "compute1's pre-1 to start", secs(60), |r| {
-        r.host == "compute1" && r.phase == Phase::Pre(1) && r.version == "v2"
-    })
-    .await;
+    let driver = f.spawn_upgrade(url, ONE_RULES);
+    wait_v2_phase(f, "compute1", Phase::Pre(1)).await;
     driver
+}
+
+/// How often `host` ran nova_compute's pre-1 task "RPC pin nova-compute".
+fn rpc_pins(runs: &[TaskRun], host: &str) -> usize {
+    count(runs, host, "nova_compute", Phase::Pre(1), "RPC pin nova-compute")
 }
 
 fn key(k: &str) -> Key {

@@ -27,10 +27,8 @@ async fn settle_after_compute1(f: &Fleet, url: &str) {
 /// done, in lockstep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_mid_phase_starts_nothing_until_resumed() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "controller1"];
-    let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::StandIn).await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     let driver = mid_pre_1(&f, &url, 4.0).await;
     let out = run(&url, &["rollout", "pause", "--reason", "review"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -49,21 +47,12 @@ async fn a_pause_mid_phase_starts_nothing_until_resumed() {
     let out = run(&url, &["rollout", "resume"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let out = finish(driver, secs(60)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     let runs = f.runs_of("v2");
     assert!(f.all_at(&names, "v2"), "{}", f.diagnostics());
     let v = lockstep_violations(&runs, &set(&names));
     assert!(v.is_empty(), "{v:#?}\n{}", f.diagnostics());
-    for phase in [
-        Phase::Pre(1),
-        Phase::Pre(2),
-        Phase::Puppet,
-        Phase::Post(3),
-        Phase::Post(4),
-    ] {
-        let (n, at) = max_overlap(&runs, &set(&["compute1", "compute2", "compute3"]), phase);
-        assert!(n <= 1, "{phase}: {at:?}\n{}", f.diagnostics());
-    }
+    assert_one_compute_at_a_time(&runs, &f);
 }
 
 /// The emergency stop in the middle of pre-1: the driver stops (6), the host in
@@ -71,10 +60,8 @@ async fn a_pause_mid_phase_starts_nothing_until_resumed() {
 /// grants go with the rollout, the enable keys with the stop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emergency_stop_mid_phase_starts_nothing_afterwards() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "controller1"];
-    let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::StandIn).await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     let driver = mid_pre_1(&f, &url, 4.0).await;
     let out = run(&url, &["global-disable-puppet"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -101,10 +88,8 @@ async fn an_emergency_stop_mid_phase_starts_nothing_afterwards() {
 /// while compute1's v2 task runs, from the task log; v3 then ends done in lockstep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retargeting_mid_phase_keeps_the_host_in_flight_in_its_groups_count() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "compute3", "controller1"];
-    let f = Fleet::start(&url, &names, &[keystone(), nova_compute()], PuppetKind::StandIn).await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute()]).await;
     let first = mid_pre_1(&f, &url, 5.0).await;
     let rules = f.rules(ONE_RULES);
     let second = spawn(&url, &["upgrade", "v3", "--instructions-file", &rules]);
@@ -117,7 +102,7 @@ async fn retargeting_mid_phase_keeps_the_host_in_flight_in_its_groups_count() {
     );
     f.clear_task_seconds("compute1", "nova_compute", Phase::Pre(1), None);
     let out = finish(second, secs(60)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     assert!(f.all_at(&names, "v3"), "{}", f.diagnostics());
     // Every compute run of any version and phase: at most one compute at a time.
     let runs = f.runs();
@@ -153,24 +138,10 @@ async fn retargeting_mid_phase_keeps_the_host_in_flight_in_its_groups_count() {
 /// version, and its grants name it (the aborted one's are gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_then_the_same_rules_is_a_new_rollout_that_runs_the_steps_again() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     let rules = f.rules(STAGED);
-    f.upgrade(
-        &url,
-        &["v2", "--instructions-file", &rules, "--stage", "controlplane"],
-        0,
-        secs(60),
-    )
-    .await;
+    f.upgrade_stage(&url, &rules, "controlplane", secs(60)).await;
     let first = rollout_record(&url).await["id"].as_str().unwrap().to_string();
     let out = run(&url, &["rollout", "abort", "--reason", "review"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -201,17 +172,7 @@ async fn abort_then_the_same_rules_is_a_new_rollout_that_runs_the_steps_again() 
         1,
         "{d}"
     );
-    assert_eq!(
-        count(
-            &runs,
-            "compute1",
-            "nova_compute",
-            Phase::Pre(1),
-            "RPC pin nova-compute"
-        ),
-        1,
-        "{d}"
-    );
+    assert_eq!(rpc_pins(&runs, "compute1"), 1, "{d}");
     assert!(keys_under(&s, "/steps/").await.is_empty());
 }
 
@@ -221,24 +182,10 @@ async fn abort_then_the_same_rules_is_a_new_rollout_that_runs_the_steps_again() 
 /// upgraded, stay at v1 without a Puppet run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undo_of_a_staged_composable_rollout_goes_back() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     let rules = f.rules(STAGED);
-    f.upgrade(
-        &url,
-        &["v2", "--instructions-file", &rules, "--stage", "controlplane"],
-        0,
-        secs(60),
-    )
-    .await;
+    f.upgrade_stage(&url, &rules, "controlplane", secs(60)).await;
     let before = f.runs().len();
     // `rollout undo` starts the rollout back and follows it to its end.
     let undo = spawn(&url, &["rollout", "undo"]);

@@ -86,13 +86,7 @@ async fn a_staged_rollout_upgrades_the_control_plane_then_the_rest_as_one_rollou
     .await;
     let rules = f.rules(STAGED_RULES);
 
-    f.upgrade(
-        &url,
-        &["v2", "--instructions-file", &rules, "--stage", "controlplane"],
-        0,
-        secs(90),
-    )
-    .await;
+    f.upgrade_stage(&url, &rules, "controlplane", secs(90)).await;
     // Between the stages (no driver holds the lock), the computes, still at v1, go
     // on checking their health at v1: their run directories say so.
     let checks = |h: &str| {
@@ -163,13 +157,7 @@ async fn a_staged_rollout_upgrades_the_control_plane_then_the_rest_as_one_rollou
         assert!(agents.contains_key(&format!("/agents/{h}")), "{agents:?}");
     }
 
-    f.upgrade(
-        &url,
-        &["v2", "--instructions-file", &rules, "--stage", "compute"],
-        0,
-        secs(90),
-    )
-    .await;
+    f.upgrade_stage(&url, &rules, "compute", secs(90)).await;
     let runs = f.runs_of("v2");
     assert!(f.all_at(&names, "v2"), "{}", f.diagnostics());
     let r = rollout_record(&url).await;
@@ -198,13 +186,7 @@ async fn a_staged_rollout_upgrades_the_control_plane_then_the_rest_as_one_rollou
     ] {
         assert!(v.is_empty(), "{v:#?}\n{}", f.diagnostics());
     }
-    for phase in [
-        Phase::Pre(1),
-        Phase::Pre(2),
-        Phase::Puppet,
-        Phase::Post(3),
-        Phase::Post(4),
-    ] {
+    for phase in NOVA_PHASES {
         let (n, at) = max_overlap(&runs, &set(&computes), phase);
         assert!(n <= 1, "{n} computes in {phase} at once: {at:?}");
     }
@@ -310,16 +292,8 @@ async fn following_a_rollout_of_every_stage_with_stage_does_not_narrow_it() {
 /// `rollout status --json` the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_stages_with_a_host_held_in_the_second() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "compute2", "controller1", "stmon1", "stmon2"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), ceph_mon(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), ceph_mon(), nova_compute_short()]).await;
     let out = run(&url, &["hold", "stmon2", "--reason", "disk swap"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let rules = f.rules(THREE_STAGES);
@@ -431,33 +405,10 @@ async fn a_later_stage_started_while_the_first_runs_waits_for_it() {
     .await;
     f.set_task_seconds("controller2", "keystone", Phase::Pre(1), None, 4.0);
     let rules = f.rules(STAGED);
-    let first = spawn(
-        &url,
-        &[
-            "upgrade",
-            "v2",
-            "--instructions-file",
-            &rules,
-            "--stage",
-            "controlplane",
-        ],
-    );
-    wait_for_run(&f, "controller2's pre-1 to start", secs(60), |r| {
-        r.host == "controller2" && r.phase == Phase::Pre(1) && r.version == "v2"
-    })
-    .await;
+    let first = spawn_stage(&url, &rules, "controlplane");
+    wait_v2_phase(&f, "controller2", Phase::Pre(1)).await;
     let id = rollout_record(&url).await["id"].clone();
-    let second = spawn(
-        &url,
-        &[
-            "upgrade",
-            "v2",
-            "--instructions-file",
-            &rules,
-            "--stage",
-            "compute",
-        ],
-    );
+    let second = spawn_stage(&url, &rules, "compute");
     wait_for("the record to list both stages", secs(20), || async {
         rollout_record(&url).await["stages"] != serde_json::json!(["controlplane"])
     })
@@ -472,8 +423,8 @@ async fn a_later_stage_started_while_the_first_runs_waits_for_it() {
     );
     let a = ends_within(&f, &url, first, secs(60)).await;
     let b = ends_within(&f, &url, second, secs(60)).await;
-    assert_eq!(a.status.code(), Some(0), "{}\n{}", text(&a), f.diagnostics());
-    assert_eq!(b.status.code(), Some(0), "{}\n{}", text(&b), f.diagnostics());
+    f.assert_exit(&a, 0);
+    f.assert_exit(&b, 0);
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
     assert!(f.all_at(&names, "v2"), "{d}");
@@ -488,31 +439,13 @@ async fn a_later_stage_started_while_the_first_runs_waits_for_it() {
 /// service drives to done. The service keeps running (and waiting) between stages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drive_service_and_a_following_upgrade_stage() {
-    let etcd = Etcd::start().await;
-    let url = etcd.url();
     let names = ["compute1", "controller1"];
-    let f = Fleet::start(
-        &url,
-        &names,
-        &[keystone(), nova_compute_short()],
-        PuppetKind::StandIn,
-    )
-    .await;
+    let (_etcd, url, f) = stand_in_fleet(&names, &[keystone(), nova_compute_short()]).await;
     let mut service = spawn(&url, &["drive"]);
     let rules = f.rules(STAGED);
-    let follower = spawn(
-        &url,
-        &[
-            "upgrade",
-            "v2",
-            "--instructions-file",
-            &rules,
-            "--stage",
-            "controlplane",
-        ],
-    );
+    let follower = spawn_stage(&url, &rules, "controlplane");
     let out = ends_within(&f, &url, follower, secs(40)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     let out = text(&out);
     assert!(
         out.contains("not started: compute") && out.contains("--stage compute"),
@@ -530,13 +463,7 @@ async fn a_drive_service_and_a_following_upgrade_stage() {
     let id = rollout_record(&url).await["id"].clone();
     let rs = json(&url, &["rollout", "status"]).await;
     assert!(rs.is_object(), "{rs:#}");
-    f.upgrade(
-        &url,
-        &["v2", "--instructions-file", &rules, "--stage", "compute"],
-        0,
-        secs(60),
-    )
-    .await;
+    f.upgrade_stage(&url, &rules, "compute", secs(60)).await;
     let r = rollout_record(&url).await;
     assert_eq!(r["id"], id, "{r:#}");
     assert_eq!(r["state"], "done", "{r:#}");

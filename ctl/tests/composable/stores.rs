@@ -27,20 +27,14 @@ async fn small_rollout_on(url: &str) {
     let st = json(url, &["status"]).await;
     let txt = st.to_string();
     assert!(!txt.contains("\"services\":{\"dir\""), "{st:#}");
-    let rules = f.rules(
-        r#"{
-  "roles_data": { "controller": ["keystone"], "compute": ["nova_compute"] },
-  "finalize": { "role": "controller" }
-}"#,
-    );
-    let driver = spawn(url, &["upgrade", "v2", "--instructions-file", &rules]);
+    let driver = f.spawn_upgrade(url, FINALIZE_RULES);
     // The grants are there while it runs.
     wait_for("a grant under /steps/", secs(30), || async {
         !keys_under(&s, "/steps/").await.is_empty()
     })
     .await;
     let out = ends_within(&f, url, driver, secs(60)).await;
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), f.diagnostics());
+    f.assert_exit(&out, 0);
     let runs = f.runs_of("v2");
     let d = f.diagnostics();
     assert!(f.all_at(&names, "v2"), "{d}");
