@@ -50,10 +50,6 @@ const PRUNE: usize = 20;
 /// Records a new command (its hosts resolved from the fleet now), deleting the
 /// oldest finished commands beyond the history in the same transaction. Bad
 /// targets or rules are errors naming them; nothing is written then.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 pub async fn create(
     store: &DynStore,
     schema: &Schema,
@@ -62,11 +58,32 @@ pub async fn create(
 ) -> Result<CommandRecord, Failure> {
     let mut fleet = Snapshot::read(store, schema).await?;
     fleet.role_pattern = role_pattern.clone();
-    let hosts = command::resolve_targets(&new.targets, &fleet)
+    let hosts = checked_hosts(&new, &fleet)?;
+    note_holds_and_stop(&fleet, &hosts);
+    let records = command_records(store, schema).await?;
+    let drop = to_prune(&records, &fleet);
+    let now = unix_now();
+    for n in 1..100u32 {
+        let id = CommandId::new(now, &new.action, n);
+        if records.iter().any(|(i, _)| i == &id) {
+            continue;
+        }
+        let record = new_record(&new, id, &hosts, now);
+        if store.txn(creation_txn(schema, &record, &drop)).await?.committed() {
+            return Ok(record);
+        }
+    }
+    Err(Failure::new(exit::SOFTWARE, "could not find a free command id"))
+}
+
+/// The new command's hosts: its targets resolved in `fleet`, once its rules check
+/// (warnings said); bad targets or rules are errors naming them.
+fn checked_hosts(new: &NewCommand, fleet: &Snapshot) -> Result<Vec<HostName>, Failure> {
+    let hosts = command::resolve_targets(&new.targets, fleet)
         .map_err(|errors| Failure::usage(format!("nothing was written:\n  {}", errors.join("\n  "))))?;
     let resolved = new
         .rules
-        .resolve(&roles_of(&fleet, &fleet.hosts().into_iter().collect::<Vec<_>>()))
+        .resolve(&roles_of(fleet, &fleet.hosts().into_iter().collect::<Vec<_>>()))
         .map_err(|e| Failure::with(exit::INVALID_RULES, anyhow::Error::new(e)))?;
     // Rules given on the command line are checked as a rollout's are (names the
     // fleet does not have); a command without rules runs under the defaults, and
@@ -76,6 +93,12 @@ pub async fn create(
     for w in &resolved.warnings {
         eprintln!("jioctl: warning: {w}");
     }
+    Ok(hosts)
+}
+
+/// Notes what keeps the command from some hosts (holds) and what it runs despite
+/// (an emergency stop).
+fn note_holds_and_stop(fleet: &Snapshot, hosts: &[HostName]) {
     let held: Vec<&HostName> = hosts
         .iter()
         .filter(|h| fleet.hold_of(h, &fleet.role_of(h)).is_some())
@@ -95,6 +118,13 @@ pub async fn create(
             jio_common::plan::when(by.since)
         );
     }
+}
+
+/// Every command in the store, oldest first (`None`: its record cannot be read).
+async fn command_records(
+    store: &DynStore,
+    schema: &Schema,
+) -> Result<Vec<(CommandId, Option<CommandRecord>)>, Failure> {
     let listing = store.list(&schema.commands()).await?;
     let mut records: Vec<(CommandId, Option<CommandRecord>)> = listing
         .kvs
@@ -105,9 +135,14 @@ pub async fn create(
         })
         .collect();
     records.sort_by(|a, b| a.0.cmp(&b.0));
-    // The oldest finished ones beyond the history. One that cannot be read is
-    // kept (it may be running, written by a newer jioctl), and so is one a host is
-    // still admitted to (its driver withdraws that first).
+    Ok(records)
+}
+
+/// The commands a new one deletes: the oldest finished ones beyond the history.
+/// One that cannot be read is kept (it may be running, written by a newer
+/// jioctl), and so is one a host is still admitted to (its driver withdraws that
+/// first).
+fn to_prune<'a>(records: &'a [(CommandId, Option<CommandRecord>)], fleet: &Snapshot) -> Vec<&'a CommandId> {
     let admitted: BTreeSet<&CommandId> = fleet.inboxes.values().flatten().collect();
     let finished: Vec<&CommandId> = records
         .iter()
@@ -117,7 +152,7 @@ pub async fn create(
     // At most `PRUNE` per new command (two deletes each, in the creation's one
     // transaction, within what any store takes): a longer history shrinks over
     // the next commands.
-    let drop: Vec<&CommandId> = finished
+    finished
         .iter()
         .take(
             finished
@@ -126,48 +161,46 @@ pub async fn create(
                 .min(PRUNE),
         )
         .copied()
-        .collect();
-    let now = unix_now();
-    for n in 1..100u32 {
-        let id = CommandId::new(now, &new.action, n);
-        if records.iter().any(|(i, _)| i == &id) {
-            continue;
-        }
-        let by = crate::rollouts::by();
-        let record = CommandRecord {
-            id: id.clone(),
-            action: new.action.clone(),
-            args: new.args.clone(),
-            targets: new.targets.clone(),
-            hosts: hosts.clone(),
-            rules: new.rules_json.clone(),
-            timeout_s: new.timeout.map(|d| d.as_secs().max(1)),
-            rerun_interrupted: new.rerun_interrupted,
-            created_by: by.clone(),
-            created_at: now,
-            state: CommandState::Running,
-            changes: vec![jio_common::rollout::Change {
-                state: "running".into(),
-                by,
-                at: now,
-                reason: None,
-            }],
-        };
-        let mut txn = Txn::new()
-            .when(Compare::Absent(schema.command(&id)))
-            .then(Op::put(
-                schema.command(&id),
-                serde_json::to_string(&record).unwrap_or_default(),
-            ));
-        for old in &drop {
-            txn.ops.push(Op::Delete(schema.command(old)));
-            txn.ops.push(Op::DeletePrefix(schema.command_runs(old)));
-        }
-        if store.txn(txn).await?.committed() {
-            return Ok(record);
-        }
+        .collect()
+}
+
+/// The record of `new` as command `id` on `hosts`, running since `now`.
+fn new_record(new: &NewCommand, id: CommandId, hosts: &[HostName], now: u64) -> CommandRecord {
+    let by = crate::rollouts::by();
+    CommandRecord {
+        id,
+        action: new.action.clone(),
+        args: new.args.clone(),
+        targets: new.targets.clone(),
+        hosts: hosts.to_vec(),
+        rules: new.rules_json.clone(),
+        timeout_s: new.timeout.map(|d| d.as_secs().max(1)),
+        rerun_interrupted: new.rerun_interrupted,
+        created_by: by.clone(),
+        created_at: now,
+        state: CommandState::Running,
+        changes: vec![jio_common::rollout::Change {
+            state: "running".into(),
+            by,
+            at: now,
+            reason: None,
+        }],
     }
-    Err(Failure::new(exit::SOFTWARE, "could not find a free command id"))
+}
+
+/// One transaction: the record, if its id is still free, and the deletion of
+/// the commands in `drop` (record and runs).
+fn creation_txn(schema: &Schema, record: &CommandRecord, drop: &[&CommandId]) -> Txn {
+    let id = &record.id;
+    let mut txn = Txn::new().when(Compare::Absent(schema.command(id))).then(Op::put(
+        schema.command(id),
+        serde_json::to_string(record).unwrap_or_default(),
+    ));
+    for old in drop {
+        txn.ops.push(Op::Delete(schema.command(old)));
+        txn.ops.push(Op::DeletePrefix(schema.command_runs(old)));
+    }
+    txn
 }
 
 /// A command as read for one pass, and what its planner says.
@@ -807,10 +840,6 @@ pub fn failure(e: anyhow::Error) -> Failure {
 /// and the record as read (an agent's start is fenced on the record, so none
 /// starts after it); the rest of the withdrawals follow in chunks. Withdraws the
 /// admissions an ended command left, too.
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 pub async fn cancel(
     store: &DynStore,
     schema: &Schema,
@@ -823,90 +852,125 @@ pub async fn cancel(
             return withdraw_orphan(store, schema, id).await;
         }
         let r = read(store, schema, role_pattern, id).await.map_err(failure)?;
-        let active = r.record.state.active();
-        let mut first = Vec::new();
-        if active {
-            let by = crate::rollouts::by();
-            let rec = r.record.moved(
-                CommandState::Cancelled {
-                    by: by.clone(),
-                    reason: reason.clone(),
-                },
-                &by,
-                unix_now(),
-                reason.clone(),
-            );
-            first.push(Op::put(
-                schema.command(id),
-                serde_json::to_string(&rec).unwrap_or_default(),
-            ));
+        if let Some(done) = cancel_once(store, schema, r, id, &reason).await? {
+            return Ok(done);
         }
-        // Every admission goes, wherever it is: hosts not started never start it,
-        // started ones finish (their agents' records count them in flight).
-        let release: Vec<HostName> = r
-            .fleet
-            .inboxes
-            .iter()
-            // Running hosts too: their agents' records keep them in flight.
-            .filter(|(_, ids)| ids.contains(id))
-            .map(|(h, _)| h.clone())
-            .collect();
-        let mut rest = inbox_ops(schema, &r.fleet, id, &[], &release);
-        let withdrawn = rest.len();
-        if first.is_empty() && rest.is_empty() {
-            return Ok(Cancelled {
-                before: Some(r.record),
-                running: r.plan.running.len(),
-                cancelled: false,
-                withdrawn: 0,
-            });
-        }
-        // Each transaction: its compares, the epoch's bump, and at most what the
-        // store takes.
-        let size = writes::CHUNK.min(store.max_txn_ops().saturating_sub(3)).max(1);
-        let n = rest.len().min(size.saturating_sub(first.len()));
-        first.extend(rest.drain(..n));
-        first.push(writes::epoch_put(schema));
-        let epoch_key = schema.lock(jio_common::fleet::EPOCH);
-        let txn = Txn {
-            compares: vec![
-                Compare::ModRevision(epoch_key.clone(), r.fleet.epoch),
-                Compare::ModRevision(schema.command(id), r.record_kv.mod_revision),
-            ],
-            ops: first,
-        };
-        let TxnOutcome::Committed(mut epoch) = store.txn(txn).await? else {
-            continue;
-        };
-        // The rest: withdrawals only (nothing starts any more), each chunk fenced
-        // on the epoch the one before left; a race reads again.
-        let mut raced = false;
-        for chunk in rest.chunks(size) {
-            let mut txn = Txn::new().when(Compare::ModRevision(epoch_key.clone(), epoch));
-            txn.ops.extend(chunk.iter().cloned());
-            txn.ops.push(writes::epoch_put(schema));
-            match store.txn(txn).await? {
-                TxnOutcome::Committed(e) => epoch = e,
-                TxnOutcome::Lost(_) => {
-                    raced = true;
-                    break;
-                }
-            }
-        }
-        if raced && !active {
-            continue;
-        }
-        return Ok(Cancelled {
-            before: Some(r.record),
-            running: r.plan.running.len(),
-            cancelled: active,
-            withdrawn,
-        });
     }
     Err(Failure::new(
         exit::FAILED,
         format!("command {id} kept changing while it was being cancelled; try again"),
     ))
+}
+
+/// One try at cancelling the command as read (`r`); `None`: it changed under us,
+/// read it again.
+async fn cancel_once(
+    store: &DynStore,
+    schema: &Schema,
+    r: Read,
+    id: &CommandId,
+    reason: &Option<String>,
+) -> Result<Option<Cancelled>, Failure> {
+    let active = r.record.state.active();
+    let mut first: Vec<Op> = active
+        .then(|| cancelled_record_put(schema, &r.record, id, reason))
+        .into_iter()
+        .collect();
+    // Every admission goes, wherever it is: hosts not started never start it,
+    // started ones finish (their agents' records count them in flight).
+    let mut rest = inbox_ops(schema, &r.fleet, id, &[], &admitted_to(&r.fleet, id));
+    let withdrawn = rest.len();
+    if first.is_empty() && rest.is_empty() {
+        return Ok(Some(outcome(r, false, 0)));
+    }
+    // Each transaction: its compares, the epoch's bump, and at most what the
+    // store takes.
+    let size = writes::CHUNK.min(store.max_txn_ops().saturating_sub(3)).max(1);
+    let n = rest.len().min(size.saturating_sub(first.len()));
+    first.extend(rest.drain(..n));
+    first.push(writes::epoch_put(schema));
+    let txn = Txn {
+        compares: vec![
+            Compare::ModRevision(schema.lock(jio_common::fleet::EPOCH), r.fleet.epoch),
+            Compare::ModRevision(schema.command(id), r.record_kv.mod_revision),
+        ],
+        ops: first,
+    };
+    let TxnOutcome::Committed(epoch) = store.txn(txn).await? else {
+        return Ok(None);
+    };
+    let raced = withdraw_in_chunks(store, schema, &rest, size, epoch).await?;
+    if raced && !active {
+        return Ok(None);
+    }
+    Ok(Some(outcome(r, active, withdrawn)))
+}
+
+/// What cancelling the command as read (`r`) did.
+fn outcome(r: Read, cancelled: bool, withdrawn: usize) -> Cancelled {
+    Cancelled {
+        running: r.plan.running.len(),
+        before: Some(r.record),
+        cancelled,
+        withdrawn,
+    }
+}
+
+/// The put of `record` moved to cancelled, by us, now, for `reason`.
+fn cancelled_record_put(
+    schema: &Schema,
+    record: &CommandRecord,
+    id: &CommandId,
+    reason: &Option<String>,
+) -> Op {
+    let by = crate::rollouts::by();
+    let rec = record.moved(
+        CommandState::Cancelled {
+            by: by.clone(),
+            reason: reason.clone(),
+        },
+        &by,
+        unix_now(),
+        reason.clone(),
+    );
+    Op::put(
+        schema.command(id),
+        serde_json::to_string(&rec).unwrap_or_default(),
+    )
+}
+
+/// The hosts whose inbox holds command `id`. Running hosts too: their agents'
+/// records keep them in flight.
+fn admitted_to(fleet: &Snapshot, id: &CommandId) -> Vec<HostName> {
+    fleet
+        .inboxes
+        .iter()
+        .filter(|(_, ids)| ids.contains(id))
+        .map(|(h, _)| h.clone())
+        .collect()
+}
+
+/// The rest of the withdrawals (nothing starts any more), `size` ops a
+/// transaction, each chunk fenced on the epoch the one before left (`epoch`
+/// first). True: a race lost (the caller reads again).
+async fn withdraw_in_chunks(
+    store: &DynStore,
+    schema: &Schema,
+    rest: &[Op],
+    size: usize,
+    mut epoch: jio_common::store::Revision,
+) -> Result<bool, Failure> {
+    let epoch_key = schema.lock(jio_common::fleet::EPOCH);
+    for chunk in rest.chunks(size) {
+        let mut txn = Txn::new().when(Compare::ModRevision(epoch_key.clone(), epoch));
+        txn.ops.extend(chunk.iter().cloned());
+        txn.ops.push(writes::epoch_put(schema));
+        match store.txn(txn).await? {
+            TxnOutcome::Committed(e) => epoch = e,
+            TxnOutcome::Lost(_) => return Ok(true),
+        }
+    }
+    Ok(false)
 }
 
 /// `cancel` of an id that has no record (deleted by hand): the admissions that

@@ -29,10 +29,6 @@ const ROLLOUT_STATES: [&str; 6] = ["running", "paused", "stuck", "done", "failed
 
 /// The fleet's metrics at `now`; `me` is this driver (the lock's holder when it
 /// holds it).
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 pub fn render(
     snap: &Snapshot,
     last_rollout: Option<&RolloutRecord>,
@@ -42,22 +38,51 @@ pub fn render(
 ) -> String {
     let hosts = fleet::classify(snap);
     let (group_of, resolved) = crate::status::groups(snap, &hosts);
-    let group =
-        |role: &jio_common::names::Role| group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
-    // (group, role) → hosts per state, every state present (0 included, for alerts).
-    let mut per: BTreeMap<(String, String), BTreeMap<HostState, usize>> = BTreeMap::new();
-    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
-    let mut in_flight: BTreeMap<String, usize> = BTreeMap::new();
-    for h in &hosts {
-        let g = group(&h.role);
-        let states = per
-            .entry((g.clone(), h.role.to_string()))
-            .or_insert_with(|| HostState::ALL.iter().map(|s| (*s, 0)).collect());
-        *states.entry(h.state).or_default() += 1;
-        *sizes.entry(g.clone()).or_default() += 1;
-        *in_flight.entry(g).or_default() += usize::from(h.state.in_flight());
-    }
+    let tally = Tally::of(&hosts, &group_of);
     let mut e = Exposition::new();
+    store_health(&mut e, errors, up);
+    fleet_hosts(&mut e, snap, &tally);
+    if let Some(r) = &resolved {
+        group_limits(&mut e, r, &tally);
+    }
+    rollout(&mut e, snap, last_rollout);
+    safety(&mut e, snap, me);
+    e.finish()
+}
+
+/// The fleet's hosts counted for the metrics.
+#[derive(Default)]
+struct Tally {
+    /// (group, role) → hosts per state, every state present (0 included, for alerts).
+    per: BTreeMap<(String, String), BTreeMap<HostState, usize>>,
+    /// Hosts per group.
+    sizes: BTreeMap<String, usize>,
+    /// Hosts per group holding a rolling slot.
+    in_flight: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    /// Counts `hosts`, each in its role's group (`group_of`; a role without one is its own).
+    fn of(hosts: &[fleet::HostStatus], group_of: &BTreeMap<jio_common::names::Role, String>) -> Tally {
+        let group =
+            |role: &jio_common::names::Role| group_of.get(role).cloned().unwrap_or_else(|| role.to_string());
+        let mut t = Tally::default();
+        for h in hosts {
+            let g = group(&h.role);
+            let states = t
+                .per
+                .entry((g.clone(), h.role.to_string()))
+                .or_insert_with(|| HostState::ALL.iter().map(|s| (*s, 0)).collect());
+            *states.entry(h.state).or_default() += 1;
+            *t.sizes.entry(g.clone()).or_default() += 1;
+            *t.in_flight.entry(g).or_default() += usize::from(h.state.in_flight());
+        }
+        t
+    }
+}
+
+/// Whether the last read of the store worked, and how many failed.
+fn store_health(e: &mut Exposition, errors: u64, up: bool) {
     e.single(
         "jio_drive_store_up",
         Kind::Gauge,
@@ -69,8 +94,12 @@ pub fn render(
         Kind::Counter,
         "Reads of the store for a scrape that failed.",
         errors as f64,
-    )
-    .family(
+    );
+}
+
+/// The desired version, and the hosts per group, role and state and in flight per group.
+fn fleet_hosts(e: &mut Exposition, snap: &Snapshot, tally: &Tally) {
+    e.family(
         "jio_fleet_desired_version_info",
         Kind::Gauge,
         "The fleet's desired version, /current_version (always 1; absent when none is set).",
@@ -80,7 +109,7 @@ pub fn render(
         "jio_fleet_hosts",
         Kind::Gauge,
         "Hosts by rollout group, role and state (upgraded, upgrading, failed, pending, lost, blocked, unknown).",
-        per.iter().flat_map(|((g, r), states)| {
+        tally.per.iter().flat_map(|((g, r), states)| {
             states.iter().map(move |(s, n)| -> Sample<'_> {
                 (
                     vec![
@@ -97,21 +126,27 @@ pub fn render(
         "jio_fleet_group_in_flight",
         Kind::Gauge,
         "Hosts of each group holding a rolling slot (upgrading, failed or lost).",
-        in_flight.iter().map(|(g, n)| (vec![("group", g.clone())], *n as f64)),
+        tally.in_flight.iter().map(|(g, n)| (vec![("group", g.clone())], *n as f64)),
     );
-    if let Some(r) = &resolved {
-        e.family(
-            "jio_fleet_group_limit",
-            Kind::Gauge,
-            "Each group's limit on hosts in flight under the active rollout's rules (absent: no limit).",
-            sizes.iter().filter_map(|(g, size)| {
-                r.limits
-                    .get(g)
-                    .and_then(|ls| ls.iter().map(|l| l.of(*size, true)).min())
-                    .map(|n| (vec![("group", g.clone())], n as f64))
-            }),
-        );
-    }
+}
+
+/// Each group's limit on hosts in flight under the active rollout's rules.
+fn group_limits(e: &mut Exposition, r: &jio_common::rules::Resolved, tally: &Tally) {
+    e.family(
+        "jio_fleet_group_limit",
+        Kind::Gauge,
+        "Each group's limit on hosts in flight under the active rollout's rules (absent: no limit).",
+        tally.sizes.iter().filter_map(|(g, size)| {
+            r.limits
+                .get(g)
+                .and_then(|ls| ls.iter().map(|l| l.of(*size, true)).min())
+                .map(|n| (vec![("group", g.clone())], n as f64))
+        }),
+    );
+}
+
+/// Whether a rollout is active, and the current (or last) one's id, version and state.
+fn rollout(e: &mut Exposition, snap: &Snapshot, last_rollout: Option<&RolloutRecord>) {
     let current = snap.rollout.as_ref().and_then(|c| c.record.as_ref().ok());
     let rollout = current.or(last_rollout);
     e.single(
@@ -144,8 +179,12 @@ pub fn render(
                 .iter()
                 .map(|s| (vec![("state", s.to_string())], f64::from(u8::from(r.state.name() == *s))))
         }),
-    )
-    .single(
+    );
+}
+
+/// The emergency stop, whether this driver (`me`) holds the lock, and unreadable values.
+fn safety(e: &mut Exposition, snap: &Snapshot, me: &LockRecord) {
+    e.single(
         "jio_fleet_emergency_stop",
         Kind::Gauge,
         "1 while global-disable-puppet's emergency stop is in force.",
@@ -167,7 +206,6 @@ pub fn render(
         "Values in the store that cannot be read (jioctl status names each key).",
         snap.problems.len() as f64,
     );
-    e.finish()
 }
 
 /// A scrape reads the store (at most once per `FRESH`) and renders.

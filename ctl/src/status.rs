@@ -140,20 +140,79 @@ pub fn admission(snap: &Snapshot, now: u64) -> Admission {
 }
 
 /// `admission`, with the whole fleet already classified (`fleet::classify`).
-#[expect(
-    clippy::too_many_lines,
-    reason = "longer than a screen: to be cut into named steps (issue 33)"
-)]
 pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admission {
-    let roles = hosts.iter().map(|h| h.role.clone()).collect();
     let active = snap
         .rollout
         .as_ref()
         .and_then(|c| c.ok())
         .filter(|r| r.state.active());
-    // Why nothing is admitted whatever the plan says, when the rollout or its rules
-    // cannot be used; the reasons then come from the planner under no rules.
-    let mut unusable = snap
+    let InForce {
+        resolved,
+        mut unusable,
+        problem,
+    } = match rules_in_force(snap, active, hosts) {
+        Ok(in_force) => in_force,
+        Err(problem) => {
+            return Admission {
+                reasons: BTreeMap::new(),
+                plan: None,
+                composed: None,
+                problem: Some(problem),
+            };
+        }
+    };
+    if let Some(r) = active
+        && unusable.is_none()
+    {
+        unusable = unclear_intent(r, &resolved, hosts);
+    }
+    let cx = PlanContext {
+        now,
+        rollout: if problem.is_some() { None } else { active },
+        host_keys_only: false,
+        busy_outside: &[],
+    };
+    let plan = plan::plan(snap, hosts, &resolved, &cx);
+    let composed = if problem.is_some() {
+        None
+    } else {
+        composed(snap, &resolved, now)
+    };
+    // A composable rollout: each host's reason is its phase's.
+    let mut reasons = composed
+        .as_ref()
+        .map_or_else(|| plan.reasons.clone(), |c| c.plan.reasons.clone());
+    for r in reasons.values_mut().filter(|r| r.code == ReasonCode::Admitted) {
+        not_admitted_after_all(r, unusable.as_deref(), active.is_some(), snap);
+    }
+    Admission {
+        reasons,
+        plan: if problem.is_some() { None } else { Some(plan) },
+        composed,
+        problem,
+    }
+}
+
+/// The rules the planner works under, and why they admit nothing, if so.
+struct InForce {
+    resolved: jio_common::rules::Resolved,
+    /// Why nothing is admitted whatever the plan says, when the rollout or its
+    /// rules cannot be used; the reasons then come from the planner under no rules.
+    unusable: Option<String>,
+    /// The rollout's rules do not fit the fleet: why.
+    problem: Option<String>,
+}
+
+/// The active rollout's rules (`active`; the defaults without one) resolved for the
+/// fleet, or the defaults when they do not fit (`Err`: not even those resolve;
+/// why the rules do not fit).
+fn rules_in_force(
+    snap: &Snapshot,
+    active: Option<&jio_common::rollout::RolloutRecord>,
+    hosts: &[HostStatus],
+) -> Result<InForce, String> {
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
+    let unusable = snap
         .rollout
         .as_ref()
         .and_then(|c| c.record.as_ref().err())
@@ -166,82 +225,63 @@ pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admissio
         Some(r) => Rules::parse(&r.rules.to_string()).and_then(|rules| rules.resolve(&roles)),
         None => Rules::default().resolve(&roles),
     };
-    let mut problem = None;
-    let resolved = match resolved {
-        Ok(r) => r,
+    match resolved {
+        Ok(resolved) => Ok(InForce {
+            resolved,
+            unusable,
+            problem: None,
+        }),
         Err(e) => {
             let p = format!("the rollout's rules do not fit the fleet: {e}");
-            unusable = Some(format!("{p}; nothing is admitted"));
-            problem = Some(p);
-            match Rules::default().resolve(&roles) {
-                Ok(r) => r,
-                Err(_) => {
-                    return Admission {
-                        reasons: BTreeMap::new(),
-                        plan: None,
-                        composed: None,
-                        problem,
-                    };
-                }
-            }
-        }
-    };
-    // The check every driver makes on every pass: rules whose intent is unclear
-    // admit nothing unless forced.
-    if let Some(r) = active
-        && unusable.is_none()
-        && let Ok(rules) = Rules::parse(&r.rules.to_string())
-        && rules.compose.is_none()
-    {
-        let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
-        if let Err(e) =
-            jio_common::rules::check_intent(&resolved, rules.sets_no_limit().then_some(moving), r.forced)
-        {
-            unusable = Some(jio_common::rules::admits_nothing(&e));
+            let Ok(resolved) = Rules::default().resolve(&roles) else {
+                return Err(p);
+            };
+            Ok(InForce {
+                resolved,
+                unusable: Some(format!("{p}; nothing is admitted")),
+                problem: Some(p),
+            })
         }
     }
-    let cx = PlanContext {
-        now,
-        rollout: if problem.is_some() { None } else { active },
-        host_keys_only: false,
-        busy_outside: &[],
-    };
-    let plan = plan::plan(snap, hosts, &resolved, &cx);
-    let mut reasons = plan.reasons.clone();
-    let composed = if problem.is_some() {
-        None
-    } else {
-        composed(snap, &resolved, now)
-    };
-    if let Some(c) = &composed {
-        // A composable rollout: each host's reason is its phase's.
-        reasons = c.plan.reasons.clone();
+}
+
+/// The check every driver makes on every pass: rules whose intent is unclear
+/// admit nothing unless forced. `Some`: why nothing is admitted.
+fn unclear_intent(
+    r: &jio_common::rollout::RolloutRecord,
+    resolved: &jio_common::rules::Resolved,
+    hosts: &[HostStatus],
+) -> Option<String> {
+    let rules = Rules::parse(&r.rules.to_string()).ok()?;
+    if rules.compose.is_some() {
+        return None;
     }
-    for r in reasons.values_mut().filter(|r| r.code == ReasonCode::Admitted) {
-        match (&unusable, active) {
-            (Some(why), _) => {
-                r.code = ReasonCode::Unusable;
-                r.text = why.clone();
-            }
-            // Nothing drives pending hosts without a rollout: say so.
-            (None, None) => {
-                r.code = ReasonCode::WaitingFor;
-                r.text = "pending: no rollout is active (`jioctl upgrade VERSION` starts one)".into();
-            }
-            // The plan is a read-only view: with nobody to drive the rollout, no
-            // driver's pass admits the host.
-            (None, Some(_)) if undriven_line(snap).is_some() => {
-                r.code = ReasonCode::WaitingFor;
-                r.text = "would be admitted by a driver's next pass, but no driver is running (`jioctl drive`, or `jioctl upgrade` with the same rules)".into();
-            }
-            (None, Some(_)) => {}
+    let moving = hosts.iter().filter(|h| h.state != HostState::Upgraded).count();
+    jio_common::rules::check_intent(resolved, rules.sets_no_limit().then_some(moving), r.forced)
+        .err()
+        .map(|e| jio_common::rules::admits_nothing(&e))
+}
+
+/// A host the plan admits, as nobody admits it after all: the rollout cannot be
+/// used (`unusable`), there is none (`!active`), or nobody drives it.
+fn not_admitted_after_all(r: &mut Reason, unusable: Option<&str>, active: bool, snap: &Snapshot) {
+    match (unusable, active) {
+        (Some(why), _) => {
+            r.code = ReasonCode::Unusable;
+            r.text = why.to_string();
         }
-    }
-    Admission {
-        reasons,
-        plan: if problem.is_some() { None } else { Some(plan) },
-        composed,
-        problem,
+        // Nothing drives pending hosts without a rollout: say so.
+        (None, false) => {
+            r.code = ReasonCode::WaitingFor;
+            r.text = "pending: no rollout is active (`jioctl upgrade VERSION` starts one)".into();
+        }
+        // The plan is a read-only view: with nobody to drive the rollout, no
+        // driver's pass admits the host.
+        (None, true) if undriven_line(snap).is_some() => {
+            r.code = ReasonCode::WaitingFor;
+            r.text = "would be admitted by a driver's next pass, but no driver is running (`jioctl drive`, or `jioctl upgrade` with the same rules)".into();
+        }
+        (None, true) => {}
     }
 }
 

@@ -7,9 +7,9 @@ use clap::Args;
 use jio_common::command::resolve_targets;
 use jio_common::command_record::Targets;
 use jio_common::gate::KeyState;
-use jio_common::keys::EnableLevel;
+use jio_common::keys::{EnableLevel, Key};
 use jio_common::names::{HostName, Role};
-use jio_common::store::{Compare, Op, Txn, TxnOutcome};
+use jio_common::store::{Compare, DynStore, Op, Revision, Txn, TxnOutcome};
 use jio_common::values::format_bool;
 
 use crate::context::{Access, Context};
@@ -60,37 +60,13 @@ impl EnablePuppet {
         }
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub async fn run(self, ctx: &Context) -> Outcome {
         let level = self.level()?;
         let key = ctx.schema().enable(&level);
-        let op = match (self.delete, self.value) {
-            (true, None) => Op::Delete(key.clone()),
-            (true, Some(_)) => return Err(Failure::usage("--delete takes no value")),
-            (false, Some(b)) => Op::put(key.clone(), format_bool(b)),
-            (false, None) => return Err(Failure::usage("give true or false, or --delete")),
-        };
+        let op = self.op(&key)?;
         let store = ctx.open(Access::Write).await?;
         if !self.delete && !self.force {
-            // A misspelt name would write a key no agent reads: refused, named.
-            let target = match &level {
-                EnableLevel::Global => None,
-                EnableLevel::Role(r) => Some(Targets::Roles(vec![r.clone()])),
-                EnableLevel::Host(h) => Some(Targets::Hosts(vec![h.clone()])),
-            };
-            if let Some(t) = target {
-                let snap = ctx.snapshot(&store).await?;
-                if let Err(errors) = resolve_targets(&t, &snap) {
-                    return Err(Failure::usage(format!(
-                        "{}; nothing was written (--force writes it all the same, for a host that has not joined yet)",
-                        // Named by this command's own flag.
-                        errors.join("; ").replace("--hosts ", "--host ")
-                    )));
-                }
-            }
+            refuse_unknown(ctx, &store, &level).await?;
         }
         if level == EnableLevel::Global && self.value == Some(true) {
             let what = "enable-puppet true --global";
@@ -109,42 +85,28 @@ impl EnablePuppet {
             let written = writes::write(&store, ctx.schema(), vec![op])
                 .await
                 .context("writing the enable key")?;
-            // Rewriting `true` is the operator's "retry now" for a failed host, which
-            // its agent sees as the key's mod revision moving. Consul skips a write of
-            // a key's current value, so the revision stays: say it again in two
-            // steps (a moment of `false` holds nothing back that was moving).
-            // Both writes are fenced on the plan epoch (every jioctl write bumps it)
-            // and the first on the key: an emergency stop or any other write that
-            // comes in between wins, and this says so.
             if self.value == Some(true)
                 && let Some(kv) = store.get(&key).await.context("reading the enable key back")?
                 && kv.mod_revision < written
             {
-                let epoch = ctx.schema().lock(jio_common::fleet::EPOCH);
-                let mut expect = written;
-                for b in [false, true] {
-                    let mut txn = Txn::new()
-                        .when(Compare::ModRevision(epoch.clone(), expect))
-                        .then(Op::put(key.clone(), format_bool(b)))
-                        .then(writes::epoch_put(ctx.schema()));
-                    if !b {
-                        txn = txn.when(Compare::ModRevision(key.clone(), kv.mod_revision));
-                    }
-                    match store.txn(txn).await.context("writing the enable key")? {
-                        TxnOutcome::Committed(r) => expect = r,
-                        TxnOutcome::Lost(_) => {
-                            let left = if b { "false" } else { "true, as it was" };
-                            return Err(Failure::new(
-                                crate::exit::FAILED,
-                                format!(
-                                    "{key} was rewritten as false then true so that a failed host's agent sees it (the store skips a write of the value a key holds), but another write came in between: the key is left {left}; check `jioctl status` and write it again if still wanted"
-                                ),
-                            ));
-                        }
-                    }
-                }
+                rewrite_true(ctx, &store, &key, kv.mod_revision, written).await?;
             }
         }
+        self.say_written(ctx, &key);
+        Ok(())
+    }
+
+    /// The write this asks for: the key put or deleted.
+    fn op(&self, key: &Key) -> Result<Op, Failure> {
+        match (self.delete, self.value) {
+            (true, None) => Ok(Op::Delete(key.clone())),
+            (true, Some(_)) => Err(Failure::usage("--delete takes no value")),
+            (false, Some(b)) => Ok(Op::put(key.clone(), format_bool(b))),
+            (false, None) => Err(Failure::usage("give true or false, or --delete")),
+        }
+    }
+
+    fn say_written(&self, ctx: &Context, key: &Key) {
         match self.value {
             Some(b) if !self.delete => crate::say!("{key} = {b}"),
             _ => crate::say!("{key} deleted"),
@@ -159,6 +121,65 @@ impl EnablePuppet {
                 }))
             );
         }
-        Ok(())
     }
+}
+
+/// A misspelt name would write a key no agent reads: refused, named.
+async fn refuse_unknown(ctx: &Context, store: &DynStore, level: &EnableLevel) -> Outcome {
+    let target = match level {
+        EnableLevel::Global => None,
+        EnableLevel::Role(r) => Some(Targets::Roles(vec![r.clone()])),
+        EnableLevel::Host(h) => Some(Targets::Hosts(vec![h.clone()])),
+    };
+    if let Some(t) = target {
+        let snap = ctx.snapshot(store).await?;
+        if let Err(errors) = resolve_targets(&t, &snap) {
+            return Err(Failure::usage(format!(
+                "{}; nothing was written (--force writes it all the same, for a host that has not joined yet)",
+                // Named by this command's own flag.
+                errors.join("; ").replace("--hosts ", "--host ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Rewriting `true` is the operator's "retry now" for a failed host, which
+/// its agent sees as the key's mod revision moving. Consul skips a write of
+/// a key's current value, so the revision stays (`key_revision`, below the epoch
+/// `written`): say it again in two steps (a moment of `false` holds nothing back
+/// that was moving). Both writes are fenced on the plan epoch (every jioctl write
+/// bumps it) and the first on the key: an emergency stop or any other write that
+/// comes in between wins, and this says so.
+async fn rewrite_true(
+    ctx: &Context,
+    store: &DynStore,
+    key: &Key,
+    key_revision: Revision,
+    written: Revision,
+) -> Outcome {
+    let epoch = ctx.schema().lock(jio_common::fleet::EPOCH);
+    let mut expect = written;
+    for b in [false, true] {
+        let mut txn = Txn::new()
+            .when(Compare::ModRevision(epoch.clone(), expect))
+            .then(Op::put(key.clone(), format_bool(b)))
+            .then(writes::epoch_put(ctx.schema()));
+        if !b {
+            txn = txn.when(Compare::ModRevision(key.clone(), key_revision));
+        }
+        match store.txn(txn).await.context("writing the enable key")? {
+            TxnOutcome::Committed(r) => expect = r,
+            TxnOutcome::Lost(_) => {
+                let left = if b { "false" } else { "true, as it was" };
+                return Err(Failure::new(
+                    crate::exit::FAILED,
+                    format!(
+                        "{key} was rewritten as false then true so that a failed host's agent sees it (the store skips a write of the value a key holds), but another write came in between: the key is left {left}; check `jioctl status` and write it again if still wanted"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

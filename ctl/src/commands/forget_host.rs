@@ -29,10 +29,6 @@ pub struct ForgetHost {
 }
 
 impl ForgetHost {
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub async fn run(self, ctx: &Context) -> Outcome {
         let h = &self.host;
         let schema = ctx.schema();
@@ -41,77 +37,15 @@ impl ForgetHost {
             [a, m] => (a.clone(), m.clone()),
             _ => (None, None),
         };
-        if let Some(why) = in_flight(agent.as_ref(), marker.as_ref()) {
-            return Err(Failure::new(
-                exit::FAILED,
-                format!(
-                    "{h} is in flight ({why}): forgetting it would free its slot for another host while it runs; nothing was written. Let its run end (`jioctl status {h}`), or stop its agent and delete its run marker {} once nothing runs there, then forget it",
-                    schema.run(h)
-                ),
-            ));
-        }
-        if agent.is_some() && !self.force {
-            return Err(Failure::usage(format!(
-                "{h}'s agent is alive ({} exists): stop it first, or give --force (it registers again at its next start); nothing was written",
-                schema.agent(h)
-            )));
-        }
-        // Every key that names the host: listed where they can be many, read where
-        // there is one.
-        let mut keys: Vec<Key> = Vec::new();
-        for prefix in [
-            schema.hosts(),
-            schema.active_roles(),
-            schema.running_versions(),
-            schema.status_root(),
-        ] {
-            for kv in store.list(&prefix).await?.kvs {
-                let mine = match schema.parse(&kv.key) {
-                    Some(
-                        Parsed::Host(x)
-                        | Parsed::Catalog(x)
-                        | Parsed::ActiveRole(_, x, _)
-                        | Parsed::RunningVersion(_, x)
-                        | Parsed::Status(_, _, _, x)
-                        | Parsed::Provisioned(_, x)
-                        | Parsed::StepStatus(_, _, _, _, x),
-                    ) => &x == h,
-                    _ => false,
-                };
-                if mine {
-                    keys.push(kv.key);
-                }
-            }
-        }
-        let single = [
-            schema.enable(&EnableLevel::Host(h.clone())),
-            schema.result(h),
-            schema.run(h),
-            schema.hold(&HoldTarget::Host(h.clone())),
-            schema.command_inbox(h),
-            schema.clock(h),
-        ];
-        for (k, kv) in single.iter().zip(store.get_many(&single).await?) {
-            if kv.is_some() {
-                keys.push(k.clone());
-            }
-        }
+        refuse_if_busy(schema, h, agent.as_ref(), marker.as_ref(), self.force)?;
+        let keys = keys_naming(&store, schema, h).await?;
         if keys.is_empty() {
             return Err(Failure::new(
                 exit::FAILED,
                 format!("the store knows nothing of {h}: nothing to forget"),
             ));
         }
-        // An agent that starts meanwhile would register again, one that starts a run
-        // would hold a slot: then refuse.
-        let mut txn = Txn::new().when(Compare::Absent(schema.run(h)));
-        txn = txn.when(match &agent {
-            None => Compare::Absent(schema.agent(h)),
-            Some(kv) => Compare::ModRevision(schema.agent(h), kv.mod_revision),
-        });
-        txn.ops = keys.iter().cloned().map(Op::Delete).collect();
-        txn.ops.push(writes::epoch_put(schema));
-        match store.txn(txn).await? {
+        match store.txn(forget_txn(schema, h, agent.as_ref(), &keys)).await? {
             TxnOutcome::Committed(_) => {}
             TxnOutcome::Lost(_) => {
                 return Err(Failure::new(
@@ -122,23 +56,125 @@ impl ForgetHost {
                 ));
             }
         }
-        crate::say!("forgot {h}: {} key(s) deleted", keys.len());
-        if ctx.verbose > 0 {
-            for k in &keys {
-                crate::say!("  {k}");
+        say_forgotten(ctx, h, &keys, agent.is_some());
+        Ok(())
+    }
+}
+
+/// Refuses a host in flight (even with `--force`), and one whose agent is alive
+/// (unless `force`).
+fn refuse_if_busy(
+    schema: &jio_common::keys::Schema,
+    h: &HostName,
+    agent: Option<&KeyValue>,
+    marker: Option<&KeyValue>,
+    force: bool,
+) -> Result<(), Failure> {
+    if let Some(why) = in_flight(agent, marker) {
+        return Err(Failure::new(
+            exit::FAILED,
+            format!(
+                "{h} is in flight ({why}): forgetting it would free its slot for another host while it runs; nothing was written. Let its run end (`jioctl status {h}`), or stop its agent and delete its run marker {} once nothing runs there, then forget it",
+                schema.run(h)
+            ),
+        ));
+    }
+    if agent.is_some() && !force {
+        return Err(Failure::usage(format!(
+            "{h}'s agent is alive ({} exists): stop it first, or give --force (it registers again at its next start); nothing was written",
+            schema.agent(h)
+        )));
+    }
+    Ok(())
+}
+
+/// Every key that names the host: listed where they can be many, read where
+/// there is one.
+async fn keys_naming(
+    store: &jio_common::store::DynStore,
+    schema: &jio_common::keys::Schema,
+    h: &HostName,
+) -> Result<Vec<Key>, Failure> {
+    let mut keys: Vec<Key> = Vec::new();
+    for prefix in [
+        schema.hosts(),
+        schema.active_roles(),
+        schema.running_versions(),
+        schema.status_root(),
+    ] {
+        for kv in store.list(&prefix).await?.kvs {
+            if names_host(schema, &kv.key, h) {
+                keys.push(kv.key);
             }
         }
-        if ctx.json {
-            println!(
-                "{}",
-                crate::out::document(json!({
-                    "host": h,
-                    "deleted": keys.iter().map(Key::as_str).collect::<Vec<_>>(),
-                    "agent_was_alive": agent.is_some(),
-                }))
-            );
+    }
+    let single = [
+        schema.enable(&EnableLevel::Host(h.clone())),
+        schema.result(h),
+        schema.run(h),
+        schema.hold(&HoldTarget::Host(h.clone())),
+        schema.command_inbox(h),
+        schema.clock(h),
+    ];
+    for (k, kv) in single.iter().zip(store.get_many(&single).await?) {
+        if kv.is_some() {
+            keys.push(k.clone());
         }
-        Ok(())
+    }
+    Ok(keys)
+}
+
+/// Whether `key` (under one of the listed prefixes) is one of host `h`'s.
+fn names_host(schema: &jio_common::keys::Schema, key: &Key, h: &HostName) -> bool {
+    match schema.parse(key) {
+        Some(
+            Parsed::Host(x)
+            | Parsed::Catalog(x)
+            | Parsed::ActiveRole(_, x, _)
+            | Parsed::RunningVersion(_, x)
+            | Parsed::Status(_, _, _, x)
+            | Parsed::Provisioned(_, x)
+            | Parsed::StepStatus(_, _, _, _, x),
+        ) => &x == h,
+        _ => false,
+    }
+}
+
+/// The deletion of `keys` with the epoch's bump. An agent that starts meanwhile
+/// would register again, one that starts a run would hold a slot: then it fails.
+fn forget_txn(
+    schema: &jio_common::keys::Schema,
+    h: &HostName,
+    agent: Option<&KeyValue>,
+    keys: &[Key],
+) -> Txn {
+    let mut txn = Txn::new().when(Compare::Absent(schema.run(h)));
+    txn = txn.when(match agent {
+        None => Compare::Absent(schema.agent(h)),
+        Some(kv) => Compare::ModRevision(schema.agent(h), kv.mod_revision),
+    });
+    txn.ops = keys.iter().cloned().map(Op::Delete).collect();
+    txn.ops.push(writes::epoch_put(schema));
+    txn
+}
+
+/// Says what was forgotten (each key when verbose; a JSON document when asked).
+fn say_forgotten(ctx: &Context, h: &HostName, keys: &[Key], agent_was_alive: bool) {
+    crate::say!("forgot {h}: {} key(s) deleted", keys.len());
+    if ctx.verbose > 0 {
+        for k in keys {
+            crate::say!("  {k}");
+        }
+    }
+    if ctx.json {
+        println!(
+            "{}",
+            crate::out::document(json!({
+                "host": h,
+                "deleted": keys.iter().map(Key::as_str).collect::<Vec<_>>(),
+                "agent_was_alive": agent_was_alive,
+            }))
+        );
     }
 }
 

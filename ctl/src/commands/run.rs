@@ -71,47 +71,9 @@ fn options_after_action(args: &[String]) -> Vec<&str> {
 }
 
 impl Run {
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let targets = match (self.all, self.role.is_empty(), self.hosts.is_empty()) {
-            (true, _, _) => Targets::All,
-            (false, false, _) => Targets::Roles(self.role.clone()),
-            (false, true, false) => Targets::Hosts(self.hosts.clone()),
-            (false, true, true) => {
-                let late = options_after_action(&self.args);
-                return Err(Failure::usage(format!(
-                    "say where to run it: --all, --role R or --hosts H, before ACTION (nothing was written){}",
-                    if late.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; {} came after the action {:?}, so it would be the action's argument",
-                            late.join(", "),
-                            self.action
-                        )
-                    }
-                )));
-            }
-        };
-        let late = options_after_action(&self.args);
-        if !late.is_empty() {
-            eprintln!(
-                "jioctl: note: {} comes after the action {:?}: it is passed to the action as its argument, not taken by jioctl (jioctl's options go before ACTION)",
-                late.join(", "),
-                self.action
-            );
-        }
-        if self.action.is_empty() {
-            return Err(Failure::usage("the action is empty (nothing was written)"));
-        }
-        if self.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(Failure::usage(
-                "--timeout must be more than 0s (nothing was written)",
-            ));
-        }
+        let targets = self.targets()?;
+        self.check_action()?;
         let strict = (self.instructions.is_some() || self.instructions_file.is_some()) && !self.force;
         let (rules, rules_json) = load_rules(self.instructions, self.instructions_file)?;
         let store = ctx.open(Access::Write).await?;
@@ -140,31 +102,89 @@ impl Run {
             record.targets
         );
         if self.detach {
-            let snap = ctx.snapshot(&store).await?;
-            if snap.drivers.is_empty() {
-                eprintln!(
-                    "jioctl: no driver service (jioctl drive) is running: nothing admits its hosts until one starts, or `jioctl commands follow {id}` drives it"
-                );
-            } else {
-                eprintln!(
-                    "jioctl: the driver service{} {} drive{} it; `jioctl commands follow {id}` follows it",
-                    if snap.drivers.len() == 1 { "" } else { "s" },
-                    snap.drivers.keys().cloned().collect::<Vec<_>>().join(", "),
-                    if snap.drivers.len() == 1 { "s" } else { "" }
-                );
-            }
-            if ctx.json {
-                println!(
-                    "{}",
-                    crate::out::document(serde_json::json!({ "command": record }))
-                );
-            } else {
-                println!("{id}");
-            }
-            return Ok(());
+            return detached(ctx, &store, &record).await;
         }
         follow(ctx, &store, &id).await
     }
+
+    /// Where to run it: `--all`, `--role` or `--hosts`; none is a usage error
+    /// (naming those given after ACTION, which are the action's).
+    fn targets(&self) -> Result<Targets, Failure> {
+        match (self.all, self.role.is_empty(), self.hosts.is_empty()) {
+            (true, _, _) => Ok(Targets::All),
+            (false, false, _) => Ok(Targets::Roles(self.role.clone())),
+            (false, true, false) => Ok(Targets::Hosts(self.hosts.clone())),
+            (false, true, true) => {
+                let late = options_after_action(&self.args);
+                Err(Failure::usage(format!(
+                    "say where to run it: --all, --role R or --hosts H, before ACTION (nothing was written){}",
+                    if late.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; {} came after the action {:?}, so it would be the action's argument",
+                            late.join(", "),
+                            self.action
+                        )
+                    }
+                )))
+            }
+        }
+    }
+
+    /// Notes jioctl's options given after ACTION (the action's arguments), and
+    /// refuses an empty action or a zero timeout.
+    fn check_action(&self) -> Result<(), Failure> {
+        let late = options_after_action(&self.args);
+        if !late.is_empty() {
+            eprintln!(
+                "jioctl: note: {} comes after the action {:?}: it is passed to the action as its argument, not taken by jioctl (jioctl's options go before ACTION)",
+                late.join(", "),
+                self.action
+            );
+        }
+        if self.action.is_empty() {
+            return Err(Failure::usage("the action is empty (nothing was written)"));
+        }
+        if self.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Failure::usage(
+                "--timeout must be more than 0s (nothing was written)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `--detach`: says who drives the recorded command, and prints its id (or its
+/// record, as JSON).
+async fn detached(
+    ctx: &Context,
+    store: &jio_common::store::DynStore,
+    record: &jio_common::command_record::CommandRecord,
+) -> Outcome {
+    let id = &record.id;
+    let snap = ctx.snapshot(store).await?;
+    if snap.drivers.is_empty() {
+        eprintln!(
+            "jioctl: no driver service (jioctl drive) is running: nothing admits its hosts until one starts, or `jioctl commands follow {id}` drives it"
+        );
+    } else {
+        eprintln!(
+            "jioctl: the driver service{} {} drive{} it; `jioctl commands follow {id}` follows it",
+            if snap.drivers.len() == 1 { "" } else { "s" },
+            snap.drivers.keys().cloned().collect::<Vec<_>>().join(", "),
+            if snap.drivers.len() == 1 { "s" } else { "" }
+        );
+    }
+    if ctx.json {
+        println!(
+            "{}",
+            crate::out::document(serde_json::json!({ "command": record }))
+        );
+    } else {
+        println!("{id}");
+    }
+    Ok(())
 }
 
 /// Follows (and drives, while nobody else does) the command until it ends, then

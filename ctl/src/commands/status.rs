@@ -13,7 +13,7 @@ use jio_common::fleet::{self, Snapshot};
 use jio_common::names::Role;
 
 use jio_common::keys::Parsed;
-use jio_common::store::{ErrorKind, StoreError, WatchEvent};
+use jio_common::store::{DynStore, ErrorKind, StoreError, WatchEvent, WatchStream};
 
 use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
@@ -32,6 +32,16 @@ fn troubled(snap: &Snapshot, h: &fleet::HostStatus) -> bool {
     }
 }
 
+/// What ended a wait for a change.
+enum Woken {
+    /// Something changed: read again and redraw.
+    Changed,
+    /// The store went, or is back: read again, on a new watch.
+    Reopen,
+    /// The watch ended.
+    Ended,
+}
+
 /// How long `--watch` waits without any change before it checks that the store
 /// is still there.
 const QUIET: std::time::Duration = std::time::Duration::from_secs(5);
@@ -47,10 +57,6 @@ pub struct Status {
 }
 
 impl Status {
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     pub async fn run(self, ctx: &Context) -> Outcome {
         let store = ctx.open(Access::Read).await?;
         let mut stream = None;
@@ -69,20 +75,8 @@ impl Status {
                 Err(e) => return Err(e.into()),
             };
             unreachable = None;
-            if let Some(r) = self.role.as_ref().filter(|_| !checked)
-                && let Err(errors) = resolve_targets(&Targets::Roles(vec![r.clone()]), &snap)
-            {
-                let roles: BTreeSet<Role> = snap.hosts().iter().map(|h| snap.role_of(h)).collect();
-                let roles: Vec<&str> = roles.iter().map(Role::as_str).collect();
-                return Err(Failure::usage(format!(
-                    "{} (the fleet's roles: {})",
-                    errors.join("; "),
-                    if roles.is_empty() {
-                        "none".into()
-                    } else {
-                        roles.join(", ")
-                    }
-                )));
+            if !checked {
+                self.check_role(&snap)?;
             }
             checked = true;
             let troubled = self.draw(ctx, &snap, store.url())?;
@@ -107,43 +101,72 @@ impl Status {
                 }
             }
             let Some(w) = stream.as_mut() else { continue };
-            // Wait for a change; when all is quiet for a while, make sure the store
-            // is still there (a frozen store sends no event and no error).
-            let mut reopen = false;
-            loop {
-                match tokio::time::timeout(QUIET, w.next()).await {
-                    // An agent's clock, rewritten every minute, changes no view.
-                    Ok(Some(Ok(WatchEvent::Put(kv))))
-                        if matches!(ctx.schema().parse(&kv.key), Some(Parsed::Clock(_))) => {}
-                    Ok(Some(Ok(_))) => break,
-                    Ok(Some(Err(e))) if e.kind() == ErrorKind::Unavailable => {
-                        self.unreachable(ctx, &mut unreachable, &e);
-                        reopen = true;
-                        break;
-                    }
-                    Ok(Some(Err(e))) => return Err(e.into()),
-                    Ok(None) => return Ok(()),
-                    Err(_quiet) => match store.ping().await {
-                        // Back: read again and redraw, on a new watch.
-                        Ok(_) if unreachable.is_some() => {
-                            reopen = true;
-                            break;
-                        }
-                        Ok(_) => {}
-                        Err(e) if e.kind() == ErrorKind::Unavailable => {
-                            self.unreachable(ctx, &mut unreachable, &e);
-                        }
-                        Err(e) => return Err(e.into()),
-                    },
+            match self.wait_for_change(ctx, &store, w, &mut unreachable).await? {
+                Woken::Changed => {}
+                Woken::Reopen => {
+                    stream = None;
+                    continue;
                 }
-            }
-            if reopen {
-                stream = None;
-                continue;
+                Woken::Ended => return Ok(()),
             }
             // Coalesce a burst of changes into one redraw.
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             while let Some(Some(_)) = futures_util::FutureExt::now_or_never(w.next()) {}
+        }
+    }
+
+    /// `--role`: a role the fleet does not have is a usage error naming the roles
+    /// it has.
+    fn check_role(&self, snap: &Snapshot) -> Result<(), Failure> {
+        if let Some(r) = self.role.as_ref()
+            && let Err(errors) = resolve_targets(&Targets::Roles(vec![r.clone()]), snap)
+        {
+            let roles: BTreeSet<Role> = snap.hosts().iter().map(|h| snap.role_of(h)).collect();
+            let roles: Vec<&str> = roles.iter().map(Role::as_str).collect();
+            return Err(Failure::usage(format!(
+                "{} (the fleet's roles: {})",
+                errors.join("; "),
+                if roles.is_empty() {
+                    "none".into()
+                } else {
+                    roles.join(", ")
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits for a change; when all is quiet for a while, makes sure the store
+    /// is still there (a frozen store sends no event and no error).
+    async fn wait_for_change(
+        &self,
+        ctx: &Context,
+        store: &DynStore,
+        w: &mut WatchStream,
+        unreachable: &mut Option<u64>,
+    ) -> Result<Woken, Failure> {
+        loop {
+            match tokio::time::timeout(QUIET, w.next()).await {
+                // An agent's clock, rewritten every minute, changes no view.
+                Ok(Some(Ok(WatchEvent::Put(kv))))
+                    if matches!(ctx.schema().parse(&kv.key), Some(Parsed::Clock(_))) => {}
+                Ok(Some(Ok(_))) => return Ok(Woken::Changed),
+                Ok(Some(Err(e))) if e.kind() == ErrorKind::Unavailable => {
+                    self.unreachable(ctx, unreachable, &e);
+                    return Ok(Woken::Reopen);
+                }
+                Ok(Some(Err(e))) => return Err(e.into()),
+                Ok(None) => return Ok(Woken::Ended),
+                Err(_quiet) => match store.ping().await {
+                    // Back: read again and redraw, on a new watch.
+                    Ok(_) if unreachable.is_some() => return Ok(Woken::Reopen),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::Unavailable => {
+                        self.unreachable(ctx, unreachable, &e);
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+            }
         }
     }
 

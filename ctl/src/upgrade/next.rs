@@ -479,130 +479,170 @@ mod tests {
         }
     }
 
+    /// A rollout in each state, and a current rollout that cannot be read.
+    struct Rollouts {
+        r: RolloutRecord,
+        id: RolloutId,
+        other: RolloutId,
+        paused: RolloutRecord,
+        stuck: RolloutRecord,
+        done: RolloutRecord,
+        unusable: Snapshot,
+    }
+
+    /// A case of `step`: the fleet, the rollout followed, who holds the lock, now,
+    /// and the step wanted.
+    type StepCase<'a> = (Snapshot, Option<&'a RolloutId>, Who, u64, Step);
+
+    const HOLDING: Who = Who {
+        holding: true,
+        may_take: false,
+    };
+    const FREE: Who = Who {
+        holding: false,
+        may_take: true,
+    };
+
+    impl Rollouts {
+        fn new() -> Rollouts {
+            let r = rec();
+            Rollouts {
+                id: r.id.clone(),
+                other: RolloutId::new(2_000, &Version::new("v3").unwrap()),
+                paused: r.pause("bob", None, Some(1_500), 1_100).unwrap(),
+                stuck: r.stuck(BTreeMap::new(), "jioctl", 1_200).unwrap(),
+                done: r.finish(BTreeMap::new(), "jioctl", 1_300).unwrap(),
+                unusable: Snapshot {
+                    rollout: Some(CurrentRollout {
+                        id: "garbage".into(),
+                        current_revision: 3,
+                        record_revision: 0,
+                        record: Err("key /rollouts/current: bad".into()),
+                    }),
+                    ..Snapshot::default()
+                },
+                r,
+            }
+        }
+
+        /// No rollout, another one, an ended one, or one that cannot be read.
+        fn none_to_drive(&self) -> Vec<StepCase<'_>> {
+            let (r, id) = (&self.r, &self.id);
+            vec![
+                // A driver service with nothing to do; a follower whose rollout is gone.
+                (snap(None, "v2"), None, HOLDING, 1_000, Step::Idle),
+                (snap(None, "v2"), Some(id), HOLDING, 1_000, Step::Ended),
+                (
+                    snap(Some(r.clone()), "v2"),
+                    Some(&self.other),
+                    HOLDING,
+                    1_000,
+                    Step::Ended,
+                ),
+                (
+                    snap(Some(self.done.clone()), "v2"),
+                    None,
+                    HOLDING,
+                    1_400,
+                    Step::Idle,
+                ),
+                (
+                    self.unusable.clone(),
+                    None,
+                    HOLDING,
+                    1_000,
+                    Step::Unusable("key /rollouts/current: bad".into()),
+                ),
+                // A follower whose rollout id was overwritten with garbage (or an id
+                // with no record) waits for the value to be fixed: nobody ended it.
+                (
+                    self.unusable.clone(),
+                    Some(id),
+                    HOLDING,
+                    1_000,
+                    Step::Unusable("key /rollouts/current: bad".into()),
+                ),
+            ]
+        }
+
+        /// A running rollout, by who holds the lock and where the version is.
+        fn running(&self) -> Vec<StepCase<'_>> {
+            let (r, id, paused) = (&self.r, &self.id, &self.paused);
+            vec![
+                (snap(Some(r.clone()), "v2"), Some(id), FREE, 1_000, Step::TakeLock),
+                (
+                    snap(Some(r.clone()), "v2"),
+                    Some(id),
+                    Who::default(),
+                    1_000,
+                    Step::Watch(r.clone()),
+                ),
+                (
+                    snap(Some(paused.clone()), "v2"),
+                    None,
+                    Who::default(),
+                    1_000,
+                    Step::Paused(paused.clone()),
+                ),
+                (
+                    snap(Some(r.clone()), "v2"),
+                    None,
+                    HOLDING,
+                    1_000,
+                    Step::Plan(r.clone()),
+                ),
+                (
+                    snap(Some(r.clone()), "v9"),
+                    None,
+                    HOLDING,
+                    1_000,
+                    Step::VersionMoved(r.clone()),
+                ),
+            ]
+        }
+
+        /// A paused and a stuck rollout.
+        fn paused_or_stuck(&self) -> Vec<StepCase<'_>> {
+            let (paused, stuck) = (&self.paused, &self.stuck);
+            vec![
+                // A pause holds until its expiry, then the holder resumes it.
+                (
+                    snap(Some(paused.clone()), "v2"),
+                    None,
+                    HOLDING,
+                    1_499,
+                    Step::Paused(paused.clone()),
+                ),
+                (
+                    snap(Some(paused.clone()), "v2"),
+                    None,
+                    HOLDING,
+                    1_500,
+                    Step::Expired(paused.clone()),
+                ),
+                // A stuck rollout: a follower stops; a driver service keeps driving it.
+                (
+                    snap(Some(stuck.clone()), "v2"),
+                    Some(&self.id),
+                    HOLDING,
+                    1_000,
+                    Step::Stuck(stuck.clone()),
+                ),
+                (
+                    snap(Some(stuck.clone()), "v2"),
+                    None,
+                    HOLDING,
+                    1_000,
+                    Step::Plan(stuck.clone()),
+                ),
+            ]
+        }
+    }
+
     #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
     fn what_a_pass_does_before_planning() {
-        let r = rec();
-        let id = r.id.clone();
-        let other = RolloutId::new(2_000, &Version::new("v3").unwrap());
-        let holding = Who {
-            holding: true,
-            may_take: false,
-        };
-        let free = Who {
-            holding: false,
-            may_take: true,
-        };
-        let held = Who::default();
-        let paused = r.pause("bob", None, Some(1_500), 1_100).unwrap();
-        let stuck = r.stuck(BTreeMap::new(), "jioctl", 1_200).unwrap();
-        let done = r.finish(BTreeMap::new(), "jioctl", 1_300).unwrap();
-        let unusable = Snapshot {
-            rollout: Some(CurrentRollout {
-                id: "garbage".into(),
-                current_revision: 3,
-                record_revision: 0,
-                record: Err("key /rollouts/current: bad".into()),
-            }),
-            ..Snapshot::default()
-        };
-        let cases: Vec<(Snapshot, Option<&RolloutId>, Who, u64, Step)> = vec![
-            // A driver service with nothing to do; a follower whose rollout is gone.
-            (snap(None, "v2"), None, holding, 1_000, Step::Idle),
-            (snap(None, "v2"), Some(&id), holding, 1_000, Step::Ended),
-            (
-                snap(Some(r.clone()), "v2"),
-                Some(&other),
-                holding,
-                1_000,
-                Step::Ended,
-            ),
-            (snap(Some(done.clone()), "v2"), None, holding, 1_400, Step::Idle),
-            (
-                unusable.clone(),
-                None,
-                holding,
-                1_000,
-                Step::Unusable("key /rollouts/current: bad".into()),
-            ),
-            // A follower whose rollout id was overwritten with garbage (or an id
-            // with no record) waits for the value to be fixed: nobody ended it.
-            (
-                unusable,
-                Some(&id),
-                holding,
-                1_000,
-                Step::Unusable("key /rollouts/current: bad".into()),
-            ),
-            (
-                snap(Some(r.clone()), "v2"),
-                Some(&id),
-                free,
-                1_000,
-                Step::TakeLock,
-            ),
-            (
-                snap(Some(r.clone()), "v2"),
-                Some(&id),
-                held,
-                1_000,
-                Step::Watch(r.clone()),
-            ),
-            (
-                snap(Some(paused.clone()), "v2"),
-                None,
-                held,
-                1_000,
-                Step::Paused(paused.clone()),
-            ),
-            (
-                snap(Some(r.clone()), "v2"),
-                None,
-                holding,
-                1_000,
-                Step::Plan(r.clone()),
-            ),
-            (
-                snap(Some(r.clone()), "v9"),
-                None,
-                holding,
-                1_000,
-                Step::VersionMoved(r.clone()),
-            ),
-            // A pause holds until its expiry, then the holder resumes it.
-            (
-                snap(Some(paused.clone()), "v2"),
-                None,
-                holding,
-                1_499,
-                Step::Paused(paused.clone()),
-            ),
-            (
-                snap(Some(paused.clone()), "v2"),
-                None,
-                holding,
-                1_500,
-                Step::Expired(paused.clone()),
-            ),
-            // A stuck rollout: a follower stops; a driver service keeps driving it.
-            (
-                snap(Some(stuck.clone()), "v2"),
-                Some(&id),
-                holding,
-                1_000,
-                Step::Stuck(stuck.clone()),
-            ),
-            (
-                snap(Some(stuck.clone()), "v2"),
-                None,
-                holding,
-                1_000,
-                Step::Plan(stuck.clone()),
-            ),
-        ];
+        let f = Rollouts::new();
+        let cases = [f.none_to_drive(), f.running(), f.paused_or_stuck()].concat();
         for (i, (s, target, who, now, want)) in cases.into_iter().enumerate() {
             assert_eq!(step(&s, target, who, now), want, "case {i}");
         }
@@ -684,100 +724,131 @@ mod tests {
         );
     }
 
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "longer than a screen: to be cut into named steps (issue 33)"
-    )]
-    fn what_next() {
-        let once = DriverState::default();
-        let follow = DriverState { follow: true, ..once };
-        let daemon = DriverState {
-            follow: true,
-            daemon: true,
-            ..once
-        };
-        let late = DriverState {
-            deadline_passed: true,
-            ..follow
-        };
-        let moving = Observed::Pass(PassOutcome::Continue {
-            waiting: Some("1 upgrading: cp1".into()),
-        });
-        let done = rec().finish(BTreeMap::new(), "jioctl", 2).unwrap();
-        let held = Some(Box::new(done));
-        let rules = RulesError(vec!["bad".into()]);
-        let cases: Vec<(Observed, DriverState, Next)> = vec![
-            (moving.clone(), once, Next::End(Ending::Applied)),
-            (moving.clone(), follow, Next::Wait),
-            (moving.clone(), daemon, Next::Wait),
-            (moving.clone(), late, Next::End(Ending::TimedOut(During::Waiting))),
-            (Observed::Pass(PassOutcome::Replan), follow, Next::Reread),
-            (Observed::Pass(PassOutcome::Again), once, Next::Pass),
-            (
-                Observed::Pass(PassOutcome::Finished { failed: 0 }),
+    /// A driver: one pass, following, a service, following past its deadline.
+    #[derive(Clone, Copy)]
+    struct Drivers {
+        once: DriverState,
+        follow: DriverState,
+        daemon: DriverState,
+        late: DriverState,
+    }
+
+    /// A case of `next`: what was observed, the driver, and what it does next.
+    type NextCase = (Observed, DriverState, Next);
+
+    impl Drivers {
+        fn new() -> Drivers {
+            let once = DriverState::default();
+            let follow = DriverState { follow: true, ..once };
+            let daemon = DriverState {
+                follow: true,
+                daemon: true,
+                ..once
+            };
+            let late = DriverState {
+                deadline_passed: true,
+                ..follow
+            };
+            Drivers {
+                once,
                 follow,
-                Next::End(Ending::Finished { failed: 0 }),
-            ),
-            // A driver service goes on to the next rollout.
-            (
-                Observed::Pass(PassOutcome::Finished { failed: 0 }),
                 daemon,
-                Next::Wait,
-            ),
-            (Observed::Pass(PassOutcome::Idle), daemon, Next::Wait),
-            (
-                Observed::Pass(PassOutcome::Ended(held.clone())),
+                late,
+            }
+        }
+
+        /// After a pass.
+        fn passes(self) -> Vec<NextCase> {
+            let Drivers {
+                once,
                 follow,
-                Next::End(Ending::Ended(held)),
-            ),
-            (
-                Observed::Pass(PassOutcome::Stuck(BTreeMap::new())),
-                follow,
-                Next::End(Ending::Stuck(BTreeMap::new())),
-            ),
-            (Observed::Pass(PassOutcome::LockLost), follow, Next::Retake),
-            (Observed::LeaseEnded, once, Next::Retake),
-            (Observed::Retaken, follow, Next::Reread),
-            (
-                Observed::LockHeld(Some(lock())),
-                follow,
-                Next::End(Ending::LockLost(Some(lock()))),
-            ),
-            (Observed::LockHeld(Some(lock())), daemon, Next::Reread),
-            (
-                Observed::RulesInvalid(rules.clone()),
-                follow,
-                Next::End(Ending::InvalidRules(rules.clone())),
-            ),
-            (Observed::RulesInvalid(rules), daemon, Next::Wait),
-            // The store: one pass gives up; following, patience; a service never gives up.
-            (Observed::Unreachable, once, Next::GiveUp),
-            (
-                Observed::Unreachable,
-                DriverState {
-                    unreachable_for: Some(Duration::from_secs(10)),
-                    ..follow
-                },
-                Next::Pause(UNREACHABLE_PAUSE),
-            ),
-            (
-                Observed::Unreachable,
-                DriverState {
-                    unreachable_for: Some(Duration::from_secs(301)),
-                    ..follow
-                },
-                Next::GiveUp,
-            ),
-            (
-                Observed::Unreachable,
-                DriverState {
-                    unreachable_for: Some(Duration::from_secs(9_999)),
-                    ..daemon
-                },
-                Next::Pause(UNREACHABLE_PAUSE),
-            ),
-        ];
+                daemon,
+                late,
+            } = self;
+            let moving = Observed::Pass(PassOutcome::Continue {
+                waiting: Some("1 upgrading: cp1".into()),
+            });
+            let done = rec().finish(BTreeMap::new(), "jioctl", 2).unwrap();
+            let held = Some(Box::new(done));
+            vec![
+                (moving.clone(), once, Next::End(Ending::Applied)),
+                (moving.clone(), follow, Next::Wait),
+                (moving.clone(), daemon, Next::Wait),
+                (moving.clone(), late, Next::End(Ending::TimedOut(During::Waiting))),
+                (Observed::Pass(PassOutcome::Replan), follow, Next::Reread),
+                (Observed::Pass(PassOutcome::Again), once, Next::Pass),
+                (
+                    Observed::Pass(PassOutcome::Finished { failed: 0 }),
+                    follow,
+                    Next::End(Ending::Finished { failed: 0 }),
+                ),
+                // A driver service goes on to the next rollout.
+                (
+                    Observed::Pass(PassOutcome::Finished { failed: 0 }),
+                    daemon,
+                    Next::Wait,
+                ),
+                (Observed::Pass(PassOutcome::Idle), daemon, Next::Wait),
+                (
+                    Observed::Pass(PassOutcome::Ended(held.clone())),
+                    follow,
+                    Next::End(Ending::Ended(held)),
+                ),
+                (
+                    Observed::Pass(PassOutcome::Stuck(BTreeMap::new())),
+                    follow,
+                    Next::End(Ending::Stuck(BTreeMap::new())),
+                ),
+                (Observed::Pass(PassOutcome::LockLost), follow, Next::Retake),
+            ]
+        }
+
+        /// The lock, the rules and the store.
+        fn around_passes(self) -> Vec<NextCase> {
+            let Drivers {
+                once, follow, daemon, ..
+            } = self;
+            let rules = RulesError(vec!["bad".into()]);
+            let unreachable_for = |secs, d: DriverState| DriverState {
+                unreachable_for: Some(Duration::from_secs(secs)),
+                ..d
+            };
+            vec![
+                (Observed::LeaseEnded, once, Next::Retake),
+                (Observed::Retaken, follow, Next::Reread),
+                (
+                    Observed::LockHeld(Some(lock())),
+                    follow,
+                    Next::End(Ending::LockLost(Some(lock()))),
+                ),
+                (Observed::LockHeld(Some(lock())), daemon, Next::Reread),
+                (
+                    Observed::RulesInvalid(rules.clone()),
+                    follow,
+                    Next::End(Ending::InvalidRules(rules.clone())),
+                ),
+                (Observed::RulesInvalid(rules), daemon, Next::Wait),
+                // The store: one pass gives up; following, patience; a service never gives up.
+                (Observed::Unreachable, once, Next::GiveUp),
+                (
+                    Observed::Unreachable,
+                    unreachable_for(10, follow),
+                    Next::Pause(UNREACHABLE_PAUSE),
+                ),
+                (Observed::Unreachable, unreachable_for(301, follow), Next::GiveUp),
+                (
+                    Observed::Unreachable,
+                    unreachable_for(9_999, daemon),
+                    Next::Pause(UNREACHABLE_PAUSE),
+                ),
+            ]
+        }
+    }
+
+    #[test]
+    fn what_next() {
+        let d = Drivers::new();
+        let cases = [d.passes(), d.around_passes()].concat();
         for (observed, state, want) in cases {
             assert_eq!(next(&observed, &state), want, "{observed:?} {state:?}");
         }
