@@ -279,7 +279,8 @@ impl Agent {
         self.view.invalidate();
     }
 
-    /// `observe`, from the view unless `read` is set or the view is unusable.
+    /// `observe`, from the view unless `read` is set or the view is unusable, and
+    /// the inbox's commands.
     async fn observe_with(&mut self, health_due: bool, read: bool) -> Result<Observation, AgentError> {
         let mut cache = self.rollout_cache.take();
         let mem = Memory {
@@ -299,7 +300,9 @@ impl Agent {
         };
         let obs = observe::observe(&self.store, subject, mem, &mut self.view, read).await;
         self.rollout_cache = cache;
-        obs
+        let mut obs = obs?;
+        self.read_commands(&mut obs).await?;
+        Ok(obs)
     }
 
     /// One pass: stop a killed agent's orphans, clear a stale run marker, report what
@@ -355,13 +358,12 @@ impl Agent {
     /// Decides on `obs` and acts. A run starts only if nothing `obs` read has changed
     /// since: its start is fenced on the revisions `obs` holds (`Raced` otherwise).
     pub async fn act(&mut self, obs: &Observation) -> Result<PassResult, AgentError> {
-        // Fleet commands first: a command this host was admitted to runs before an
-        // upgrade starts (never during one: the agent runs one thing at a time).
-        if let Some(done) = self.command_pass(obs).await? {
-            self.last_decision = None;
-            return Ok(done);
-        }
         let decision = decide::decide(obs);
+        self.note_commands(obs);
+        if matches!(decision, Decision::Command { .. } | Decision::RecoverCommand) {
+            self.last_decision = None;
+            return self.command(decision, obs).await;
+        }
         self.metrics.decided(obs, &decision);
         if self.last_decision.as_ref() != Some(&decision) {
             log_decision(&decision, obs);

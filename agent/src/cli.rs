@@ -495,6 +495,8 @@ fn service_list(s: &[jio_common::names::Service]) -> String {
 
 fn decision_text(d: &Decision) -> String {
     match d {
+        Decision::RecoverCommand => "recover a fleet command's run from before the agent stopped".into(),
+        Decision::Command { id, .. } => format!("fleet command {id}"),
         Decision::Report => "report earlier results".into(),
         Decision::NoDesiredVersion => "idle: no desired version is set".into(),
         Decision::UpToDate => "idle: up to date".into(),

@@ -78,6 +78,12 @@ pub struct CommandFacts {
     pub revision: Revision,
     /// The inbox (or some of it) cannot be read: why, naming the key.
     pub problem: Option<String>,
+    /// A command's run is in the journal from before this pass (the agent stopped
+    /// while it ran, or before its start was confirmed).
+    pub in_progress: bool,
+    /// The inbox's commands this agent has not finished, oldest first, as read
+    /// (not read while a run is in the journal).
+    pub candidates: Vec<crate::command_step::Candidate>,
 }
 
 /// What the active composable rollout asks of this host (`active` false: the
@@ -191,6 +197,14 @@ impl std::fmt::Display for Why {
 /// The one action of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// A fleet command's run is in the journal from before this pass: report it
+    /// interrupted, run it again, or take its start back (`agent/commands`).
+    RecoverCommand,
+    /// A fleet command of the inbox: run it, refuse it, or report it interrupted.
+    Command {
+        id: jio_common::names::CommandId,
+        step: crate::command_step::CommandStep,
+    },
     /// Results of an earlier run must reach the store before anything else.
     Report,
     /// No `/current_version` is set.
@@ -289,6 +303,8 @@ impl Decision {
     /// A short name for metrics and JSON (`up_to_date`, `upgrade`, `disabled`...).
     pub fn kind(&self) -> &'static str {
         match self {
+            Decision::RecoverCommand => "recover_command",
+            Decision::Command { .. } => "command",
             Decision::Report => "report",
             Decision::NoDesiredVersion => "no_desired_version",
             Decision::UpToDate => "up_to_date",
@@ -311,6 +327,16 @@ impl Decision {
     }
 }
 
+/// What the inbox's commands come to (nothing while a run is in the journal: it
+/// is recovered first).
+pub fn commands(o: &Observation) -> crate::command_step::Scan {
+    if o.commands.in_progress {
+        return crate::command_step::Scan::default();
+    }
+    let hold = o.hold.as_ref().map(|h| h.key.as_str());
+    crate::command_step::scan(&o.commands.candidates, hold)
+}
+
 /// The longest wait between retries, as a multiple of the retry interval.
 const MAX_BACKOFF_FACTOR: u32 = 16;
 
@@ -320,6 +346,14 @@ pub fn backoff(retry_interval: Duration, attempts: u32) -> Duration {
 }
 
 pub fn decide(o: &Observation) -> Decision {
+    // Fleet commands first: a command this host was admitted to runs before an
+    // upgrade starts (never during one: the agent runs one thing at a time).
+    if o.commands.in_progress {
+        return Decision::RecoverCommand;
+    }
+    if let Some((id, step)) = commands(o).act {
+        return Decision::Command { id, step };
+    }
     if o.unreported {
         return Decision::Report;
     }
@@ -1283,6 +1317,109 @@ mod tests {
         assert_eq!(
             Health::SoakFailed.after_check(&Outcome::Success { changes: false }),
             Health::Good
+        );
+    }
+
+    /// A command of the inbox, as read on compute1: `hosts` it names, its start.
+    fn command(n: u32, hosts: &[&str], started: Option<u32>) -> crate::command_step::Candidate {
+        use jio_common::command_record::{CommandRecord, CommandState, Started, Targets};
+        use jio_common::names::{CommandId, HostName};
+        let id = CommandId::parse(&format!("20261125T03000{n}Z-restart")).unwrap();
+        crate::command_step::Candidate {
+            id: id.clone(),
+            host: HostName::new("compute1").unwrap(),
+            record: Some(Ok(CommandRecord {
+                id,
+                action: "restart".into(),
+                args: vec![],
+                targets: Targets::All,
+                hosts: hosts.iter().map(|h| HostName::new(*h).unwrap()).collect(),
+                rules: serde_json::json!({}),
+                timeout_s: None,
+                rerun_interrupted: false,
+                created_by: "alice".into(),
+                created_at: 1,
+                state: CommandState::Running,
+                changes: vec![],
+            })),
+            started: started.map(|attempt| {
+                Ok(Started {
+                    at: 5,
+                    pid: 1,
+                    attempt,
+                })
+            }),
+            result: false,
+            revisions: (7, 0),
+        }
+    }
+
+    #[test]
+    fn fleet_commands_are_decided_before_an_upgrade() {
+        use crate::command_step::CommandStep;
+        let upgrade_due = || obs(Some("v2"), Some("v1"), true, Level::Host);
+        let step_of = |o: &Observation| match decide(o) {
+            Decision::Command { id, step } => format!("{} {step:?}", id.as_str()),
+            other => other.kind().to_string(),
+        };
+        // (candidates, in_progress, held) -> what the pass does
+        let cases: Vec<(Vec<crate::command_step::Candidate>, bool, bool, String)> = vec![
+            (vec![], false, false, "upgrade".into()),
+            (
+                vec![command(1, &["compute1"], None)],
+                false,
+                false,
+                format!("20261125T030001Z-restart {:?}", CommandStep::Run { attempt: 1 }),
+            ),
+            // A run in the journal is recovered before anything else.
+            (
+                vec![command(1, &["compute1"], None)],
+                true,
+                false,
+                "recover_command".into(),
+            ),
+            // A command for other hosts is refused; one started before this agent
+            // knew of it is reported interrupted.
+            (
+                vec![command(1, &["compute2"], None)],
+                false,
+                false,
+                "20261125T030001Z-restart Refuse".into(),
+            ),
+            (
+                vec![command(2, &["compute1"], Some(1))],
+                false,
+                false,
+                "20261125T030002Z-restart Interrupted".into(),
+            ),
+            // A held host runs no command, nor the upgrade.
+            (vec![command(1, &["compute1"], None)], false, true, "held".into()),
+        ];
+        for (i, (candidates, in_progress, held, want)) in cases.into_iter().enumerate() {
+            let mut o = upgrade_due();
+            o.commands.candidates = candidates;
+            o.commands.in_progress = in_progress;
+            if held {
+                o.hold = Some(Hold {
+                    key: "/holds/host/compute1".into(),
+                    record: Err("x".into()),
+                });
+            }
+            let got = step_of(&o);
+            assert!(got.starts_with(&want), "case {i}: {got}, want {want}");
+        }
+        // Commands skipped are noted, the first that acts is chosen, and nothing
+        // after a held one is looked at.
+        let mut o = upgrade_due();
+        let mut gone = command(1, &["compute1"], None);
+        gone.record = None;
+        o.commands.candidates = vec![gone, command(2, &["compute1"], None)];
+        let scan = commands(&o);
+        assert_eq!(scan.skipped.len(), 1);
+        assert!(scan.skipped[0].2, "a command whose record is gone is forgotten");
+        assert_eq!(
+            scan.act.map(|(id, _)| id.as_str().to_string()).as_deref(),
+            Some("20261125T030002Z-restart")
         );
     }
 }

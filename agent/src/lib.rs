@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod cli;
+pub mod command_step;
 pub mod config;
 pub mod config_keys;
 pub mod daemon;

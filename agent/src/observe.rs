@@ -441,6 +441,7 @@ fn command_facts(inbox: Option<&KeyValue>) -> CommandFacts {
         inbox: ids,
         revision: kv.mod_revision,
         problem,
+        ..CommandFacts::default()
     }
 }
 

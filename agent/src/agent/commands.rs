@@ -1,6 +1,7 @@
-//! Fleet commands on this host (`jioctl run`): the first command of the host's
-//! inbox that it has not finished is run, refused, or reported interrupted, before
-//! any upgrade is considered (a run already going always finishes first: the
+//! Fleet commands on this host (`jioctl run`): the inbox's commands read into the
+//! observation, and what `decide` chose for them done: the first command of the
+//! inbox that this host has not finished is run, refused, or reported interrupted,
+//! before any upgrade is considered (a run already going always finishes first: the
 //! agent runs one thing at a time).
 //!
 //! Exactly once: the command is in the journal before its start is written, and
@@ -10,135 +11,22 @@
 //! while the action ran) reports it `interrupted` and does not run it again,
 //! unless the command was created with `--rerun-interrupted`.
 
-use std::ops::ControlFlow;
 use std::os::unix::fs::PermissionsExt as _;
 
 use jio_common::command_record::{CommandRecord, CommandResult, RunOutcome, Started};
 use jio_common::keys::{Key, RunPart};
 use jio_common::names::CommandId;
-use jio_common::names::HostName;
 use jio_common::store::{Compare, KeyValue, Op, Revision, Txn};
 use jio_common::values::{AgentState, parse_json};
 
 use super::Agent;
+use crate::command_step::{Candidate, CommandStep};
 use crate::config::Config;
-use crate::decide::{Hold, Observation};
+use crate::decide::{self, Decision, Observation};
 use crate::error::AgentError;
 use crate::pass::PassResult;
 use crate::runner::{self, Outcome, ProcessGroup, Spec};
 use crate::state::{CommandRun, PendingCommandReport};
-
-/// What the agent does with one command of its inbox (`step`, pure).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommandStep {
-    /// Nothing to run for it; `forget`: remembered as done (it never will be).
-    Skip {
-        why: String,
-        forget: bool,
-    },
-    /// A hold keeps the host out: the command waits.
-    Held {
-        why: String,
-    },
-    Run {
-        attempt: u32,
-    },
-    /// Reported as refused, never run.
-    Refuse {
-        reason: String,
-    },
-    /// It was started before and this agent cannot say how it ended: reported
-    /// `interrupted`, not run again.
-    Interrupted {
-        reason: String,
-    },
-}
-
-/// What `step` reads of one command.
-pub struct Candidate<'a> {
-    pub host: &'a HostName,
-    /// The record (`None`: gone; `Err`: cannot be read, naming the key).
-    pub record: Option<Result<CommandRecord, String>>,
-    pub started: Option<Result<Started, String>>,
-    /// A result is in the store already.
-    pub result: bool,
-    pub hold: Option<&'a Hold>,
-}
-
-/// The rule, in order: a command whose record is gone is skipped, one whose record
-/// cannot be read is refused; one with a result is done; one started before (its
-/// start is in the store, not in this agent's journal) is interrupted, or runs
-/// again with `rerun_interrupted` while the command is active; an ended command is
-/// skipped; one that does not name this host is refused; a held host waits;
-/// otherwise it runs.
-pub fn step(c: &Candidate<'_>) -> CommandStep {
-    let rec = match &c.record {
-        None => {
-            return CommandStep::Skip {
-                why: "its record is gone".into(),
-                forget: true,
-            };
-        }
-        Some(Err(e)) => {
-            return CommandStep::Refuse {
-                reason: format!("refused: the command's record cannot be read: {e}"),
-            };
-        }
-        Some(Ok(r)) => r,
-    };
-    if c.result {
-        return CommandStep::Skip {
-            why: "its result is in the store".into(),
-            forget: true,
-        };
-    }
-    let mine = rec.hosts.contains(c.host);
-    // A start nobody will ever end otherwise: its result says so, whatever the
-    // command's state (a follower waits for it).
-    let attempt = match &c.started {
-        None => 1,
-        Some(Ok(s)) if rec.rerun_interrupted && rec.state.active() && mine => s.attempt.saturating_add(1),
-        Some(Ok(s)) => {
-            return CommandStep::Interrupted {
-                reason: format!(
-                    "attempt {} started at {} and this agent has no record of it ending; not run again{}",
-                    s.attempt,
-                    jio_common::plan::when(s.at),
-                    if rec.rerun_interrupted {
-                        format!(" (the command is {})", rec.state.name())
-                    } else {
-                        " (the command was not created with --rerun-interrupted)".into()
-                    }
-                ),
-            };
-        }
-        Some(Err(e)) => {
-            return CommandStep::Interrupted {
-                reason: format!("its start record cannot be read ({e}); not run again"),
-            };
-        }
-    };
-    if !rec.state.active() {
-        return CommandStep::Skip {
-            why: format!("the command is {}", rec.state.name()),
-            forget: true,
-        };
-    }
-    if !mine {
-        return CommandStep::Refuse {
-            reason: format!(
-                "refused: this host is not one of the command's hosts ({})",
-                rec.targets
-            ),
-        };
-    }
-    if let Some(h) = c.hold {
-        return CommandStep::Held {
-            why: format!("held ({})", h.key),
-        };
-    }
-    CommandStep::Run { attempt }
-}
 
 /// The argument list a command runs as on this host, or why it is refused: an
 /// action installed in `actions_dir`, or (only with `allow_any_command`) the
@@ -229,97 +117,110 @@ fn failure_message(outcome: &Outcome, run_dir: &std::path::Path) -> Option<Strin
 }
 
 impl Agent {
-    /// Runs, refuses or reports the first command of the inbox this host has not
-    /// finished. `None`: nothing to do for commands (the upgrade's decision goes on).
-    pub(super) async fn command_pass(&mut self, obs: &Observation) -> Result<Option<PassResult>, AgentError> {
-        if let Some(p) = &obs.commands.problem {
-            self.note_command(format!("command inbox: {p}"), true);
-        }
-        if self.ledger.journal.commands.in_progress.is_some() {
-            return self.recover_command(obs).await.map(Some);
+    /// Reads the inbox's commands this agent has not finished, each as its record,
+    /// start and result (nothing while a run is in the journal: it is recovered
+    /// first).
+    pub(super) async fn read_commands(&self, obs: &mut Observation) -> Result<(), AgentError> {
+        let commands = &self.ledger.journal.commands;
+        obs.commands.in_progress = commands.in_progress.is_some();
+        if obs.commands.in_progress {
+            return Ok(());
         }
         let ids: Vec<CommandId> = obs
             .commands
             .inbox
             .iter()
-            .filter(|id| !self.ledger.journal.commands.is_done(id.as_str()))
+            .filter(|id| !commands.is_done(id.as_str()))
             .cloned()
             .collect();
+        let mut candidates = Vec::new();
         for id in ids {
             let got = self.store.get_many(&self.command_keys(&id)).await?;
             let Ok(kvs) = <[Option<KeyValue>; 3]>::try_from(got) else {
                 continue;
             };
-            if let ControlFlow::Break(done) = self.command_candidate(&id, kvs, obs).await? {
-                return Ok(done);
-            }
+            candidates.push(self.candidate(id, kvs));
         }
-        Ok(None)
+        obs.commands.candidates = candidates;
+        Ok(())
     }
 
-    /// Decides (`step`) and does what this host does with one command of its
-    /// inbox, read as its record, start and result; `Continue`: on to the next
-    /// command, `Break`: the pass's result.
-    async fn command_candidate(
-        &mut self,
-        id: &CommandId,
-        [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3],
-        obs: &Observation,
-    ) -> Result<ControlFlow<Option<PassResult>>, AgentError> {
-        let host = self.cfg.hostname.clone();
-        let record = rec_kv
-            .as_ref()
-            .map(|kv| parse_json::<CommandRecord>(kv).map_err(|e| e.to_string()));
-        let started = started_kv
-            .as_ref()
-            .map(|kv| parse_json::<Started>(kv).map_err(|e| e.to_string()));
-        let c = Candidate {
-            host: &host,
-            record,
-            started,
+    /// One command as read: its record, start and result.
+    fn candidate(&self, id: CommandId, [rec_kv, started_kv, result_kv]: [Option<KeyValue>; 3]) -> Candidate {
+        Candidate {
+            id,
+            host: self.cfg.hostname.clone(),
+            record: rec_kv
+                .as_ref()
+                .map(|kv| parse_json::<CommandRecord>(kv).map_err(|e| e.to_string())),
+            started: started_kv
+                .as_ref()
+                .map(|kv| parse_json::<Started>(kv).map_err(|e| e.to_string())),
             result: result_kv.is_some(),
-            hold: obs.hold.as_ref(),
+            revisions: (
+                rec_kv.map_or(0, |kv| kv.mod_revision),
+                started_kv.map_or(0, |kv| kv.mod_revision),
+            ),
+        }
+    }
+
+    /// What `decide` made of the inbox, noted: a problem reading it, the commands
+    /// skipped (forgotten when they never will run here), one held.
+    pub(super) fn note_commands(&mut self, obs: &Observation) {
+        if let Some(p) = &obs.commands.problem {
+            self.note_command(format!("command inbox: {p}"), true);
+        }
+        let scan = decide::commands(obs);
+        for (id, why, forget) in &scan.skipped {
+            tracing::info!(command = %id, "fleet command not run here: {why}");
+            if *forget {
+                self.ledger.journal.commands.mark_done(id.as_str());
+                self.ledger.save();
+            }
+        }
+        if let Some((id, why)) = &scan.held {
+            self.note_command(format!("fleet command {id} waits: the host is {why}"), false);
+        }
+    }
+
+    /// Acts on `decide`'s choice for a fleet command: recover a run in the journal,
+    /// or run, refuse or report interrupted one command of the inbox.
+    pub(super) async fn command(
+        &mut self,
+        decision: Decision,
+        obs: &Observation,
+    ) -> Result<PassResult, AgentError> {
+        let (id, step) = match decision {
+            Decision::Command { id, step } => (id, step),
+            _ => return self.recover_command(obs).await,
         };
-        let done = match step(&c) {
-            CommandStep::Skip { why, forget } => {
-                tracing::info!(command = %id, "fleet command not run here: {why}");
-                if forget {
-                    self.ledger.journal.commands.mark_done(id.as_str());
-                    self.ledger.save();
-                }
-                return Ok(ControlFlow::Continue(()));
-            }
-            CommandStep::Held { why } => {
-                self.note_command(format!("fleet command {id} waits: the host is {why}"), false);
-                return Ok(ControlFlow::Break(None));
-            }
+        let Some(c) = obs.commands.candidates.iter().find(|c| c.id == id) else {
+            return Ok(PassResult::Reported);
+        };
+        let started = c.started.clone().and_then(Result::ok);
+        match step {
             CommandStep::Refuse { reason } => {
                 tracing::warn!(command = %id, "{reason}");
-                let started = c.started.and_then(Result::ok).map_or(0, |s| s.at);
-                self.command_not_run(id, RunOutcome::Refused, reason, started, 1)
-                    .await?
+                let at = started.map_or(0, |s| s.at);
+                self.command_not_run(&id, RunOutcome::Refused, reason, at, 1)
+                    .await
             }
             CommandStep::Interrupted { reason } => {
                 tracing::warn!(command = %id, "fleet command interrupted: {reason}");
-                let (at, attempt) = c
-                    .started
-                    .and_then(Result::ok)
-                    .map_or((0, 1), |s| (s.at, s.attempt));
-                self.command_not_run(id, RunOutcome::Interrupted, reason, at, attempt)
-                    .await?
+                let (at, attempt) = started.map_or((0, 1), |s| (s.at, s.attempt));
+                self.command_not_run(&id, RunOutcome::Interrupted, reason, at, attempt)
+                    .await
             }
             CommandStep::Run { attempt } => {
-                let Some(Ok(rec)) = c.record else {
-                    return Ok(ControlFlow::Continue(()));
+                let Some(Ok(rec)) = c.record.clone() else {
+                    return Ok(PassResult::Reported);
                 };
-                let revs = (
-                    rec_kv.map_or(0, |kv| kv.mod_revision),
-                    started_kv.map_or(0, |kv| kv.mod_revision),
-                );
-                self.command_run(rec, attempt, revs, obs).await?
+                self.command_run(rec, attempt, c.revisions, obs).await
             }
-        };
-        Ok(ControlFlow::Break(Some(done)))
+            // Never chosen by `decide` (a skip or a hold goes on to the upgrade's
+            // decision).
+            CommandStep::Skip { .. } | CommandStep::Held { .. } => Ok(PassResult::Reported),
+        }
     }
 
     /// Logs a note about commands once until it changes.
@@ -740,151 +641,5 @@ impl Agent {
             self.ledger.save();
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use jio_common::command_record::{CommandState, Targets};
-
-    fn rec(hosts: &[&str], rerun: bool, state: CommandState) -> CommandRecord {
-        CommandRecord {
-            id: CommandId::parse("20261125T030000Z-restart").unwrap(),
-            action: "restart".into(),
-            args: vec![],
-            targets: Targets::All,
-            hosts: hosts.iter().map(|h| HostName::new(*h).unwrap()).collect(),
-            rules: serde_json::json!({}),
-            timeout_s: None,
-            rerun_interrupted: rerun,
-            created_by: "alice".into(),
-            created_at: 1,
-            state,
-            changes: vec![],
-        }
-    }
-
-    /// A command's record, its start, whether its result is in the store, its
-    /// hold, and what the agent does with it.
-    type Case<'a> = (
-        Option<Result<CommandRecord, String>>,
-        Option<Result<Started, String>>,
-        bool,
-        Option<&'a Hold>,
-        &'a str,
-    );
-
-    /// The cases of `what_an_agent_does_with_a_command`, on compute1.
-    fn command_cases(hold: &Hold) -> Vec<Case<'_>> {
-        let started = Started {
-            at: 5,
-            pid: 1,
-            attempt: 1,
-        };
-        let running = CommandState::Running;
-        let cancelled = CommandState::Cancelled {
-            by: "bob".into(),
-            reason: None,
-        };
-        vec![
-            (None, None, false, None, "skip"),
-            (Some(Err("bad".into())), None, false, None, "refuse"),
-            (
-                Some(Ok(rec(&["compute1"], false, cancelled))),
-                None,
-                false,
-                None,
-                "skip",
-            ),
-            (
-                Some(Ok(rec(&["compute2"], false, running.clone()))),
-                None,
-                false,
-                None,
-                "refuse",
-            ),
-            (
-                Some(Ok(rec(&["compute1"], false, running.clone()))),
-                None,
-                true,
-                None,
-                "skip",
-            ),
-            (
-                Some(Ok(rec(&["compute1"], false, running.clone()))),
-                Some(Ok(started.clone())),
-                false,
-                None,
-                "interrupted",
-            ),
-            (
-                Some(Ok(rec(&["compute1"], false, running.clone()))),
-                Some(Err("bad".into())),
-                false,
-                None,
-                "interrupted",
-            ),
-            (
-                Some(Ok(rec(&["compute1"], true, running.clone()))),
-                Some(Ok(started.clone())),
-                false,
-                None,
-                "run 2",
-            ),
-            (
-                Some(Ok(rec(&["compute1"], true, running.clone()))),
-                Some(Ok(started.clone())),
-                false,
-                Some(hold),
-                "held",
-            ),
-            (
-                Some(Ok(rec(&["compute1"], false, running.clone()))),
-                None,
-                false,
-                Some(hold),
-                "held",
-            ),
-            (
-                Some(Ok(rec(&["compute1"], false, running.clone()))),
-                None,
-                false,
-                None,
-                "run 1",
-            ),
-        ]
-    }
-
-    /// What `step` decided, in a word (and the attempt of a run).
-    fn step_name(s: &CommandStep) -> String {
-        match s {
-            CommandStep::Skip { .. } => "skip".to_string(),
-            CommandStep::Held { .. } => "held".into(),
-            CommandStep::Run { attempt } => format!("run {attempt}"),
-            CommandStep::Refuse { .. } => "refuse".into(),
-            CommandStep::Interrupted { .. } => "interrupted".into(),
-        }
-    }
-
-    #[test]
-    fn what_an_agent_does_with_a_command() {
-        let h = HostName::new("compute1").unwrap();
-        let hold = Hold {
-            key: "/holds/host/compute1".into(),
-            record: Err("x".into()),
-        };
-        let cases = command_cases(&hold);
-        for (i, (record, started, result, hold, want)) in cases.into_iter().enumerate() {
-            let c = Candidate {
-                host: &h,
-                record,
-                started,
-                result,
-                hold,
-            };
-            let got = step_name(&step(&c));
-            assert_eq!(got, want, "case {i}");
-        }
     }
 }
