@@ -155,13 +155,14 @@ pub fn scan(candidates: &[Candidate], hold: Option<&str>) -> Scan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::decide::Hold;
     use jio_common::command_record::{CommandState, Targets};
     use jio_common::names::HostName;
 
-    fn rec(hosts: &[&str], rerun: bool, state: CommandState) -> CommandRecord {
+    /// A command's record naming `hosts`.
+    pub(crate) fn rec(hosts: &[&str], rerun: bool, state: CommandState) -> CommandRecord {
         CommandRecord {
             id: CommandId::parse("20261125T030000Z-restart").unwrap(),
             action: "restart".into(),

@@ -1322,26 +1322,15 @@ mod tests {
 
     /// A command of the inbox, as read on compute1: `hosts` it names, its start.
     fn command(n: u32, hosts: &[&str], started: Option<u32>) -> crate::command_step::Candidate {
-        use jio_common::command_record::{CommandRecord, CommandState, Started, Targets};
+        use jio_common::command_record::{CommandState, Started};
         use jio_common::names::{CommandId, HostName};
         let id = CommandId::parse(&format!("20261125T03000{n}Z-restart")).unwrap();
+        let mut record = crate::command_step::tests::rec(hosts, false, CommandState::Running);
+        record.id = id.clone();
         crate::command_step::Candidate {
-            id: id.clone(),
+            id,
             host: HostName::new("compute1").unwrap(),
-            record: Some(Ok(CommandRecord {
-                id,
-                action: "restart".into(),
-                args: vec![],
-                targets: Targets::All,
-                hosts: hosts.iter().map(|h| HostName::new(*h).unwrap()).collect(),
-                rules: serde_json::json!({}),
-                timeout_s: None,
-                rerun_interrupted: false,
-                created_by: "alice".into(),
-                created_at: 1,
-                state: CommandState::Running,
-                changes: vec![],
-            })),
+            record: Some(Ok(record)),
             started: started.map(|attempt| {
                 Ok(Started {
                     at: 5,
