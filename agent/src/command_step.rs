@@ -154,12 +154,11 @@ pub fn scan(candidates: &[Candidate], hold: Option<&str>) -> Scan {
     out
 }
 
+/// A command's record made by hand, for the unit tests of the agent.
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::decide::Hold;
-    use jio_common::command_record::{CommandState, Targets};
-    use jio_common::names::HostName;
+pub(crate) mod fixtures {
+    use jio_common::command_record::{CommandRecord, CommandState, Targets};
+    use jio_common::names::{CommandId, HostName};
 
     /// A command's record naming `hosts`.
     pub(crate) fn rec(hosts: &[&str], rerun: bool, state: CommandState) -> CommandRecord {
@@ -178,6 +177,15 @@ pub(crate) mod tests {
             changes: vec![],
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::rec;
+    use super::*;
+    use crate::decide::Hold;
+    use jio_common::command_record::CommandState;
+    use jio_common::names::HostName;
 
     /// A command's record, its start, whether its result is in the store, its
     /// hold, and what the agent does with it.

@@ -1325,7 +1325,7 @@ mod tests {
         use jio_common::command_record::{CommandState, Started};
         use jio_common::names::{CommandId, HostName};
         let id = CommandId::parse(&format!("20261125T03000{n}Z-restart")).unwrap();
-        let mut record = crate::command_step::tests::rec(hosts, false, CommandState::Running);
+        let mut record = crate::command_step::fixtures::rec(hosts, false, CommandState::Running);
         record.id = id.clone();
         crate::command_step::Candidate {
             id,

@@ -1345,25 +1345,14 @@ fn lost_reason(h: &HostName) -> Reason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{Key, Schema};
+    use crate::keys::Schema;
     use crate::rollout::RolloutRecord;
     use crate::rules::Rules;
     use crate::store::KeyValue;
+    use crate::store::api::fixtures::kv_at as kv;
 
     fn s(n: &str) -> Service {
         Service::new(n).unwrap()
-    }
-
-    fn kv(key: &str, value: &str, rev: i64) -> KeyValue {
-        KeyValue {
-            key: Key::new(key).unwrap(),
-            value: value.into(),
-            create_revision: rev,
-            mod_revision: rev,
-            version: 1,
-            lease: None,
-            not_text: false,
-        }
     }
 
     const RULES: &str = r#"{

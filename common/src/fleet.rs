@@ -1126,20 +1126,10 @@ pub fn by_state_and_role(hosts: &[HostStatus]) -> BTreeMap<HostState, BTreeMap<R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::api::fixtures::kv;
 
     const IDLE: &str = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
 
-    fn kv(key: &str, value: &str) -> KeyValue {
-        KeyValue {
-            key: Key::new(key).unwrap(),
-            value: value.into(),
-            create_revision: 1,
-            mod_revision: 1,
-            version: 1,
-            lease: None,
-            not_text: false,
-        }
-    }
     fn rec(role: &str) -> String {
         format!(r#"{{"role":"{role}","agent_version":"0.1.0","addresses":[],"first_seen":1}}"#)
     }

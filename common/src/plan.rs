@@ -1191,6 +1191,7 @@ fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::api::fixtures::kv;
 
     /// A group with room, in no canary phase, within its window.
     fn free_group() -> GroupView<'static> {
@@ -1312,23 +1313,11 @@ mod tests {
         assert!(why.text.contains("9 of 9 with this pass"), "{}", why.text);
     }
     use crate::fleet::classify;
-    use crate::keys::{Key, Schema};
+    use crate::keys::Schema;
     use crate::rules::Rules;
     use crate::store::KeyValue;
 
     const IDLE: &str = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
-
-    fn kv(key: &str, value: &str) -> KeyValue {
-        KeyValue {
-            key: Key::new(key).unwrap(),
-            value: value.into(),
-            create_revision: 1,
-            mod_revision: 1,
-            version: 1,
-            lease: None,
-            not_text: false,
-        }
-    }
 
     /// A fleet at current version v2 after global-disable: `hosts` are
     /// `(name, role, state)` with state one of up, going, fail, wait.

@@ -302,14 +302,7 @@ mod tests {
     use super::*;
 
     fn kv(value: &str) -> KeyValue {
-        KeyValue::from_bytes(
-            Key::new("/config_state/enable_puppet/global").unwrap(),
-            value.as_bytes().to_vec(),
-            1,
-            1,
-            1,
-            None,
-        )
+        crate::store::api::fixtures::kv("/config_state/enable_puppet/global", value)
     }
 
     #[test]

@@ -417,3 +417,27 @@ pub enum Create {
     /// The file and its directories are created (the agent).
     FileAndDirs,
 }
+
+/// Stored key-values made by hand, for the unit tests of the floors above.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use crate::keys::Key;
+    use crate::store::api::{KeyValue, Revision};
+
+    /// A key-value written once at `rev`, without a lease.
+    pub(crate) fn kv_at(key: &str, value: &str, rev: Revision) -> KeyValue {
+        KeyValue::from_bytes(
+            Key::new(key).unwrap(),
+            value.as_bytes().to_vec(),
+            rev,
+            rev,
+            1,
+            None,
+        )
+    }
+
+    /// A key-value as a listing returns it, written once at revision 1.
+    pub(crate) fn kv(key: &str, value: &str) -> KeyValue {
+        kv_at(key, value, 1)
+    }
+}

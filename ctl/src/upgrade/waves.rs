@@ -128,15 +128,8 @@ mod tests {
     use jio_common::store::KeyValue;
 
     fn kv(key: &str, value: &str) -> KeyValue {
-        KeyValue {
-            key: jio_common::keys::Key::new(key).unwrap(),
-            value: value.into(),
-            create_revision: 1,
-            mod_revision: 1,
-            version: 1,
-            lease: None,
-            not_text: false,
-        }
+        let key = jio_common::keys::Key::new(key).unwrap();
+        KeyValue::from_bytes(key, value.as_bytes().to_vec(), 1, 1, 1, None)
     }
 
     /// Hosts `(name, role)` at v1 with live idle agents; `lost` registered without one.
