@@ -146,11 +146,13 @@ pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admissio
         .as_ref()
         .and_then(|c| c.ok())
         .filter(|r| r.state.active());
+    // The active rollout's rules, parsed once for this view.
+    let rules = active.map(|r| Rules::parse(&r.rules.to_string()));
     let InForce {
         resolved,
         mut unusable,
         problem,
-    } = match rules_in_force(snap, active, hosts) {
+    } = match rules_in_force(snap, rules.as_ref(), hosts) {
         Ok(in_force) => in_force,
         Err(problem) => {
             return Admission {
@@ -161,10 +163,11 @@ pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admissio
             };
         }
     };
-    if let Some(r) = active
+    let parsed = rules.as_ref().and_then(|r| r.as_ref().ok());
+    if let (Some(r), Some(rules)) = (active, parsed)
         && unusable.is_none()
     {
-        unusable = unclear_intent(r, &resolved, hosts);
+        unusable = unclear_intent(r, rules, &resolved, hosts);
     }
     let cx = PlanContext {
         now,
@@ -173,10 +176,9 @@ pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admissio
         busy_outside: &[],
     };
     let plan = plan::plan(snap, hosts, &resolved, &cx);
-    let composed = if problem.is_some() {
-        None
-    } else {
-        composed(snap, &resolved, now)
+    let composed = match (active, parsed.and_then(|r| r.compose.as_ref())) {
+        (Some(r), Some(c)) if problem.is_none() => Some(composed(snap, r, c, &resolved, now)),
+        _ => None,
     };
     // A composable rollout: each host's reason is its phase's.
     let mut reasons = composed
@@ -208,7 +210,7 @@ struct InForce {
 /// why the rules do not fit).
 fn rules_in_force(
     snap: &Snapshot,
-    active: Option<&jio_common::rollout::RolloutRecord>,
+    active: Option<&Result<Rules, jio_common::rules::RulesError>>,
     hosts: &[HostStatus],
 ) -> Result<InForce, String> {
     let roles = hosts.iter().map(|h| h.role.clone()).collect();
@@ -222,7 +224,8 @@ fn rules_in_force(
             )
         });
     let resolved = match active {
-        Some(r) => Rules::parse(&r.rules.to_string()).and_then(|rules| rules.resolve(&roles)),
+        Some(Ok(rules)) => rules.resolve(&roles),
+        Some(Err(e)) => Err(e.clone()),
         None => Rules::default().resolve(&roles),
     };
     match resolved {
@@ -249,10 +252,10 @@ fn rules_in_force(
 /// admit nothing unless forced. `Some`: why nothing is admitted.
 fn unclear_intent(
     r: &jio_common::rollout::RolloutRecord,
+    rules: &Rules,
     resolved: &jio_common::rules::Resolved,
     hosts: &[HostStatus],
 ) -> Option<String> {
-    let rules = Rules::parse(&r.rules.to_string()).ok()?;
     if rules.compose.is_some() {
         return None;
     }
@@ -285,26 +288,17 @@ fn not_admitted_after_all(r: &mut Reason, unusable: Option<&str>, active: bool, 
     }
 }
 
-/// The active composable rollout as its driver plans it now (`None`: no active
-/// rollout, or not a composable one).
-pub fn composed(
+/// The active composable rollout `r` (whose rules hold `c`) as its driver plans it
+/// now.
+fn composed(
     snap: &Snapshot,
+    r: &jio_common::rollout::RolloutRecord,
+    c: &jio_common::compose_rules::Compose,
     resolved: &jio_common::rules::Resolved,
     now: u64,
-) -> Option<jio_common::compose::Composed> {
-    let r = snap.rollout.as_ref()?.ok()?;
-    if !r.state.active() {
-        return None;
-    }
-    let rules = Rules::parse(&r.rules.to_string()).ok()?;
-    let c = rules.compose.as_ref()?;
-    let cx = PlanContext {
-        now,
-        rollout: Some(r),
-        host_keys_only: true,
-        busy_outside: &[],
-    };
-    Some(jio_common::compose::plan(snap, c, resolved, &cx))
+) -> jio_common::compose::Composed {
+    let cx = PlanContext::of_rollout(now, r, true);
+    jio_common::compose::plan(snap, c, resolved, &cx)
 }
 
 /// The version, the store, the lock holder, an emergency stop and the problems.
@@ -422,18 +416,12 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
         _ => {}
     }
     let roles = hosts.iter().map(|h| h.role.clone()).collect();
-    let plan = jio_common::rules::Rules::parse(&r.rules.to_string())
-        .and_then(|rules| rules.resolve(&roles))
-        .map(|resolved| {
-            let cx = jio_common::plan::Context {
-                now: jio_common::time::unix_now(),
-                rollout: Some(r),
-                host_keys_only: false,
-                busy_outside: &[],
-            };
-            jio_common::plan::plan(snap, &hosts, &resolved, &cx)
-        });
-    let composable = jio_common::rules::Rules::parse(&r.rules.to_string()).is_ok_and(|r| r.compose.is_some());
+    let rules = Rules::parse(&r.rules.to_string());
+    let composable = rules.as_ref().is_ok_and(|r| r.compose.is_some());
+    let plan = rules.and_then(|rules| rules.resolve(&roles)).map(|resolved| {
+        let cx = PlanContext::of_rollout(jio_common::time::unix_now(), r, false);
+        jio_common::plan::plan(snap, &hosts, &resolved, &cx)
+    });
     match plan {
         Ok(p) if !composable && jio_common::plan::waits_forever(&hosts, &p) && r.state.name() != "paused" => {
             out.push(format!(
