@@ -52,10 +52,24 @@ fn catalog(role: &str) -> &'static str {
     }
 }
 
+/// The controllers' catalog with nova_compute's finalize file on them too.
+const CTL_WITH_FINALIZE: &str = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]},"nova_api":{"after":["keystone"],"pre":[1]},"nova_compute":{"finalize":true}}}"#;
+
 impl Scene {
     /// The rollout of `RULES` over `HOSTS`, started with `stages` (empty: all).
     fn new(stages: &[&str]) -> Scene {
         Scene::start(RULES, &HOSTS, catalog).with_stages(stages)
+    }
+
+    /// Controller `host` finished every step of its stage.
+    fn controller_done(&mut self, host: &str) {
+        for (p, sv) in [
+            ("pre-1", "keystone"),
+            ("pre-1", "nova_api"),
+            ("post-3", "keystone"),
+        ] {
+            self.step(p, sv, host, true);
+        }
     }
 }
 
@@ -146,9 +160,7 @@ fn the_limit_holds_within_a_phase_and_a_failure_stops_the_rollout() {
     let mut sc = Scene::new(&[]);
     // Skip the control plane: mark its steps done and its hosts upgraded.
     for h in ["ctl1", "ctl2"] {
-        sc.step("pre-1", "keystone", h, true);
-        sc.step("pre-1", "nova_api", h, true);
-        sc.step("post-3", "keystone", h, true);
+        sc.controller_done(h);
         sc.put(&format!("/running/versions/v2/{h}"), "1");
         sc.del(&format!("/running/versions/v1/{h}"));
     }
@@ -204,13 +216,7 @@ fn a_host_without_its_task_file_blocks_its_stage() {
 fn computes_in_pre_1(rules: &'static str) -> Scene {
     let mut sc = Scene::start(rules, &HOSTS, catalog);
     for h in ["ctl1", "ctl2"] {
-        for (p, sv) in [
-            ("pre-1", "keystone"),
-            ("pre-1", "nova_api"),
-            ("post-3", "keystone"),
-        ] {
-            sc.step(p, sv, h, true);
-        }
+        sc.controller_done(h);
         sc.put(&format!("/running/versions/v2/{h}"), "1");
         sc.del(&format!("/running/versions/v1/{h}"));
     }
@@ -308,7 +314,7 @@ fn a_puppet_failure_of_an_earlier_rollout_does_not_fail_the_host_again() {
 #[test]
 fn finalize_does_not_run_while_a_host_is_behind() {
     let mut sc = Scene::new(&[]);
-    let ctl = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]},"nova_api":{"after":["keystone"],"pre":[1]},"nova_compute":{"finalize":true}}}"#;
+    let ctl = CTL_WITH_FINALIZE;
     sc.put("/hosts/ctl1/services", ctl);
     sc.put("/hosts/ctl2/services", ctl);
     // cp2 is held through the rollout: it stays at v1, left behind.
@@ -318,13 +324,7 @@ fn finalize_does_not_run_while_a_host_is_behind() {
         sc.del(&format!("/running/versions/v1/{h}"));
     }
     for h in ["ctl1", "ctl2"] {
-        for (p, sv) in [
-            ("pre-1", "keystone"),
-            ("pre-1", "nova_api"),
-            ("post-3", "keystone"),
-        ] {
-            sc.step(p, sv, h, true);
-        }
+        sc.controller_done(h);
     }
     for p in ["pre-1", "pre-2", "post-3"] {
         sc.step(p, "nova_compute", "cp1", true);
@@ -347,13 +347,7 @@ fn finalize_runs_once_on_the_first_healthy_host_after_everything() {
         sc.del(&format!("/running/versions/v1/{h}"));
     }
     for h in ["ctl1", "ctl2"] {
-        for (p, sv) in [
-            ("pre-1", "keystone"),
-            ("pre-1", "nova_api"),
-            ("post-3", "keystone"),
-        ] {
-            sc.step(p, sv, h, true);
-        }
+        sc.controller_done(h);
     }
     // nova_compute declares finalize tasks on the computes only: the finalize
     // host (a controller) cannot run them, which fails the rollout, named.
@@ -366,7 +360,7 @@ fn finalize_runs_once_on_the_first_healthy_host_after_everything() {
     assert_eq!(c.finalize.state, "failed", "{:?}", c.finalize);
     assert!(c.finalize.reason.as_ref().unwrap().contains("nova_compute"));
     // With the file on the controllers too, finalize is granted to ctl1 alone.
-    let ctl = r#"{"dir":"/s","services":{"keystone":{"pre":[1],"post":[3]},"nova_api":{"after":["keystone"],"pre":[1]},"nova_compute":{"finalize":true}}}"#;
+    let ctl = CTL_WITH_FINALIZE;
     sc.put("/hosts/ctl1/services", ctl);
     sc.put("/hosts/ctl2/services", ctl);
     let c = sc.plan();
