@@ -669,6 +669,7 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
+                    until: None,
                 }),
             );
         }
@@ -806,6 +807,7 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
+                until: None,
             }),
         );
         f.inboxes.insert(
@@ -954,6 +956,7 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
+                    until: None,
                 }),
             );
         }
@@ -1135,6 +1138,7 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
+                until: None,
             }),
         );
         let mut runs = Runs::default();
