@@ -70,6 +70,8 @@ pub struct Agent {
     metrics: crate::metrics::Metrics,
     /// Runs may end with a reboot (the daemon; one-shot runs never reboot).
     reboots: bool,
+    /// The rollout's `reboot` rule for the run going on (none: the agent's own).
+    run_reboot: Option<jio_common::rules::RebootPolicy>,
     /// True while a reload waits: the daemon ends between passes, never in a run.
     reload: Option<watch::Receiver<bool>>,
 }
@@ -156,6 +158,7 @@ impl Agent {
             published: None,
             command_note: None,
             reboots: false,
+            run_reboot: None,
         })
     }
 
@@ -633,6 +636,7 @@ impl Agent {
         let fence = self.subject().start_fence(obs);
         // The start is fenced on `/rollouts/current`: this is the run's rollout.
         self.run_rollout = obs.rollout.id.clone();
+        self.run_reboot = obs.rollout.reboot;
         // The Hiera data is read while the start transaction is in flight (read
         // for nothing when the start loses its race: the file is current anyway).
         let hiera = self.hiera_reader();

@@ -15,35 +15,7 @@ use std::time::Duration;
 use jio_common::names::Version;
 use serde::{Deserialize, Serialize};
 
-/// `reboot`: when a run ends with a reboot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RebootPolicy {
-    Never,
-    /// When the reboot-required file exists, or the check command says so.
-    IfRequired,
-    Always,
-}
-
-impl RebootPolicy {
-    pub fn parse(s: &str) -> Result<RebootPolicy, String> {
-        match s {
-            "never" => Ok(RebootPolicy::Never),
-            "if-required" => Ok(RebootPolicy::IfRequired),
-            "always" => Ok(RebootPolicy::Always),
-            other => Err(format!(
-                "{other:?} is not one of never, if-required, always"
-            )),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RebootPolicy::Never => "never",
-            RebootPolicy::IfRequired => "if-required",
-            RebootPolicy::Always => "always",
-        }
-    }
-}
+pub use jio_common::rules::RebootPolicy;
 
 /// The agent's reboot settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

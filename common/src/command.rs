@@ -23,7 +23,8 @@ use crate::rules::{Resolved, Rules, RulesError};
 use crate::store::api::Revision;
 
 /// Keys of the rules that mean nothing for a command.
-pub const NOT_FOR_COMMANDS: [&str; 7] = [
+pub const NOT_FOR_COMMANDS: [&str; 8] = [
+    "reboot",
     "canary",
     "canary_soak",
     "min_healthy_time",

@@ -23,7 +23,7 @@ impl Agent {
     /// does (`None`: it does not). A one-shot run (`bootstrap`, `converge`) never
     /// reboots: it says so and ends.
     pub(super) async fn reboot_wanted(&mut self, run_dir: &Path) -> Result<Option<String>, String> {
-        let policy = self.cfg.reboot.policy;
+        let policy = self.run_reboot.unwrap_or(self.cfg.reboot.policy);
         if policy == reboot::RebootPolicy::Never {
             return Ok(None);
         }
