@@ -27,6 +27,7 @@ use crate::{results, rundir};
 
 mod commands;
 mod reboot;
+mod reboot_command;
 mod tasks;
 
 /// One host's agent.

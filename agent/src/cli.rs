@@ -861,7 +861,9 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
                     "the run to {version} ends with a reboot; the agent service waits for the new boot until {}",
                     jio_common::time::utc_stamp(*t)
                 ),
-                None => format!("the run to {version} ends with a reboot, which waits (held, or left to the agent service)"),
+                None => format!(
+                    "the run to {version} ends with a reboot, which waits (held, or left to the agent service)"
+                ),
             },
             exit::FAILED,
         ),

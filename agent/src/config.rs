@@ -530,7 +530,10 @@ fn reboot_settings(src: &mut Sources<'_>, file: &mut FileConfig) -> crate::reboo
         }),
     };
     let check_command = file.reboot_check_command.take();
-    if check_command.as_ref().is_some_and(|c| c.first().is_none_or(|p| p.is_empty())) {
+    if check_command
+        .as_ref()
+        .is_some_and(|c| c.first().is_none_or(|p| p.is_empty()))
+    {
         src.error("reboot_check_command: a command needs a program".to_string());
     }
     let timeout = src.duration("reboot_timeout", file.reboot_timeout.take(), "15m");

@@ -125,9 +125,9 @@ fn after_pass(
         PassResult::Idle(_) => Next::Wait(resync),
         // A hold is looked at again soon; the new boot is waited for until its deadline.
         PassResult::Rebooting { until: None, .. } => Next::Wait(resync.min(Duration::from_secs(5))),
-        PassResult::Rebooting { until: Some(until), .. } => {
-            Next::Wait(resync.min(Duration::from_secs(until.saturating_sub(now_unix).max(1))))
-        }
+        PassResult::Rebooting {
+            until: Some(until), ..
+        } => Next::Wait(resync.min(Duration::from_secs(until.saturating_sub(now_unix).max(1)))),
     }
 }
 

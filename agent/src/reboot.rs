@@ -35,7 +35,10 @@ pub struct RebootSettings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Required {
     /// The reboot-required file exists; the packages its `.pkgs` names.
-    File { path: PathBuf, packages: Vec<String> },
+    File {
+        path: PathBuf,
+        packages: Vec<String>,
+    },
     /// The check command exited 0.
     Command(String),
     No,
@@ -55,7 +58,9 @@ pub fn wanted(policy: RebootPolicy, required: &Required) -> Option<String> {
 pub fn required_text(r: &Required) -> String {
     match r {
         Required::File { path, packages } if packages.is_empty() => format!("{} exists", path.display()),
-        Required::File { path, packages } => format!("{} exists (for {})", path.display(), packages.join(", ")),
+        Required::File { path, packages } => {
+            format!("{} exists (for {})", path.display(), packages.join(", "))
+        }
         Required::Command(c) => format!("{c} says a reboot is required"),
         Required::No => "no reboot is required".into(),
     }
@@ -81,6 +86,10 @@ pub struct RebootWait {
     /// When the reboot command ran (`None`: not yet, waiting for a hold).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asked: Option<u64>,
+    /// The fleet command (`jioctl reboot`) this reboot is the run of, if it is
+    /// one: its result is reported instead of an upgrade's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
 }
 
 /// What a pass does while a reboot is journaled.
@@ -149,6 +158,7 @@ mod tests {
             boot_id: "aaa".into(),
             since: 90,
             asked,
+            command: None,
         }
     }
 
@@ -165,19 +175,38 @@ mod tests {
             Some("/var/run/reboot-required exists (for linux-image-amd64)")
         );
         assert!(wanted(RebootPolicy::Always, &Required::No).is_some());
-        assert!(RebootPolicy::parse("sometimes").unwrap_err().contains("never, if-required, always"));
+        assert!(
+            RebootPolicy::parse("sometimes")
+                .unwrap_err()
+                .contains("never, if-required, always")
+        );
     }
 
     #[test]
     fn a_journaled_reboot_waits_for_holds_then_for_a_new_boot_until_its_deadline() {
         let t = Duration::from_secs(600);
-        assert_eq!(next(&wait(None), "aaa", Some("held (host c1)".into()), 100, t), Next::Held("held (host c1)".into()));
+        assert_eq!(
+            next(&wait(None), "aaa", Some("held (host c1)".into()), 100, t),
+            Next::Held("held (host c1)".into())
+        );
         assert_eq!(next(&wait(None), "aaa", None, 100, t), Next::Reboot);
-        assert_eq!(next(&wait(Some(100)), "aaa", None, 699, t), Next::Wait { until: 700 });
-        assert!(matches!(next(&wait(Some(100)), "aaa", None, 700, t), Next::NotBack(r) if r.contains("within 10m") && r.contains("aaa")));
+        assert_eq!(
+            next(&wait(Some(100)), "aaa", None, 699, t),
+            Next::Wait { until: 700 }
+        );
+        assert!(
+            matches!(next(&wait(Some(100)), "aaa", None, 700, t), Next::NotBack(r) if r.contains("within 10m") && r.contains("aaa"))
+        );
         // A new boot id is the host back, whatever else holds.
-        assert_eq!(next(&wait(Some(100)), "bbb", Some("held".into()), 5_000, t), Next::Back);
+        assert_eq!(
+            next(&wait(Some(100)), "bbb", Some("held".into()), 5_000, t),
+            Next::Back
+        );
         assert_eq!(after_boot(&Required::No), Ok(()));
-        assert!(after_boot(&Required::Command("check".into())).unwrap_err().contains("not rebooting again"));
+        assert!(
+            after_boot(&Required::Command("check".into()))
+                .unwrap_err()
+                .contains("not rebooting again")
+        );
     }
 }

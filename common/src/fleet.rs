@@ -1030,7 +1030,10 @@ impl Snapshot {
                 format!("back from its reboot (run to {v}), validating")
             }
             (Some(u), Some(_)) => {
-                format!("rebooting since {since} (run to {v}; back by {})", crate::time::utc_stamp(u))
+                format!(
+                    "rebooting since {since} (run to {v}; back by {})",
+                    crate::time::utc_stamp(u)
+                )
             }
             (Some(u), None) if self.rebooting_lost(r) => format!(
                 "rebooting since {since} and not back by {} (run to {v}): it keeps its slot; see docs/stuck.md",

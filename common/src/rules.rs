@@ -425,7 +425,9 @@ impl Rules {
                 self.reboot.insert(name.to_string(), p);
             }
             Some(Err(e)) => errors.push(format!("{path}: {e}")),
-            None => errors.push(format!("{path}: {v} must be \"never\", \"if-required\" or \"always\"")),
+            None => errors.push(format!(
+                "{path}: {v} must be \"never\", \"if-required\" or \"always\""
+            )),
         };
         match r {
             Value::Object(o) => {
@@ -557,7 +559,9 @@ impl Rules {
         // A misspelt name would leave its hosts to the agents' own setting: refused.
         for n in self.reboot.keys().filter(|n| *n != "global") {
             if names.lookup(n).is_none() {
-                errors.push(format!("reboot names {n:?}, which is no group or role of the fleet"));
+                errors.push(format!(
+                    "reboot names {n:?}, which is no group or role of the fleet"
+                ));
             }
         }
         let canary = self.resolve_canary(&names, &mut errors);
@@ -992,7 +996,10 @@ mod tests {
             r#"{"windows": [{"days": "mon", "start": "22:00", "end": "06:00", "tz": "Mumbai"}]}"#,
             "windows[0].tz: \"Mumbai\" is not a time zone",
         ),
-        (r#"{"reboot": "sometimes"}"#, "reboot: \"sometimes\" is not one of never, if-required, always"),
+        (
+            r#"{"reboot": "sometimes"}"#,
+            "reboot: \"sometimes\" is not one of never, if-required, always",
+        ),
         (r#"{"reboot": {"compute": true}}"#, "reboot.compute: true must be"),
     ];
 
@@ -1011,7 +1018,12 @@ mod tests {
         assert_eq!(one.reboot_for(&role("compute")), Some(RebootPolicy::Always));
         let roles: BTreeSet<Role> = [role("compute")].into();
         let typo = Rules::parse(r#"{"reboot": {"computee": "never"}}"#).unwrap();
-        assert!(typo.resolve(&roles).unwrap_err().to_string().contains("reboot names \"computee\""));
+        assert!(
+            typo.resolve(&roles)
+                .unwrap_err()
+                .to_string()
+                .contains("reboot names \"computee\"")
+        );
     }
 
     #[test]

@@ -80,7 +80,10 @@ impl Host {
     }
     /// The boot id now.
     pub fn boot_id(&self) -> String {
-        std::fs::read_to_string(self.boot_id_file()).unwrap_or_default().trim().to_string()
+        std::fs::read_to_string(self.boot_id_file())
+            .unwrap_or_default()
+            .trim()
+            .to_string()
     }
     /// The next boot, after its reboot command ran: the new boot id takes effect
     /// (`false`: no reboot was asked for).

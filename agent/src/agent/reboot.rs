@@ -40,7 +40,7 @@ impl Agent {
 
     /// What says whether a reboot is required now: the check command when one is
     /// configured, else the reboot-required file.
-    async fn reboot_required(&mut self, run_dir: &Path) -> Result<Required, String> {
+    pub(super) async fn reboot_required(&mut self, run_dir: &Path) -> Result<Required, String> {
         let s = &self.cfg.reboot;
         if let Some(argv) = s.check_command.clone() {
             let shown = argv.join(" ");
@@ -83,7 +83,23 @@ impl Agent {
     /// the run marker); the next passes carry it out. `Err`: the host's boot id
     /// cannot be read or the journal cannot be written (the run fails: a reboot
     /// that cannot be told from no reboot must not start).
-    pub(super) fn journal_reboot(&mut self, version: &Version, run_dir: &Path, why: String) -> Result<(), String> {
+    pub(super) fn journal_reboot(
+        &mut self,
+        version: &Version,
+        run_dir: &Path,
+        why: String,
+    ) -> Result<(), String> {
+        self.journal_reboot_of(version, run_dir, why, None)
+    }
+
+    /// `journal_reboot`, of the fleet command `command` when it is one.
+    pub(super) fn journal_reboot_of(
+        &mut self,
+        version: &Version,
+        run_dir: &Path,
+        why: String,
+        command: Option<String>,
+    ) -> Result<(), String> {
         let boot_id = self.boot_id()?;
         let (started, gate_revisions) = self.run_begun;
         let w = RebootWait {
@@ -96,6 +112,7 @@ impl Agent {
             boot_id,
             since: self.clock.unix_now(),
             asked: None,
+            command,
         };
         let j = &mut self.ledger.journal;
         let run = j.in_progress.take();
@@ -128,13 +145,20 @@ impl Agent {
             Ok(b) => b,
             Err(reason) => return self.end_reboot(w, Outcome::Failure(reason)).await,
         };
-        let held = if w.asked.is_none() { self.held().await? } else { None };
+        let held = if w.asked.is_none() {
+            self.held().await?
+        } else {
+            None
+        };
         let now = self.clock.unix_now();
         match reboot::next(&w, &boot_id, held, now, self.cfg.reboot.timeout) {
             Next::Held(why) => {
                 self.mark_rebooting(&w, None).await;
                 tracing::info!(version = %w.version, %why, "the reboot waits for the hold to be released; the host keeps its slot");
-                Ok(PassResult::Rebooting { version: w.version, until: None })
+                Ok(PassResult::Rebooting {
+                    version: w.version,
+                    until: None,
+                })
             }
             // A one-shot run leaves the journaled reboot to the agent service.
             Next::Reboot if !self.reboots => Ok(PassResult::Rebooting {
@@ -232,7 +256,12 @@ impl Agent {
             serde_json::to_string(&record).unwrap_or_default(),
         );
         let written = l
-            .commit(AgentState::Rebooting, Some(w.version.clone()), Vec::new(), vec![marker])
+            .commit(
+                AgentState::Rebooting,
+                Some(w.version.clone()),
+                Vec::new(),
+                vec![marker],
+            )
             .await;
         if let Err(e) = written {
             tracing::warn!(error = %e, "cannot record `rebooting` in the store (the run marker keeps the slot)");
@@ -243,6 +272,9 @@ impl Agent {
     /// again and fails if a reboot is still required; otherwise it fails with
     /// `outcome`'s reason. Reported like any run's end (which frees the slot).
     async fn end_reboot(&mut self, w: RebootWait, outcome: Outcome) -> Result<PassResult, AgentError> {
+        if let Some(id) = w.command.clone() {
+            return self.end_command_reboot(w, &id, outcome).await;
+        }
         let j = &mut self.ledger.journal;
         j.reboot = None;
         j.in_progress = Some(RunStart {
@@ -259,19 +291,21 @@ impl Agent {
         let (mut outcome, mut code) = (outcome, None);
         if outcome.ok() {
             self.set_record(AgentState::Upgrading, Some(version.clone()));
-            (outcome, code) = self.step_coded(Step::Validated, &version, &w.run_dir).await;
-            if outcome.ok() {
-                let still = self.reboot_required(&w.run_dir).await;
-                if let Err(reason) = still.and_then(|r| reboot::after_boot(&r)) {
-                    outcome = Outcome::Failure(reason);
-                }
-            }
+            (outcome, code) = self.validate_after_boot(&version, &w.run_dir).await;
         }
         let ended = self.clock.unix_now();
         if outcome != Outcome::Interrupted {
             let result = self.run_result(&version, Step::Validated, &outcome, code, &w.run_dir, ended);
             if let Some(reason) = self
-                .report_end(&version, Step::Validated, &outcome, &w.run_dir, result, true, ended)
+                .report_end(
+                    &version,
+                    Step::Validated,
+                    &outcome,
+                    &w.run_dir,
+                    result,
+                    true,
+                    ended,
+                )
                 .await
             {
                 outcome = Outcome::Failure(reason);
