@@ -67,7 +67,12 @@ async fn drive_with_boots(
 async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_validated() {
     let etcd = jio_tests::Etcd::start().await;
     let url = etcd.url();
-    let mut f = Fleet::start(&url, &THREE, 0.3).await;
+    let prom = tempfile::tempdir().unwrap();
+    let textfile = |h: &str| prom.path().join(format!("{h}.prom"));
+    let mut f = Fleet::start_with(&url, &url, &THREE, 0.3, |h| {
+        format!("metrics_textfile = {:?}\n", textfile(h).display().to_string())
+    })
+    .await;
     log_validations(&f);
     for h in &f.hosts {
         std::fs::write(h.reboot_required_file(), "*** System restart required ***\n").unwrap();
@@ -140,6 +145,11 @@ async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_valid
         samples.iter().all(|(_, state, _)| state != "lost"),
         "{samples:#?}"
     );
+    // Each agent, started again by the boot, counted the boot it came back from.
+    for h in THREE {
+        let m = std::fs::read_to_string(textfile(h)).unwrap_or_default();
+        assert!(m.contains("jio_agent_reboots_total{event=\"back\"} 1"), "{h}: {m}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
