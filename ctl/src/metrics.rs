@@ -137,10 +137,14 @@ fn fleet_hosts(e: &mut Exposition, snap: &Snapshot, tally: &Tally) {
 fn rebooting(e: &mut Exposition, snap: &Snapshot) {
     let mut by: std::collections::BTreeMap<(String, &'static str), u64> = std::collections::BTreeMap::new();
     for (h, r) in &snap.runs {
-        let Some(r) = r.as_ref().filter(|r| r.state == jio_common::values::AgentState::Rebooting) else {
+        let Some(r) = r
+            .as_ref()
+            .filter(|r| r.state == jio_common::values::AgentState::Rebooting)
+        else {
             continue;
         };
-        let late = matches!((r.until, snap.now), (Some(u), Some(now)) if now >= u) && !snap.agents.contains_key(h);
+        let late =
+            matches!((r.until, snap.now), (Some(u), Some(now)) if now >= u) && !snap.agents.contains_key(h);
         let phase = match (r.until, late) {
             (None, _) => "waiting",
             (Some(_), true) => "not_back",

@@ -148,7 +148,10 @@ async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_valid
     // Each agent, started again by the boot, counted the boot it came back from.
     for h in THREE {
         let m = std::fs::read_to_string(textfile(h)).unwrap_or_default();
-        assert!(m.contains("jio_agent_reboots_total{event=\"back\"} 1"), "{h}: {m}");
+        assert!(
+            m.contains("jio_agent_reboots_total{event=\"back\"} 1"),
+            "{h}: {m}"
+        );
     }
 }
 
