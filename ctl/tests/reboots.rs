@@ -36,6 +36,21 @@ fn reason(v: &serde_json::Value, host: &str) -> String {
         .to_string()
 }
 
+/// Slots `(host, from, to)` from the logs: each must end before the next begins.
+fn assert_one_at_a_time(mut slots: Vec<(String, f64, f64)>) {
+    slots.sort_by(|a, b| a.1.total_cmp(&b.1));
+    for w in slots.windows(2) {
+        assert!(
+            w[0].2 < w[1].1,
+            "{}'s slot began at {} before {} was back and validated at {}",
+            w[1].0,
+            w[1].1,
+            w[0].0,
+            w[0].2
+        );
+    }
+}
+
 /// Runs the driver to its end while the boots are played; samples `status`
 /// whenever a host is down. Returns the driver's output and the samples.
 async fn drive_with_boots(
@@ -57,6 +72,8 @@ async fn drive_with_boots(
             let v = status_json(url).await;
             let state = v["hosts"][&h]["state"].as_str().unwrap_or_default().to_string();
             samples.push((h.clone(), state, reason(&v, &h)));
+            let explained = text(&run(url, &["explain", &h]).await);
+            samples.push((h.clone(), "explain".into(), explained));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -123,22 +140,18 @@ async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_valid
         );
         slots.push((h.name.clone(), start, back));
     }
-    slots.sort_by(|a, b| a.1.total_cmp(&b.1));
-    for w in slots.windows(2) {
-        assert!(
-            w[0].2 < w[1].1,
-            "{} started at {} before {} was back and validated at {}",
-            w[1].0,
-            w[1].1,
-            w[0].0,
-            w[0].2
-        );
-    }
+    assert_one_at_a_time(slots);
     // While a host was down, status said so (and it was still in flight).
     assert!(
         samples
             .iter()
             .any(|(_, state, why)| state == "upgrading" && why.contains("rebooting since")),
+        "{samples:#?}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(_, kind, why)| kind == "explain" && why.contains("rebooting since")),
         "{samples:#?}"
     );
     assert!(
@@ -298,17 +311,7 @@ async fn jioctl_reboot_reboots_one_host_at_a_time_each_back_and_validated_before
             .2;
         slots.push((h.name.clone(), down, back));
     }
-    slots.sort_by(|a, b| a.1.total_cmp(&b.1));
-    for w in slots.windows(2) {
-        assert!(
-            w[0].2 < w[1].1,
-            "{} went down at {} before {} was back and validated at {}",
-            w[1].0,
-            w[1].1,
-            w[0].0,
-            w[0].2
-        );
-    }
+    assert_one_at_a_time(slots);
     assert!(
         samples.iter().any(|(_, _, why)| why.contains("rebooting since")),
         "{samples:#?}"
