@@ -174,6 +174,7 @@ pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admissio
         rollout: if problem.is_some() { None } else { active },
         host_keys_only: false,
         busy_outside: &[],
+        hook_roles: &[],
     };
     let plan = plan::plan(snap, hosts, &resolved, &cx);
     let composed = match (active, parsed.and_then(|r| r.compose.as_ref())) {

@@ -355,6 +355,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
         rollout: None,
         host_keys_only: false,
         busy_outside: &[],
+        hook_roles: &[],
     };
     let first = jio_common::plan::plan(&snap, &hosts, resolved, &cx);
     let waves = waves::simulate(&snap, resolved);
