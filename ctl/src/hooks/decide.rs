@@ -191,13 +191,16 @@ fn fence(p: &Pass<'_>, h: &HostName, d: &mut Decided) {
 /// A run of this process ended: its record says how; a `before` that succeeded
 /// enables the host.
 fn record_end(p: &Pass<'_>, h: &HostName, rec: &HookRecord, done: &Done, d: &mut Decided) {
-    let message = done.result.as_ref().err().map(|why| {
-        if done.tail.is_empty() {
-            why.clone()
-        } else {
-            format!("{why}\n{}", done.tail)
-        }
-    });
+    // Its exit code is in the record: the message is then its output's end.
+    let message = done
+        .result
+        .as_ref()
+        .err()
+        .map(|why| match (done.exit_code, done.tail.is_empty()) {
+            (_, true) => why.clone(),
+            (Some(_), false) => done.tail.clone(),
+            (None, false) => format!("{why}\n{}", done.tail),
+        });
     let ended = rec.ended(
         done.result.is_ok(),
         done.ended,
@@ -207,7 +210,7 @@ fn record_end(p: &Pass<'_>, h: &HostName, rec: &HookRecord, done: &Done, d: &mut
     );
     fence(p, h, d);
     d.ops.push(writes::hook_put(p.schema, h, &ended));
-    let took = jio_common::duration::format(Duration::from_secs(done.ended.saturating_sub(rec.started)));
+    let took = format!("in {}s", done.ended.saturating_sub(rec.started));
     let line = match (&done.result, rec.hook) {
         (Ok(()), HookKind::Before) => {
             d.ops.push(writes::enable_host(p.schema, h));
@@ -298,7 +301,17 @@ pub fn admissions(p: &Pass<'_>, plan: &mut Plan) -> Decided {
     let mut keep = Vec::new();
     for h in std::mem::take(&mut plan.enable_hosts) {
         let role = p.snap.role_of(&h);
-        let drained = matches!(p.snap.hook_stage(&h), Some(HookStage::Drained(_)));
+        let stage = p.snap.hook_stage(&h);
+        if p.local.contains_key(&h)
+            || matches!(
+                stage,
+                Some(HookStage::Running(_) | HookStage::AfterDue(_) | HookStage::Unreadable)
+            )
+        {
+            // Already in its slot (a plan never admits it): nothing starts twice.
+            continue;
+        }
+        let drained = matches!(stage, Some(HookStage::Drained(_)));
         let Some(spec) = p.roles.get(&role).filter(|_| !drained) else {
             keep.push(h);
             continue;

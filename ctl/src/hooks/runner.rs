@@ -1,7 +1,11 @@
 //! One hook run under the child-process contract: an argument list (never a shell
 //! string), its own process group, a timeout after which the whole group is
-//! stopped (SIGTERM, then SIGKILL), stdout and stderr copied concurrently into one
-//! log file with a size cap, and one table that turns the exit into an outcome.
+//! stopped (SIGTERM, then SIGKILL), stdout and stderr in one log file cut to a size
+//! cap once it ended, and one table that turns the exit into an outcome.
+//!
+//! The output goes to the log file itself, not through pipes this process reads: a
+//! hook must outlive a driver killed outright without dying of a broken pipe at its
+//! next line of output (the next driver stops it cleanly, then runs it again).
 //! The hook's environment is the driver's without jioctl's own settings and the
 //! store clients' variables (no store credential reaches it), plus `JIO_HOST`,
 //! `JIO_ROLE`, `JIO_VERSION`, `JIO_ROLLOUT` and `JIO_HOOK`.
@@ -12,16 +16,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Most bytes of output kept in the log; the rest is counted and dropped.
+/// Most bytes of output kept in the log once the hook ended; the rest is dropped.
 pub const MAX_OUTPUT: u64 = 16 * 1024 * 1024;
 /// Time between SIGTERM and SIGKILL to the process group.
 const KILL_AFTER: Duration = Duration::from_secs(5);
@@ -88,14 +90,18 @@ pub async fn run(
         return Exit::NotStarted("empty command".into());
     };
     let file = match open_log(spec.log).await {
-        Ok(f) => Arc::new(Mutex::new(Capped::new(f))),
+        Ok(f) => f,
         Err(e) => return Exit::NotStarted(format!("cannot write its log {}: {e}", spec.log.display())),
+    };
+    let (out, err) = match (file.try_clone(), file.try_clone()) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => return Exit::NotStarted(format!("its log {}: {e}", spec.log.display())),
     };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
         .process_group(0)
         .kill_on_drop(true);
     for (k, _) in std::env::vars_os() {
@@ -114,8 +120,6 @@ pub async fn run(
     {
         on_spawn(ProcessGroup { pgid: id, start });
     }
-    let out = tokio::spawn(copy(child.stdout.take(), file.clone()));
-    let err = tokio::spawn(copy(child.stderr.take(), file.clone()));
     let exit = tokio::select! {
         s = child.wait() => exit_of(s, program),
         _ = tokio::time::sleep(spec.timeout) => {
@@ -127,11 +131,7 @@ pub async fn run(
             Exit::Stopped
         }
     };
-    for copy in [out, err] {
-        // A straggler that keeps the output open is not waited for.
-        let _ = tokio::time::timeout(KILL_AFTER, copy).await;
-    }
-    file.lock().await.close().await;
+    cap(spec.log, MAX_OUTPUT);
     exit
 }
 
@@ -147,15 +147,33 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     }
 }
 
-async fn open_log(path: &Path) -> std::io::Result<tokio::fs::File> {
+async fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
     if let Some(d) = path.parent() {
         tokio::fs::create_dir_all(d).await?;
     }
-    tokio::fs::OpenOptions::new()
+    let f = tokio::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .await
+        .await?;
+    Ok(f.into_std().await)
+}
+
+/// Cuts a log longer than `max` bytes to its first `max` bytes, and says so.
+fn cap(log: &Path, max: u64) {
+    use std::io::{Seek as _, Write as _};
+    let Ok(len) = std::fs::metadata(log).map(|m| m.len()) else {
+        return;
+    };
+    if len <= max {
+        return;
+    }
+    if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(log)
+        && f.set_len(max).is_ok()
+        && f.seek(std::io::SeekFrom::End(0)).is_ok()
+    {
+        let _ = writeln!(f, "\n[jioctl: {} more bytes of output were dropped]", len - max);
+    }
 }
 
 fn exit_of(status: std::io::Result<std::process::ExitStatus>, program: &str) -> Exit {
@@ -166,56 +184,6 @@ fn exit_of(status: std::io::Result<std::process::ExitStatus>, program: &str) -> 
             (None, None) => Exit::Code(-1),
         },
         Err(e) => Exit::NotStarted(format!("waiting for {program}: {e}")),
-    }
-}
-
-/// The log file, written by both streams, up to `MAX_OUTPUT`.
-struct Capped {
-    file: Option<tokio::fs::File>,
-    kept: u64,
-    dropped: u64,
-}
-
-impl Capped {
-    fn new(file: tokio::fs::File) -> Capped {
-        Capped {
-            file: Some(file),
-            kept: 0,
-            dropped: 0,
-        }
-    }
-
-    async fn write(&mut self, buf: &[u8]) {
-        let take = buf.len().min(MAX_OUTPUT.saturating_sub(self.kept) as usize);
-        if let Some(f) = self.file.as_mut()
-            && take > 0
-            && f.write_all(&buf[..take]).await.is_err()
-        {
-            self.file = None;
-        }
-        self.kept += take as u64;
-        self.dropped += (buf.len() - take) as u64;
-    }
-
-    async fn close(&mut self) {
-        if let Some(f) = self.file.as_mut() {
-            if self.dropped > 0 {
-                let note = format!("\n[jioctl: {} more bytes of output were dropped]\n", self.dropped);
-                let _ = f.write_all(note.as_bytes()).await;
-            }
-            let _ = f.flush().await;
-        }
-    }
-}
-
-async fn copy(src: Option<impl AsyncRead + Unpin>, to: Arc<Mutex<Capped>>) {
-    let Some(mut src) = src else { return };
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        match src.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => to.lock().await.write(&buf[..n]).await,
-        }
     }
 }
 
@@ -343,6 +311,26 @@ mod tests {
         assert_eq!(
             outcome(&go(&["/bin/true"], Duration::from_secs(10), &log).await),
             Some(Ok(()))
+        );
+    }
+
+    #[test]
+    fn a_long_log_is_cut_and_says_so() {
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("h.log");
+        std::fs::write(&log, "x".repeat(100)).unwrap();
+        cap(&log, 40);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.starts_with(&"x".repeat(40)), "{text}");
+        assert!(
+            text.ends_with("[jioctl: 60 more bytes of output were dropped]\n"),
+            "{text}"
+        );
+        cap(&log, 1000);
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            text,
+            "a short log is left alone"
         );
     }
 
