@@ -172,6 +172,23 @@ mod tests {
     }
 
     #[test]
+    fn the_example_hook_configuration_loads() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hooks/jioctl.toml");
+        let c = load(Some(&p), &Flags::default(), |_| None).unwrap();
+        let roles: Vec<&str> = c.hooks.roles.keys().map(|r| r.as_str()).collect();
+        assert_eq!(roles, vec!["ceph", "compute"]);
+        let compute = &c.hooks.roles[&jio_common::names::Role::new("compute").unwrap()];
+        assert_eq!(compute.timeout, std::time::Duration::from_secs(45 * 60));
+        // Every hook it names is shipped beside it.
+        for spec in c.hooks.roles.values() {
+            for argv in [&spec.before, &spec.after].into_iter().flatten() {
+                let name = std::path::Path::new(&argv[0]).file_name().unwrap();
+                assert!(p.with_file_name(name).exists(), "{}", argv[0]);
+            }
+        }
+    }
+
+    #[test]
     fn role_pattern_flag_env_file_default() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("jioctl.toml");
