@@ -1170,6 +1170,14 @@ impl Snapshot {
         }
     }
 
+    /// Every host whose hook failed at the current version (`hook_failure`).
+    pub fn hook_failures(&self) -> Vec<(&HostName, &HookRecord)> {
+        self.hooks
+            .keys()
+            .filter_map(|h| self.hook_failure(h).map(|r| (h, r)))
+            .collect()
+    }
+
     /// The host is in its hooks' slot and will move on by itself (a hook runs or is
     /// due, or it is drained): a rollout stopped on failures waits for it.
     pub fn in_hooks(&self, h: &HostName) -> bool {

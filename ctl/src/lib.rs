@@ -12,6 +12,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod config_keys;
 pub mod context;
 pub mod exit;
 pub mod fleet_commands;

@@ -685,9 +685,9 @@ pub async fn history(
 /// The failed hosts of a snapshot and why, for a record's `failed` state.
 pub fn failed_hosts(snap: &Snapshot) -> BTreeMap<String, String> {
     let hooks = snap
-        .hooks
-        .keys()
-        .filter_map(|h| snap.hook_failure(h).map(|r| (h.to_string(), r.describe())));
+        .hook_failures()
+        .into_iter()
+        .map(|(h, r)| (h.to_string(), r.describe()));
     snap.failures
         .iter()
         .map(|(h, (step, value))| {

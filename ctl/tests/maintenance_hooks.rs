@@ -148,14 +148,26 @@ async fn a_failing_before_hook_fails_the_host_which_is_never_enabled() {
     assert!(log.starts_with(hooks.state_dir().to_str().unwrap()), "{log}");
     let human = text(&run(&url, &["status"]).await);
     assert!(human.contains("failed: its before hook failed"), "{human}");
+    let failures = run(&url, &["get-failures", "--hosts"]).await;
+    assert_eq!(failures.status.code(), Some(1), "{}", text(&failures));
+    assert!(
+        text(&failures).contains("compute1\tcompute\tbefore hook\tbefore hook failed (exit 3)"),
+        "{}",
+        text(&failures)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_after_hook_fails_the_upgraded_host() {
-    let (_etcd, url, f) = fleet_on_etcd(&["compute1"], 0.3).await;
+async fn a_failing_after_hook_fails_the_upgraded_host_and_its_log_is_in_swift() {
+    let ((_etcd, url, f), swift) = tokio::join!(fleet_on_etcd(&["compute1"], 0.3), jio_tests::Swift::start());
     let hooks = Hooks::new(0.2);
     hooks.fail("after", "compute1");
-    let config = hooks.config("1m");
+    let section = format!(
+        "[swift]\nauth_url = \"{}\"\nuser = \"fleet:uploader\"\nkey_file = \"{}\"\ncontainer = \"runlogs\"\n",
+        swift.auth_url(),
+        swift.key_file("s3cr3t").display()
+    );
+    let config = hooks.config_with("1m", &section);
     let d = driver(&url, &config, &["upgrade", "v2", "--instructions", ONE_AT_A_TIME]);
     let out = finish(d, Duration::from_secs(60)).await;
     let said = text(&out);
@@ -172,6 +184,17 @@ async fn a_failing_after_hook_fails_the_upgraded_host() {
         explained.contains("maintenance hook: after hook failed (exit 3)"),
         "{explained}"
     );
+    // Its log was uploaded as run logs are, and the record links it.
+    let link = v["hosts"]["compute1"]["hook"]["log"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        link.contains("/runlogs/compute1/v2/") && link.ends_with("-hook-after.log"),
+        "{link}"
+    );
+    let body = swift.get(&link).await;
+    assert!(body.contains("nova: 2 instances left on compute1"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

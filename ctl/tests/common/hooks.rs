@@ -72,9 +72,14 @@ echo "end $JIO_HOST $hook $(now) exit 0" >> "$log"
     /// A jioctl configuration giving role `compute` both hooks (`timeout`), with
     /// the driver's state directory in the hooks' directory.
     pub fn config(&self, timeout: &str) -> PathBuf {
+        self.config_with(timeout, "")
+    }
+
+    /// `config`, with `tables` (a `[swift]` section) after the hooks'.
+    pub fn config_with(&self, timeout: &str, tables: &str) -> PathBuf {
         let s = self.script().display().to_string();
         self.config_text(&format!(
-            "[hooks.compute]\nbefore = [\"{s}\", \"before\"]\nafter = [\"{s}\", \"after\"]\ntimeout = \"{timeout}\"\n"
+            "[hooks.compute]\nbefore = [\"{s}\", \"before\"]\nafter = [\"{s}\", \"after\"]\ntimeout = \"{timeout}\"\n{tables}"
         ))
     }
 
