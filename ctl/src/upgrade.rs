@@ -1137,7 +1137,8 @@ impl Driver<'_> {
         }
         // A soak ending or a window opening changes the plan without any write.
         self.wake_at = plan.wake_at;
-        let local = BTreeMap::new();
+        // A host whose hook runs here is never started twice (its record may lag).
+        let local = self.hooks.local();
         let hooks = self.hook_step(&local, now).admissions(snap, rec, &mut plan);
         let decided = intent::rolling(&intent::Rolling {
             schema: self.schema,

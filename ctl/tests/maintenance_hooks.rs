@@ -16,7 +16,7 @@ use jio_tests::inspect::{open, text, wait_for};
 
 use common::fleet::{Fleet, finish, fleet_on_etcd, keys_under, signal};
 use common::hooks::{Hooks, max_slots_at_once, values_ever};
-use common::{jioctl, run};
+use common::{assert_says, jioctl, run};
 
 const ONE_AT_A_TIME: &str = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
 
@@ -359,4 +359,14 @@ async fn a_host_stuck_in_its_hook_is_named_when_the_rollout_is_stuck() {
     assert_eq!(before.len(), 1, "{before:#?}");
     assert_eq!(before[0].how.as_deref(), Some("stopped"), "{before:#?}");
     assert_eq!(f.started("v2"), 0);
+    // Its record still says the hook runs: its slot cannot be forgotten.
+    let s = open(&url).await;
+    let record = keys_under(&s, "/hooks/").await;
+    let out = run(&url, &["forget-host", "compute1", "--force"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_says(
+        &out,
+        "compute1 is in its maintenance hook's slot (before hook running since",
+    );
+    assert_eq!(keys_under(&s, "/hooks/").await, record);
 }

@@ -210,8 +210,13 @@ impl Job {
             log: &log,
         };
         let (local_stop, mut local_rx) = watch::channel(false);
+        let mine = std::sync::Mutex::new(None);
         let noted = |g: runner::ProcessGroup| {
-            let _ = std::fs::write(&group_file, serde_json::to_string(&g).unwrap_or_default());
+            let text = serde_json::to_string(&g).unwrap_or_default();
+            let _ = std::fs::write(&group_file, &text);
+            if let Ok(mut m) = mine.lock() {
+                *m = Some(text);
+            }
         };
         let run = runner::run(&spec, &mut local_rx, noted);
         tokio::pin!(run);
@@ -222,7 +227,11 @@ impl Job {
                 run.await
             }
         };
-        let _ = std::fs::remove_file(&group_file);
+        // Its own note only: a run that took over from this one wrote its own.
+        let noted = mine.lock().ok().and_then(|m| m.clone());
+        if noted.is_some() && std::fs::read_to_string(&group_file).ok() == noted {
+            let _ = std::fs::remove_file(&group_file);
+        }
         let result = runner::outcome(&exit)?;
         let ended = jio_common::time::unix_now();
         prune(log.parent());
