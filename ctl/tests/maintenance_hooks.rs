@@ -370,3 +370,49 @@ async fn a_host_stuck_in_its_hook_is_named_when_the_rollout_is_stuck() {
     );
     assert_eq!(keys_under(&s, "/hooks/").await, record);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_hook_record_keeps_its_slot_is_named_and_never_ends_the_driver() {
+    let (etcd, url, f) = fleet_on_etcd(&["compute1", "compute2"], 0.1).await;
+    let hooks = Hooks::new(0.1);
+    let config = hooks.config("1m");
+    etcd.put_raw(b"/hooks/compute2", b"{not json").await;
+    let two = r#"{"rolling_rules":{"roles":{"compute":2}}}"#;
+    let d = driver(
+        &url,
+        &config,
+        &["upgrade", "v2", "--instructions", two, "--timeout", "8s"],
+    );
+    let out = finish(d, Duration::from_secs(60)).await;
+    let said = text(&out);
+    // compute1 went through; compute2 holds its slot, named, and the driver went on
+    // until its --timeout.
+    assert_eq!(out.status.code(), Some(5), "{said}");
+    assert!(
+        said.contains("/hooks/compute2") && said.contains("cannot be read"),
+        "{said}"
+    );
+    assert_eq!(
+        f.runs()
+            .iter()
+            .filter(|r| r.version == "v2")
+            .map(|r| r.host.as_str())
+            .collect::<Vec<_>>(),
+        ["compute1"]
+    );
+    assert!(
+        hooks.runs().iter().all(|r| r.host == "compute1"),
+        "{:#?}",
+        hooks.runs()
+    );
+    let v = status(&url).await;
+    assert_eq!(v["hosts"]["compute2"]["state"], "upgrading", "{v:#}");
+    assert!(v["problems"].to_string().contains("/hooks/compute2"), "{v:#}");
+    // Deleted by an operator: the next driver finishes the rollout.
+    let del = etcd.etcdctl(&["del", "/hooks/compute2"]);
+    assert!(del.status.success(), "{del:?}");
+    let d = driver(&url, &config, &["upgrade", "v2", "--instructions", two]);
+    let out = finish(d, Duration::from_secs(60)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(f.started("v2"), 2);
+}
