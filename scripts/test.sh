@@ -25,6 +25,7 @@ NEEDED=(
   "python3:python3"
   "promtool:prometheus"
   "faketime:faketime"
+  "shellcheck:shellcheck"
 )
 
 missing=()
