@@ -125,6 +125,8 @@ pre_commands = []
 puppet_command = $cmd
 lease_ttl = "5s"
 health_interval = "0"
+# These agents share this machine: none of them may reboot it.
+reboot = "never"
 actions_dir = "$(toml_escape "$ACTIONS")"
 TOML
   if [ "$COMPOSABLE" -eq 1 ]; then

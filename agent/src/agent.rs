@@ -26,6 +26,8 @@ use crate::steps::{CommandSteps, StepCtx, StepRunner};
 use crate::{results, rundir};
 
 mod commands;
+mod reboot;
+mod reboot_command;
 mod tasks;
 
 /// One host's agent.
@@ -67,6 +69,10 @@ pub struct Agent {
     command_note: Option<String>,
     /// What the daemon exports to Prometheus.
     metrics: crate::metrics::Metrics,
+    /// Runs may end with a reboot (the daemon; one-shot runs never reboot).
+    reboots: bool,
+    /// The rollout's `reboot` rule for the run going on (none: the agent's own).
+    run_reboot: Option<jio_common::rules::RebootPolicy>,
     /// True while a reload waits: the daemon ends between passes, never in a run.
     reload: Option<watch::Receiver<bool>>,
 }
@@ -152,6 +158,8 @@ impl Agent {
             services: crate::services::Services::default(),
             published: None,
             command_note: None,
+            reboots: false,
+            run_reboot: None,
         })
     }
 
@@ -174,6 +182,16 @@ impl Agent {
     }
 
     /// Keeps the host's liveness record through `l` (runs start fenced in it).
+    /// Lets runs end with a reboot (the daemon's runs).
+    pub fn set_reboots(&mut self, on: bool) {
+        self.reboots = on;
+    }
+
+    /// A reboot is journaled: the host is rebooting (or waiting to).
+    pub fn rebooting(&self) -> bool {
+        self.ledger.journal.reboot.is_some()
+    }
+
     pub fn set_liveness(&mut self, l: Liveness) {
         self.liveness = Some(l);
     }
@@ -319,6 +337,14 @@ impl Agent {
         // Whether this host's `/running/versions` entries are where the state
         // directory says, checked once after the start (not at a run's end).
         self.ledger.check_listed().await;
+        // A run that ends with a reboot keeps its slot (its marker) until the host
+        // is back and validated: nothing else happens meanwhile.
+        if let Some(w) = self.ledger.journal.reboot.clone() {
+            if !self.ledger.journal.unreported.is_empty() {
+                self.ledger.flush().await?;
+            }
+            return self.pass_reboot(w).await;
+        }
         // A run's report still in the journal keeps its marker: the host holds its
         // slot until the store has the run's outcome (a failure must stop the
         // rollout before another host is admitted in its place).
@@ -436,6 +462,7 @@ impl Agent {
             version: version.clone(),
             since: self.clock.unix_now(),
             pid: std::process::id(),
+            until: None,
         };
         let marker_key = self.cfg.schema.run(&self.cfg.hostname);
         let marker = Op::put(
@@ -520,7 +547,7 @@ impl Agent {
     /// every member even when the key is absent (a fleet starting at once would
     /// queue one per agent).
     async fn clear_run_marker(&mut self) -> Result<(), AgentError> {
-        if self.run_marker {
+        if self.run_marker && self.ledger.journal.reboot.is_none() {
             let key = self.cfg.schema.run(&self.cfg.hostname);
             if self.store.get(&key).await?.is_some() {
                 self.store.delete(&key).await?;
@@ -610,6 +637,7 @@ impl Agent {
         let fence = self.subject().start_fence(obs);
         // The start is fenced on `/rollouts/current`: this is the run's rollout.
         self.run_rollout = obs.rollout.id.clone();
+        self.run_reboot = obs.rollout.reboot;
         // The Hiera data is read while the start transaction is in flight (read
         // for nothing when the start loses its race: the file is current anyway).
         let hiera = self.hiera_reader();
@@ -646,6 +674,9 @@ impl Agent {
                 (run_dir, Step::Configured, failed, ended)
             }
         };
+        if let Some(w) = self.ledger.journal.reboot.clone() {
+            return self.pass_reboot(w).await;
+        }
         let result = self.record(&version, ended, step, &outcome, &run_dir);
         Ok(PassResult::Ran { version, result })
     }
@@ -797,6 +828,23 @@ impl Agent {
                 .report(version, Step::Configured, &configured, run_dir, None)
                 .await;
         } else {
+            if validated.ok() {
+                match self.reboot_wanted(run_dir).await.and_then(|why| match why {
+                    Some(why) => self.journal_reboot(version, run_dir, why).map(|()| true),
+                    None => Ok(false),
+                }) {
+                    Ok(true) => {
+                        // Ends after the boot (`pass_reboot`); the configure step's
+                        // report goes now.
+                        self.ledger
+                            .report(version, Step::Configured, &configured, run_dir, None)
+                            .await;
+                        return (Step::Validated, validated, ended);
+                    }
+                    Ok(false) => {}
+                    Err(reason) => validated = Outcome::Failure(reason),
+                }
+            }
             let result = self.run_result(version, Step::Validated, &validated, code, run_dir, ended);
             if let Some(reason) = self
                 .report_end(version, Step::Validated, &validated, run_dir, result, true, ended)

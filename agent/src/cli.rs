@@ -33,7 +33,7 @@ pub mod exit {
         ("0", "success (`pending-update`: an update is pending)"),
         (
             "1",
-            "the upgrade failed (also when a file it writes could not be written), or is waiting to retry after a failure, or is blocked by an invalid value in the store, which it names (`pending-update`: up to date, or `/current_version` is invalid, which it names)",
+            "the upgrade failed (also when a file it writes could not be written), or is waiting to retry after a failure, or waits for the reboot that ends it, or is blocked by an invalid value in the store, which it names (`pending-update`: up to date, or `/current_version` is invalid, which it names)",
         ),
         (
             "2",
@@ -853,6 +853,18 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
         ),
         Ok(PassResult::Idle(Decision::RolloutUnusable { reason, .. })) => fail(
             format!("the active rollout's record cannot be used, nothing was run: {reason}"),
+            exit::FAILED,
+        ),
+        Ok(PassResult::Rebooting { version, until }) => fail(
+            match until {
+                Some(t) => format!(
+                    "the run to {version} ends with a reboot; the agent service waits for the new boot until {}",
+                    jio_common::time::utc_stamp(*t)
+                ),
+                None => format!(
+                    "the run to {version} ends with a reboot, which waits (held, or left to the agent service)"
+                ),
+            },
             exit::FAILED,
         ),
         Ok(PassResult::Raced) => fail(

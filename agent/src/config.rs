@@ -67,6 +67,8 @@ pub struct Config {
     pub hiera_file: Option<PathBuf>,
     /// Where the Prometheus metrics go (both off by default).
     pub metrics: MetricsOutputs,
+    /// Whether and how a run ends with a reboot (`reboot*`, `boot_id_file`).
+    pub reboot: crate::reboot::RebootSettings,
 }
 
 /// `log_format`: lines for people (`text`, the default) or one JSON object per
@@ -112,6 +114,12 @@ pub struct FileConfig {
     pub metrics_listen: Option<String>,
     pub metrics_textfile: Option<PathBuf>,
     pub swift: Option<jio_common::swift::SwiftSettings>,
+    pub reboot: Option<String>,
+    pub reboot_required_file: Option<PathBuf>,
+    pub reboot_check_command: Option<Vec<String>>,
+    pub reboot_command: Option<Vec<String>>,
+    pub reboot_timeout: Option<String>,
+    pub boot_id_file: Option<PathBuf>,
 }
 
 /// Scalar settings that may come from the environment (`JIO_<NAME>`) or a flag.
@@ -143,6 +151,10 @@ pub const SCALAR_KEYS: &[&str] = &[
     "hiera_file",
     "metrics_listen",
     "metrics_textfile",
+    "reboot",
+    "reboot_required_file",
+    "reboot_timeout",
+    "boot_id_file",
 ];
 
 /// Every problem found, one per line.
@@ -470,6 +482,7 @@ fn build(
     let metrics = metrics_outputs(&mut src, &mut file);
     let log_format = log_format(&mut src, &mut file);
     let swift = swift(&mut src, &mut file);
+    let reboot = reboot_settings(&mut src, &mut file);
     Some(Config {
         store: id.store?,
         store_given: id.store_given,
@@ -501,7 +514,52 @@ fn build(
         log_format,
         hiera_file,
         metrics,
+        reboot,
     })
+}
+
+/// `reboot` (never, if-required, always), what says a reboot is required, how to
+/// reboot and how long to wait for the new boot.
+fn reboot_settings(src: &mut Sources<'_>, file: &mut FileConfig) -> crate::reboot::RebootSettings {
+    use crate::reboot::RebootPolicy;
+    let policy = match src.pick("reboot", file.reboot.take()) {
+        None => RebootPolicy::IfRequired,
+        Some((v, _)) => RebootPolicy::parse(&v).unwrap_or_else(|e| {
+            src.error(format!("reboot: {e}"));
+            RebootPolicy::IfRequired
+        }),
+    };
+    let check_command = file.reboot_check_command.take();
+    if check_command
+        .as_ref()
+        .is_some_and(|c| c.first().is_none_or(|p| p.is_empty()))
+    {
+        src.error("reboot_check_command: a command needs a program".to_string());
+    }
+    let timeout = src.duration("reboot_timeout", file.reboot_timeout.take(), "15m");
+    if timeout.is_zero() {
+        src.error("reboot_timeout: must be greater than 0".to_string());
+    }
+    crate::reboot::RebootSettings {
+        policy,
+        required_file: src.path(
+            "reboot_required_file",
+            file.reboot_required_file.take(),
+            "/var/run/reboot-required",
+        ),
+        check_command,
+        command: src.command(
+            "reboot_command",
+            file.reboot_command.take(),
+            &["systemctl", "reboot"],
+        ),
+        timeout,
+        boot_id_file: src.path(
+            "boot_id_file",
+            file.boot_id_file.take(),
+            "/proc/sys/kernel/random/boot_id",
+        ),
+    }
 }
 
 /// The agent's files and directories.

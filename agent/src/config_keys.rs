@@ -114,6 +114,36 @@ pub const KEYS: &[KeyDoc] = &[
         meaning: "how long a fleet command's action may run on this host when the command gives no `--timeout`",
     },
     KeyDoc {
+        key: "reboot",
+        default: "`if-required`",
+        meaning: "whether a run ends with a reboot inside the host's slot: `never`, `if-required` (the reboot-required file exists, or the check command exits 0) or `always`; the slot is freed only after the host is back with a new boot id and validated again",
+    },
+    KeyDoc {
+        key: "reboot_required_file",
+        default: "`/var/run/reboot-required`",
+        meaning: "its presence says a reboot is required (Debian's; the packages in `<file>.pkgs` are named)",
+    },
+    KeyDoc {
+        key: "reboot_check_command",
+        default: "none",
+        meaning: "asked instead of the file when set: exit 0 = a reboot is required, 1 = not, anything else fails the run",
+    },
+    KeyDoc {
+        key: "reboot_command",
+        default: "`[\"systemctl\", \"reboot\"]`",
+        meaning: "how the agent reboots its host (its output goes to the run directory's `reboot.log`)",
+    },
+    KeyDoc {
+        key: "reboot_timeout",
+        default: "`15m`",
+        meaning: "no new boot id this long after the reboot command: the run failed",
+    },
+    KeyDoc {
+        key: "boot_id_file",
+        default: "`/proc/sys/kernel/random/boot_id`",
+        meaning: "where the host's boot id is read (a new one says the host rebooted)",
+    },
+    KeyDoc {
         key: "retry_interval",
         default: "`10m`",
         meaning: "first wait after a failure (doubles, up to 16×)",

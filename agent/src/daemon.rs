@@ -31,11 +31,16 @@ pub async fn serve(mut agent: Agent) -> Result<(), AgentError> {
             Some(cfg.schema.clock(&cfg.hostname)),
         ),
         cfg.lease_ttl,
-        AgentState::Idle,
+        if agent.rebooting() {
+            AgentState::Rebooting
+        } else {
+            AgentState::Idle
+        },
         local,
         Some(agent.metrics().clone()),
     );
     agent.set_liveness(liveness);
+    agent.set_reboots(true);
     let res = run(&mut agent).await;
     if let Some(l) = agent.take_liveness() {
         l.stop().await;
@@ -118,6 +123,11 @@ fn after_pass(
             Next::Wait(health.left().map_or(wait, |left| wait.min(left)))
         }
         PassResult::Idle(_) => Next::Wait(resync),
+        // A hold is looked at again soon; the new boot is waited for until its deadline.
+        PassResult::Rebooting { until: None, .. } => Next::Wait(resync.min(Duration::from_secs(5))),
+        PassResult::Rebooting {
+            until: Some(until), ..
+        } => Next::Wait(resync.min(Duration::from_secs(until.saturating_sub(now_unix).max(1)))),
     }
 }
 

@@ -135,6 +135,8 @@ pub struct RolloutFacts {
     /// `/rollouts/current` names a record that is missing or cannot be read: why,
     /// naming the key. No upgrade starts meanwhile.
     pub unusable: Option<String>,
+    /// The rollout's `reboot` rule for this host (none: the agent's setting).
+    pub reboot: Option<jio_common::rules::RebootPolicy>,
 }
 
 /// What the idle health checks found.

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod notify;
 pub mod observe;
 pub mod pass;
+pub mod reboot;
 pub mod report;
 pub mod results;
 pub mod rundir;

@@ -70,6 +70,7 @@ impl Liveness {
             version,
             since: unix_now(),
             pid: std::process::id(),
+            until: None,
         });
         let (stop, stop_rx) = watch::channel(false);
         let lease: Lease = Arc::new(Mutex::new(None));
@@ -110,6 +111,7 @@ impl Liveness {
                 version,
                 since: unix_now(),
                 pid: r.pid,
+                until: None,
             };
             true
         });
@@ -136,6 +138,7 @@ impl Liveness {
             version,
             since: unix_now(),
             pid: std::process::id(),
+            until: None,
         };
         let mut ops = vec![Op::Put {
             key: self.key.clone(),

@@ -29,6 +29,8 @@ struct Record {
     steps: BTreeMap<&'static str, f64>,
     /// Finished runs by kind (`upgrade`, `health_check`, `repair`, `command`) and result.
     runs: BTreeMap<(&'static str, &'static str), u64>,
+    /// Reboots that end runs, by event (`wanted`, `asked`, `back`, `not_back`).
+    reboots: BTreeMap<&'static str, u64>,
     passes_failed: u64,
     store_errors: u64,
     watch_reopens: u64,
@@ -114,6 +116,13 @@ impl Metrics {
             }
             r.last_run = last_run.cloned();
         });
+        self.changed.notify_one();
+    }
+
+    /// A run's reboot reached `event`: `wanted` (journaled), `asked` (the reboot
+    /// command ran), `back` (a new boot), `not_back` (no new boot in time).
+    pub fn reboot(&self, event: &'static str) {
+        self.with(|r| *r.reboots.entry(event).or_default() += 1);
         self.changed.notify_one();
     }
 
@@ -284,6 +293,12 @@ fn render_counts(e: &mut Exposition, r: &Record) {
             r.runs
                 .iter()
                 .map(|((k, res), n)| (vec![("kind", k.to_string()), ("result", res.to_string())], *n as f64)),
+        )
+        .family(
+            "jio_agent_reboots_total",
+            Kind::Counter,
+            "Reboots that end runs since the agent started, by event: wanted (journaled), asked (the reboot command ran), back (a new boot id), not_back (none by reboot_timeout).",
+            r.reboots.iter().map(|(ev, n)| (vec![("event", ev.to_string())], *n as f64)),
         )
         .single(
             "jio_agent_failures_total",

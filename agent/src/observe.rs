@@ -647,6 +647,7 @@ async fn rollout_facts(
         min_healthy_time: rules.min_healthy_time,
         id: Some(id.to_string()),
         unusable: None,
+        reboot: rules.reboot_for(who.role),
     };
     // A rollout's rules never change under its id: read its record once.
     if let Some((id, rules)) = cache.as_ref()

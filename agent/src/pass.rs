@@ -30,4 +30,7 @@ pub enum PassResult {
     /// A health check or repair could not start on this host (its run directory
     /// cannot be made): logged, and tried again at the next check.
     Skipped { version: Version },
+    /// A run ends with a reboot: waiting for a hold to go (`until` none) or for
+    /// the new boot (by `until`, Unix time). The host keeps its slot.
+    Rebooting { version: Version, until: Option<u64> },
 }

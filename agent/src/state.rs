@@ -368,6 +368,9 @@ pub struct Journal {
     /// Fleet commands on this host.
     #[serde(skip_serializing_if = "CommandJournal::is_empty")]
     pub commands: CommandJournal,
+    /// A run that ends with a reboot, until the host is back (`crate::reboot`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reboot: Option<crate::reboot::RebootWait>,
 }
 
 impl CommandJournal {

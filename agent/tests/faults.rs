@@ -55,6 +55,8 @@ fn config(dir: &std::path::Path) -> jio_agent::config::Config {
         ("hiera_file".into(), dir.join("hiera.yaml").display().to_string()),
         ("resync_interval".into(), "1h".into()),
         ("retry_interval".into(), "10m".into()),
+        // Never the test machine's own reboot.
+        ("reboot".into(), "never".into()),
         ("health_interval".into(), "0".into()),
     ];
     for (k, val) in all {

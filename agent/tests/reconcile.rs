@@ -72,6 +72,8 @@ fn config(dir: &tempfile::TempDir, settings: &[(&str, &str)]) -> jio_agent::conf
         ),
         ("resync_interval".into(), "1h".into()),
         ("retry_interval".into(), "1m".into()),
+        // Never the test machine's own reboot.
+        ("reboot".into(), "never".into()),
         ("health_interval".into(), "0".into()),
     ];
     all.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));

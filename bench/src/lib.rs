@@ -470,6 +470,8 @@ impl SimFleet {
                 ("hiera_file", d.join("hiera.yaml").display().to_string()),
                 ("health_interval", "0".into()),
                 ("resync_interval", "10m".into()),
+                // Simulated hosts never reboot the machine they run on.
+                ("reboot", "never".into()),
             ] {
                 ov.flags.insert(
                     jio_agent::config::SCALAR_KEYS
@@ -1098,7 +1100,7 @@ pub async fn footprint(bs: &BenchStore, idle: Duration) -> Footprint {
         .expect("put");
     std::fs::write(work.path().join("version"), "f1\n").expect("version");
     let config = format!(
-        "store = \"{}\"\nhostname = \"idle1\"\nstate_dir = \"{}\"\nversion_file = \"{}\"\nfacts_file = \"{}\"\nhiera_file = \"{}\"\n",
+        "store = \"{}\"\nhostname = \"idle1\"\nstate_dir = \"{}\"\nversion_file = \"{}\"\nfacts_file = \"{}\"\nhiera_file = \"{}\"\nreboot = \"never\"\n",
         bs.url,
         work.path().join("state").display(),
         work.path().join("version").display(),

@@ -23,7 +23,8 @@ use crate::rules::{Resolved, Rules, RulesError};
 use crate::store::api::Revision;
 
 /// Keys of the rules that mean nothing for a command.
-pub const NOT_FOR_COMMANDS: [&str; 7] = [
+pub const NOT_FOR_COMMANDS: [&str; 8] = [
+    "reboot",
     "canary",
     "canary_soak",
     "min_healthy_time",
@@ -669,6 +670,7 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
+                    until: None,
                 }),
             );
         }
@@ -806,6 +808,7 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
+                until: None,
             }),
         );
         f.inboxes.insert(
@@ -954,6 +957,7 @@ mod tests {
                     version: None,
                     since: 0,
                     pid: 1,
+                    until: None,
                 }),
             );
         }
@@ -1135,6 +1139,7 @@ mod tests {
                 version: None,
                 since: 0,
                 pid: 1,
+                until: None,
             }),
         );
         let mut runs = Runs::default();

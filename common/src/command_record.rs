@@ -16,6 +16,15 @@ use crate::store::api::KeyValue;
 /// created.
 pub const HISTORY: usize = 100;
 
+/// The built-in action of `jioctl reboot`: the agent reboots its host inside the
+/// command's slot and reports success once it is back with a new boot id and
+/// validated (with `--only-if-required`: only when a reboot is required). Names
+/// starting with `@` are built in: `jioctl run` refuses them as actions.
+pub const REBOOT_ACTION: &str = "@reboot";
+
+/// `jioctl reboot --only-if-required`, as the argument of `REBOOT_ACTION`.
+pub const ONLY_IF_REQUIRED: &str = "--only-if-required";
+
 /// Which hosts a command was asked for (its hosts are resolved from this once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -94,7 +94,7 @@ impl Compose {
             stages: top.get("stages").map(|st| stages(st, errors)).unwrap_or_default(),
             finalize_role: top.get("finalize").and_then(|f| finalize_role(f, errors)),
         };
-        for k in ["canary", "canary_soak", "min_healthy_time"] {
+        for k in ["canary", "canary_soak", "min_healthy_time", "reboot"] {
             if top.contains_key(k) {
                 errors.push(format!(
                     "{k} cannot be used with roles_data: a composable rollout moves every host of a stage in lockstep"

@@ -112,6 +112,9 @@ pub struct Snapshot {
     pub epoch: Revision,
     /// Values that could not be understood, by key (reported, otherwise ignored).
     pub problems: Vec<String>,
+    /// The reader's time (Unix seconds), when it gave one: a rebooting host past
+    /// its deadline is lost only by a clock.
+    pub now: Option<u64>,
     /// Revision of the newest listing.
     pub revision: Revision,
     /// The role of a host that has not registered: from its name, by this rule
@@ -946,6 +949,11 @@ impl Snapshot {
     /// The host's agent is running a command (any version), or its record cannot
     /// be read (counted as running: the safe reading).
     fn agent_running(&self, h: &HostName) -> Option<String> {
+        if let Some(Some(r)) = self.runs.get(h)
+            && r.state == crate::values::AgentState::Rebooting
+        {
+            return Some(self.rebooting(h, r));
+        }
         let what = |r: &AgentRecord| match r.state {
             crate::values::AgentState::Command => "a fleet command".to_string(),
             state => format!(
@@ -1011,6 +1019,43 @@ impl Snapshot {
         }
     }
 
+    /// A run that ends with a reboot, from its run marker and the agent's record.
+    fn rebooting(&self, h: &HostName, r: &AgentRecord) -> String {
+        let v = r.version.as_ref().map(Version::as_str).unwrap_or("no version");
+        let since = crate::time::utc_stamp(r.since);
+        let agent = self.agents.get(h).and_then(|a| a.as_ref()).map(|a| a.state);
+        match (r.until, agent) {
+            (None, _) => format!("its run to {v} ends with a reboot, waiting since {since} (held)"),
+            (Some(_), Some(s)) if s != crate::values::AgentState::Rebooting => {
+                format!("back from its reboot (run to {v}), validating")
+            }
+            (Some(u), Some(_)) => {
+                format!(
+                    "rebooting since {since} (run to {v}; back by {})",
+                    crate::time::utc_stamp(u)
+                )
+            }
+            (Some(u), None) if self.rebooting_lost(r) => format!(
+                "rebooting since {since} and not back by {} (run to {v}): it keeps its slot; see docs/stuck.md",
+                crate::time::utc_stamp(u)
+            ),
+            (Some(u), None) => format!(
+                "rebooting since {since} (run to {v}; down, expected back by {})",
+                crate::time::utc_stamp(u)
+            ),
+        }
+    }
+
+    /// The host's run marker says it reboots (or waits to).
+    fn rebooting_marker(&self, h: &HostName) -> bool {
+        matches!(self.runs.get(h), Some(Some(r)) if r.state == crate::values::AgentState::Rebooting)
+    }
+
+    /// A rebooting host whose deadline has passed (by the reader's clock).
+    fn rebooting_lost(&self, r: &AgentRecord) -> bool {
+        matches!((r.until, self.now), (Some(u), Some(now)) if now >= u)
+    }
+
     /// An operator (or a plan) wrote one of the host's enable keys after its failure
     /// entry: its agent retries (it compares the same revisions), so the host is
     /// moving again, not failed.
@@ -1045,7 +1090,14 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
             let running = s.agent_running(&h);
             // A run that started and was not seen to end, with no live agent: lost
             // in flight (it keeps its slot), whatever its keys say.
-            let lost_run = s.runs.contains_key(&h) && !s.agents.contains_key(&h);
+            // A rebooting host is down until it is back: lost only past its deadline.
+            let lost_run = match s.runs.get(&h) {
+                Some(Some(r)) if r.state == crate::values::AgentState::Rebooting => {
+                    !s.agents.contains_key(&h) && s.rebooting_lost(r)
+                }
+                Some(_) => !s.agents.contains_key(&h),
+                None => false,
+            };
             let (state, reason) = match &s.current {
                 _ if lost_run && !s.failures.contains_key(&h) && s.step_failure(&h).is_none() => {
                     (HostState::Lost, running)
@@ -1067,7 +1119,8 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
                             (HostState::Failed, None)
                         }
                     } else if let Some(r) = running {
-                        (HostState::Upgrading, (!gate.enabled || upgraded).then_some(r))
+                        let shown = !gate.enabled || upgraded || s.rebooting_marker(&h);
+                        (HostState::Upgrading, shown.then_some(r))
                     } else if upgraded {
                         (HostState::Upgraded, None)
                     } else if let Some(why) = gate.blocked {

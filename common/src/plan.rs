@@ -1123,6 +1123,12 @@ fn lost_reason(snap: &Snapshot, h: &HostName, in_flight: bool) -> Reason {
         .map(|t| format!("; last heard of at {}", when(t)))
         .unwrap_or_default();
     let run = match snap.runs.get(h) {
+        Some(Some(r)) if r.state == crate::values::AgentState::Rebooting => format!(
+            ", its run of {} ended with a reboot at {} and it was not back by {}",
+            r.version.as_ref().map_or("-", |v| v.as_str()),
+            when(r.since),
+            r.until.map_or("-".into(), when)
+        ),
         Some(Some(r)) => format!(
             ", its run of {} (started at {}) never ended",
             r.version.as_ref().map_or("-", |v| v.as_str()),

@@ -101,6 +101,39 @@ pub struct Rules {
     pub windows: Vec<Window>,
     /// `roles_data`, `stages`, `finalize`: a composable rollout (seed 004).
     pub compose: Option<crate::compose_rules::Compose>,
+    /// `reboot`: whether a host's run ends with a reboot, for every host (`global`)
+    /// or by group or role; none set: the agent's own `reboot` setting decides.
+    pub reboot: BTreeMap<String, RebootPolicy>,
+}
+
+/// When a run ends with a reboot (the rules' `reboot`, the agent's `reboot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootPolicy {
+    Never,
+    /// When the host says a reboot is required (Debian's reboot-required file, or
+    /// the agent's check command).
+    IfRequired,
+    Always,
+}
+
+impl RebootPolicy {
+    pub fn parse(s: &str) -> Result<RebootPolicy, String> {
+        match s {
+            "never" => Ok(RebootPolicy::Never),
+            "if-required" => Ok(RebootPolicy::IfRequired),
+            "always" => Ok(RebootPolicy::Always),
+            other => Err(format!("{other:?} is not one of never, if-required, always")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RebootPolicy::Never => "never",
+            RebootPolicy::IfRequired => "if-required",
+            RebootPolicy::Always => "always",
+        }
+    }
 }
 
 /// The default `progress_deadline`.
@@ -121,6 +154,7 @@ impl Default for Rules {
             min_healthy_time: None,
             windows: Vec::new(),
             compose: None,
+            reboot: BTreeMap::new(),
         }
     }
 }
@@ -139,6 +173,7 @@ const TOP_KEYS: &[&str] = &[
     "roles_data",
     "stages",
     "finalize",
+    "reboot",
 ];
 
 /// A count, or a percentage written as a string (`"25%"`, 1 to 100).
@@ -255,6 +290,7 @@ impl Rules {
         rules.parse_failures_and_times(&top, &mut errors);
         rules.parse_canary(&top, &mut errors);
         rules.parse_windows(&top, &mut errors);
+        rules.parse_reboot(&top, &mut errors);
         rules.compose = crate::compose_rules::Compose::parse(&top, &mut errors);
         if let Some(cycle) = find_cycle(&rules.order) {
             errors.push(format!("role_order has a cycle: {}", cycle.join(" -> ")));
@@ -377,6 +413,44 @@ impl Rules {
             self.min_healthy_time = duration("min_healthy_time", d, errors);
         }
     }
+    /// `reboot`: one policy for every host, or policies by group or role (with
+    /// `global` for the rest).
+    fn parse_reboot(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
+        let Some(r) = top.get("reboot") else { return };
+        let mut one = |path: &str, name: &str, v: &Value, errors: &mut Vec<String>| match v
+            .as_str()
+            .map(RebootPolicy::parse)
+        {
+            Some(Ok(p)) => {
+                self.reboot.insert(name.to_string(), p);
+            }
+            Some(Err(e)) => errors.push(format!("{path}: {e}")),
+            None => errors.push(format!(
+                "{path}: {v} must be \"never\", \"if-required\" or \"always\""
+            )),
+        };
+        match r {
+            Value::Object(o) => {
+                for (k, v) in o {
+                    let path = format!("reboot.{k}");
+                    if k == "global" || name(&path, k, errors) {
+                        one(&path, k, v, errors);
+                    }
+                }
+            }
+            v => one("reboot", "global", v, errors),
+        }
+    }
+
+    /// The rules' reboot policy for hosts of `role`: by role, then its group, then
+    /// `global` (none: the agent's own setting).
+    pub fn reboot_for(&self, role: &Role) -> Option<RebootPolicy> {
+        let group = self.group_of(role).unwrap_or_else(|_| role.to_string());
+        [role.as_str(), group.as_str(), "global"]
+            .iter()
+            .find_map(|k| self.reboot.get(*k).copied())
+    }
+
     /// `canary`: one count, or counts by group (and `canary_soak` needs it).
     fn parse_canary(&mut self, top: &Map<String, Value>, errors: &mut Vec<String>) {
         if let Some(c) = top.get("canary") {
@@ -480,6 +554,14 @@ impl Rules {
         for n in self.limits.keys() {
             if names.lookup(n).is_none() {
                 warnings.push(format!("rolling_rules.roles names {n:?}, which has no hosts"));
+            }
+        }
+        // A misspelt name would leave its hosts to the agents' own setting: refused.
+        for n in self.reboot.keys().filter(|n| *n != "global") {
+            if names.lookup(n).is_none() {
+                errors.push(format!(
+                    "reboot names {n:?}, which is no group or role of the fleet"
+                ));
             }
         }
         let canary = self.resolve_canary(&names, &mut errors);
@@ -914,7 +996,35 @@ mod tests {
             r#"{"windows": [{"days": "mon", "start": "22:00", "end": "06:00", "tz": "Mumbai"}]}"#,
             "windows[0].tz: \"Mumbai\" is not a time zone",
         ),
+        (
+            r#"{"reboot": "sometimes"}"#,
+            "reboot: \"sometimes\" is not one of never, if-required, always",
+        ),
+        (r#"{"reboot": {"compute": true}}"#, "reboot.compute: true must be"),
     ];
+
+    #[test]
+    fn the_reboot_rule_applies_by_role_then_group_then_global_and_names_only_known_ones() {
+        let r = Rules::parse(
+            r#"{"group_mappings": {"storage": "st.*"}, "reboot": {"global": "never", "storage": "always", "stmon": "if-required"}}"#,
+        )
+        .unwrap();
+        let role = |s: &str| Role::new(s).unwrap();
+        assert_eq!(r.reboot_for(&role("stmon")), Some(RebootPolicy::IfRequired));
+        assert_eq!(r.reboot_for(&role("stceph")), Some(RebootPolicy::Always));
+        assert_eq!(r.reboot_for(&role("compute")), Some(RebootPolicy::Never));
+        assert_eq!(Rules::parse("{}").unwrap().reboot_for(&role("compute")), None);
+        let one = Rules::parse(r#"{"reboot": "always"}"#).unwrap();
+        assert_eq!(one.reboot_for(&role("compute")), Some(RebootPolicy::Always));
+        let roles: BTreeSet<Role> = [role("compute")].into();
+        let typo = Rules::parse(r#"{"reboot": {"computee": "never"}}"#).unwrap();
+        assert!(
+            typo.resolve(&roles)
+                .unwrap_err()
+                .to_string()
+                .contains("reboot names \"computee\"")
+        );
+    }
 
     #[test]
     fn bad_rules_are_rejected_with_every_problem_named() {

@@ -117,6 +117,9 @@ pub enum AgentState {
     Failed,
     /// Running a fleet command's action (`jioctl run`).
     Command,
+    /// Rebooting at the end of a run (or back from the reboot and validating): the
+    /// run marker keeps the host's slot until it is back and validated.
+    Rebooting,
 }
 
 impl AgentState {
@@ -128,6 +131,7 @@ impl AgentState {
             AgentState::Checking => "checking",
             AgentState::Failed => "failed",
             AgentState::Command => "command",
+            AgentState::Rebooting => "rebooting",
         }
     }
 
@@ -136,7 +140,7 @@ impl AgentState {
     pub fn running(self) -> bool {
         matches!(
             self,
-            AgentState::Upgrading | AgentState::Checking | AgentState::Command
+            AgentState::Upgrading | AgentState::Checking | AgentState::Command | AgentState::Rebooting
         )
     }
 }
@@ -151,6 +155,10 @@ pub struct AgentRecord {
     /// Unix time the agent entered this state.
     pub since: u64,
     pub pid: u32,
+    /// Rebooting: by when (Unix time) the host must be back with a new boot id, or
+    /// its run fails (`reboot_timeout`). Past it with no live agent, it is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<u64>,
 }
 
 /// An agent rewrites its clock (`/running/clocks/<host>`) at least this often.
@@ -396,6 +404,7 @@ mod tests {
             version: Some(Version::new("v2").unwrap()),
             since: 5,
             pid: 42,
+            until: None,
         };
         let json = serde_json::to_string(&rec).unwrap();
         assert_eq!(json, r#"{"state":"upgrading","version":"v2","since":5,"pid":42}"#);

@@ -50,6 +50,7 @@ impl Context {
     pub async fn snapshot(&self, store: &DynStore) -> Result<Snapshot, StoreError> {
         let mut snap = Snapshot::read(store, self.schema()).await?;
         snap.role_pattern = self.config.role_pattern.clone();
+        snap.now = Some(jio_common::time::unix_now());
         Ok(snap)
     }
 

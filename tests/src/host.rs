@@ -27,7 +27,7 @@ impl Host {
         let p = |x: PathBuf| toml_str(&x.display().to_string());
         let cmd: Vec<String> = puppet_command.iter().map(|a| toml_str(a)).collect();
         let config = format!(
-            "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\nhiera_file = {}\npre_commands = []\npuppet_command = [{}]\nlease_ttl = \"3s\"\n{extra}\n",
+            "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\nhiera_file = {}\npre_commands = []\npuppet_command = [{}]\nlease_ttl = \"3s\"\nreboot_required_file = {}\nboot_id_file = {}\nreboot_command = [{}]\n{extra}\n",
             toml_str(store),
             toml_str(name),
             p(h.state_dir()),
@@ -36,9 +36,70 @@ impl Host {
             p(h.validation_dir()),
             p(h.hiera_file()),
             cmd.join(", "),
+            p(h.reboot_required_file()),
+            p(h.boot_id_file()),
+            p(h.dir().join("reboot")),
         );
         std::fs::write(h.config(), config).expect("write agent.toml");
+        h.write_reboot_command();
         h
+    }
+
+    /// The simulated host's reboot: `reboot` (its reboot command) logs `down <boot
+    /// id> <time>` to `reboots.log`, clears the reboot-required file (as a reboot
+    /// clears /run) unless `keep-required` exists, leaves the next boot id in
+    /// `boot_id.next` and stops its agent with SIGTERM, as systemd does at a
+    /// reboot. With `no-reboot` present it logs and returns without rebooting. The
+    /// test plays the boot (`boot`).
+    fn write_reboot_command(&self) {
+        std::fs::write(self.boot_id_file(), "boot-0\n").expect("write boot id");
+        let p = self.dir().join("reboot");
+        std::fs::write(
+            &p,
+            "#!/bin/sh\n\
+             d=$(dirname \"$0\")\n\
+             now() { env -u LD_PRELOAD -u FAKETIME date +%s.%N; }\n\
+             echo \"down $(cat \"$d/boot_id\") $(now)\" >> \"$d/reboots.log\"\n\
+             [ -e \"$d/no-reboot\" ] && exit 0\n\
+             [ -e \"$d/keep-required\" ] || rm -f \"$d/reboot-required\"\n\
+             n=$(wc -l < \"$d/reboots.log\")\n\
+             echo \"boot-$n\" > \"$d/boot_id.next\"\n\
+             kill -TERM $PPID\n",
+        )
+        .expect("write reboot command");
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    }
+
+    /// The file whose presence says a reboot is required (Debian's
+    /// `/var/run/reboot-required`).
+    pub fn reboot_required_file(&self) -> PathBuf {
+        self.dir.path().join("reboot-required")
+    }
+    pub fn boot_id_file(&self) -> PathBuf {
+        self.dir.path().join("boot_id")
+    }
+    /// The boot id now.
+    pub fn boot_id(&self) -> String {
+        std::fs::read_to_string(self.boot_id_file())
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+    /// The next boot, after its reboot command ran: the new boot id takes effect
+    /// (`false`: no reboot was asked for).
+    pub fn boot(&self) -> bool {
+        std::fs::rename(self.dir().join("boot_id.next"), self.boot_id_file()).is_ok()
+    }
+    /// Lines `down <boot id> <time>` that its reboot command logged.
+    pub fn reboots(&self) -> Vec<(String, f64)> {
+        std::fs::read_to_string(self.dir().join("reboots.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+                ["down", id, at] => Some((id.to_string(), at.parse().ok()?)),
+                _ => None,
+            })
+            .collect()
     }
 
     pub fn dir(&self) -> &Path {

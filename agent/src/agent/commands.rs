@@ -339,7 +339,7 @@ impl Agent {
     }
 
     /// Reports a command this host does not run (refused, or interrupted before).
-    async fn command_not_run(
+    pub(super) async fn command_not_run(
         &mut self,
         id: &CommandId,
         outcome: RunOutcome,
@@ -378,6 +378,9 @@ impl Agent {
         revs: (Revision, Revision),
         obs: &Observation,
     ) -> Result<PassResult, AgentError> {
+        if rec.action == jio_common::command_record::REBOOT_ACTION {
+            return self.command_reboot(rec, attempt, revs, obs).await;
+        }
         let id = rec.id.clone();
         let argv = match resolve(&self.cfg, &rec) {
             Ok(a) => a,
@@ -444,7 +447,7 @@ impl Agent {
     }
 
     /// Puts the command in the journal (not yet confirmed) before its start is written.
-    fn journal_command_start(
+    pub(super) fn journal_command_start(
         &mut self,
         rec: &CommandRecord,
         attempt: u32,
@@ -466,7 +469,7 @@ impl Agent {
     /// Writes the command's start, fenced on the inbox, the record, the host's
     /// holds and its start and result keys; `false`: something changed (the
     /// journal entry is dropped), else the journal entry is confirmed.
-    async fn start_command(
+    pub(super) async fn start_command(
         &mut self,
         id: &CommandId,
         attempt: u32,
@@ -545,7 +548,12 @@ impl Agent {
 
     /// Journals a command's result to be reported (with its composed log): the
     /// command is done and no longer in progress.
-    fn journal_command_result(&mut self, id: &CommandId, result: CommandResult, run_dir: &std::path::Path) {
+    pub(super) fn journal_command_result(
+        &mut self,
+        id: &CommandId,
+        result: CommandResult,
+        run_dir: &std::path::Path,
+    ) {
         let (log, object) = self.command_log(id, &result, run_dir);
         let j = &mut self.ledger.journal.commands;
         j.in_progress = None;

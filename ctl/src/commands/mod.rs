@@ -15,6 +15,7 @@ mod hold;
 mod hosts_at_version;
 mod logs;
 mod lookup;
+mod reboot;
 mod rollout;
 pub(crate) mod run;
 mod running_versions;
@@ -75,6 +76,8 @@ pub enum Command {
     GetFailures(get_failures::GetFailures),
     /// Run an action on hosts under the rolling rules, and follow it (a fleet command)
     Run(run::Run),
+    /// Reboot hosts under the rolling rules, each host's slot held until it is back and validated (a fleet command)
+    Reboot(reboot::Reboot),
     /// Fleet commands: list, show, follow, cancel
     Commands(fleet_cmds::Commands),
     /// Remove a decommissioned host from the store (every key that names it), in one transaction
@@ -103,6 +106,7 @@ impl Command {
             Command::GetFailures(c) => c.run(ctx).await,
             Command::ForgetHost(c) => c.run(ctx).await,
             Command::Run(c) => c.run(ctx).await,
+            Command::Reboot(c) => c.run(ctx).await,
             Command::Commands(c) => c.run(ctx).await,
         }
     }

@@ -146,6 +146,13 @@ impl Run {
         if self.action.is_empty() {
             return Err(Failure::usage("the action is empty (nothing was written)"));
         }
+        if self.action.starts_with('@') {
+            return Err(Failure::usage(format!(
+                "{:?}: actions starting with @ are built in (`jioctl reboot` for {}); nothing was written",
+                self.action,
+                jio_common::command_record::REBOOT_ACTION
+            )));
+        }
         if self.timeout.is_some_and(|t| t.is_zero()) {
             return Err(Failure::usage(
                 "--timeout must be more than 0s (nothing was written)",
@@ -157,7 +164,7 @@ impl Run {
 
 /// `--detach`: says who drives the recorded command, and prints its id (or its
 /// record, as JSON).
-async fn detached(
+pub(crate) async fn detached(
     ctx: &Context,
     store: &jio_common::store::DynStore,
     record: &jio_common::command_record::CommandRecord,
@@ -241,7 +248,7 @@ pub async fn follow(
 
 /// The rules of a command: given, or the rolling rules of the default rules file
 /// (its rollout-only keys left out, and said so).
-fn load_rules(
+pub(crate) fn load_rules(
     instructions: Option<String>,
     file: Option<PathBuf>,
 ) -> Result<(jio_common::rules::Rules, serde_json::Value), Failure> {

@@ -41,6 +41,7 @@ impl LiveView {
         let revision = self.revision;
         let s = self.live.snapshot(schema);
         s.revision = revision;
+        s.now = Some(jio_common::time::unix_now());
         if &s.role_pattern != role_pattern {
             s.role_pattern = role_pattern.clone();
         }
