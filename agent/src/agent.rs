@@ -73,6 +73,8 @@ pub struct Agent {
     reboots: bool,
     /// The rollout's `reboot` rule for the run going on (none: the agent's own).
     run_reboot: Option<jio_common::rules::RebootPolicy>,
+    /// The run going on is under maintenance windows (its reboot needs a permit).
+    run_windowed: bool,
     /// True while a reload waits: the daemon ends between passes, never in a run.
     reload: Option<watch::Receiver<bool>>,
 }
@@ -160,6 +162,7 @@ impl Agent {
             command_note: None,
             reboots: false,
             run_reboot: None,
+            run_windowed: false,
         })
     }
 
@@ -638,6 +641,7 @@ impl Agent {
         // The start is fenced on `/rollouts/current`: this is the run's rollout.
         self.run_rollout = obs.rollout.id.clone();
         self.run_reboot = obs.rollout.reboot;
+        self.run_windowed = obs.rollout.windowed;
         // The Hiera data is read while the start transaction is in flight (read
         // for nothing when the start loses its race: the file is current anyway).
         let hiera = self.hiera_reader();

@@ -855,18 +855,7 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
             format!("the active rollout's record cannot be used, nothing was run: {reason}"),
             exit::FAILED,
         ),
-        Ok(PassResult::Rebooting { version, until }) => fail(
-            match until {
-                Some(t) => format!(
-                    "the run to {version} ends with a reboot; the agent service waits for the new boot until {}",
-                    jio_common::time::utc_stamp(*t)
-                ),
-                None => format!(
-                    "the run to {version} ends with a reboot, which waits (held, or left to the agent service)"
-                ),
-            },
-            exit::FAILED,
-        ),
+        Ok(PassResult::Rebooting { version, until }) => fail(rebooting_text(version, *until), exit::FAILED),
         Ok(PassResult::Raced) => fail(
             "the desired version or an enable key kept changing while deciding; nothing was run",
             exit::FAILED,
@@ -900,6 +889,19 @@ fn once_outcome(agent: &Agent, result: &Result<PassResult, AgentError>) -> u8 {
             }
         }
         Err(e) => fail(e, error_code(e)),
+    }
+}
+
+/// What `once` says of a run that ends with a reboot it does not carry out.
+fn rebooting_text(version: &jio_common::names::Version, until: Option<u64>) -> String {
+    match until {
+        Some(t) => format!(
+            "the run to {version} ends with a reboot; the agent service waits for the new boot until {}",
+            jio_common::time::utc_stamp(t)
+        ),
+        None => format!(
+            "the run to {version} ends with a reboot, which waits (held, or left to the agent service)"
+        ),
     }
 }
 

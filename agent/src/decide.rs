@@ -137,6 +137,9 @@ pub struct RolloutFacts {
     pub unusable: Option<String>,
     /// The rollout's `reboot` rule for this host (none: the agent's setting).
     pub reboot: Option<jio_common::rules::RebootPolicy>,
+    /// The rollout has maintenance windows for this host's role: a reboot that
+    /// ends its run waits for the driver's permit.
+    pub windowed: bool,
 }
 
 /// What the idle health checks found.

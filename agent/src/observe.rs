@@ -648,6 +648,7 @@ async fn rollout_facts(
         id: Some(id.to_string()),
         unusable: None,
         reboot: rules.reboot_for(who.role),
+        windowed: !rules.windows_for(who.role).is_empty(),
     };
     // A rollout's rules never change under its id: read its record once.
     if let Some((id, rules)) = cache.as_ref()

@@ -90,6 +90,13 @@ pub struct RebootWait {
     /// one: its result is reported instead of an upgrade's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// The rollout has maintenance windows for this host: the reboot waits for the
+    /// driver's permit (its host key rewritten after `waiting_rev`).
+    #[serde(default)]
+    pub permit: bool,
+    /// The revision of the marker that said the reboot waits for its permit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_rev: Option<jio_common::store::Revision>,
 }
 
 /// What a pass does while a reboot is journaled.
@@ -159,6 +166,8 @@ mod tests {
             since: 90,
             asked,
             command: None,
+            permit: false,
+            waiting_rev: None,
         }
     }
 

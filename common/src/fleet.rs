@@ -86,6 +86,8 @@ pub struct Snapshot {
     /// Run markers: runs that started and were not yet seen to end, whether or not
     /// the agent is alive (`None` when the marker cannot be read).
     pub runs: BTreeMap<HostName, Option<AgentRecord>>,
+    /// Each run marker's mod revision (a reboot's permit must be newer).
+    pub run_revisions: BTreeMap<HostName, Revision>,
     /// Each live agent's clock as it last wrote it (Unix ms), readable ones.
     pub clocks: BTreeMap<HostName, u64>,
     pub lock: Option<LockRecord>,
@@ -527,6 +529,7 @@ impl LiveSnapshot {
             }
             Parsed::Run(h) => {
                 let rec = record(self);
+                self.snap.run_revisions.insert(h.clone(), kv.mod_revision);
                 self.snap.runs.insert(h, rec);
             }
             Parsed::Clock(h) => match kv.value.trim().parse::<u64>() {
@@ -729,6 +732,7 @@ impl LiveSnapshot {
             }
             Parsed::Run(h) => {
                 s.runs.remove(h);
+                s.run_revisions.remove(h);
             }
             Parsed::Clock(h) => {
                 s.clocks.remove(h);
@@ -1025,7 +1029,9 @@ impl Snapshot {
         let since = crate::time::utc_stamp(r.since);
         let agent = self.agents.get(h).and_then(|a| a.as_ref()).map(|a| a.state);
         match (r.until, agent) {
-            (None, _) => format!("its run to {v} ends with a reboot, waiting since {since} (held)"),
+            (None, _) => format!(
+                "its run to {v} ends with a reboot, waiting since {since} (for a hold to be released, or for the driver's permit inside its maintenance window)"
+            ),
             (Some(_), Some(s)) if s != crate::values::AgentState::Rebooting => {
                 format!("back from its reboot (run to {v}), validating")
             }

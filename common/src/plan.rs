@@ -224,6 +224,13 @@ pub struct Plan {
     /// Hosts enabled but not started while their window is closed (by the driver's
     /// clock): this plan disarms them (they are in `disable_hosts` too).
     pub armed_outside_window: Vec<HostName>,
+    /// Hosts whose validated run waits to reboot, inside their window (by the
+    /// driver's clock) and not held: this plan rewrites their host key, which
+    /// the agent takes as the permit to reboot (`reboot_permits`).
+    pub permit_reboots: Vec<HostName>,
+    /// Hosts whose validated run waits to reboot while their window is closed:
+    /// they keep their slots, and the rollout waits on purpose.
+    pub reboots_outside_window: Vec<HostName>,
     /// A host holding a slot has no live agent (lost in flight, or soaking): the
     /// rollout cannot be said to wait on purpose.
     #[serde(skip)]
@@ -236,6 +243,7 @@ impl Plan {
             && self.clear_host_keys.is_empty()
             && self.enable_hosts.is_empty()
             && self.disable_hosts.is_empty()
+            && self.permit_reboots.is_empty()
     }
 
     /// The rollout waits on purpose (a closed window, the canary phase, a soak): the
@@ -246,6 +254,7 @@ impl Plan {
         }
         !self.soaking.is_empty()
             || !self.armed_outside_window.is_empty()
+            || !self.reboots_outside_window.is_empty()
             || self.groups.iter().any(|g| {
                 matches!(
                     g.action,
@@ -375,6 +384,9 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         }
     }
     disarm_outside_windows(snap, hosts, &mut plan, |h| {
+        pass.window_of(&pass.group_of(&h.role))
+    });
+    reboot_permits(snap, hosts, &mut plan, |h| {
         pass.window_of(&pass.group_of(&h.role))
     });
     let mut fleet_in_flight = plan.fleet_in_flight;
@@ -1076,6 +1088,58 @@ fn disarm_outside_windows(
         }
         plan.armed_outside_window.push(h.host.clone());
         plan.disable_hosts.push(h.host.clone());
+    }
+}
+
+/// A reboot that ends a run starts only inside its window, by the driver's clock
+/// (an agent's clock decides none): a host whose validated run waits to reboot
+/// (its marker says `rebooting`, not yet asked) gets its host key rewritten as the
+/// permit, once per wait (the key's revision is then newer than the marker's)
+/// while its window is open and no hold names it; with the window closed it keeps
+/// its slot and the plan wakes when the window opens.
+fn reboot_permits(
+    snap: &Snapshot,
+    hosts: &[HostStatus],
+    plan: &mut Plan,
+    window_of: impl Fn(&HostStatus) -> WindowState,
+) {
+    for h in hosts {
+        let Some(Some(r)) = snap.runs.get(&h.host) else {
+            continue;
+        };
+        if r.state != crate::values::AgentState::Rebooting
+            || r.until.is_some()
+            || !snap.agents.contains_key(&h.host)
+        {
+            continue;
+        }
+        let marker = snap.run_revisions.get(&h.host).copied().unwrap_or(0);
+        let key = snap
+            .enable_revisions
+            .get(&crate::keys::EnableLevel::Host(h.host.clone()))
+            .copied()
+            .unwrap_or(0);
+        match window_of(h) {
+            WindowState::Closed { opens_at } => {
+                plan.reboots_outside_window.push(h.host.clone());
+                if let Some(t) = opens_at {
+                    plan.wake(t);
+                }
+                plan.reasons.insert(
+                    h.host.clone(),
+                    reason(
+                        ReasonCode::OutsideWindow,
+                        format!(
+                            "in flight: validated, its reboot waits for the maintenance window{}; it keeps its slot",
+                            opens_at.map(|t| format!(" (opens at {})", when(t))).unwrap_or_default()
+                        ),
+                        opens_at,
+                    ),
+                );
+            }
+            _ if snap.hold_of(&h.host, &h.role).is_some() || key > marker => {}
+            _ => plan.permit_reboots.push(h.host.clone()),
+        }
     }
 }
 

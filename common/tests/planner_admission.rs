@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fixtures::kv;
+use fixtures::{kv, kv_at};
 use jio_common::fleet::{HostState, HostStatus, Snapshot, classify};
 use jio_common::keys::{Key, Schema};
 use jio_common::names::{HostName, Role, Version};
@@ -482,6 +482,67 @@ fn no_admission_outlives_its_window_whatever_the_hosts_state() {
     // With the window open, nothing is disarmed.
     let (p, _) = run(&kvs, rules, &rec, NOW + 11 * 3600);
     assert!(p.disable_hosts.is_empty(), "{p:#?}");
+}
+
+/// A validated run that waits to reboot keeps its slot; the driver permits the
+/// reboot (rewrites its host key) only inside its window, by its own clock, not
+/// while held, and once per wait (the key newer than the marker is the permit).
+#[test]
+fn a_reboot_waits_for_its_window_and_is_permitted_once_by_the_drivers_clock() {
+    // 22:00-06:00 UTC; NOW is 12:00: closed, opens in 10 hours.
+    let rules = r#"{"rolling_rules":{"roles":{"compute":1}},"windows":[{"days":"daily","start":"22:00","end":"06:00"}]}"#;
+    let rec = rollout(rules, NOW - 7 * 3600);
+    let mut kvs = base();
+    host(&mut kvs, "compute1", "compute", true);
+    host(&mut kvs, "compute2", "compute", true);
+    kvs.push(kv_at("/config_state/enable_puppet/host/compute1", "true", 5));
+    kvs.push(kv_at(
+        "/runs/compute1",
+        r#"{"state":"rebooting","version":"v2","since":1,"pid":7}"#,
+        9,
+    ));
+    let (p, hosts) = run(&kvs, rules, &rec, NOW);
+    assert_eq!(status(&hosts, "compute1").state, HostState::Upgrading);
+    assert_eq!(code(&p, "compute1"), Some(ReasonCode::OutsideWindow));
+    assert!(
+        p.reasons[&HostName::new("compute1").unwrap()]
+            .text
+            .contains("its reboot waits for the maintenance window")
+    );
+    assert!(
+        p.permit_reboots.is_empty() && p.disable_hosts.is_empty(),
+        "{p:#?}"
+    );
+    assert_eq!(names(&p.reboots_outside_window), ["compute1"]);
+    assert!(p.waits_by_design());
+    assert_eq!(p.wake_at, Some(NOW + 10 * 3600));
+    // The slot is kept: compute2 waits for the limit.
+    assert_eq!(code(&p, "compute2"), Some(ReasonCode::OutsideWindow));
+    // 23:00: open; the reboot is permitted, and compute2 still waits for the limit.
+    let (p, _) = run(&kvs, rules, &rec, NOW + 11 * 3600);
+    assert_eq!(names(&p.permit_reboots), ["compute1"]);
+    assert!(!admitted(&p, "compute2"), "{p:#?}");
+    // Permitted already (the key is newer than the marker): not again.
+    let mut later = kvs.clone();
+    later.retain(|kv| kv.key.as_str() != "/config_state/enable_puppet/host/compute1");
+    later.push(kv_at("/config_state/enable_puppet/host/compute1", "true", 12));
+    let (p, _) = run(&later, rules, &rec, NOW + 11 * 3600);
+    assert!(p.permit_reboots.is_empty(), "{p:#?}");
+    // Held: no permit (its agent waits for the release).
+    let mut held = kvs.clone();
+    held.push(kv("/holds/host/compute1", HOLD));
+    let (p, _) = run(&held, rules, &rec, NOW + 11 * 3600);
+    assert!(p.permit_reboots.is_empty(), "{p:#?}");
+    // Asked already (the marker has a deadline): no permit.
+    let mut asked = kvs.clone();
+    asked.retain(|kv| kv.key.as_str() != "/runs/compute1");
+    asked.push(kv_at(
+        "/runs/compute1",
+        r#"{"state":"rebooting","version":"v2","since":1,"pid":7,"until":1795500000}"#,
+        9,
+    ));
+    let (p, _) = run(&asked, rules, &rec, NOW + 11 * 3600);
+    assert!(p.permit_reboots.is_empty(), "{p:#?}");
 }
 
 /// A window naming a role of a group covers the whole group, for the agent

@@ -42,6 +42,7 @@ pub fn render(
     let mut e = Exposition::new();
     store_health(&mut e, errors, up);
     fleet_hosts(&mut e, snap, &tally);
+    rebooting(&mut e, snap);
     if let Some(r) = &resolved {
         group_limits(&mut e, r, &tally);
     }
@@ -127,6 +128,36 @@ fn fleet_hosts(e: &mut Exposition, snap: &Snapshot, tally: &Tally) {
         Kind::Gauge,
         "Hosts of each group holding a rolling slot (upgrading, failed or lost).",
         tally.in_flight.iter().map(|(g, n)| (vec![("group", g.clone())], *n as f64)),
+    );
+}
+
+/// Hosts whose run ends with a reboot (their run marker says `rebooting`), by
+/// role: down, back and validating, or waiting for a hold; and those past their
+/// deadline (lost).
+fn rebooting(e: &mut Exposition, snap: &Snapshot) {
+    let mut by: std::collections::BTreeMap<(String, &'static str), u64> = std::collections::BTreeMap::new();
+    for (h, r) in &snap.runs {
+        let Some(r) = r
+            .as_ref()
+            .filter(|r| r.state == jio_common::values::AgentState::Rebooting)
+        else {
+            continue;
+        };
+        let late =
+            matches!((r.until, snap.now), (Some(u), Some(now)) if now >= u) && !snap.agents.contains_key(h);
+        let phase = match (r.until, late) {
+            (None, _) => "waiting",
+            (Some(_), true) => "not_back",
+            (Some(_), false) => "rebooting",
+        };
+        *by.entry((snap.role_of(h).to_string(), phase)).or_default() += 1;
+    }
+    e.family(
+        "jio_fleet_hosts_rebooting",
+        Kind::Gauge,
+        "Hosts whose run ends with a reboot, by role and phase: waiting (for a hold), rebooting (down or validating again), not_back (past reboot_timeout with no agent).",
+        by.into_iter()
+            .map(|((role, phase), n)| (vec![("role", role), ("phase", phase.to_string())], n as f64)),
     );
 }
 

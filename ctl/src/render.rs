@@ -139,6 +139,10 @@ pub fn admitted(plan: &Plan) -> Option<String> {
         let hosts: Vec<&str> = plan.enable_hosts.iter().map(|h| h.as_str()).collect();
         parts.push(format!("host {}", hosts.join(", ")));
     }
+    if !plan.permit_reboots.is_empty() {
+        let hosts: Vec<&str> = plan.permit_reboots.iter().map(|h| h.as_str()).collect();
+        parts.push(format!("the reboot of {} (inside its window)", hosts.join(", ")));
+    }
     let mut line = (!parts.is_empty()).then(|| format!("enabled {}", parts.join("; ")));
     let (closed, held): (Vec<&HostName>, Vec<&HostName>) = plan
         .disable_hosts

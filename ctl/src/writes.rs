@@ -145,7 +145,7 @@ pub fn plan_ops(schema: &Schema, plan: &Plan) -> Vec<Op> {
     for h in &plan.clear_host_keys {
         ops.push(Op::Delete(schema.enable(&EnableLevel::Host(h.clone()))));
     }
-    for h in &plan.enable_hosts {
+    for h in plan.enable_hosts.iter().chain(&plan.permit_reboots) {
         ops.push(Op::put(
             schema.enable(&EnableLevel::Host(h.clone())),
             format_bool(true),

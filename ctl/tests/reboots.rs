@@ -67,7 +67,12 @@ async fn drive_with_boots(
 async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_validated() {
     let etcd = jio_tests::Etcd::start().await;
     let url = etcd.url();
-    let mut f = Fleet::start(&url, &THREE, 0.3).await;
+    let prom = tempfile::tempdir().unwrap();
+    let textfile = |h: &str| prom.path().join(format!("{h}.prom"));
+    let mut f = Fleet::start_with(&url, &url, &THREE, 0.3, |h| {
+        format!("metrics_textfile = {:?}\n", textfile(h).display().to_string())
+    })
+    .await;
     log_validations(&f);
     for h in &f.hosts {
         std::fs::write(h.reboot_required_file(), "*** System restart required ***\n").unwrap();
@@ -140,6 +145,14 @@ async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_valid
         samples.iter().all(|(_, state, _)| state != "lost"),
         "{samples:#?}"
     );
+    // Each agent, started again by the boot, counted the boot it came back from.
+    for h in THREE {
+        let m = std::fs::read_to_string(textfile(h)).unwrap_or_default();
+        assert!(
+            m.contains("jio_agent_reboots_total{event=\"back\"} 1"),
+            "{h}: {m}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,4 +331,31 @@ async fn jioctl_reboot_reboots_one_host_at_a_time_each_back_and_validated_before
         "{}",
         text(&out)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_window_the_reboot_starts_only_with_the_drivers_permit() {
+    let etcd = jio_tests::Etcd::start().await;
+    let url = etcd.url();
+    let mut f = Fleet::start(&url, &["compute1"], 0.1).await;
+    std::fs::write(f.hosts[0].reboot_required_file(), "").unwrap();
+    // A window open now (by this machine's clock, which the driver uses).
+    let t = now() as u64;
+    let hm = |at: u64| format!("{:02}:{:02}", (at / 3600) % 24, (at / 60) % 60);
+    let rules = format!(
+        r#"{{"rolling_rules":{{"roles":{{"compute":1}}}},"windows":[{{"days":"daily","start":"{}","end":"{}"}}]}}"#,
+        hm(t - 3600),
+        hm(t + 3600)
+    );
+    let mut boots = Boots::new(Duration::from_secs(1), &[]);
+    let args = ["upgrade", "v2", "--instructions", rules.as_str()];
+    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, &args).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(f.hosts[0].reboots().len(), 1);
+    assert_eq!(f.hosts[0].boot_id(), "boot-1");
+    let log = f.agent_log("compute1");
+    let waited = log.find("waits for the driver's permit").expect(&log);
+    let rebooted = log.find("rebooting").expect(&log);
+    assert!(waited < rebooted, "{log}");
+    assert!(text(&out).contains("the reboot of compute1"), "{}", text(&out));
 }

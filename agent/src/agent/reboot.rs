@@ -4,9 +4,10 @@
 
 use std::path::Path;
 
-use jio_common::keys::{HoldTarget, Step};
+use jio_common::keys::{EnableLevel, HoldTarget, Step};
 use jio_common::names::Version;
-use jio_common::store::Op;
+use jio_common::store::{Compare, Op};
+use jio_common::values::parse_bool;
 use jio_common::values::{AgentRecord, AgentState};
 
 use super::{Agent, AgentError};
@@ -112,7 +113,9 @@ impl Agent {
             boot_id,
             since: self.clock.unix_now(),
             asked: None,
+            permit: command.is_none() && self.run_windowed,
             command,
+            waiting_rev: None,
         };
         let j = &mut self.ledger.journal;
         let run = j.in_progress.take();
@@ -165,7 +168,8 @@ impl Agent {
                 version: w.version,
                 until: None,
             }),
-            Next::Reboot => self.reboot_now(w).await,
+            Next::Reboot if w.permit => self.reboot_when_permitted(w).await,
+            Next::Reboot => self.reboot_now(w, Vec::new()).await,
             Next::Wait { until } => {
                 self.mark_rebooting(&w, Some(until)).await;
                 Ok(PassResult::Rebooting {
@@ -201,18 +205,69 @@ impl Agent {
             .map(|(t, _)| format!("held ({t})")))
     }
 
+    /// Under maintenance windows the driver permits the reboot, by its clock:
+    /// the marker says the reboot waits (its revision journaled), and the reboot
+    /// starts once the host key was rewritten after it, fenced on that key.
+    async fn reboot_when_permitted(&mut self, mut w: RebootWait) -> Result<PassResult, AgentError> {
+        let waiting = PassResult::Rebooting {
+            version: w.version.clone(),
+            until: None,
+        };
+        let Some(waiting_rev) = w.waiting_rev else {
+            if let Ok(Some(rev)) = self.write_rebooting(&w, None, Vec::new()).await {
+                tracing::info!(version = %w.version, "the reboot waits for the driver's permit (its maintenance window); the host keeps its slot");
+                w.waiting_rev = Some(rev);
+                self.ledger.journal.reboot = Some(w);
+                self.ledger.save();
+            }
+            return Ok(waiting);
+        };
+        // Only the rollout's driver permits: a rollout that ended will not.
+        let current = self.store.get(&self.cfg.schema.current_rollout()).await?;
+        let current = current.as_ref().map(|kv| kv.value.trim());
+        if let Some(id) = w.rollout.clone()
+            && current != Some(id.as_str())
+        {
+            let reason = format!(
+                "rollout {id} ended before it permitted this host's reboot: the host was not rebooted"
+            );
+            return self.end_reboot(w, Outcome::Failure(reason)).await;
+        }
+        let key = self
+            .cfg
+            .schema
+            .enable(&EnableLevel::Host(self.cfg.hostname.clone()));
+        match self.store.get(&key).await? {
+            Some(kv) if kv.mod_revision > waiting_rev && parse_bool(&kv) == Ok(true) => {
+                let fence = vec![Compare::ModRevision(key, kv.mod_revision)];
+                self.reboot_now(w, fence).await
+            }
+            _ => Ok(waiting),
+        }
+    }
+
     /// Runs the reboot command, journaled first as asked (a reboot that comes at
-    /// once finds the journal saying so).
-    async fn reboot_now(&mut self, mut w: RebootWait) -> Result<PassResult, AgentError> {
+    /// once finds the journal saying so). With a `fence` (the permit), the marker
+    /// that says so is written first, fenced: a permit taken back means no reboot.
+    async fn reboot_now(&mut self, mut w: RebootWait, fence: Vec<Compare>) -> Result<PassResult, AgentError> {
         let now = self.clock.unix_now();
+        let until = now + self.cfg.reboot.timeout.as_secs();
         w.asked = Some(now);
+        let fenced = !fence.is_empty();
+        if fenced && !matches!(self.write_rebooting(&w, Some(until), fence).await, Ok(Some(_))) {
+            return Ok(PassResult::Rebooting {
+                version: w.version,
+                until: None,
+            });
+        }
         self.ledger.journal.reboot = Some(w.clone());
         if let Err(e) = self.ledger.journal.save(&self.cfg.state_dir) {
             let reason = format!("the journal could not be written before the reboot: {e}");
             return self.end_reboot(w, Outcome::Failure(reason)).await;
         }
-        let until = now + self.cfg.reboot.timeout.as_secs();
-        self.mark_rebooting(&w, Some(until)).await;
+        if !fenced {
+            self.mark_rebooting(&w, Some(until)).await;
+        }
         let argv = self.cfg.reboot.command.clone();
         let shown = argv.join(" ");
         tracing::warn!(version = %w.version, why = %w.why, command = %shown, "rebooting");
@@ -240,10 +295,30 @@ impl Agent {
     /// transaction; the marker says by when the host must be back). A store that
     /// cannot take it now leaves the marker as it was: the slot is held either way.
     async fn mark_rebooting(&mut self, w: &RebootWait, until: Option<u64>) {
-        let Some(l) = &self.liveness else { return };
-        if l.current().0 == AgentState::Rebooting && until.is_none() {
+        if self
+            .liveness
+            .as_ref()
+            .is_some_and(|l| l.current().0 == AgentState::Rebooting)
+            && until.is_none()
+        {
             return;
         }
+        if let Err(e) = self.write_rebooting(w, until, Vec::new()).await {
+            tracing::warn!(error = %e, "cannot record `rebooting` in the store (the run marker keeps the slot)");
+        }
+    }
+
+    /// `rebooting` in the liveness record and the run marker, in one transaction
+    /// fenced on `fence`: the revision written, `None` when a compare failed.
+    async fn write_rebooting(
+        &self,
+        w: &RebootWait,
+        until: Option<u64>,
+        fence: Vec<Compare>,
+    ) -> Result<Option<jio_common::store::Revision>, jio_common::store::StoreError> {
+        let Some(l) = &self.liveness else {
+            return Ok(Some(0));
+        };
         let record = AgentRecord {
             state: AgentState::Rebooting,
             version: Some(w.version.clone()),
@@ -255,17 +330,13 @@ impl Agent {
             self.cfg.schema.run(&self.cfg.hostname),
             serde_json::to_string(&record).unwrap_or_default(),
         );
-        let written = l
-            .commit(
-                AgentState::Rebooting,
-                Some(w.version.clone()),
-                Vec::new(),
-                vec![marker],
-            )
-            .await;
-        if let Err(e) = written {
-            tracing::warn!(error = %e, "cannot record `rebooting` in the store (the run marker keeps the slot)");
-        }
+        l.commit(
+            AgentState::Rebooting,
+            Some(w.version.clone()),
+            fence,
+            vec![marker],
+        )
+        .await
     }
 
     /// Ends the journaled run: after a new boot (`outcome` success) it validates
