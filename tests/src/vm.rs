@@ -10,6 +10,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod console;
+pub mod evidence;
 pub mod guest;
 pub mod image;
 pub mod repo;
