@@ -73,7 +73,7 @@ printf '/dev/vda\t/\text4\trw,errors=remount-ro\t0\t1\n' >"$ROOT/etc/fstab"
 # cloud-init's first boot runs only when the machine is new (no machine id yet).
 : >"$ROOT/etc/machine-id"
 rm -f "$ROOT/var/lib/dbus/machine-id"
-in_root systemctl enable jio-vm-marker.service >/dev/null 2>&1
+in_root systemctl enable jio-vm-marker.service jio-vm-egress.service >/dev/null 2>&1
 # Less to do at boot under emulation: no timers, no login prompts.
 in_root systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer \
   fstrim.timer e2scrub_reap.service getty@tty1.service serial-getty@ttyS0.service \
