@@ -410,11 +410,20 @@ async fn rolling_reboot(w: &World, version: &str, dummy: u32) {
     check_validated(w, &r, version, &format!("{dummy}.0"));
     for b in &r.reboots {
         let slot = r.slots.iter().find(|s| s.host == b.down.host).expect("slot");
+        let console = &w.fleet.guest(&b.down.host).console;
+        let after_boot = |needle: &str| {
+            let l = console
+                .lines()
+                .into_iter()
+                .find(|l| vm::console::unix(l.at) >= b.down.end && l.text.contains(needle));
+            l.map_or(f64::NAN, |l| vm::console::unix(l.at) - b.down.end)
+        };
         println!(
-            "vm: {}: slot {:.1} s, down {:.1} s, validated {:.1} s after its boot",
+            "vm: {}: slot {:.1} s, down {:.1} s (shutdown marker to boot marker); after the boot marker: jio-agent.service ready {:.1} s, validated {:.1} s",
             b.down.host,
             slot.end - slot.start,
             b.down.end - b.down.start,
+            after_boot("Started jio-agent.service"),
             b.validated.unwrap_or(f64::NAN) - b.down.end
         );
     }
