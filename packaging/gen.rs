@@ -148,7 +148,7 @@ const CTL_EXTRA: Extra = &[
         items!(
             (
                 "~/.config/jiocloud/jioctl.toml",
-                "the configuration: store, prefix, role_pattern, [swift]"
+                "the configuration: store, prefix, role_pattern, state_dir, [swift], [hooks.ROLE]"
             ),
             ("/etc/jio-upgrade.json", "the default rules of upgrade and run"),
         ),
@@ -159,6 +159,10 @@ const CTL_EXTRA: Extra = &[
             (
                 "JIO_STORE, JIO_PREFIX, JIO_ROLE_PATTERN",
                 "as --store, --prefix, --role-pattern"
+            ),
+            (
+                "JIO_STATE_DIR",
+                "where a driver keeps the maintenance hooks' logs"
             ),
             ("JIO_LOG", "the log filter, e.g. debug"),
             ("XDG_CONFIG_HOME", "where jioctl.toml is looked for"),
@@ -294,6 +298,10 @@ fn configuration_page() -> String {
         .iter()
         .map(|k| format!("| `{}` | {} | {} |\n", k.key, cell(k.default), cell(k.meaning)))
         .collect();
+    let ctl_rows: String = jioctl::config_keys::KEYS
+        .iter()
+        .map(|k| format!("| `{}` | {} | {} |\n", k.key, cell(k.default), cell(k.meaning)))
+        .collect();
     format!(
         "{GENERATED}\n\n# The agent's configuration\n\n`/etc/jiocloud/agent.toml` (or `--config PATH`, or `JIO_CONFIG`) configures \
          `jio-agent`; `man 5 agent.toml` shows the packaged file, which lists every key with its default. Every key \
@@ -304,7 +312,12 @@ fn configuration_page() -> String {
          Precedence is flag > environment > file > default. Every scalar key can also be set as `JIO_<KEY>` \
          (`JIO_STORE`, `JIO_ROLE`, `JIO_RETRY_INTERVAL`, ...); flags exist for `--store`, `--prefix`, `--hostname`, \
          `--role` and `--state-dir`. Durations are written `500ms`, `30s`, `10m`, `2h`, `1d`, or combined: `1h30m` \
-         (also `1h 30m`, `1.5h`; a day is 24 hours).\n\n| key | default | meaning |\n| --- | --- | --- |\n{rows}"
+         (also `1h 30m`, `1.5h`; a day is 24 hours).\n\n| key | default | meaning |\n| --- | --- | --- |\n{rows}\n\
+         # jioctl's configuration\n\n`~/.config/jiocloud/jioctl.toml` (or `--config PATH`, or `JIOCTL_CONFIG`; \
+         `/etc/jiocloud/jioctl.toml` for the `jioctl-drive` service) configures `jioctl`. Every key is optional; the \
+         same rules hold (unknown keys and invalid values are errors naming the file and the key, exit 64, nothing \
+         written). The example `/usr/share/doc/jioctl/examples/hooks/jioctl.toml` gives two roles maintenance \
+         hooks.\n\n| key | default | meaning |\n| --- | --- | --- |\n{ctl_rows}"
     )
 }
 

@@ -54,10 +54,17 @@ for f in /etc/jiocloud/agent.toml /lib/systemd/system/jio-agent.service /lib/sys
          /usr/share/man/man8/jio-agent.8.gz /usr/share/man/man8/jio-agent-run.8.gz /usr/share/man/man5/agent.toml.5.gz /usr/share/bash-completion/completions/jio-agent /usr/share/man/man1/jioctl.1.gz /usr/share/man/man1/jioctl-upgrade.1.gz \
          /usr/share/bash-completion/completions/jioctl /usr/share/zsh/vendor-completions/_jioctl \
          /usr/share/fish/vendor_completions.d/jioctl.fish /usr/share/doc/jioctl/examples/jio-upgrade.json \
+         /usr/share/doc/jioctl/examples/hooks/jioctl.toml /usr/share/doc/jioctl/examples/hooks/nova-before \
+         /usr/share/doc/jioctl/examples/hooks/nova-after /usr/share/doc/jioctl/examples/hooks/ceph-before \
+         /usr/share/doc/jioctl/examples/hooks/ceph-after \
          /lib/systemd/system/jioctl-drive.service /usr/share/jiocloud/etcd-roles.sh \
          /usr/share/doc/jio-agent/changelog.Debian.gz /usr/share/doc/jio-agent/copyright \
          /etc/systemd/system/multi-user.target.wants/jio-agent.service; do
   [ -e "$R$f" ] || [ -L "$R$f" ] || fail "$f is missing after install"
+done
+# The example maintenance hooks are shell scripts the installed sh parses.
+for f in nova-before nova-after ceph-before ceph-after; do
+  in_root sh -n "/usr/share/doc/jioctl/examples/hooks/$f" || fail "the example hook $f does not parse"
 done
 [ -d "$R/var/lib/jiocloud" ] && [ -d "$R/usr/lib/jiocloud/tests" ] && [ -d "$R/usr/lib/jiocloud/services" ] \
   || fail "state, validation or services directory missing"

@@ -25,6 +25,7 @@ NEEDED=(
   "python3:python3"
   "promtool:prometheus"
   "faketime:faketime"
+  "shellcheck:shellcheck"
   # The VM stage (tests/tests/vm_reboot.rs, tests/vm/build-image.sh).
   "qemu-system-x86_64:qemu-system-x86"
   "qemu-img:qemu-utils"

@@ -740,6 +740,7 @@ fn upgrade_args(version: &str, rules: &str) -> jioctl::upgrade::Args {
         timeout: None,
         stages: Vec::new(),
         force: false,
+        hooks: Default::default(),
     }
 }
 

@@ -154,6 +154,7 @@ pub fn plan(v: &View<'_>, r: &Resolved) -> CommandPlan {
         rollout: None,
         host_keys_only: true,
         busy_outside: &busy_outside,
+        hook_roles: &[],
     };
     let mut p = plan::plan(v.fleet, &statuses, r, &cx);
     own_reasons(v, &statuses, &out.phases, &mut p);

@@ -850,6 +850,7 @@ impl Walk<'_> {
         let pcx = Context {
             host_keys_only: true,
             busy_outside: &[],
+            hook_roles: &[],
             ..*self.cx
         };
         let mut p = plan::plan(&ps, &hosts, self.r, &pcx);

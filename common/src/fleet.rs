@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::gate::{self, Gate, GateKeys, KeyState};
+use crate::hook_record::{HookKind, HookRecord, HookState};
 use crate::keys::{EnableLevel, HoldTarget, Key, Outcome, Parsed, Schema, Step};
 use crate::names::{HostName, Role, Service, Version};
 use crate::phase::{Catalog, FinalizeGrant, Grant};
@@ -140,6 +141,13 @@ pub struct Snapshot {
     /// `problems`. What cannot be read admits nothing (its agent cannot read it
     /// either); no driver admits a host through it.
     pub inboxes_invalid: BTreeSet<HostName>,
+    /// Each host's maintenance hook (`/hooks/<host>`), readable ones.
+    pub hooks: BTreeMap<HostName, HookRecord>,
+    /// Mod revision of each readable hook record.
+    pub hook_revisions: BTreeMap<HostName, Revision>,
+    /// Hosts whose hook record cannot be read (why is in `problems`): each keeps a
+    /// slot until the record is fixed or deleted (a hook may be running).
+    pub hooks_invalid: BTreeSet<HostName>,
 }
 
 /// A composable rollout's step that failed on a host, from its last result.
@@ -242,6 +250,8 @@ impl Snapshot {
             schema.drivers(),
             schema.holds(),
             schema.steps(),
+            // The maintenance hooks: written by drivers with the epoch, as enable keys.
+            schema.hooks(),
         ];
         let mut early = futures_util::future::try_join_all(first.iter().map(|p| store.list(p))).await?;
         let record = Snapshot::rollout_record_key(schema, &early[2].kvs);
@@ -286,19 +296,26 @@ impl Snapshot {
     }
 
     /// Every known host: registered, found at some version, or in flight whatever
-    /// the registry says (a run marker, or an agent that says it runs something or
-    /// whose record cannot be read): a host in flight always counts.
+    /// the registry says (a run marker, an agent that says it runs something or
+    /// whose record cannot be read, a maintenance hook): a host in flight always
+    /// counts.
     pub fn hosts(&self) -> BTreeSet<HostName> {
         let running_agents = self
             .agents
             .iter()
             .filter(|(_, r)| r.as_ref().is_none_or(|r| r.state.running()))
             .map(|(h, _)| h);
+        let in_hooks = self
+            .hooks
+            .keys()
+            .chain(self.hooks_invalid.iter())
+            .filter(|h| self.hook_stage(h).is_some());
         self.roles
             .keys()
             .chain(self.running.keys().filter(|h| !self.stray(h)))
             .chain(self.runs.keys())
             .chain(running_agents)
+            .chain(in_hooks)
             .cloned()
             .collect()
     }
@@ -443,9 +460,12 @@ impl LiveSnapshot {
             | Parsed::RunningVersion(..)
             | Parsed::Enable(_)
             | Parsed::Status(..) => self.set_versions(kv, parsed),
-            Parsed::Agent(_) | Parsed::Run(_) | Parsed::Clock(_) | Parsed::Result(_) | Parsed::Hold(_) => {
-                self.set_hosts(kv, parsed)
-            }
+            Parsed::Agent(_)
+            | Parsed::Run(_)
+            | Parsed::Clock(_)
+            | Parsed::Result(_)
+            | Parsed::Hold(_)
+            | Parsed::Hook(_) => self.set_hosts(kv, parsed),
             Parsed::Lock(_) | Parsed::CurrentRollout | Parsed::Rollout(_) | Parsed::Driver(_) => {
                 self.set_drivers(kv, parsed)
             }
@@ -559,6 +579,19 @@ impl LiveSnapshot {
                 Err(e) => {
                     self.problem(&kv.key, e.to_string());
                     self.snap.results_invalid.insert(h);
+                }
+            },
+            Parsed::Hook(h) => match parse_json(kv) {
+                Ok(r) => {
+                    self.snap.hook_revisions.insert(h.clone(), kv.mod_revision);
+                    self.snap.hooks.insert(h, r);
+                }
+                Err(e) => {
+                    self.problem(
+                        &kv.key,
+                        format!("{e} (the host keeps its slot until it is fixed or deleted: a hook may be running)"),
+                    );
+                    self.snap.hooks_invalid.insert(h);
                 }
             },
             _ => {}
@@ -766,6 +799,11 @@ impl LiveSnapshot {
                 s.results.remove(h);
                 s.result_revisions.remove(h);
                 s.results_invalid.remove(h);
+            }
+            Parsed::Hook(h) => {
+                s.hooks.remove(h);
+                s.hook_revisions.remove(h);
+                s.hooks_invalid.remove(h);
             }
             Parsed::Driver(name) => {
                 s.drivers.remove(name);
@@ -1085,6 +1123,142 @@ impl Snapshot {
     }
 }
 
+/// Where a host stands in its maintenance hooks under the active rollout (see
+/// `Snapshot::hook_stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookStage<'a> {
+    /// Its record cannot be read: it keeps a slot until it is fixed or deleted.
+    Unreadable,
+    /// A hook started and was not seen to end (whoever drives runs it again).
+    Running(&'a HookRecord),
+    /// Its `before` hook succeeded; its run has not reported success at the version.
+    Drained(&'a HookRecord),
+    /// Drained, and its run reported success at the version: its `after` hook is due.
+    AfterDue(&'a HookRecord),
+}
+
+impl HookStage<'_> {
+    /// Why the host holds its slot, for people.
+    pub fn describe(&self, gate_enabled: bool) -> String {
+        let when = crate::time::utc_display;
+        match self {
+            HookStage::Unreadable => {
+                "its hook record cannot be read: it keeps its slot until the record is fixed or deleted"
+                    .into()
+            }
+            HookStage::Running(r) if r.hook == HookKind::Before => format!("draining: {}", r.describe()),
+            HookStage::Running(r) => format!("restoring: {}", r.describe()),
+            HookStage::Drained(r) if gate_enabled => {
+                format!(
+                    "drained (before hook succeeded at {})",
+                    when(r.ended.unwrap_or(r.started))
+                )
+            }
+            HookStage::Drained(r) => format!(
+                "drained by its before hook (at {}) but not enabled: it keeps its slot until it is enabled again",
+                when(r.ended.unwrap_or(r.started))
+            ),
+            HookStage::AfterDue(r) => format!(
+                "upgraded to {}; its after hook is due (drained since {})",
+                r.version,
+                when(r.ended.unwrap_or(r.started))
+            ),
+        }
+    }
+}
+
+/// Maintenance hooks: where each host stands in them.
+impl Snapshot {
+    /// The id of the active rollout (its record readable and running, paused or stuck).
+    pub fn active_rollout_id(&self) -> Option<&str> {
+        self.rollout
+            .as_ref()
+            .filter(|c| c.ok().is_some_and(|r| r.state.active()))
+            .map(|c| c.id.as_str())
+    }
+
+    /// The host's hook stage under the active rollout: `None` without a hook record
+    /// of it, or once its `after` hook succeeded (its slot is free), or when the hook
+    /// failed (`hook_failure`). A record of another rollout is history.
+    pub fn hook_stage(&self, h: &HostName) -> Option<HookStage<'_>> {
+        if self.hooks_invalid.contains(h) {
+            return Some(HookStage::Unreadable);
+        }
+        let rec = self.hooks.get(h)?;
+        if Some(rec.rollout.as_str()) != self.active_rollout_id() {
+            return None;
+        }
+        match (rec.hook, rec.state) {
+            (_, HookState::Running) => Some(HookStage::Running(rec)),
+            (_, HookState::Failed) | (HookKind::After, HookState::Succeeded) => None,
+            (HookKind::Before, HookState::Succeeded) if self.reported_at(h, &rec.version) => {
+                Some(HookStage::AfterDue(rec))
+            }
+            (HookKind::Before, HookState::Succeeded) => Some(HookStage::Drained(rec)),
+        }
+    }
+
+    /// The host's run reported success at `v` and nothing of it runs any more (an
+    /// agent that reboots keeps its run marker until it is back and validated).
+    fn reported_at(&self, h: &HostName, v: &Version) -> bool {
+        self.running.get(h).is_some_and(|vs| vs.contains(v))
+            && self.agent_running(h).is_none()
+            && !self.failures.contains_key(h)
+            && self.step_failure(h).is_none()
+    }
+
+    /// The host's hook failed at the current version: of the active rollout, or of
+    /// any rollout when none is active (a new rollout runs the hooks again). It
+    /// counts as a failed run.
+    pub fn hook_failure(&self, h: &HostName) -> Option<&HookRecord> {
+        let rec = self.hooks.get(h).filter(|r| r.state == HookState::Failed)?;
+        if Some(&rec.version) != self.current.as_ref() {
+            return None;
+        }
+        match self.active_rollout_id() {
+            Some(id) if id != rec.rollout => None,
+            _ => Some(rec),
+        }
+    }
+
+    /// Every host whose hook failed at the current version (`hook_failure`).
+    pub fn hook_failures(&self) -> Vec<(&HostName, &HookRecord)> {
+        self.hooks
+            .keys()
+            .filter_map(|h| self.hook_failure(h).map(|r| (h, r)))
+            .collect()
+    }
+
+    /// The host is in its hooks' slot and will move on by itself (a hook runs or is
+    /// due, or it is drained): a rollout stopped on failures waits for it.
+    pub fn in_hooks(&self, h: &HostName) -> bool {
+        matches!(
+            self.hook_stage(h),
+            Some(HookStage::Running(_) | HookStage::Drained(_) | HookStage::AfterDue(_))
+        )
+    }
+
+    /// How a host in its hooks' slot stands, where its hooks decide it: a hook runs
+    /// or is due, its record cannot be read, or it is drained and not enabled (held,
+    /// or disarmed when its window closed). `None`: its keys and agent decide.
+    fn hook_status(
+        &self,
+        h: &HostName,
+        gate: &Gate,
+        held: Option<&HoldTarget>,
+    ) -> Option<(HostState, Option<String>)> {
+        let stage = self.hook_stage(h)?;
+        if matches!(stage, HookStage::Drained(_)) && gate.enabled {
+            return None;
+        }
+        let mut why = stage.describe(gate.enabled);
+        if let Some(t) = held {
+            why.push_str(&format!(" (held: {t})"));
+        }
+        Some((HostState::Upgrading, Some(why)))
+    }
+}
+
 /// Classifies every host for the current version. Without a current version a
 /// host is `Unknown` (there is nothing to move to, and nothing says it is there),
 /// unless its agent runs.
@@ -1112,51 +1286,7 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
                     Some(r) => (HostState::Upgrading, Some(r)),
                     None => (HostState::Unknown, None),
                 },
-                Some(cur) => {
-                    let gate = s.gate(&h, &role);
-                    let upgraded = s.running.get(&h).is_some_and(|vs| vs.contains(cur));
-                    if s.failures.contains_key(&h) || s.step_failure(&h).is_some() {
-                        if s.retrying(&h, &role, &gate) {
-                            (
-                                HostState::Upgrading,
-                                Some("retrying: re-enabled after its failure".into()),
-                            )
-                        } else {
-                            (HostState::Failed, None)
-                        }
-                    } else if let Some(r) = running {
-                        let shown = !gate.enabled || upgraded || s.rebooting_marker(&h);
-                        (HostState::Upgrading, shown.then_some(r))
-                    } else if upgraded {
-                        (HostState::Upgraded, None)
-                    } else if let Some(why) = gate.blocked {
-                        (HostState::Blocked, Some(why))
-                    } else if let Some((t, _)) = s.hold_of(&h, &role) {
-                        if gate.enabled {
-                            // Its agent does not start while held, but a release would
-                            // start it at once: it keeps its slot until its keys are
-                            // reset (the planner disables it).
-                            (
-                                HostState::Upgrading,
-                                Some(format!(
-                                    "held ({t}) but still enabled by its {} key: it keeps its slot until the key is reset",
-                                    gate.level.as_str()
-                                )),
-                            )
-                        } else {
-                            (HostState::Pending, Some(format!("held ({t})")))
-                        }
-                    } else if !gate.enabled {
-                        (HostState::Pending, None)
-                    } else if s.agents.contains_key(&h) {
-                        (HostState::Upgrading, None)
-                    } else {
-                        (
-                            HostState::Lost,
-                            Some("enabled, but its agent is not alive (no /agents record)".into()),
-                        )
-                    }
-                }
+                Some(cur) => s.state_at(&h, &role, cur, running),
             };
             HostStatus {
                 host: h,
@@ -1166,6 +1296,70 @@ pub fn classify(s: &Snapshot) -> Vec<HostStatus> {
             }
         })
         .collect()
+}
+
+impl Snapshot {
+    /// A host's state for the current version `cur`; `running`: what its agent runs.
+    fn state_at(
+        &self,
+        h: &HostName,
+        role: &Role,
+        cur: &Version,
+        running: Option<String>,
+    ) -> (HostState, Option<String>) {
+        let gate = self.gate(h, role);
+        let upgraded = self.running.get(h).is_some_and(|vs| vs.contains(cur));
+        let held = self.hold_of(h, role).map(|(t, _)| t);
+        if let Some(rec) = self.hook_failure(h) {
+            return (HostState::Failed, Some(rec.describe()));
+        }
+        if self.failures.contains_key(h) || self.step_failure(h).is_some() {
+            return if self.retrying(h, role, &gate) {
+                (
+                    HostState::Upgrading,
+                    Some("retrying: re-enabled after its failure".into()),
+                )
+            } else {
+                (HostState::Failed, None)
+            };
+        }
+        if let Some(r) = running {
+            let shown = !gate.enabled || upgraded || self.rebooting_marker(h);
+            return (HostState::Upgrading, shown.then_some(r));
+        }
+        if let Some(by_hooks) = self.hook_status(h, &gate, held.as_ref()) {
+            return by_hooks;
+        }
+        if upgraded {
+            (HostState::Upgraded, None)
+        } else if let Some(why) = gate.blocked {
+            (HostState::Blocked, Some(why))
+        } else if let Some(t) = held {
+            if gate.enabled {
+                // Its agent does not start while held, but a release would start it
+                // at once: it keeps its slot until its keys are reset (the planner
+                // disables it).
+                (
+                    HostState::Upgrading,
+                    Some(format!(
+                        "held ({t}) but still enabled by its {} key: it keeps its slot until the key is reset",
+                        gate.level.as_str()
+                    )),
+                )
+            } else {
+                (HostState::Pending, Some(format!("held ({t})")))
+            }
+        } else if !gate.enabled {
+            (HostState::Pending, None)
+        } else if self.agents.contains_key(h) {
+            (HostState::Upgrading, None)
+        } else {
+            (
+                HostState::Lost,
+                Some("enabled, but its agent is not alive (no /agents record)".into()),
+            )
+        }
+    }
 }
 
 /// `{state: {role: [hosts]}}`, every state present (the original's shape).
@@ -1429,6 +1623,137 @@ mod tests {
                 .iter()
                 .any(|p| p.contains("/holds/host/-x") && p.contains("holds nothing"))
         );
+    }
+
+    /// A fleet in rollout `20261123T020000Z-v2` (started at 1_795_399_200) with
+    /// `extra` keys.
+    fn in_rollout(extra: &[(&str, String)]) -> Snapshot {
+        let rec = RolloutRecord::start(
+            Version::new("v2").unwrap(),
+            None,
+            serde_json::json!({}),
+            "t",
+            1_795_399_200,
+        );
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+            kv("/rollouts/current", rec.id.as_str()),
+            kv(
+                &format!("/rollouts/{}", rec.id),
+                &serde_json::to_string(&rec).unwrap(),
+            ),
+            kv("/hosts/cp1", &rec_of("compute")),
+            kv("/running/versions/v1/cp1", "1"),
+            kv("/agents/cp1", IDLE),
+        ];
+        kvs.extend(extra.iter().map(|(k, v)| kv(k, v)));
+        Snapshot::from_kvs(&Schema::default(), &kvs)
+    }
+
+    fn rec_of(role: &str) -> String {
+        rec(role)
+    }
+
+    fn hook(rollout: &str, kind: &str, state: &str) -> String {
+        format!(
+            r#"{{"rollout":"{rollout}","version":"v2","role":"compute","hook":"{kind}","state":"{state}","started":1795399300,"driver":"mgmt1-42","exit_code":3,"message":"2 instances left"}}"#
+        )
+    }
+
+    /// Keys besides the rollout's -> the host's state, and a word of its reason.
+    type HookCase = (Vec<(&'static str, String)>, HostState, &'static str);
+
+    fn hook_cases() -> Vec<HookCase> {
+        const ID: &str = "20261123T020000Z-v2";
+        const OLD: &str = "20261120T020000Z-v2";
+        let at_v2 = || ("/running/versions/v2/cp1", "1".to_string());
+        let enabled = || ("/config_state/enable_puppet/host/cp1", "true".to_string());
+        let held = (
+            "/holds/host/cp1",
+            r#"{"by":"a","reason":null,"at":1}"#.to_string(),
+        );
+        let agent = r#"{"state":"upgrading","version":"v2","since":1,"pid":1}"#;
+        let h = |kind: &str, state: &str| ("/hooks/cp1", hook(ID, kind, state));
+        use HostState::*;
+        vec![
+            (vec![], Pending, ""),
+            (
+                vec![h("before", "running")],
+                Upgrading,
+                "draining: before hook running since",
+            ),
+            (vec![h("before", "succeeded"), enabled()], Upgrading, ""),
+            (
+                vec![h("before", "succeeded"), enabled(), ("/agents/cp1", agent.into())],
+                Upgrading,
+                "",
+            ),
+            (vec![h("before", "succeeded")], Upgrading, "but not enabled"),
+            (
+                vec![h("before", "succeeded"), held],
+                Upgrading,
+                "(held: host cp1)",
+            ),
+            (
+                vec![h("before", "succeeded"), enabled(), at_v2()],
+                Upgrading,
+                "its after hook is due",
+            ),
+            (
+                vec![h("after", "running"), at_v2()],
+                Upgrading,
+                "restoring: after hook running",
+            ),
+            (vec![h("after", "succeeded"), at_v2()], Upgraded, ""),
+            (
+                vec![h("before", "failed")],
+                Failed,
+                "before hook failed (exit 3): 2 instances left",
+            ),
+            (vec![h("after", "failed"), at_v2()], Failed, "after hook failed"),
+            // Another rollout's record is history: the host is where its keys say.
+            (vec![("/hooks/cp1", hook(OLD, "before", "running"))], Pending, ""),
+            (vec![("/hooks/cp1", hook(OLD, "before", "failed"))], Pending, ""),
+            (
+                vec![("/hooks/cp1", "garbage".to_string())],
+                Upgrading,
+                "cannot be read",
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_host_holds_its_slot_from_its_before_hook_to_the_end_of_its_after_hook() {
+        for (extra, want, says) in hook_cases() {
+            let snap = in_rollout(&extra);
+            let (st, why) = state_of(&snap, "cp1");
+            let case = format!("{extra:?}");
+            assert_eq!(st, want, "{case}: {why:?}");
+            assert!(why.as_deref().unwrap_or("").contains(says), "{case}: {why:?}");
+        }
+        let bad = in_rollout(&[("/hooks/cp1", "garbage".to_string())]);
+        let named = |p: &String| p.contains("/hooks/cp1") && p.contains("keeps its slot");
+        assert!(bad.problems.iter().any(named), "{:?}", bad.problems);
+    }
+
+    #[test]
+    fn a_failed_hook_of_the_last_rollout_still_counts_when_none_is_active() {
+        let kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+            kv("/hosts/cp1", &rec("compute")),
+            kv("/running/versions/v1/cp1", "1"),
+            kv("/agents/cp1", IDLE),
+            kv("/hooks/cp1", &hook("20261123T020000Z-v2", "before", "failed")),
+        ];
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        assert_eq!(state_of(&snap, "cp1").0, HostState::Failed);
+        // At another version it is history.
+        let mut kvs = kvs;
+        kvs[0] = kv("/current_version", "v3");
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        assert_eq!(state_of(&snap, "cp1").0, HostState::Pending);
     }
 
     #[test]

@@ -153,6 +153,8 @@ pub enum Parsed {
     CommandRun(crate::names::CommandId, crate::keys::RunPart, HostName),
     /// `/command_runs/<id>/lock`: the command's driver lock.
     CommandLock(crate::names::CommandId),
+    /// `/hooks/<host>`: the host's maintenance hook around its slot.
+    Hook(HostName),
 }
 
 /// What a hold keeps out: one host, or every host of a role.
@@ -191,13 +193,14 @@ const CONFIG_STATE: &str = "/config_state/";
 const COMMAND_INBOX: &str = "/config_state/commands/";
 const COMMANDS: &str = "/commands/";
 const COMMAND_RUNS: &str = "/command_runs/";
+const HOOKS: &str = "/hooks/";
 
 /// A parser of the rest of a key, after its family's prefix.
 type FamilyParser = fn(&str) -> Option<Parsed>;
 
 /// The key families under the namespace, each with its parser: the first prefix a
 /// key starts with decides (`/status/steps/` before `/status/`).
-const FAMILIES: [(&str, FamilyParser); 18] = [
+const FAMILIES: [(&str, FamilyParser); 19] = [
     (RUNNING, parse_running),
     (COMMAND_INBOX, |h| {
         Some(Parsed::CommandInbox(HostName::new(h).ok()?))
@@ -224,6 +227,7 @@ const FAMILIES: [(&str, FamilyParser); 18] = [
     }),
     (HOLDS, parse_hold),
     (RESULTS, |h| Some(Parsed::Result(HostName::new(h).ok()?))),
+    (HOOKS, |h| Some(Parsed::Hook(HostName::new(h).ok()?))),
 ];
 
 fn parse_running(r: &str) -> Option<Parsed> {
@@ -657,6 +661,17 @@ impl Schema {
         self.key(&[COMMAND_RUNS, id.as_str(), "/", part.as_str(), "/", h.as_str()])
     }
 
+    /// Prefix of the hosts' maintenance hooks.
+    pub fn hooks(&self) -> Key {
+        self.key(&[HOOKS])
+    }
+
+    /// The host's maintenance hook (`hook_record::HookRecord`, JSON), written only by
+    /// the rollout's driver, fenced like an enable key.
+    pub fn hook(&self, h: &HostName) -> Key {
+        self.key(&[HOOKS, h.as_str()])
+    }
+
     /// Prefix of the phase grants of composable rollouts (written by the driver).
     pub fn steps(&self) -> Key {
         self.key(&[STEPS])
@@ -839,6 +854,8 @@ mod tests {
             (s.hold(&HoldTarget::Host(h("c1"))), "/holds/host/c1"),
             (s.hold(&HoldTarget::Role(r("compute"))), "/holds/role/compute"),
             (s.result(&h("c1")), "/results/c1"),
+            (s.hook(&h("c1")), "/hooks/c1"),
+            (s.hooks(), "/hooks/"),
         ];
         for (key, want) in &table {
             assert_eq!(key.as_str(), *want);
@@ -892,6 +909,7 @@ mod tests {
                     Parsed::Hold(HoldTarget::Role(r("db"))),
                 ),
                 (s.result(&h("c1")), Parsed::Result(h("c1"))),
+                (s.hook(&h("c1")), Parsed::Hook(h("c1"))),
                 (
                     s.status(Step::Validated, Outcome::Failure, &v("v3"), &h("c1")),
                     Parsed::Status(Step::Validated, Outcome::Failure, v("v3"), h("c1")),
@@ -930,6 +948,8 @@ mod tests {
             "/status/configured/maybe/v2/c1",
             "/status/provisioned/success/",
             "/hosts/",
+            "/hooks/",
+            "/hooks/c1/before",
         ] {
             assert_eq!(s.parse(&Key::new(k).unwrap()), None, "{k}");
         }

@@ -4,8 +4,9 @@
 //! - **support**: backoff, the clock and time, durations, encodings, secrets, the
 //!   metrics exposition, suggestions, the Swift client;
 //! - **vocab**: validated names, the key schema, stored values and records (a
-//!   rollout's, a fleet command's, a composable rollout's phases and grants), the
-//!   hostname → role rule, and the store's contract (`store::api`);
+//!   rollout's, a fleet command's, a host's maintenance hook, a composable
+//!   rollout's phases and grants), the hostname → role rule, and the store's
+//!   contract (`store::api`);
 //! - **store**: the backends (etcd, the embedded SQLite store, Consul, in memory)
 //!   and opening one by URL;
 //! - **rules**: the rollout rules, the composable rules, maintenance windows;
@@ -28,6 +29,7 @@ pub mod time;
 
 // vocab
 pub mod command_record;
+pub mod hook_record;
 pub mod keys;
 pub mod names;
 pub mod phase;

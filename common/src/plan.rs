@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::fleet::{HostState, HostStatus, Snapshot};
+use crate::fleet::{HookStage, HostState, HostStatus, Snapshot};
 use crate::keys::HoldTarget;
 use crate::names::{HostName, Role};
 use crate::rollout::{RolloutRecord, RolloutState};
@@ -37,6 +37,10 @@ pub struct Context<'a> {
     /// ones): they count in their group's and the fleet's in-flight numbers, never
     /// in a group's size (percentages), its hosts left (`role_order`) or its plan.
     pub busy_outside: &'a [HostStatus],
+    /// Roles whose hosts are drained by maintenance hooks around their slot: they
+    /// are admitted by host keys only (the driver turns each admission into the
+    /// start of the host's `before` hook), never by opening their role key.
+    pub hook_roles: &'a [Role],
 }
 
 impl<'a> Context<'a> {
@@ -47,7 +51,13 @@ impl<'a> Context<'a> {
             rollout: Some(rec),
             host_keys_only,
             busy_outside: &[],
+            hook_roles: &[],
         }
+    }
+
+    /// This context, with the roles that have maintenance hooks.
+    pub fn with_hook_roles(self, hook_roles: &'a [Role]) -> Self {
+        Context { hook_roles, ..self }
     }
 }
 
@@ -395,6 +405,7 @@ pub fn plan(snap: &Snapshot, hosts: &[HostStatus], r: &Resolved, cx: &Context<'_
         let group = pass.group_plan(g, hs, &mut plan, &mut fleet_in_flight, &mut canaries);
         plan.groups.push(group);
     }
+    pass.readmit_drained(hosts, &mut plan);
     if pass.canary_phase {
         pass.end_canary_phase(canaries, &mut plan);
     }
@@ -448,6 +459,8 @@ struct GroupView<'a> {
     window: WindowState,
     group_room: usize,
     fleet_room: usize,
+    /// A role of the group has maintenance hooks (its hosts go by host keys).
+    hooked: bool,
 }
 
 impl<'a> Pass<'a> {
@@ -737,6 +750,7 @@ impl<'a> Pass<'a> {
             waiting,
             has_windows,
             window,
+            hooked: hs.iter().any(|h| self.cx.hook_roles.contains(&h.role)),
         }
     }
 
@@ -907,12 +921,13 @@ fn fleet_cap_reached(v: &GroupView<'_>, in_flight: usize, fleet_cap: Option<u64>
 /// Admitting a group's candidates.
 impl<'a> Pass<'a> {
     /// Every pending host fits, none is held, lost or blocked, no window or canary
-    /// phase limits it: the role keys may open. (A role key would override the
-    /// invalid key that blocks a host, start a held or lost one, or start hosts
-    /// outside a window.)
+    /// phase limits it, no role of it has maintenance hooks: the role keys may
+    /// open. (A role key would override the invalid key that blocks a host, start a
+    /// held or lost one, start hosts outside a window, or start them undrained.)
     fn all_fit(&self, v: &GroupView<'_>) -> bool {
         let (pending, in_flight) = (v.pending.len(), v.holders.len());
         !self.cx.host_keys_only
+            && !v.hooked
             && v.held == 0
             && v.lost == 0
             && v.blocked == 0
@@ -982,6 +997,42 @@ impl<'a> Pass<'a> {
         *fleet_in_flight += admit.len();
         plan.enable_hosts.extend(admit.iter().cloned());
         GroupAction::Admit { hosts: admit }
+    }
+}
+
+impl Pass<'_> {
+    /// A host drained by its `before` hook whose host key was reset (held, or
+    /// disarmed when its window closed) still holds its slot: it is enabled again,
+    /// without a new slot and without running its hook again, once nothing keeps
+    /// it out (no hold, its window open, the rollout neither paused nor stopped).
+    fn readmit_drained(&self, hosts: &[HostStatus], plan: &mut Plan) {
+        if self.stopped || self.paused.is_some() {
+            return;
+        }
+        for h in hosts {
+            let gate = self.snap.gate(&h.host, &h.role);
+            if !matches!(self.snap.hook_stage(&h.host), Some(HookStage::Drained(_)))
+                || gate.enabled
+                || gate.blocked.is_some()
+                || self.snap.hold_of(&h.host, &h.role).is_some()
+                || matches!(
+                    self.window_of(&self.group_of(&h.role)),
+                    WindowState::Closed { .. }
+                )
+            {
+                continue;
+            }
+            plan.enable_hosts.push(h.host.clone());
+            plan.reasons.insert(
+                h.host.clone(),
+                reason(
+                    ReasonCode::Admitted,
+                    "admitted again: drained by its before hook, it keeps its slot and is enabled again"
+                        .into(),
+                    None,
+                ),
+            );
+        }
     }
 }
 
@@ -1212,6 +1263,13 @@ fn lost_reason(snap: &Snapshot, h: &HostName, in_flight: bool) -> Reason {
 }
 
 fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
+    if let Some(rec) = snap.hook_failure(h) {
+        return reason(
+            ReasonCode::Failed,
+            format!("failed: its {}", rec.describe()),
+            rec.ended,
+        );
+    }
     let (step, link) = snap
         .failures
         .get(h)
@@ -1280,6 +1338,7 @@ mod tests {
             window: WindowState::Always,
             group_room: 2,
             fleet_room: usize::MAX,
+            hooked: false,
         }
     }
 
@@ -1747,8 +1806,163 @@ mod tests {
                 rollout: Some(&rec),
                 host_keys_only: false,
                 busy_outside: &[],
+                hook_roles: &[],
             },
         )
+    }
+
+    /// Plans `fleet(hosts)` with `extra` keys in rollout `ROLLOUT` (recorded as
+    /// current) under `rules`, the computes having maintenance hooks.
+    fn run_hooked(rules: &str, hosts: &[(&str, &str, &str)], extra: &[KeyValue], paused: bool) -> Plan {
+        let mut rec = record(rules, true, None);
+        if paused {
+            rec = rec.pause("t", None, None, 1001).unwrap();
+        }
+        let mut kvs = fleet_kvs(hosts);
+        kvs.push(kv("/rollouts/current", ROLLOUT));
+        kvs.push(kv(
+            &format!("/rollouts/{ROLLOUT}"),
+            &serde_json::to_string(&rec).unwrap(),
+        ));
+        kvs.extend(extra.iter().cloned());
+        let snap = Snapshot::from_kvs(&Schema::default(), &kvs);
+        let statuses = classify(&snap);
+        let roles = statuses.iter().map(|h| h.role.clone()).collect();
+        let resolved = Rules::parse(rules).unwrap().resolve(&roles).unwrap();
+        let hooked = [Role::new("compute").unwrap()];
+        let cx = Context::of_rollout(1100, &rec, false).with_hook_roles(&hooked);
+        plan(&snap, &statuses, &resolved, &cx)
+    }
+
+    fn hook_kv(h: &str, kind: &str, state: &str) -> KeyValue {
+        kv(
+            &format!("/hooks/{h}"),
+            &format!(
+                r#"{{"rollout":"{ROLLOUT}","version":"v2","role":"compute","hook":"{kind}","state":"{state}","started":1050,"driver":"mgmt1-1"}}"#
+            ),
+        )
+    }
+
+    #[test]
+    fn hosts_in_their_hooks_hold_slots_and_hooked_roles_go_by_host_keys() {
+        let hosts = [
+            ("cp1", "compute", "wait"),
+            ("cp2", "compute", "wait"),
+            ("cp3", "compute", "wait"),
+            ("db1", "db", "wait"),
+        ];
+        let two = r#"{"rolling_rules": {"roles": {"compute": 2}}}"#;
+        let two_one_failure = r#"{"rolling_rules": {"roles": {"compute": 2}}, "max_failures": 1}"#;
+        // (rules, extra keys) -> compute hosts admitted, compute's in flight, db's action
+        let cases: Vec<(&str, Vec<KeyValue>, Vec<&str>, usize)> = vec![
+            // Everything would fit, yet the computes go by host keys; db by its role.
+            ("{}", vec![], vec!["cp1", "cp2", "cp3"], 0),
+            (two, vec![], vec!["cp1", "cp2"], 0),
+            (two, vec![hook_kv("cp1", "before", "running")], vec!["cp2"], 1),
+            (
+                two,
+                vec![
+                    hook_kv("cp1", "before", "running"),
+                    hook_kv("cp2", "after", "running"),
+                    kv("/running/versions/v2/cp2", "1"),
+                ],
+                vec![],
+                2,
+            ),
+            // Upgraded and waiting for its after hook: still in flight.
+            (
+                two_one_failure,
+                vec![
+                    hook_kv("cp1", "before", "succeeded"),
+                    kv("/running/versions/v2/cp1", "1"),
+                    hook_kv("cp2", "before", "failed"),
+                ],
+                vec![],
+                2,
+            ),
+            // Its after hook succeeded: the slot is free again.
+            (
+                two,
+                vec![
+                    hook_kv("cp1", "after", "succeeded"),
+                    kv("/running/versions/v2/cp1", "1"),
+                ],
+                vec!["cp2", "cp3"],
+                0,
+            ),
+        ];
+        for (rules, extra, admitted, in_flight) in cases {
+            let p = run_hooked(rules, &hosts, &extra, false);
+            let case = format!("{rules} {extra:?}");
+            let computes: Vec<&str> = p
+                .enable_hosts
+                .iter()
+                .map(|h| h.as_str())
+                .filter(|h| h.starts_with("cp"))
+                .collect();
+            assert_eq!(computes, admitted, "{case}");
+            assert_eq!(names(&p.enable_roles), vec!["db"], "{case}");
+            let g = p.groups.iter().find(|g| g.group == "compute").unwrap();
+            assert_eq!(g.in_flight, in_flight, "{case}: {:?}", p.reasons);
+        }
+    }
+
+    #[test]
+    fn a_drained_host_whose_key_was_reset_is_enabled_again_only_when_nothing_keeps_it_out() {
+        let hosts = [("cp1", "compute", "wait"), ("cp2", "compute", "wait")];
+        let one = r#"{"rolling_rules": {"roles": {"compute": 1}}}"#;
+        let drained = hook_kv("cp1", "before", "succeeded");
+        let held = kv("/holds/host/cp1", r#"{"by":"a","reason":null,"at":1}"#);
+        // (extra, paused) -> enabled again
+        let cases = [
+            (vec![drained.clone()], false, true),
+            (vec![drained.clone(), held], false, false),
+            (vec![drained.clone()], true, false),
+            (
+                vec![
+                    drained.clone(),
+                    kv("/config_state/enable_puppet/host/cp1", "true"),
+                ],
+                false,
+                false,
+            ),
+        ];
+        for (extra, paused, again) in cases {
+            let p = run_hooked(one, &hosts, &extra, paused);
+            let case = format!("{extra:?} paused={paused}");
+            assert_eq!(
+                p.enable_hosts.iter().any(|h| h.as_str() == "cp1"),
+                again,
+                "{case}"
+            );
+            // Never a second host: cp1 keeps its slot either way.
+            assert!(!p.enable_hosts.iter().any(|h| h.as_str() == "cp2"), "{case}");
+            let g = p.groups.iter().find(|g| g.group == "compute").unwrap();
+            assert_eq!(g.in_flight, 1, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_failed_hook_counts_against_max_failures_and_says_which_hook() {
+        let hosts = [("cp1", "compute", "wait"), ("cp2", "compute", "wait")];
+        let p = run_hooked("{}", &hosts, &[hook_kv("cp1", "before", "failed")], false);
+        assert!(p.stopped_on_failures, "{p:?}");
+        assert!(p.enable_hosts.is_empty());
+        let why = &p.reasons[&HostName::new("cp1").unwrap()];
+        assert_eq!(why.code, ReasonCode::Failed);
+        assert!(
+            why.text.contains("failed: its before hook failed"),
+            "{}",
+            why.text
+        );
+        let p = run_hooked(
+            r#"{"max_failures": 1}"#,
+            &hosts,
+            &[hook_kv("cp1", "before", "failed")],
+            false,
+        );
+        assert!(!p.stopped_on_failures);
+        assert_eq!(names(&p.enable_hosts), vec!["cp2"]);
     }
 
     /// The rollout of `run_at`: started at 1000 (`ROLLOUT` is its id).
@@ -1915,6 +2129,7 @@ mod tests {
                 rollout: Some(&rec),
                 host_keys_only: false,
                 busy_outside: &[],
+                hook_roles: &[],
             },
         );
         assert_eq!(code(&p, "cp1"), Some(ReasonCode::Lost));
@@ -1965,6 +2180,7 @@ mod tests {
                     rollout: Some(&rec),
                     host_keys_only: false,
                     busy_outside: &[],
+                    hook_roles: &[],
                 },
             )
         };

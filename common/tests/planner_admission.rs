@@ -86,6 +86,7 @@ fn plan_of(snap: &Snapshot, rules: &str, rec: &RolloutRecord, now: u64) -> (Plan
             rollout: Some(rec),
             host_keys_only: false,
             busy_outside: &[],
+            hook_roles: &[],
         },
     );
     (p, hosts)

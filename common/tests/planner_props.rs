@@ -272,6 +272,7 @@ fn run(inp: &Input) -> (Plan, RolloutRecord) {
         rollout: Some(&rec),
         host_keys_only: false,
         busy_outside: &[],
+        hook_roles: &[],
     };
     (plan(&snap, &statuses, &resolved, &cx), rec)
 }

@@ -1,5 +1,6 @@
 //! jioctl's settings: flag > environment > `~/.config/jiocloud/jioctl.toml` > default,
-//! parsed once into a validated `Config`, every bad value reported together.
+//! parsed once into a validated `Config`, every bad value reported together (the
+//! maintenance hooks' tables included, each problem naming the file and the key).
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,11 @@ struct FileConfig {
     prefix: Option<String>,
     role_pattern: Option<String>,
     swift: Option<jio_common::swift::SwiftSettings>,
+    /// The driver's state directory (maintenance hooks' logs).
+    state_dir: Option<PathBuf>,
+    /// `[hooks.<role>]`: the maintenance hooks the driver runs around hosts' slots.
+    #[serde(default)]
+    hooks: std::collections::BTreeMap<String, crate::hooks::settings::HookTable>,
 }
 
 /// The settings given as flags (`None`: not given).
@@ -37,6 +43,8 @@ pub struct Config {
     pub role_pattern: RolePattern,
     /// Credentials for fetching run logs (`jioctl logs`).
     pub swift: Option<jio_common::swift::SwiftSettings>,
+    /// The maintenance hooks a driver runs (none: no role has hooks).
+    pub hooks: crate::hooks::settings::HookSettings,
 }
 
 /// The default configuration file.
@@ -68,11 +76,11 @@ pub fn load(
     flags: &Flags,
     env: impl Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Config> {
-    let file = match path {
-        Some(p) => read(p, true)?,
+    let (file, file_name) = match path {
+        Some(p) => (read(p, true)?, p.display().to_string()),
         None => match default_path() {
-            Some(p) => read(&p, false)?,
-            None => FileConfig::default(),
+            Some(p) => (read(&p, false)?, p.display().to_string()),
+            None => (FileConfig::default(), "the configuration".to_string()),
         },
     };
     let pick =
@@ -95,6 +103,17 @@ pub fn load(
     let role_pattern = RolePattern::new(pattern.as_deref().unwrap_or(DEFAULT_ROLE_PATTERN))
         .map_err(|e| errors.push(format!("role_pattern {e}")))
         .ok();
+    let roles = crate::hooks::settings::validate(&file_name, file.hooks)
+        .map_err(|e| errors.extend(e))
+        .unwrap_or_default();
+    let hooks = crate::hooks::settings::HookSettings {
+        roles,
+        state_dir: env("JIO_STATE_DIR")
+            .map(PathBuf::from)
+            .or(file.state_dir)
+            .unwrap_or_else(|| crate::hooks::settings::default_state_dir(&env)),
+        swift: file.swift.clone(),
+    };
     match (store, schema, role_pattern) {
         (Some(store), Some(schema), Some(role_pattern)) if errors.is_empty() => Ok(Config {
             store,
@@ -102,6 +121,7 @@ pub fn load(
             schema,
             role_pattern,
             swift: file.swift,
+            hooks,
         }),
         _ => bail!("{}", errors.join("; ")),
     }
@@ -149,6 +169,23 @@ mod tests {
             err.contains("nope://x") && err.contains("prefix") && err.contains("role_pattern \"^[a-z]+$\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_example_hook_configuration_loads() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hooks/jioctl.toml");
+        let c = load(Some(&p), &Flags::default(), |_| None).unwrap();
+        let roles: Vec<&str> = c.hooks.roles.keys().map(|r| r.as_str()).collect();
+        assert_eq!(roles, vec!["ceph", "compute"]);
+        let compute = &c.hooks.roles[&jio_common::names::Role::new("compute").unwrap()];
+        assert_eq!(compute.timeout, std::time::Duration::from_secs(45 * 60));
+        // Every hook it names is shipped beside it.
+        for spec in c.hooks.roles.values() {
+            for argv in [&spec.before, &spec.after].into_iter().flatten() {
+                let name = std::path::Path::new(&argv[0]).file_name().unwrap();
+                assert!(p.with_file_name(name).exists(), "{}", argv[0]);
+            }
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! jioctl: the operator CLI. Shows the fleet, sets the desired version and drives
 //! rollouts under the rules.
 //!
-//! Layering, one way: `cli` → `commands` → (`upgrade`, `release`, `status`,
-//! `render`, `rollouts`, `fleet_commands`, `writes`, `context`) → `exit` and `config`; no module imports one that
-//! imports it back.
+//! Layering, one way: `cli` → `commands` → (`upgrade`, `hooks`, `release`,
+//! `status`, `render`, `rollouts`, `fleet_commands`, `writes`, `context`) → `exit`
+//! and `config` (with the hooks' settings); no module imports one that imports it
+//! back.
 
 #![forbid(unsafe_code)]
 #![warn(clippy::too_many_lines)]
@@ -11,9 +12,11 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod config_keys;
 pub mod context;
 pub mod exit;
 pub mod fleet_commands;
+pub mod hooks;
 pub mod metrics;
 pub mod out;
 pub mod progress;

@@ -47,8 +47,57 @@ pub fn render(
         group_limits(&mut e, r, &tally);
     }
     rollout(&mut e, snap, last_rollout);
+    hooks(&mut e, snap);
     safety(&mut e, snap, me);
     e.finish()
+}
+
+/// The hosts in their maintenance hooks under the active rollout: how many per
+/// hook and state, and since when each running hook runs.
+fn hooks(e: &mut Exposition, snap: &Snapshot) {
+    use jio_common::hook_record::{HookKind, HookState};
+    let active = snap.active_rollout_id();
+    let mine: Vec<_> = snap
+        .hooks
+        .iter()
+        .filter(|(_, r)| Some(r.rollout.as_str()) == active)
+        .collect();
+    let kinds = [HookKind::Before, HookKind::After];
+    let states = [HookState::Running, HookState::Succeeded, HookState::Failed];
+    e.family(
+        "jio_fleet_hooks",
+        Kind::Gauge,
+        "Hosts by maintenance hook (before, after) and its state (running, succeeded, failed) in the active rollout's slots (every pair present, 0 included).",
+        kinds.iter().flat_map(|k| {
+            let mine = &mine;
+            states.iter().map(move |s| {
+                let n = mine.iter().filter(|(_, r)| r.hook == *k && r.state == *s).count();
+                (
+                    vec![("hook", k.as_str().to_string()), ("state", s.as_str().to_string())],
+                    n as f64,
+                )
+            })
+        }),
+    )
+    .family(
+        "jio_fleet_hook_running_since_seconds",
+        Kind::Gauge,
+        "Unix time each running maintenance hook of the active rollout started (by host and hook): a host stuck in a hook shows here.",
+        mine.iter()
+            .filter(|(_, r)| r.state == HookState::Running)
+            .map(|(h, r)| {
+                (
+                    vec![("host", h.to_string()), ("hook", r.hook.as_str().to_string())],
+                    r.started as f64,
+                )
+            }),
+    )
+    .single(
+        "jio_fleet_hook_records_unreadable",
+        Kind::Gauge,
+        "Hook records (/hooks/<host>) that cannot be read: each such host keeps its slot.",
+        snap.hooks_invalid.len() as f64,
+    );
 }
 
 /// The fleet's hosts counted for the metrics.

@@ -684,6 +684,10 @@ pub async fn history(
 
 /// The failed hosts of a snapshot and why, for a record's `failed` state.
 pub fn failed_hosts(snap: &Snapshot) -> BTreeMap<String, String> {
+    let hooks = snap
+        .hook_failures()
+        .into_iter()
+        .map(|(h, r)| (h.to_string(), r.describe()));
     snap.failures
         .iter()
         .map(|(h, (step, value))| {
@@ -696,6 +700,7 @@ pub fn failed_hosts(snap: &Snapshot) -> BTreeMap<String, String> {
                 ),
             )
         })
+        .chain(hooks)
         .collect()
 }
 

@@ -169,11 +169,22 @@ pub fn admission_of(snap: &Snapshot, hosts: &[HostStatus], now: u64) -> Admissio
     {
         unusable = unclear_intent(r, rules, &resolved, hosts);
     }
+    // The roles with hooks, as this rollout's hook records show them (a reader's
+    // configuration need not have the driver's).
+    let hooked: Vec<Role> = snap
+        .hooks
+        .values()
+        .filter(|r| Some(r.rollout.as_str()) == snap.active_rollout_id())
+        .map(|r| r.role.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let cx = PlanContext {
         now,
         rollout: if problem.is_some() { None } else { active },
         host_keys_only: false,
         busy_outside: &[],
+        hook_roles: &hooked,
     };
     let plan = plan::plan(snap, hosts, &resolved, &cx);
     let composed = match (active, parsed.and_then(|r| r.compose.as_ref())) {

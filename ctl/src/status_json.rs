@@ -132,6 +132,9 @@ struct HostDetail<'a> {
     versions: Option<&'a BTreeSet<Version>>,
     last_run: Option<&'a HostResult>,
     log: Option<&'a str>,
+    /// Its maintenance hook (`/hooks/<host>`), when it has a record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hook: Option<&'a jio_common::hook_record::HookRecord>,
 }
 
 #[derive(Serialize)]
@@ -159,12 +162,17 @@ impl<'a> HostDetail<'a> {
     fn of(doc: &'a StatusJson<'a>, h: &'a HostStatus) -> HostDetail<'a> {
         let snap = doc.snap;
         let result = snap.results.get(&h.host);
+        // A failed hook's log (a link, or a path on its driver's host) first.
         let log = snap
-            .failures
-            .get(&h.host)
-            .map(|(_, l)| l.as_str())
-            .filter(|l| is_link(l))
-            .or_else(|| result.and_then(|r| r.log.as_deref()));
+            .hook_failure(&h.host)
+            .and_then(|r| r.log.as_deref())
+            .or_else(|| {
+                snap.failures
+                    .get(&h.host)
+                    .map(|(_, l)| l.as_str())
+                    .filter(|l| is_link(l))
+                    .or_else(|| result.and_then(|r| r.log.as_deref()))
+            });
         let agent = snap.agents.get(&h.host).map(|a| match a {
             Some(a) => AgentJson::Record(a),
             None => AgentJson::Unreadable {
@@ -194,6 +202,7 @@ impl<'a> HostDetail<'a> {
             versions: snap.running.get(&h.host),
             last_run: result,
             log,
+            hook: snap.hooks.get(&h.host),
         }
     }
 }

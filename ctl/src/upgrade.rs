@@ -14,6 +14,7 @@
 //! again or stops. Passes are woken by a watch on the namespace (not a timer), by a
 //! pause's expiry and by the progress deadline. While it waits it says on what.
 
+mod hook_pass;
 mod intent;
 mod live;
 pub mod next;
@@ -77,6 +78,8 @@ pub struct Args {
     pub stages: Vec<String>,
     /// `--force`: rules whose intent is unclear go ahead (`rules::check_intent`).
     pub force: bool,
+    /// The maintenance hooks this process runs while it drives.
+    pub hooks: crate::hooks::HookSettings,
 }
 
 /// Runs a rollout in-process (for programs that embed it), with the default role
@@ -102,11 +105,22 @@ pub async fn rollout(store: &DynStore, schema: &Schema, role_pattern: &RolePatte
     for p in &snap.problems {
         eprintln!("jioctl: warning: {p}");
     }
-    let roles = fleet::classify(&snap).into_iter().map(|h| h.role).collect();
+    let hosts = fleet::classify(&snap);
+    let roles = hosts.iter().map(|h| h.role.clone()).collect();
     let resolved = args
         .rules
         .resolve(&roles)
         .map_err(|e| Failure::with(exit::INVALID_RULES, e.into()))?;
+    if args.rules.compose.is_some()
+        && let Some(why) = hook_pass::composable_refusal(&args.hooks, &hosts)
+    {
+        return Err(Failure::new(
+            exit::INVALID_RULES,
+            format!(
+                "{why}: upgrade those roles with a rolling rollout, or start it from a configuration without their [hooks.*]; nothing was written"
+            ),
+        ));
+    }
     let forced = check_intent(&snap, &resolved, &args)?;
     if args.noop {
         return noop(snap, &resolved, &args);
@@ -219,6 +233,7 @@ pub async fn follow(
         ttl: writes::LOCK_TTL,
         timeout: args.timeout,
         clock: std::sync::Arc::new(SystemClock),
+        hooks: args.hooks.clone(),
     };
     let mut driver = Driver::new(store, schema, role_pattern, opts);
     if record.rules == args.rules_json {
@@ -355,6 +370,7 @@ fn noop(snap: Snapshot, resolved: &rules::Resolved, args: &Args) -> Outcome {
         rollout: None,
         host_keys_only: false,
         busy_outside: &[],
+        hook_roles: &[],
     };
     let first = jio_common::plan::plan(&snap, &hosts, resolved, &cx);
     let waves = waves::simulate(&snap, resolved);
@@ -492,6 +508,7 @@ pub async fn drive(
     role_pattern: &RolePattern,
     ttl: Duration,
     verbose: bool,
+    hooks: crate::hooks::HookSettings,
 ) -> Outcome {
     let me = writes::holder();
     let name = format!("{}-{}", me.host, me.pid);
@@ -518,6 +535,7 @@ pub async fn drive(
         ttl,
         timeout: None,
         clock: std::sync::Arc::new(SystemClock),
+        hooks,
     };
     let mut driver = Driver::new(store, schema, role_pattern, opts);
     let out = tokio::select! {
@@ -597,6 +615,8 @@ struct DriverOpts {
     ttl: Duration,
     timeout: Option<Duration>,
     clock: DynClock,
+    /// The maintenance hooks it runs while it drives.
+    hooks: crate::hooks::HookSettings,
 }
 
 /// The driver's shell: everything `next` needs to know, and the I/O it asks for.
@@ -626,6 +646,8 @@ struct Driver<'a> {
     in_flight: usize,
     /// The rules' `max_failures` when the rollout stopped on failures.
     max_failures: u64,
+    /// The maintenance hooks this process runs.
+    hooks: crate::hooks::runs::HookRuns,
 }
 
 impl<'a> Driver<'a> {
@@ -637,6 +659,8 @@ impl<'a> Driver<'a> {
     ) -> Driver<'a> {
         // `-v` prints every pass's plan: lines, not bars, around it.
         let tty = std::io::stdout().is_terminal() && !o.json && !o.daemon && !o.verbose;
+        let me = writes::holder();
+        let hooks = crate::hooks::runs::HookRuns::new(o.hooks.clone(), format!("{}-{}", me.host, me.pid));
         Driver {
             store,
             schema,
@@ -660,6 +684,7 @@ impl<'a> Driver<'a> {
             wake_at: None,
             in_flight: 0,
             max_failures: 0,
+            hooks,
         }
     }
 
@@ -709,7 +734,15 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// Stops this process's hooks (the next driver runs them again), then releases
+    /// the lock.
     async fn release(&mut self) {
+        let stopped = self.hooks.stop_all().await;
+        if stopped > 0 {
+            self.note(&format!(
+                "stopped {stopped} maintenance hook(s) this process ran; whoever drives next runs them again"
+            ));
+        }
         if let Some(l) = self.lock.take() {
             l.release().await;
         }
@@ -895,6 +928,8 @@ impl Driver<'_> {
             .iter()
             .filter(|h| h.state.in_flight() && h.state != HostState::Failed)
             .count();
+        // An ended or replaced rollout's hooks run no further.
+        self.hooks.stop_unless(snap.active_rollout_id());
         match next::step(snap, self.o.target.as_ref(), who, now) {
             Step::Idle => {
                 if self.o.daemon && self.lock.is_some() {
@@ -919,6 +954,10 @@ impl Driver<'_> {
             Step::TakeLock => Ok(self.take().await?),
             Step::Watch(rec) => Ok(self.watch_pass(snap, &hosts, &rec, now)),
             Step::Paused(rec) => {
+                // Hosts in flight finish, their hooks included.
+                if let Some(outcome) = self.hook_pass(snap, &hosts, &rec, now).await? {
+                    return Ok(outcome);
+                }
                 self.progress.update(snap, &hosts);
                 if let RolloutState::Paused { until: Some(t), .. } = &rec.state {
                     self.wake_at = Some(*t);
@@ -1034,7 +1073,8 @@ impl Driver<'_> {
         now: u64,
     ) -> Result<(Plan, Rules, rules::Resolved), rules::RulesError> {
         let (rules, resolved) = self.resolved_of(hosts, rec)?;
-        let cx = jio_common::plan::Context::of_rollout(now, rec, false);
+        let hooked = self.hooks.settings.hooked_roles();
+        let cx = jio_common::plan::Context::of_rollout(now, rec, false).with_hook_roles(&hooked);
         Ok((
             jio_common::plan::plan(snap, hosts, &resolved, &cx),
             rules,
@@ -1059,7 +1099,18 @@ impl Driver<'_> {
         rec: &RolloutRecord,
         now: u64,
     ) -> Result<PassOutcome, PassError> {
+        if let Some(outcome) = self.hook_pass(snap, hosts, rec, now).await? {
+            return Ok(outcome);
+        }
         if self.rules_of(rec).is_ok_and(|r| r.compose.is_some()) {
+            if let Some(why) = hook_pass::composable_refusal(&self.hooks.settings, hosts) {
+                return Ok(PassOutcome::Continue {
+                    waiting: Some(format!(
+                        "rollout {}: {why}: nothing is admitted (`jioctl rollout abort` ends it; drive it from a configuration without those [hooks.*])",
+                        rec.id
+                    )),
+                });
+            }
             return self.compose_pass(snap, hosts, rec, now).await;
         }
         let (mut plan, rules, resolved) = self.plan_of(snap, hosts, rec, now).map_err(PassError::Rules)?;
@@ -1086,6 +1137,9 @@ impl Driver<'_> {
         }
         // A soak ending or a window opening changes the plan without any write.
         self.wake_at = plan.wake_at;
+        // A host whose hook runs here is never started twice (its record may lag).
+        let local = self.hooks.local();
+        let hooks = self.hook_step(&local, now).admissions(snap, rec, &mut plan);
         let decided = intent::rolling(&intent::Rolling {
             schema: self.schema,
             snap,
@@ -1094,6 +1148,7 @@ impl Driver<'_> {
             rules: &rules,
             resolved: &resolved,
             plan: &plan,
+            hooks: &hooks,
             refused: refused.as_deref(),
             clock: &self.clock.1,
             progressed,
@@ -1104,6 +1159,50 @@ impl Driver<'_> {
             self.max_failures = resolved.max_failures.of(hosts.len(), false);
         }
         Ok(outcome)
+    }
+
+    /// The hooks' step of a pass, over this process's hooks `local`.
+    fn hook_step<'b>(
+        &'b self,
+        local: &'b BTreeMap<jio_common::names::HostName, crate::hooks::decide::Local>,
+        now: u64,
+    ) -> hook_pass::HookPass<'b> {
+        hook_pass::HookPass {
+            schema: self.schema,
+            settings: &self.hooks.settings,
+            local,
+            me: &self.hooks.me,
+            now,
+        }
+    }
+
+    /// Records ended hooks, starts again the ones left running, starts `after`
+    /// hooks that are due: `Some` when it wrote (the pass ends there), `None` when
+    /// there was nothing to do (the pass plans). Only the lock's holder runs hooks.
+    async fn hook_pass(
+        &mut self,
+        snap: &Snapshot,
+        hosts: &[HostStatus],
+        rec: &RolloutRecord,
+        now: u64,
+    ) -> Result<Option<PassOutcome>, StoreError> {
+        if self.lock.is_none() {
+            return Ok(None);
+        }
+        let local = self.hooks.local();
+        let (progress, cannot) = self.hook_step(&local, now).progress(snap, rec);
+        for line in &cannot {
+            if self.hooks.first_time(line) {
+                self.note(line);
+            }
+        }
+        match progress {
+            hook_pass::Progress::Plan { forget } => {
+                self.hooks.forget(&forget);
+                Ok(None)
+            }
+            hook_pass::Progress::Write(i) => Ok(Some(self.act(snap, hosts, i).await?)),
+        }
     }
 
     /// Following a composable rollout another process drives: what it waits for,
@@ -1197,10 +1296,17 @@ impl Driver<'_> {
             self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
         }
         if !i.ops.is_empty()
-            && let Some(end) = self.fenced(i.ops, snap).await?
+            && let Some(end) = self.fenced(i.compares, i.ops, snap).await?
         {
             return Ok(end);
         }
+        // Recorded running: the hooks start now.
+        if let Some(lock) = &self.lock {
+            for s in i.starts {
+                self.hooks.start(s, lock.guard());
+            }
+        }
+        self.hooks.forget(&i.forget);
         for note in i.notes {
             match note {
                 intent::Note::Say(line) => self.note(&line),
@@ -1213,12 +1319,17 @@ impl Driver<'_> {
 
     /// Writes `ops` fenced on what `snap` read and on still holding the lock: `None`
     /// when applied, or the end of the pass (replan, or the lock lost).
-    async fn fenced(&self, ops: Vec<Op>, snap: &Snapshot) -> Result<Option<PassOutcome>, StoreError> {
+    async fn fenced(
+        &self,
+        compares: Vec<jio_common::store::Compare>,
+        ops: Vec<Op>,
+        snap: &Snapshot,
+    ) -> Result<Option<PassOutcome>, StoreError> {
         let Some(lock) = &self.lock else {
             return Ok(Some(PassOutcome::LockLost));
         };
         Ok(
-            match writes::apply_fenced(self.store, self.schema, ops, snap.epoch, lock).await? {
+            match writes::apply_fenced_when(self.store, self.schema, compares, ops, snap.epoch, lock).await? {
                 Fenced::Applied => None,
                 Fenced::Moved => Some(PassOutcome::Replan),
                 Fenced::LockLost => Some(PassOutcome::LockLost),
@@ -1257,8 +1368,10 @@ impl Driver<'_> {
         let mut events = Vec::new();
         loop {
             match self.next_event().await? {
-                Some(ev) => events.push(ev),
-                None => {
+                Wake::Event(ev) => events.push(ev),
+                // The view is up to date: a pass records the hook.
+                Wake::HookEnded => return Ok(()),
+                Wake::Due => {
                     self.view = None;
                     return Ok(());
                 }
@@ -1283,9 +1396,10 @@ impl Driver<'_> {
         }
     }
 
-    /// The next event, or `None` when the resync, the reminder or the deadline is
-    /// due first (or the watch ended: it is opened again).
-    async fn next_event(&mut self) -> Result<Option<WatchEvent>, Failure> {
+    /// The next event; `Due` when the resync, the reminder or the deadline is due
+    /// first (or the watch ended: it is opened again); `HookEnded` when a hook of
+    /// this process ended first.
+    async fn next_event(&mut self) -> Result<Wake, Failure> {
         let now = Instant::now();
         let mut nap = Self::RESYNC.min(self.waiting.until_reminder(now));
         if let Some(d) = self.deadline {
@@ -1297,18 +1411,30 @@ impl Driver<'_> {
             nap = nap.min(Duration::from_secs(secs));
         }
         let Some(w) = self.watch.as_mut() else {
-            return Ok(None);
+            return Ok(Wake::Due);
         };
-        match tokio::time::timeout(nap.max(Duration::from_millis(10)), w.next()).await {
-            Ok(Some(Ok(ev))) => Ok(Some(ev)),
+        let hooks = &mut self.hooks;
+        let next = tokio::select! {
+            next = tokio::time::timeout(nap.max(Duration::from_millis(10)), w.next()) => next,
+            _ = hooks.ended_one() => return Ok(Wake::HookEnded),
+        };
+        match next {
+            Ok(Some(Ok(ev))) => Ok(Wake::Event(ev)),
             Ok(Some(Err(e))) => Err(e.into()),
             Ok(None) => {
                 self.watch = None;
-                Ok(None)
+                Ok(Wake::Due)
             }
-            Err(_) => Ok(None),
+            Err(_) => Ok(Wake::Due),
         }
     }
+}
+
+/// What ended a wait for the next event.
+enum Wake {
+    Event(WatchEvent),
+    Due,
+    HookEnded,
 }
 
 /// The end: what to say, and the final status.
@@ -1380,11 +1506,7 @@ impl Driver<'_> {
         }
     }
 
-    fn stopped(
-        &self,
-        record: &RolloutRecord,
-        failures: &[(jio_common::names::HostName, jio_common::keys::Step, String)],
-    ) -> String {
+    fn stopped(&self, record: &RolloutRecord, failures: &[(String, String)]) -> String {
         let mut msg = format!(
             "rollout {} to {} stopped: {} host(s) failed (max_failures {}); hosts already running finish their run",
             record.id,
@@ -1392,12 +1514,8 @@ impl Driver<'_> {
             failures.len(),
             self.max_failures
         );
-        for (h, step, value) in failures {
-            msg.push_str(&format!(
-                "\n  {h}: {} failed: {}",
-                step.as_str(),
-                crate::status::describe_entry(value)
-            ));
+        for (h, why) in failures {
+            msg.push_str(&format!("\n  {h}: {why}"));
         }
         msg
     }

@@ -18,8 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use jio_common::fleet::{EPOCH, HALT, LockRecord, ROLLOUT_LOCK};
+use jio_common::hook_record::HookRecord;
 use jio_common::keys::{EnableLevel, Schema};
-use jio_common::names::Version;
+use jio_common::names::{HostName, Version};
 use jio_common::plan::Plan;
 use jio_common::rollout::RolloutRecord;
 use jio_common::store::{Compare, DynStore, ErrorKind, LeaseId, Op, Revision, StoreError, Txn, TxnOutcome};
@@ -146,10 +147,7 @@ pub fn plan_ops(schema: &Schema, plan: &Plan) -> Vec<Op> {
         ops.push(Op::Delete(schema.enable(&EnableLevel::Host(h.clone()))));
     }
     for h in plan.enable_hosts.iter().chain(&plan.permit_reboots) {
-        ops.push(Op::put(
-            schema.enable(&EnableLevel::Host(h.clone())),
-            format_bool(true),
-        ));
+        ops.push(enable_host(schema, h));
     }
     ops
 }
@@ -227,6 +225,16 @@ pub fn update_ops(schema: &Schema, r: &RolloutRecord) -> Vec<Op> {
     vec![record_put(schema, r)]
 }
 
+/// A host's maintenance hook record.
+pub fn hook_put(schema: &Schema, h: &HostName, rec: &HookRecord) -> Op {
+    Op::put(schema.hook(h), serde_json::to_string(rec).unwrap_or_default())
+}
+
+/// A host's own enable key, set.
+pub fn enable_host(schema: &Schema, h: &HostName) -> Op {
+    Op::put(schema.enable(&EnableLevel::Host(h.clone())), format_bool(true))
+}
+
 /// Applies `ops` if the epoch is still at `epoch` and `lock` is still held.
 pub async fn apply_fenced(
     store: &DynStore,
@@ -235,14 +243,30 @@ pub async fn apply_fenced(
     epoch: Revision,
     lock: &RolloutLock,
 ) -> Result<Fenced, StoreError> {
+    apply_fenced_when(store, schema, Vec::new(), ops, epoch, lock).await
+}
+
+/// `apply_fenced`, the first transaction also fenced on `compares` (what the
+/// writes were decided on besides the epoch: a hook record, `/rollouts/current`).
+pub async fn apply_fenced_when(
+    store: &DynStore,
+    schema: &Schema,
+    mut compares: Vec<Compare>,
+    ops: Vec<Op>,
+    epoch: Revision,
+    lock: &RolloutLock,
+) -> Result<Fenced, StoreError> {
     let key = schema.lock(EPOCH);
     let mut expect = epoch;
-    // Each transaction also holds the two compares and the epoch put.
-    let size = CHUNK.min(store.max_txn_ops().saturating_sub(3)).max(1);
+    // Each transaction also holds the compares and the epoch put.
+    let size = CHUNK
+        .min(store.max_txn_ops().saturating_sub(3 + compares.len()))
+        .max(1);
     for chunk in ops.chunks(size) {
         let mut txn = Txn::new()
             .when(Compare::ModRevision(key.clone(), expect))
             .when(Compare::ModRevision(lock.key.clone(), lock.revision));
+        txn.compares.append(&mut compares);
         txn.ops.extend(chunk.iter().cloned());
         txn.ops.push(epoch_put(schema));
         match store.txn(txn).await? {
@@ -268,7 +292,44 @@ pub struct RolloutLock {
     revision: Revision,
     /// Set by the keeper when the lease ended.
     lost: Arc<AtomicBool>,
+    /// Until when the lease surely lasts: the send time of the last renewal that
+    /// worked, plus its TTL (the store counts from its receipt, later).
+    valid_until: Arc<std::sync::Mutex<tokio::time::Instant>>,
+    ttl: Duration,
     keeper: JoinHandle<()>,
+}
+
+/// What a task that must not outlive the rollout lock watches (a maintenance
+/// hook): the lock's lease ended, or was not renewed for two thirds of its TTL
+/// (another driver may take it once it ends).
+#[derive(Debug, Clone)]
+pub struct LockGuard {
+    lost: Arc<AtomicBool>,
+    valid_until: Arc<std::sync::Mutex<tokio::time::Instant>>,
+    margin: Duration,
+}
+
+impl LockGuard {
+    /// The lock is surely still held, with a margin.
+    pub fn holds(&self) -> bool {
+        let until = self
+            .valid_until
+            .lock()
+            .map(|t| *t)
+            .unwrap_or_else(|e| *e.into_inner());
+        !self.lost.load(Ordering::SeqCst) && tokio::time::Instant::now() + self.margin < until
+    }
+
+    /// A guard that always holds (for tests of what runs under it).
+    pub fn always() -> LockGuard {
+        LockGuard {
+            lost: Arc::new(AtomicBool::new(false)),
+            valid_until: Arc::new(std::sync::Mutex::new(
+                tokio::time::Instant::now() + Duration::from_secs(86_400 * 365),
+            )),
+            margin: Duration::ZERO,
+        }
+    }
 }
 
 /// Why the lock was not taken.
@@ -341,6 +402,7 @@ impl RolloutLock {
         key: &jio_common::keys::Key,
         ttl: Duration,
     ) -> Result<LockOutcome, StoreError> {
+        let asked = tokio::time::Instant::now();
         let lease = store.grant_lease(ttl).await?;
         let record = serde_json::to_string(&holder()).unwrap_or_default();
         let txn = Txn::new().when(Compare::Absent(key.clone())).then(Op::Put {
@@ -357,12 +419,19 @@ impl RolloutLock {
                     _ => committed,
                 };
                 let lost = Arc::new(AtomicBool::new(false));
-                let (s, id, flag) = (store.clone(), lease.id.clone(), lost.clone());
+                let valid_until = Arc::new(std::sync::Mutex::new(asked + ttl));
+                let (s, id, flag, until) =
+                    (store.clone(), lease.id.clone(), lost.clone(), valid_until.clone());
                 let keeper = tokio::spawn(async move {
                     loop {
                         tokio::time::sleep(ttl / 3).await;
+                        let sent = tokio::time::Instant::now();
                         match s.keep_alive(&id).await {
-                            Ok(_) => {}
+                            Ok(_) => {
+                                if let Ok(mut t) = until.lock() {
+                                    *t = sent + ttl;
+                                }
+                            }
                             Err(e) if e.kind() == ErrorKind::NotFound => {
                                 // The driver sees the flag before its next write, and
                                 // the fence stops any write already under way.
@@ -379,6 +448,8 @@ impl RolloutLock {
                     lease: lease.id,
                     revision,
                     lost,
+                    valid_until,
+                    ttl,
                     keeper,
                 }))
             }
@@ -389,6 +460,15 @@ impl RolloutLock {
                     current.and_then(|kv| jio_common::values::parse_json(&kv).ok()),
                 ))
             }
+        }
+    }
+
+    /// What a task that must stop when this lock is lost watches.
+    pub fn guard(&self) -> LockGuard {
+        LockGuard {
+            lost: self.lost.clone(),
+            valid_until: self.valid_until.clone(),
+            margin: self.ttl / 3,
         }
     }
 

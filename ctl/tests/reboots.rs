@@ -36,15 +36,29 @@ fn reason(v: &serde_json::Value, host: &str) -> String {
         .to_string()
 }
 
+/// Slots `(host, from, to)` from the logs: each must end before the next begins.
+fn assert_one_at_a_time(mut slots: Vec<(String, f64, f64)>) {
+    slots.sort_by(|a, b| a.1.total_cmp(&b.1));
+    for w in slots.windows(2) {
+        assert!(
+            w[0].2 < w[1].1,
+            "{}'s slot began at {} before {} was back and validated at {}",
+            w[1].0,
+            w[1].1,
+            w[0].0,
+            w[0].2
+        );
+    }
+}
+
 /// Runs the driver to its end while the boots are played; samples `status`
 /// whenever a host is down. Returns the driver's output and the samples.
 async fn drive_with_boots(
     url: &str,
     f: &mut Fleet,
     boots: &mut Boots,
-    args: &[&str],
+    mut driver: tokio::process::Child,
 ) -> (std::process::Output, Vec<(String, String, String)>) {
-    let mut driver = spawn(url, args);
     let mut samples = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(150);
     while driver.try_wait().unwrap().is_none() {
@@ -57,6 +71,8 @@ async fn drive_with_boots(
             let v = status_json(url).await;
             let state = v["hosts"][&h]["state"].as_str().unwrap_or_default().to_string();
             samples.push((h.clone(), state, reason(&v, &h)));
+            let explained = text(&run(url, &["explain", &h]).await);
+            samples.push((h.clone(), "explain".into(), explained));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -85,7 +101,7 @@ async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_valid
     let t0 = now();
     let mut boots = Boots::new(Duration::from_secs(2), &[]);
     let args = ["upgrade", "v2", "--instructions", ONE_AT_A_TIME];
-    let (out, samples) = drive_with_boots(&url, &mut f, &mut boots, &args).await;
+    let (out, samples) = drive_with_boots(&url, &mut f, &mut boots, spawn(&url, &args)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(f.all_at("v2"));
     // From the logs alone: each host's slot, from its configuration step's start to
@@ -123,22 +139,18 @@ async fn each_host_reboots_inside_its_slot_and_frees_it_only_when_back_and_valid
         );
         slots.push((h.name.clone(), start, back));
     }
-    slots.sort_by(|a, b| a.1.total_cmp(&b.1));
-    for w in slots.windows(2) {
-        assert!(
-            w[0].2 < w[1].1,
-            "{} started at {} before {} was back and validated at {}",
-            w[1].0,
-            w[1].1,
-            w[0].0,
-            w[0].2
-        );
-    }
+    assert_one_at_a_time(slots);
     // While a host was down, status said so (and it was still in flight).
     assert!(
         samples
             .iter()
             .any(|(_, state, why)| state == "upgrading" && why.contains("rebooting since")),
+        "{samples:#?}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(_, kind, why)| kind == "explain" && why.contains("rebooting since")),
         "{samples:#?}"
     );
     assert!(
@@ -222,7 +234,7 @@ async fn a_reboot_that_leaves_it_required_fails_the_host_and_is_not_tried_again(
     std::fs::write(h.dir().join("keep-required"), "").unwrap();
     let mut boots = Boots::new(Duration::from_secs(1), &[]);
     let args = ["upgrade", "v2", "--instructions", ONE_AT_A_TIME];
-    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, &args).await;
+    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, spawn(&url, &args)).await;
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
     let v = status_json(&url).await;
     assert_eq!(v["hosts"]["compute1"]["state"], "failed", "{v:#}");
@@ -283,7 +295,7 @@ async fn jioctl_reboot_reboots_one_host_at_a_time_each_back_and_validated_before
     log_validations(&f);
     let mut boots = Boots::new(Duration::from_secs(2), &[]);
     let args = ["reboot", "--role", "compute", "--instructions", ONE_AT_A_TIME];
-    let (out, samples) = drive_with_boots(&url, &mut f, &mut boots, &args).await;
+    let (out, samples) = drive_with_boots(&url, &mut f, &mut boots, spawn(&url, &args)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let vals = validations(&f);
     let mut slots = Vec::new();
@@ -298,17 +310,7 @@ async fn jioctl_reboot_reboots_one_host_at_a_time_each_back_and_validated_before
             .2;
         slots.push((h.name.clone(), down, back));
     }
-    slots.sort_by(|a, b| a.1.total_cmp(&b.1));
-    for w in slots.windows(2) {
-        assert!(
-            w[0].2 < w[1].1,
-            "{} went down at {} before {} was back and validated at {}",
-            w[1].0,
-            w[1].1,
-            w[0].0,
-            w[0].2
-        );
-    }
+    assert_one_at_a_time(slots);
     assert!(
         samples.iter().any(|(_, _, why)| why.contains("rebooting since")),
         "{samples:#?}"
@@ -322,7 +324,7 @@ async fn jioctl_reboot_reboots_one_host_at_a_time_each_back_and_validated_before
         "--instructions",
         ONE_AT_A_TIME,
     ];
-    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, &args).await;
+    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, spawn(&url, &args)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let counts: Vec<usize> = f.hosts.iter().map(|h| h.reboots().len()).collect();
     assert_eq!(counts, vec![1, 2, 1], "only compute2 reboots again");
@@ -349,7 +351,7 @@ async fn under_a_window_the_reboot_starts_only_with_the_drivers_permit() {
     );
     let mut boots = Boots::new(Duration::from_secs(1), &[]);
     let args = ["upgrade", "v2", "--instructions", rules.as_str()];
-    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, &args).await;
+    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, spawn(&url, &args)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(f.hosts[0].reboots().len(), 1);
     assert_eq!(f.hosts[0].boot_id(), "boot-1");
@@ -358,4 +360,67 @@ async fn under_a_window_the_reboot_starts_only_with_the_drivers_permit() {
     let rebooted = log.find("rebooting").expect(&log);
     assert!(waited < rebooted, "{log}");
     assert!(text(&out).contains("the reboot of compute1"), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_hooks_hold_the_slot_from_before_through_the_reboot_to_after() {
+    let etcd = jio_tests::Etcd::start().await;
+    let url = etcd.url();
+    let mut f = Fleet::start(&url, &["compute1", "compute2"], 0.2).await;
+    log_validations(&f);
+    for h in &f.hosts {
+        std::fs::write(h.reboot_required_file(), "").unwrap();
+    }
+    let hooks = common::hooks::Hooks::new(0.2);
+    let config = hooks.config("1m");
+    let mut c = common::jioctl(
+        &url,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "upgrade",
+            "v2",
+            "--instructions",
+            ONE_AT_A_TIME,
+        ],
+    );
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut boots = Boots::new(Duration::from_secs(2), &[]);
+    let (out, _) = drive_with_boots(&url, &mut f, &mut boots, c.spawn().unwrap()).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // From the hooks' own log, the reboot commands' and the boots: each host went
+    // down and came back between its before hook's start and its after hook's end,
+    // and was validated after its boot before its after hook began.
+    let intervals = hooks.intervals();
+    assert_eq!(intervals.len(), 2, "{intervals:#?}");
+    let vals = validations(&f);
+    let runs = hooks.runs();
+    for h in &f.hosts {
+        let (_, from, to) = intervals.iter().find(|(n, _, _)| n == &h.name).unwrap().clone();
+        let to = to.unwrap_or_else(|| panic!("{}'s after hook did not end", h.name));
+        let down = h.reboots()[0].1;
+        let up = boots.ups.iter().find(|(n, _)| n == &h.name).unwrap().1;
+        let back = vals
+            .iter()
+            .find(|(n, id, _)| n == &h.name && id == "boot-1")
+            .unwrap()
+            .2;
+        let after = runs
+            .iter()
+            .find(|r| r.host == h.name && r.hook == "after")
+            .unwrap()
+            .start;
+        assert!(
+            from < down && down < up && up < back && back < after && after < to,
+            "{}: before {from} down {down} up {up} validated {back} after {after}..{to}",
+            h.name
+        );
+    }
+    assert_one_at_a_time(
+        intervals
+            .into_iter()
+            .map(|(n, a, b)| (n, a, b.unwrap()))
+            .collect(),
+    );
 }

@@ -111,3 +111,26 @@ fn cloud_init_example_uses_only_real_agent_flags_and_a_valid_configuration() {
     std::fs::write(&p, file["content"].as_str().unwrap()).unwrap();
     loads(p);
 }
+
+/// The example maintenance hooks shipped with jioctl parse as shell scripts, and
+/// shellcheck finds nothing in them (they cannot run against a real cloud here).
+#[test]
+fn the_example_hooks_are_sound_shell_scripts() {
+    let dir = root().join("examples/hooks");
+    let hooks = ["nova-before", "nova-after", "ceph-before", "ceph-after"];
+    for h in hooks {
+        let out = Command::new("sh").arg("-n").arg(dir.join(h)).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{h}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let shellcheck = jio_tests::require_binary("shellcheck", "apt-get install -y shellcheck");
+    let out = Command::new(shellcheck)
+        .args(["-s", "sh"])
+        .args(hooks.iter().map(|h| dir.join(h)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}

@@ -39,6 +39,7 @@ const COMMON_FLOORS: &[(&str, &[&str])] = &[
             "roles",
             "phase",
             "command_record",
+            "hook_record",
             "values",
             "store::api",
         ],

@@ -45,15 +45,9 @@ impl Agent {
         let s = &self.cfg.reboot;
         if let Some(argv) = s.check_command.clone() {
             let shown = argv.join(" ");
-            let log = run_dir.join("reboot-check.log");
-            let spec = runner::Spec {
-                argv: &argv,
-                env: &[],
-                timeout: REBOOT_COMMAND_TIMEOUT,
-                stdout: &log,
-                stderr: &log,
-            };
-            let done = runner::run(&spec, &mut self.shutdown.clone(), self.cfg.stop_grace, |_| {}).await;
+            let done = self
+                .run_reboot_child(&argv, &run_dir.join("reboot-check.log"))
+                .await;
             return match done.exit {
                 runner::Exit::Code(0) => Ok(Required::Command(shown)),
                 runner::Exit::Code(1) => Ok(Required::No),
@@ -128,6 +122,18 @@ impl Agent {
         tracing::info!(%version, why = %w.why, boot_id = %w.boot_id, "the run ends with a reboot; the host keeps its slot until it is back and validated");
         self.metrics.reboot("wanted");
         Ok(())
+    }
+
+    /// Runs the reboot check or the reboot command, its output in `log`.
+    async fn run_reboot_child(&self, argv: &[String], log: &Path) -> runner::Finished {
+        let spec = runner::Spec {
+            argv,
+            env: &[],
+            timeout: REBOOT_COMMAND_TIMEOUT,
+            stdout: log,
+            stderr: log,
+        };
+        runner::run(&spec, &mut self.shutdown.clone(), self.cfg.stop_grace, |_| {}).await
     }
 
     /// The host's boot id now.
@@ -272,15 +278,7 @@ impl Agent {
         let shown = argv.join(" ");
         tracing::warn!(version = %w.version, why = %w.why, command = %shown, "rebooting");
         self.metrics.reboot("asked");
-        let log = w.run_dir.join("reboot.log");
-        let spec = runner::Spec {
-            argv: &argv,
-            env: &[],
-            timeout: REBOOT_COMMAND_TIMEOUT,
-            stdout: &log,
-            stderr: &log,
-        };
-        let done = runner::run(&spec, &mut self.shutdown.clone(), self.cfg.stop_grace, |_| {}).await;
+        let done = self.run_reboot_child(&argv, &w.run_dir.join("reboot.log")).await;
         match runner::plain_outcome(&format!("the reboot command `{shown}`"), &done.exit) {
             Outcome::Failure(reason) => self.end_reboot(w, Outcome::Failure(reason)).await,
             // Asked (or stopped by the shutdown the reboot brings): wait for the boot.

@@ -48,6 +48,7 @@ impl Drive {
             &ctx.config.role_pattern,
             self.lease,
             ctx.verbose > 0,
+            ctx.config.hooks.clone(),
         )
         .await
     }

@@ -113,6 +113,7 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
     });
     group_lines(&mut t, group.as_ref(), &adm);
     last_run_lines(&mut t, snap, h);
+    hook_lines(&mut t, snap, h);
     agent_lines(&mut t, snap, h);
     let json = json!({
         "host": h,
@@ -129,6 +130,7 @@ fn explain(snap: &Snapshot, h: &HostName, now: u64) -> Explained {
         "desired_version": snap.current,
         "failure_entry": snap.failures.get(h).map(|(step, value)| json!({"step": step.as_str(), "value": value})),
         "run_marker": snap.runs.get(h),
+        "hook": snap.hooks.get(h),
         "fleet": adm.plan.as_ref().map(|p| json!({"in_flight": p.fleet_in_flight, "cap": p.fleet_cap})),
     });
     Explained { text: t, json }
@@ -225,6 +227,40 @@ fn gate_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName, schema_role: &
             .map(|b| format!(" (blocked: {b})"))
             .unwrap_or_default()
     ));
+}
+
+/// Its maintenance hook: the one of the active rollout's slot, or the last one.
+fn hook_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
+    if snap.hooks_invalid.contains(h) {
+        t.push(format!(
+            "  maintenance hook: /hooks/{h} cannot be read; the host keeps its slot until it is fixed or deleted"
+        ));
+        return;
+    }
+    let Some(rec) = snap.hooks.get(h) else {
+        return;
+    };
+    let current = snap.active_rollout_id() == Some(rec.rollout.as_str());
+    let mut line = format!(
+        "  maintenance hook: {} (rollout {}{})",
+        rec.describe(),
+        rec.rollout,
+        if current { "" } else { ", not the active one" }
+    );
+    if rec.state != jio_common::hook_record::HookState::Failed
+        && let Some(log) = &rec.log
+    {
+        line.push_str(&format!("; log: {log}"));
+    }
+    if let Some(stage) = snap.hook_stage(h) {
+        line.push_str(&format!(
+            "\n    {}",
+            stage.describe(snap.gate(h, &snap.role_of(h)).enabled)
+        ));
+    } else if !current && rec.hook == jio_common::hook_record::HookKind::Before {
+        line.push_str("\n    its rollout ended before its after hook ran: put the host back by hand if its before hook drained it (the next rollout runs both again)");
+    }
+    t.push(line);
 }
 
 /// A hold on the host or its role.

@@ -33,11 +33,15 @@ impl ForgetHost {
         let h = &self.host;
         let schema = ctx.schema();
         let store = ctx.open(Access::Write).await?;
-        let (agent, marker) = match &store.get_many(&[schema.agent(h), schema.run(h)]).await?[..] {
-            [a, m] => (a.clone(), m.clone()),
-            _ => (None, None),
+        let (agent, marker, hook) = match &store
+            .get_many(&[schema.agent(h), schema.run(h), schema.hook(h)])
+            .await?[..]
+        {
+            [a, m, k] => (a.clone(), m.clone(), k.clone()),
+            _ => (None, None, None),
         };
         refuse_if_busy(schema, h, agent.as_ref(), marker.as_ref(), self.force)?;
+        refuse_if_hooked(h, hook.as_ref())?;
         let keys = keys_naming(&store, schema, h).await?;
         if keys.is_empty() {
             return Err(Failure::new(
@@ -45,7 +49,10 @@ impl ForgetHost {
                 format!("the store knows nothing of {h}: nothing to forget"),
             ));
         }
-        match store.txn(forget_txn(schema, h, agent.as_ref(), &keys)).await? {
+        match store
+            .txn(forget_txn(schema, h, agent.as_ref(), hook.as_ref(), &keys))
+            .await?
+        {
             TxnOutcome::Committed(_) => {}
             TxnOutcome::Lost(_) => {
                 return Err(Failure::new(
@@ -88,6 +95,24 @@ fn refuse_if_busy(
     Ok(())
 }
 
+/// Refuses a host whose maintenance hook runs (or may: its record cannot be read)
+/// on a driver: forgetting its record would free its slot while the hook runs.
+fn refuse_if_hooked(h: &HostName, hook: Option<&KeyValue>) -> Result<(), Failure> {
+    let Some(kv) = hook else { return Ok(()) };
+    let why = match jio_common::values::parse_json::<jio_common::hook_record::HookRecord>(kv) {
+        Ok(r) if r.state == jio_common::hook_record::HookState::Running => r.describe(),
+        Ok(_) => return Ok(()),
+        Err(e) => e.to_string(),
+    };
+    Err(Failure::new(
+        exit::FAILED,
+        format!(
+            "{h} is in its maintenance hook's slot ({why}): forgetting it would free its slot while its hook runs; nothing was written. Let the hook end (`jioctl explain {h}`), or delete {} once nothing runs",
+            kv.key
+        ),
+    ))
+}
+
 /// Every key that names the host: listed where they can be many, read where
 /// there is one.
 async fn keys_naming(
@@ -115,6 +140,7 @@ async fn keys_naming(
         schema.hold(&HoldTarget::Host(h.clone())),
         schema.command_inbox(h),
         schema.clock(h),
+        schema.hook(h),
     ];
     for (k, kv) in single.iter().zip(store.get_many(&single).await?) {
         if kv.is_some() {
@@ -141,18 +167,23 @@ fn names_host(schema: &jio_common::keys::Schema, key: &Key, h: &HostName) -> boo
 }
 
 /// The deletion of `keys` with the epoch's bump. An agent that starts meanwhile
-/// would register again, one that starts a run would hold a slot: then it fails.
+/// would register again, one that starts a run (or a driver a hook) would hold a
+/// slot: then it fails.
 fn forget_txn(
     schema: &jio_common::keys::Schema,
     h: &HostName,
     agent: Option<&KeyValue>,
+    hook: Option<&KeyValue>,
     keys: &[Key],
 ) -> Txn {
+    let as_read = |key: Key, kv: Option<&KeyValue>| match kv {
+        None => Compare::Absent(key),
+        Some(kv) => Compare::ModRevision(key, kv.mod_revision),
+    };
     let mut txn = Txn::new().when(Compare::Absent(schema.run(h)));
-    txn = txn.when(match agent {
-        None => Compare::Absent(schema.agent(h)),
-        Some(kv) => Compare::ModRevision(schema.agent(h), kv.mod_revision),
-    });
+    txn = txn.when(as_read(schema.agent(h), agent));
+    // A driver that starts a hook meanwhile: the host is in flight again.
+    txn = txn.when(as_read(schema.hook(h), hook));
     txn.ops = keys.iter().cloned().map(Op::Delete).collect();
     txn.ops.push(writes::epoch_put(schema));
     txn

@@ -22,8 +22,9 @@ impl GetFailures {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let store = ctx.open(Access::Read).await?;
         let snap = ctx.snapshot_warned(&store).await?;
-        // A composable rollout's failed steps count too.
+        // A composable rollout's failed steps count too, and failed maintenance hooks.
         let steps = snap.step_failures();
+        let hooks = snap.hook_failures();
         if ctx.json {
             println!("{}", as_json(&snap));
         } else if self.hosts {
@@ -45,10 +46,17 @@ impl GetFailures {
                     describe_entry(&f.value)
                 );
             }
+            for (h, r) in &hooks {
+                println!("{h}\t{}\t{} hook\t{}", r.role, r.hook, r.describe());
+            }
         } else {
             let mut by_role: BTreeMap<String, usize> = BTreeMap::new();
-            let failed: std::collections::BTreeSet<&jio_common::names::HostName> =
-                snap.failures.keys().chain(steps.iter().map(|(h, _)| h)).collect();
+            let failed: std::collections::BTreeSet<&jio_common::names::HostName> = snap
+                .failures
+                .keys()
+                .chain(steps.iter().map(|(h, _)| h))
+                .chain(hooks.iter().map(|(h, _)| *h))
+                .collect();
             for h in &failed {
                 *by_role.entry(snap.role_of(h).to_string()).or_default() += 1;
             }
@@ -57,7 +65,7 @@ impl GetFailures {
                 println!("  {r}: {n}");
             }
         }
-        if snap.failures.is_empty() && steps.is_empty() {
+        if snap.failures.is_empty() && steps.is_empty() && hooks.is_empty() {
             Ok(())
         } else {
             Err(Failure::quiet(exit::FAILED))
@@ -76,6 +84,11 @@ fn as_json(snap: &Snapshot) -> serde_json::Value {
             )
         })
         .collect();
+    for (h, r) in snap.hook_failures() {
+        v.entry(h.to_string()).or_insert_with(|| {
+            json!({"role": r.role, "step": format!("{} hook", r.hook), "link": r.log, "message": r.message})
+        });
+    }
     for (h, f) in snap.step_failures() {
         v.entry(h.to_string()).or_insert_with(|| {
             json!({"role": snap.role_of(&h), "step": f.phase, "service": f.service, "task": f.task, "link": f.value})

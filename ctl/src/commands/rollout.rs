@@ -275,6 +275,7 @@ async fn undo(ctx: &Context, detach: bool, force: bool) -> Outcome {
         // Checked above, before anything was written; the driver checks the
         // record (forced or not) on every pass.
         force: false,
+        hooks: ctx.config.hooks.clone(),
     };
     crate::upgrade::follow(
         &store,

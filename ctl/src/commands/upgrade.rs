@@ -71,6 +71,7 @@ impl Upgrade {
             timeout: self.timeout,
             stages: self.stage,
             force: self.force,
+            hooks: ctx.config.hooks.clone(),
         };
         crate::upgrade::rollout(&store, ctx.schema(), &ctx.config.role_pattern, args).await
     }

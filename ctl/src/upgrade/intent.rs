@@ -11,13 +11,15 @@ use std::time::Duration;
 use jio_common::compose::{Composed, Standing};
 use jio_common::fleet::{HostStatus, Snapshot};
 use jio_common::keys::Schema;
+use jio_common::names::HostName;
 use jio_common::names::Version;
 use jio_common::plan::{Plan, ReasonCode};
 use jio_common::rollout::RolloutRecord;
 use jio_common::rules::{self, Resolved, Rules};
-use jio_common::store::Op;
+use jio_common::store::{Compare, Op};
 
 use super::next::{self, After, Deadline, PassOutcome, ProgressClock, Settled};
+use crate::hooks::decide::{Decided, HookStart};
 use crate::render;
 use crate::rollouts;
 use crate::status::stage_args;
@@ -31,6 +33,12 @@ const BY: &str = "jioctl";
 pub struct Intent {
     /// The writes, in one fenced transaction (none: nothing to write).
     pub ops: Vec<Op>,
+    /// What the writes were decided on besides the plan epoch and the lock.
+    pub compares: Vec<Compare>,
+    /// Maintenance hooks to start once the writes (their records) landed.
+    pub starts: Vec<HookStart>,
+    /// Ended hook runs this process forgets once the writes landed.
+    pub forget: Vec<HostName>,
     /// What to say once the writes landed.
     pub notes: Vec<Note>,
     /// How the pass ends once the writes landed.
@@ -54,6 +62,9 @@ impl Intent {
     fn ends(outcome: PassOutcome) -> Self {
         Intent {
             ops: Vec::new(),
+            compares: Vec::new(),
+            starts: Vec::new(),
+            forget: Vec::new(),
             notes: Vec::new(),
             outcome,
             wake_at: None,
@@ -80,6 +91,19 @@ impl Intent {
 
     fn waiting(line: String) -> Self {
         Self::ends(PassOutcome::Continue { waiting: Some(line) })
+    }
+
+    /// The hooks' own progress (`hooks::decide::progress`), written on its own: the
+    /// watch brings it back, and the next pass plans with it.
+    pub fn hooks(d: Decided) -> Self {
+        Intent {
+            ops: d.ops,
+            compares: d.compares,
+            starts: d.starts,
+            forget: d.forget,
+            notes: d.notes.into_iter().map(Note::Say).collect(),
+            ..Self::ends(PassOutcome::Continue { waiting: None })
+        }
     }
 }
 
@@ -201,8 +225,11 @@ pub struct Rolling<'a> {
     pub rec: &'a RolloutRecord,
     pub rules: &'a Rules,
     pub resolved: &'a Resolved,
-    /// The plan, with nothing to admit when the rules were refused.
+    /// The plan, with nothing to admit when the rules were refused (its admissions
+    /// of hosts with hooks taken out: they are in `hooks`).
     pub plan: &'a Plan,
+    /// The plan's admissions of hosts with hooks: their `before` hooks start.
+    pub hooks: &'a Decided,
     /// Why the rules admit nothing (`refusal`).
     pub refused: Option<&'a str>,
     pub clock: &'a ProgressClock,
@@ -219,7 +246,8 @@ pub fn rolling(p: &Rolling<'_>) -> Intent {
         return i;
     }
     let (disarm, end) = match next::after_plan(p.snap, p.hosts, p.plan) {
-        After::Apply => return admit(p.schema, p.plan),
+        After::Apply => return admit(p),
+        After::Settle { .. } if !p.hooks.ops.is_empty() => return admit(p),
         After::Settle { disarm, end } => (disarm, end),
     };
     let intent = match end {
@@ -244,14 +272,19 @@ pub fn rolling(p: &Rolling<'_>) -> Intent {
     }
 }
 
-/// The plan's admissions and withdrawals, written.
-fn admit(schema: &Schema, plan: &Plan) -> Intent {
+/// The plan's admissions and withdrawals, written; hosts with hooks admitted by
+/// recording their `before` hooks running (started once this landed).
+fn admit(p: &Rolling<'_>) -> Intent {
+    let mut ops = writes::plan_ops(p.schema, p.plan);
+    ops.extend(p.hooks.ops.iter().cloned());
     let mut i = Intent::write(
-        writes::plan_ops(schema, plan),
+        ops,
         // The watch brings our own writes back into the view.
         PassOutcome::Continue { waiting: None },
     );
-    i.notes.extend(render::admitted(plan).map(Note::Admitted));
+    i.starts = p.hooks.starts.clone();
+    i.notes.extend(render::admitted(p.plan).map(Note::Admitted));
+    i.notes.extend(p.hooks.notes.iter().cloned().map(Note::Admitted));
     i
 }
 
@@ -309,12 +342,7 @@ fn finish_rolling(p: &Rolling<'_>, disarm: bool, end: Settled) -> Intent {
     }
     let outcome = match end {
         Settled::Stopped => PassOutcome::Stopped {
-            failures: p
-                .snap
-                .failures
-                .iter()
-                .map(|(h, (step, value))| (h.clone(), *step, value.clone()))
-                .collect(),
+            failures: failed.clone().into_iter().collect(),
         },
         _ => PassOutcome::Finished { failed: failed.len() },
     };
@@ -618,6 +646,7 @@ mod tests {
                 rules: &rules,
                 resolved: &resolved,
                 plan: &plan,
+                hooks: &Decided::default(),
                 refused,
                 clock: &clock,
                 progressed: false,

@@ -16,8 +16,6 @@ use std::collections::BTreeMap;
 
 use jio_common::fleet::{HostState, HostStatus, LockRecord, Snapshot};
 use jio_common::gate::KeyState;
-use jio_common::keys::Step as KeyStep;
-use jio_common::names::HostName;
 use jio_common::plan::Plan;
 use jio_common::rollout::{RolloutId, RolloutRecord, RolloutState};
 use jio_common::rules::RulesError;
@@ -219,7 +217,8 @@ pub fn after_plan(snap: &Snapshot, hosts: &[HostStatus], plan: &Plan) -> After {
         Settled::Finished {
             failed: count(HostState::Failed),
         }
-    } else if plan.stopped_on_failures {
+    } else if plan.stopped_on_failures && !hosts.iter().any(|h| snap.in_hooks(&h.host)) {
+        // Hosts in their hooks' slot finish first (their after hooks put them back).
         Settled::Stopped
     } else {
         return After::Settle {
@@ -250,7 +249,8 @@ pub enum PassOutcome {
     Stuck(BTreeMap<String, String>),
     /// More failures than allowed (the rollout was recorded failed, the enable keys reset).
     Stopped {
-        failures: Vec<(HostName, KeyStep, String)>,
+        /// Each failed host, and why (its failed step or hook).
+        failures: Vec<(String, String)>,
     },
     /// Nothing pending or upgrading (the rollout was recorded done or failed).
     Finished { failed: usize },
@@ -309,7 +309,8 @@ pub enum Ending {
     StagesDone(Vec<String>),
     /// Stopped on failures.
     Stopped {
-        failures: Vec<(HostName, KeyStep, String)>,
+        /// Each failed host, and why (its failed step or hook).
+        failures: Vec<(String, String)>,
     },
     /// The followed rollout ended elsewhere, or was replaced: its record.
     Ended(Option<Box<RolloutRecord>>),
@@ -445,7 +446,7 @@ impl Waiting {
 mod tests {
     use super::*;
     use jio_common::fleet::CurrentRollout;
-    use jio_common::names::Version;
+    use jio_common::names::{HostName, Version};
 
     fn lock() -> LockRecord {
         LockRecord {

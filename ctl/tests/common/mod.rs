@@ -6,6 +6,7 @@
 pub mod commands;
 pub mod composable;
 pub mod fleet;
+pub mod hooks;
 pub mod reboot;
 
 use std::path::PathBuf;
