@@ -88,6 +88,7 @@ rm -rf "$M/net/wireless" "$M/net/mac80211" "$M/net/bluetooth" "$M/fs/btrfs" "$M/
 in_root depmod "$KVER"
 echo "==> initramfs for $KVER (made in the root)" >&2
 in_root update-initramfs -u -k "$KVER" >"$TMP/initramfs.log" 2>&1 || { cat "$TMP/initramfs.log" >&2; fail "update-initramfs failed"; }
+# shellcheck disable=SC2016 # dpkg-query expands these, not the shell
 in_root dpkg-query -W -f='${Package} ${Version}\n' >"$TMP/packages.lst"
 in_root apt-get clean
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/* \
