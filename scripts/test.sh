@@ -26,6 +26,14 @@ NEEDED=(
   "promtool:prometheus"
   "faketime:faketime"
   "shellcheck:shellcheck"
+  # The VM stage (tests/tests/vm_reboot.rs, tests/vm/build-image.sh).
+  "qemu-system-x86_64:qemu-system-x86"
+  "qemu-img:qemu-utils"
+  "cloud-localds:cloud-image-utils"
+  "socat:socat"
+  "mkfs.ext4:e2fsprogs"
+  "dpkg-scanpackages:dpkg-dev"
+  "apt-ftparchive:apt-utils"
 )
 
 missing=()
@@ -54,10 +62,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# The VM stage's guest image (debootstrap: network and disk bound) builds in the
+# background while the rest runs; the VM stage waits for it. A cached image is
+# found at once (tests/vm/build-image.sh; cache in ${JIO_VM_CACHE:-/var/cache/jiocloud-tests/vm}).
+VM_IMAGE_LOG=$(mktemp "${TMPDIR:-/tmp}/jio-vm-image.XXXXXX")
+setsid tests/vm/build-image.sh >"$VM_IMAGE_LOG" 2>&1 &
+VM_IMAGE_PID=$!
+trap 'kill -- -"$VM_IMAGE_PID" 2>/dev/null || true; rm -f "$VM_IMAGE_LOG"' EXIT
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# --all-targets leaves out test targets with `test = false` (the VM stage's).
+cargo clippy -p jio-tests --test vm_reboot --locked -- -D warnings
 echo "==> cargo deny check licenses bans (deny.toml)"
 if ! cargo deny --version >/dev/null 2>&1; then
   echo "==> installing cargo-deny from crates.io: cargo install --locked cargo-deny (a few minutes, once)"
@@ -74,4 +92,15 @@ echo "==> the quick start: ./examples/local-fleet.sh"
 ./examples/local-fleet.sh
 echo "==> the quick start's composable rollout: ./examples/local-fleet.sh --composable"
 ./examples/local-fleet.sh --composable
+echo "==> VM stage: QEMU guests booted by cloud-init, coordinated reboots (tests/tests/vm_reboot.rs)"
+vm_start=$(date +%s)
+if ! wait "$VM_IMAGE_PID"; then
+  cat "$VM_IMAGE_LOG" >&2
+  echo "the VM image could not be built (tests/vm/build-image.sh)" >&2
+  exit 1
+fi
+sed 's/^/    /' "$VM_IMAGE_LOG"
+# Alone: on two cores the guests must not run beside other tests.
+cargo test -p jio-tests --locked --test vm_reboot -- --test-threads=1 --nocapture
+echo "==> VM stage took $(( $(date +%s) - vm_start )) s"
 echo "==> all tests passed"

@@ -16,6 +16,7 @@ pub mod prometheus;
 pub mod puppet;
 pub mod recorder;
 pub mod swift;
+pub mod vm;
 
 pub use etcd::Etcd;
 pub use host::Host;
