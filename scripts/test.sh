@@ -54,7 +54,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    # Some machines carry qemu-utils from backports, which no source here provides;
+    # QEMU from bookworm needs bookworm's qemu-utils, so it goes back to it.
+    extra=()
+    if printf '%s\n' "${missing[@]}" | grep -qx qemu-system-x86; then
+      want=$(apt-cache madison qemu-utils | awk -F'|' '$3 ~ / bookworm\/main / {gsub(/ /,"",$2); print $2; exit}')
+      have=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+      if [ -n "$have" ] && [ -n "$want" ] && [ "$have" != "$want" ]; then
+        echo "==> qemu-utils $have goes back to bookworm's $want (QEMU needs its own)"
+        extra=(--allow-downgrades "qemu-utils=$want")
+      fi
+    fi
+    apt-get install -y -qq "${extra[@]}" "${missing[@]}" >/dev/null
   else
     echo "missing packages: ${missing[*]}" >&2
     echo "install them with: sudo apt-get install -y ${missing[*]}" >&2
