@@ -77,7 +77,7 @@ fi
 # background while the rest runs; the VM stage waits for it. A cached image is
 # found at once (tests/vm/build-image.sh; cache in ${JIO_VM_CACHE:-/var/cache/jiocloud-tests/vm}).
 VM_IMAGE_LOG=$(mktemp "${TMPDIR:-/tmp}/jio-vm-image.XXXXXX")
-setsid tests/vm/build-image.sh >"$VM_IMAGE_LOG" 2>&1 &
+setsid nice -n 10 tests/vm/build-image.sh >"$VM_IMAGE_LOG" 2>&1 &
 VM_IMAGE_PID=$!
 trap 'kill -- -"$VM_IMAGE_PID" 2>/dev/null || true; rm -f "$VM_IMAGE_LOG"' EXIT
 
