@@ -49,7 +49,7 @@ case "$prefix" in
 esac
 
 # What an agent writes, each a prefix under PREFIX (the key schema of common/src/keys.rs).
-AGENT_WRITES="/status/ /running/ /hosts/ /agents/ /active_roles/ /runs/ /results/ /command_runs/"
+AGENT_WRITES="/status/ /running/ /hosts/ /agents/ /active_roles/ /runs/ /results/ /command_runs/ /packages/"
 
 export ETCDCTL_API=3
 ETCDCTL="${ETCDCTL:-etcdctl}"

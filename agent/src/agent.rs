@@ -27,6 +27,7 @@ use crate::{results, rundir};
 
 mod commands;
 mod reboot;
+mod packages;
 mod reboot_command;
 mod tasks;
 
@@ -77,6 +78,10 @@ pub struct Agent {
     run_windowed: bool,
     /// True while a reload waits: the daemon ends between passes, never in a run.
     reload: Option<watch::Receiver<bool>>,
+    /// The package snapshot of the run going on.
+    run_packages: crate::packages::PackageStep,
+    /// dpkg's status file as last read (size, modification time).
+    dpkg_stamp: Option<(u64, std::time::SystemTime)>,
 }
 
 impl Agent {
@@ -139,6 +144,8 @@ impl Agent {
         Ok(Agent {
             metrics,
             reload: None,
+            run_packages: Default::default(),
+            dpkg_stamp: None,
             steps: Arc::new(CommandSteps::from_config(&cfg)),
             cfg,
             store,
@@ -413,6 +420,7 @@ impl Agent {
                 PassResult::Reported
             }
             other => {
+                self.follow_packages(obs.local.as_ref()).await;
                 let state = decide::idle_state(&other, obs);
                 self.set_record(state, obs.local.clone().or(obs.desired.clone()));
                 PassResult::Idle(other)
@@ -618,6 +626,7 @@ impl Agent {
             shutdown: &mut self.shutdown,
             on_spawn: &mut on_spawn,
             exit_code: None,
+            packages: &self.run_packages,
         };
         let began = tokio::time::Instant::now();
         let (name, outcome) = match step {
@@ -638,6 +647,7 @@ impl Agent {
         obs: &Observation,
     ) -> Result<PassResult, AgentError> {
         let fence = self.subject().start_fence(obs);
+        self.run_packages = self.package_step(&version).await?;
         // The start is fenced on `/rollouts/current`: this is the run's rollout.
         self.run_rollout = obs.rollout.id.clone();
         self.run_reboot = obs.rollout.reboot;
@@ -656,6 +666,7 @@ impl Agent {
         let (run_dir, step, outcome, ended) = match self.prepare_run(&version, started) {
             Ok(run_dir) => {
                 tracing::info!(%version, reason = %why, run_dir = %run_dir.display(), "upgrade starts");
+                self.packages_before(&run_dir);
                 let (step, outcome, ended) = self.configure_and_validate(&version, &run_dir).await;
                 (run_dir, step, outcome, ended)
             }
@@ -849,7 +860,8 @@ impl Agent {
                     Err(reason) => validated = Outcome::Failure(reason),
                 }
             }
-            let result = self.run_result(version, Step::Validated, &validated, code, run_dir, ended);
+            let mut result = self.run_result(version, Step::Validated, &validated, code, run_dir, ended);
+            self.attach_packages(&mut result, run_dir).await;
             if let Some(reason) = self
                 .report_end(version, Step::Validated, &validated, run_dir, result, true, ended)
                 .await
@@ -1017,6 +1029,7 @@ impl Agent {
                 return Ok(instead);
             }
         };
+        self.run_packages = self.package_step(&version).await?;
         let configured = self.step(Step::Configured, &version, &run_dir).await;
         let outcome = match configured {
             Outcome::Interrupted => return Ok(PassResult::Repaired { version, ok: false }),

@@ -69,6 +69,8 @@ pub struct Config {
     pub metrics: MetricsOutputs,
     /// Whether and how a run ends with a reboot (`reboot*`, `boot_id_file`).
     pub reboot: crate::reboot::RebootSettings,
+    /// The package snapshot of a version, and where the installed set is read.
+    pub packages: crate::packages::PackageSettings,
 }
 
 /// `log_format`: lines for people (`text`, the default) or one JSON object per
@@ -120,6 +122,10 @@ pub struct FileConfig {
     pub reboot_command: Option<Vec<String>>,
     pub reboot_timeout: Option<String>,
     pub boot_id_file: Option<PathBuf>,
+    pub package_source: Option<String>,
+    pub apt_sources_file: Option<PathBuf>,
+    pub apt_preferences_file: Option<PathBuf>,
+    pub dpkg_status_file: Option<PathBuf>,
 }
 
 /// Scalar settings that may come from the environment (`JIO_<NAME>`) or a flag.
@@ -155,6 +161,10 @@ pub const SCALAR_KEYS: &[&str] = &[
     "reboot_required_file",
     "reboot_timeout",
     "boot_id_file",
+    "package_source",
+    "apt_sources_file",
+    "apt_preferences_file",
+    "dpkg_status_file",
 ];
 
 /// Every problem found, one per line.
@@ -427,6 +437,7 @@ fn commands(src: &mut Sources<'_>, file: &mut FileConfig) -> (Vec<Vec<String>>, 
                 "apt-get",
                 "dist-upgrade",
                 "-y",
+                "--allow-downgrades",
                 "-o",
                 "Dpkg::Options::=--force-confold",
             ]
@@ -483,6 +494,7 @@ fn build(
     let log_format = log_format(&mut src, &mut file);
     let swift = swift(&mut src, &mut file);
     let reboot = reboot_settings(&mut src, &mut file);
+    let packages = package_settings(&mut src, &mut file);
     Some(Config {
         store: id.store?,
         store_given: id.store_given,
@@ -515,7 +527,43 @@ fn build(
         hiera_file,
         metrics,
         reboot,
+        packages,
     })
+}
+
+/// `package_source` (`store`, `none` or a template), the files apt reads, and
+/// dpkg's status file (`""`: no package sets recorded).
+fn package_settings(src: &mut Sources<'_>, file: &mut FileConfig) -> crate::packages::PackageSettings {
+    use crate::packages::SourceSetting;
+    let source = match src.pick("package_source", file.package_source.take()) {
+        None => SourceSetting::Store,
+        Some((v, _)) => SourceSetting::parse(&v).unwrap_or_else(|e| {
+            src.error(format!("package_source: {e}"));
+            SourceSetting::Store
+        }),
+    };
+    let dpkg_status = match src.pick(
+        "dpkg_status_file",
+        file.dpkg_status_file.take().map(|p| p.to_string_lossy().into_owned()),
+    ) {
+        None => Some(PathBuf::from("/var/lib/dpkg/status")),
+        Some((p, _)) if p.is_empty() => None,
+        Some((p, _)) => Some(PathBuf::from(p)),
+    };
+    crate::packages::PackageSettings {
+        source,
+        sources_file: src.path(
+            "apt_sources_file",
+            file.apt_sources_file.take(),
+            "/etc/apt/sources.list.d/jiocloud-snapshot.list",
+        ),
+        preferences_file: src.path(
+            "apt_preferences_file",
+            file.apt_preferences_file.take(),
+            "/etc/apt/preferences.d/jiocloud-snapshot",
+        ),
+        dpkg_status,
+    }
 }
 
 /// `reboot` (never, if-required, always), what says a reboot is required, how to

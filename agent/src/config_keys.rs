@@ -55,7 +55,7 @@ pub const KEYS: &[KeyDoc] = &[
     },
     KeyDoc {
         key: "pre_commands",
-        default: "apt-get update; apt-get dist-upgrade ...",
+        default: "apt-get update; apt-get dist-upgrade -y --allow-downgrades ...",
         meaning: "list of argument lists, may be empty",
     },
     KeyDoc {
@@ -142,6 +142,26 @@ pub const KEYS: &[KeyDoc] = &[
         key: "boot_id_file",
         default: "`/proc/sys/kernel/random/boot_id`",
         meaning: "where the host's boot id is read (a new one says the host rebooted)",
+    },
+    KeyDoc {
+        key: "package_source",
+        default: "`store`",
+        meaning: "the package snapshot template: `store` (the one `jioctl repo set` wrote, if any), `none` (this host keeps its apt sources as they are), or this host's own one-line template such as `deb [signed-by=/usr/share/keyrings/site.gpg] http://repo.example/snapshots/{version} bookworm main` (see [package snapshots](../package-snapshots.md))",
+    },
+    KeyDoc {
+        key: "apt_sources_file",
+        default: "`/etc/apt/sources.list.d/jiocloud-snapshot.list`",
+        meaning: "where the snapshot's sources entry is written before the `pre_commands`",
+    },
+    KeyDoc {
+        key: "apt_preferences_file",
+        default: "`/etc/apt/preferences.d/jiocloud-snapshot`",
+        meaning: "where the snapshot's pin (priority 1001: downgrades included) is written",
+    },
+    KeyDoc {
+        key: "dpkg_status_file",
+        default: "`/var/lib/dpkg/status`",
+        meaning: "dpkg's status file: the installed package set recorded after each successful run, and followed for drift; `\"\"` records none",
     },
     KeyDoc {
         key: "retry_interval",

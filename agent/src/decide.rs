@@ -1229,6 +1229,7 @@ mod tests {
             attempt: 1,
             retry_at: None,
             rollout: Some(ROLLOUT.into()),
+            packages: None,
         }
     }
 

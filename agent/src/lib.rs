@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod liveness;
 pub mod metrics;
 pub mod notify;
+pub mod packages;
 pub mod observe;
 pub mod pass;
 pub mod reboot;

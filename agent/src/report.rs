@@ -319,6 +319,7 @@ mod tests {
             attempt: 1,
             retry_at: Some(607),
             rollout: None,
+            packages: None,
         };
         let r = PendingReport {
             version: v("v2"),

@@ -70,6 +70,7 @@ pub fn of_run(end: &RunEnd<'_>, attempt: u32, retry_interval: Duration) -> HostR
         attempt,
         retry_at: None,
         rollout: end.rollout.clone(),
+        packages: None,
     };
     if let Outcome::Failure(reason) = end.outcome {
         fail(&mut r, end.step, reason, end.detail.as_deref(), retry_interval);
@@ -131,7 +132,8 @@ pub fn first_meaningful_line(output: &str) -> Option<String> {
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect();
-    let pick = lines.iter().find(|l| l.starts_with("Error:")).or_else(|| {
+    // Puppet's `Error:` first, then apt's `E:` (its `W:` lines come before them).
+    let pick = lines.iter().find(|l| l.starts_with("Error:") || l.starts_with("E: ")).or_else(|| {
         lines
             .iter()
             .find(|l| !l.starts_with("Notice:") && !l.starts_with("Info:") && !l.starts_with("Debug:"))
@@ -275,6 +277,21 @@ pub async fn update(
         }
     }
     Ok(false)
+}
+
+/// dpkg's status changed while idle: the successful result at `local` takes the
+/// set's `digest` (the run's own changes stay listed). False when nothing moves.
+pub fn packages_changed(r: &mut HostResult, local: &Version, set: &jio_common::packages::PackageSet, digest: &str, now: u64) -> bool {
+    let Some(p) = r.packages.as_mut() else {
+        return false;
+    };
+    if !r.ok || &r.version != local || p.digest == digest {
+        return false;
+    }
+    p.digest = digest.to_string();
+    p.count = set.len();
+    p.at = now;
+    true
 }
 
 /// A passing health check at `now` of the `local` version: `checked_at` moves to
@@ -433,6 +450,7 @@ not json
             attempt: 2,
             retry_at: None,
             rollout: None,
+            packages: None,
         };
         let f = soak_failed(&run, "validation exited 1", Some("down"), Path::new("/r/2"));
         assert!(!f.ok);

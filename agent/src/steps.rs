@@ -13,6 +13,7 @@ use jio_common::names::{HostName, Role, Version};
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::packages::PackageStep;
 use crate::runner::{self, Outcome, ProcessGroup, Spec};
 use crate::state;
 
@@ -31,6 +32,8 @@ pub struct StepCtx<'a> {
     /// The exit code of the last command the step ran (none when it was killed,
     /// timed out or could not start): on a failure, the failing command's.
     pub exit_code: Option<i32>,
+    /// The package snapshot the configure step writes before its pre-commands.
+    pub packages: &'a crate::packages::PackageStep,
 }
 
 /// Runs the two steps of a run.
@@ -54,6 +57,7 @@ pub struct CommandSteps {
     validation_dir: PathBuf,
     validation_timeout: Duration,
     stop_grace: Duration,
+    packages: crate::packages::PackageSettings,
 }
 
 impl CommandSteps {
@@ -68,6 +72,7 @@ impl CommandSteps {
             validation_dir: cfg.validation_dir.clone(),
             validation_timeout: cfg.validation_timeout,
             stop_grace: cfg.stop_grace,
+            packages: cfg.packages.clone(),
         }
     }
 
@@ -119,6 +124,19 @@ impl StepRunner for CommandSteps {
                 "the Facter fact could not be written to {}: {e}",
                 self.facts_file.display()
             ));
+        }
+        // The snapshot's sources and pin first: `apt-get update` reads them.
+        match ctx.packages {
+            PackageStep::AsToday => {}
+            PackageStep::Unusable(why) => {
+                return Outcome::Failure(format!("the package snapshot of {} cannot be used: {why}", ctx.version));
+            }
+            PackageStep::Snapshot(snap) => {
+                if let Err(e) = crate::packages::write_snapshot(&self.packages, snap) {
+                    return Outcome::Failure(format!("the package snapshot of {} could not be written: {e}", ctx.version));
+                }
+                tracing::info!(version = %ctx.version, source = %snap.sources_line(), "package snapshot written");
+            }
         }
         for (i, cmd) in self.pre_commands.iter().enumerate() {
             let f = self

@@ -155,6 +155,10 @@ pub enum Parsed {
     CommandLock(crate::names::CommandId),
     /// `/hooks/<host>`: the host's maintenance hook around its slot.
     Hook(HostName),
+    /// `/config_state/package_source`: the site's package snapshot template.
+    PackageSource,
+    /// `/packages/<digest>`: an installed package set, stored once per digest.
+    PackageSet(String),
 }
 
 /// What a hold keeps out: one host, or every host of a role.
@@ -194,14 +198,20 @@ const COMMAND_INBOX: &str = "/config_state/commands/";
 const COMMANDS: &str = "/commands/";
 const COMMAND_RUNS: &str = "/command_runs/";
 const HOOKS: &str = "/hooks/";
+const PACKAGE_SOURCE: &str = "/config_state/package_source";
+const PACKAGES: &str = "/packages/";
 
 /// A parser of the rest of a key, after its family's prefix.
 type FamilyParser = fn(&str) -> Option<Parsed>;
 
 /// The key families under the namespace, each with its parser: the first prefix a
 /// key starts with decides (`/status/steps/` before `/status/`).
-const FAMILIES: [(&str, FamilyParser); 19] = [
+const FAMILIES: [(&str, FamilyParser); 21] = [
     (RUNNING, parse_running),
+    (PACKAGE_SOURCE, |rest| rest.is_empty().then_some(Parsed::PackageSource)),
+    (PACKAGES, |d| {
+        (d.starts_with("sha256:") && d.len() == 71 && !d.contains('/')).then(|| Parsed::PackageSet(d.to_string()))
+    }),
     (COMMAND_INBOX, |h| {
         Some(Parsed::CommandInbox(HostName::new(h).ok()?))
     }),
@@ -352,7 +362,7 @@ fn parse_hold(r: &str) -> Option<Parsed> {
 /// The prefixes, under the namespace, that an agent writes: all the `jio-agent`
 /// etcd role of `packaging/etcd-roles.sh` may write (and the Consul policy in
 /// docs/tls-and-users.md), everything else being the operators'.
-pub const AGENT_WRITES: [&str; 8] = [
+pub const AGENT_WRITES: [&str; 9] = [
     STATUS,
     "/running/",
     HOSTS,
@@ -361,6 +371,7 @@ pub const AGENT_WRITES: [&str; 8] = [
     RUNS,
     RESULTS,
     COMMAND_RUNS,
+    PACKAGES,
 ];
 
 /// The key schema under one namespace prefix.
@@ -670,6 +681,24 @@ impl Schema {
     /// the rollout's driver, fenced like an enable key.
     pub fn hook(&self, h: &HostName) -> Key {
         self.key(&[HOOKS, h.as_str()])
+    }
+
+    /// The site's package snapshot template (one sources line with `{version}`),
+    /// written by `jioctl repo set`; under `config_state`, so the agent's one
+    /// listing of what hosts may do reads it too.
+    pub fn package_source(&self) -> Key {
+        self.key(&[PACKAGE_SOURCE])
+    }
+
+    /// Prefix of the stored package sets.
+    pub fn package_sets(&self) -> Key {
+        self.key(&[PACKAGES])
+    }
+
+    /// One installed package set (`packages::PackageSet`'s stored form) under its
+    /// digest, written by the first agent that has it and never changed after.
+    pub fn package_set(&self, digest: &str) -> Key {
+        self.key(&[PACKAGES, digest])
     }
 
     /// Prefix of the phase grants of composable rollouts (written by the driver).

@@ -5,7 +5,7 @@
 //!   metrics exposition, suggestions, the Swift client;
 //! - **vocab**: validated names, the key schema, stored values and records (a
 //!   rollout's, a fleet command's, a host's maintenance hook, a composable
-//!   rollout's phases and grants), the hostname → role rule, and the store's
+//!   rollout's phases and grants), package snapshots and sets, the hostname → role rule, and the store's
 //!   contract (`store::api`);
 //! - **store**: the backends (etcd, the embedded SQLite store, Consul, in memory)
 //!   and opening one by URL;
@@ -32,6 +32,7 @@ pub mod command_record;
 pub mod hook_record;
 pub mod keys;
 pub mod names;
+pub mod packages;
 pub mod phase;
 pub mod roles;
 pub mod rollout;

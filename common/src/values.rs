@@ -273,6 +273,10 @@ pub struct HostResult {
     /// runs a rollout made is known without comparing two machines' clocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<String>,
+    /// The installed package set after a successful run (its digest, and what the
+    /// run changed); kept up to date by the agent when dpkg's status changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<crate::packages::PackageRecord>,
 }
 
 fn one() -> u32 {

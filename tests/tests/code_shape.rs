@@ -34,6 +34,7 @@ const COMMON_FLOORS: &[(&str, &[&str])] = &[
         "vocab",
         &[
             "names",
+            "packages",
             "keys",
             "rollout",
             "roles",

@@ -364,7 +364,8 @@ impl Agent {
         }
         let ended = self.clock.unix_now();
         if outcome != Outcome::Interrupted {
-            let result = self.run_result(&version, Step::Validated, &outcome, code, &w.run_dir, ended);
+            let mut result = self.run_result(&version, Step::Validated, &outcome, code, &w.run_dir, ended);
+            self.attach_packages(&mut result, &w.run_dir).await;
             if let Some(reason) = self
                 .report_end(
                     &version,

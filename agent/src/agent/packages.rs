@@ -1,0 +1,98 @@
+//! The agent's side of package snapshots: which snapshot a run writes (read from
+//! the store when the run is about to start), the set a run started from, the
+//! set its successful result records (stored once under its digest), and the
+//! result kept up to date when dpkg's status changes while the host is idle.
+
+use jio_common::names::Version;
+use jio_common::packages::PackageSet;
+use jio_common::store::{Compare, Op, Txn};
+use jio_common::values::HostResult;
+
+use super::Agent;
+use crate::error::AgentError;
+use crate::packages::{self, PackageStep, SourceSetting};
+use crate::results;
+
+impl Agent {
+    /// The package step of a run to `version`: the host's setting, else the
+    /// store's template, read now (a store that cannot be read stops the pass
+    /// before anything starts).
+    pub(super) async fn package_step(&self, version: &Version) -> Result<PackageStep, AgentError> {
+        let setting = &self.cfg.packages.source;
+        if *setting != SourceSetting::Store {
+            return Ok(PackageStep::of(setting, None, version));
+        }
+        let key = self.cfg.schema.package_source();
+        let kv = self.store.get(&key).await?;
+        let stored = kv.as_ref().map(|kv| {
+            let value = jio_common::values::text(kv).map_or("", |t| t);
+            (key.as_str(), value)
+        });
+        Ok(PackageStep::of(setting, stored, version))
+    }
+
+    /// Keeps the installed set the run starts from in its directory.
+    pub(super) fn packages_before(&self, run_dir: &std::path::Path) {
+        packages::save_before(&self.cfg.packages, run_dir);
+    }
+
+    /// A successful run's result records the installed set (and what the run
+    /// changed); the set itself is stored once under its digest.
+    pub(super) async fn attach_packages(&mut self, result: &mut HostResult, run_dir: &std::path::Path) {
+        if !result.ok {
+            return;
+        }
+        let Some((record, set)) = packages::after_run(&self.cfg.packages, run_dir, result.at) else {
+            return;
+        };
+        self.store_set(&record.digest, &set).await;
+        tracing::info!(digest = %record.digest, packages = record.count, changed = record.changed_count, "installed package set recorded");
+        self.dpkg_stamp = packages::status_stamp(&self.cfg.packages);
+        result.packages = Some(record);
+    }
+
+    /// Stores `set` under `digest` unless it is there (sets never change under a
+    /// digest). A failure is logged: the result still carries the digest.
+    async fn store_set(&self, digest: &str, set: &PackageSet) {
+        let key = self.cfg.schema.package_set(digest);
+        let put = Txn::new()
+            .when(Compare::ModRevision(key.clone(), 0))
+            .then(Op::put(key.clone(), set.to_text()));
+        let stored = match self.store.get(&key).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => self.store.txn(put).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = stored {
+            tracing::warn!(key = %key, error = %e, "cannot store the installed package set; status will not name its packages");
+        }
+    }
+
+    /// While idle: when dpkg's status file changed since it was last read, the
+    /// host's successful result at its local version takes the new set (someone
+    /// installed or removed packages by hand: drift).
+    pub(super) async fn follow_packages(&mut self, local: Option<&Version>) {
+        let Some(local) = local else { return };
+        let stamp = packages::status_stamp(&self.cfg.packages);
+        if stamp.is_none() || stamp == self.dpkg_stamp {
+            return;
+        }
+        let Some(Ok(set)) = packages::read_installed(&self.cfg.packages) else {
+            return;
+        };
+        let digest = set.digest();
+        let now = self.clock.unix_now();
+        let key = self.cfg.schema.result(&self.cfg.hostname);
+        let change = |r: &mut HostResult| results::packages_changed(r, local, &set, &digest, now);
+        match results::update(&self.store, &key, change).await {
+            Ok(changed) => {
+                if changed {
+                    self.store_set(&digest, &set).await;
+                    tracing::warn!(%digest, "the installed packages changed outside a run; the result records the new set");
+                }
+                self.dpkg_stamp = stamp;
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot record the installed packages now; trying again later"),
+        }
+    }
+}
