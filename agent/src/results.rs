@@ -120,7 +120,7 @@ pub fn message(reason: &str, detail: Option<&str>) -> String {
         }
         None => reason,
     };
-    clip(&text, MESSAGE_CHARS)
+    clip(&jio_common::packages::redact_userinfo(&text), MESSAGE_CHARS)
 }
 
 /// The first meaningful line of a command's output: Puppet's first `Error:` line,

@@ -135,7 +135,7 @@ impl StepRunner for CommandSteps {
                 if let Err(e) = crate::packages::write_snapshot(&self.packages, snap) {
                     return Outcome::Failure(format!("the package snapshot of {} could not be written: {e}", ctx.version));
                 }
-                tracing::info!(version = %ctx.version, source = %snap.sources_line(), "package snapshot written");
+                tracing::info!(version = %ctx.version, source = %jio_common::packages::redact_userinfo(&snap.sources_line()), "package snapshot written");
             }
         }
         for (i, cmd) in self.pre_commands.iter().enumerate() {

@@ -472,6 +472,8 @@ impl SimFleet {
                 ("resync_interval", "10m".into()),
                 // Simulated hosts never reboot the machine they run on.
                 ("reboot", "never".into()),
+                // Nor record the machine's own packages as theirs.
+                ("dpkg_status_file", String::new()),
             ] {
                 ov.flags.insert(
                     jio_agent::config::SCALAR_KEYS
@@ -1101,7 +1103,7 @@ pub async fn footprint(bs: &BenchStore, idle: Duration) -> Footprint {
         .expect("put");
     std::fs::write(work.path().join("version"), "f1\n").expect("version");
     let config = format!(
-        "store = \"{}\"\nhostname = \"idle1\"\nstate_dir = \"{}\"\nversion_file = \"{}\"\nfacts_file = \"{}\"\nhiera_file = \"{}\"\nreboot = \"never\"\n",
+        "store = \"{}\"\nhostname = \"idle1\"\nstate_dir = \"{}\"\nversion_file = \"{}\"\nfacts_file = \"{}\"\nhiera_file = \"{}\"\nreboot = \"never\"\ndpkg_status_file = \"\"\n",
         bs.url,
         work.path().join("state").display(),
         work.path().join("version").display(),

@@ -310,6 +310,18 @@ impl PackageSet {
     }
 }
 
+/// `text` with the user and password of every URL in it hidden
+/// (`http://user:secret@host/` → `http://***@host/`): messages and logs never
+/// carry them.
+pub fn redact_userinfo(text: &str) -> String {
+    static RE: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"(?i)\b(https?://)[^/@\s\]\[]+@").ok());
+    match RE.as_ref() {
+        Some(re) => re.replace_all(text, "${1}***@").into_owned(),
+        None => text.to_string(),
+    }
+}
+
 /// A short form of a digest for people: its first 12 hex digits.
 pub fn short_digest(d: &str) -> &str {
     let hex = d.strip_prefix("sha256:").unwrap_or(d);
@@ -471,6 +483,14 @@ mod tests {
         let t = SourceTemplate::parse(SITE).unwrap();
         let e = t.snapshot(&v("v2?x")).unwrap_err().0;
         assert!(e.contains("version v2?x cannot name a package snapshot: '?'"), "{e}");
+    }
+
+    #[test]
+    fn credentials_in_urls_are_hidden() {
+        assert_eq!(
+            redact_userinfo("deb http://ops:s3cret@repo.example/s/v1 bookworm main; https://tok@r/x http://plain/"),
+            "deb http://***@repo.example/s/v1 bookworm main; https://***@r/x http://plain/"
+        );
     }
 
     #[test]

@@ -23,6 +23,62 @@ struct FileConfig {
     /// `[hooks.<role>]`: the maintenance hooks the driver runs around hosts' slots.
     #[serde(default)]
     hooks: std::collections::BTreeMap<String, crate::hooks::settings::HookTable>,
+    /// `[repo]`: how the package snapshots' Release files are fetched.
+    repo: Option<RepoTable>,
+}
+
+/// `[repo]`: TLS files as the store's, and a timeout.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RepoTable {
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    timeout: Option<String>,
+}
+
+/// How jioctl fetches a snapshot's Release file (`[repo]`).
+#[derive(Debug, Clone)]
+pub struct RepoSettings {
+    pub tls: jio_common::store::TlsSettings,
+    pub timeout: std::time::Duration,
+}
+
+impl Default for RepoSettings {
+    fn default() -> Self {
+        RepoSettings {
+            tls: Default::default(),
+            timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+fn repo_settings(file_name: &str, t: Option<RepoTable>, errors: &mut Vec<String>) -> RepoSettings {
+    let Some(t) = t else {
+        return RepoSettings::default();
+    };
+    if t.cert_file.is_some() != t.key_file.is_some() {
+        errors.push(format!("{file_name}: [repo] cert_file and key_file go together (a client certificate and its key)"));
+    }
+    let timeout = match t.timeout.as_deref().map(jio_common::duration::parse) {
+        None => RepoSettings::default().timeout,
+        Some(Ok(d)) if !d.is_zero() => d,
+        Some(Ok(_)) => {
+            errors.push(format!("{file_name}: [repo] timeout must be greater than 0"));
+            RepoSettings::default().timeout
+        }
+        Some(Err(e)) => {
+            errors.push(format!("{file_name}: [repo] timeout: {e}"));
+            RepoSettings::default().timeout
+        }
+    };
+    let tls = jio_common::store::TlsSettings {
+        ca_file: t.ca_file,
+        cert_file: t.cert_file,
+        key_file: t.key_file,
+        server_name: None,
+    };
+    RepoSettings { tls, timeout }
 }
 
 /// The settings given as flags (`None`: not given).
@@ -45,6 +101,8 @@ pub struct Config {
     pub swift: Option<jio_common::swift::SwiftSettings>,
     /// The maintenance hooks a driver runs (none: no role has hooks).
     pub hooks: crate::hooks::settings::HookSettings,
+    /// How package snapshots are checked (`[repo]`).
+    pub repo: RepoSettings,
 }
 
 /// The default configuration file.
@@ -114,6 +172,7 @@ pub fn load(
             .unwrap_or_else(|| crate::hooks::settings::default_state_dir(&env)),
         swift: file.swift.clone(),
     };
+    let repo = repo_settings(&file_name, file.repo, &mut errors);
     match (store, schema, role_pattern) {
         (Some(store), Some(schema), Some(role_pattern)) if errors.is_empty() => Ok(Config {
             store,
@@ -122,6 +181,7 @@ pub fn load(
             role_pattern,
             swift: file.swift,
             hooks,
+            repo,
         }),
         _ => bail!("{}", errors.join("; ")),
     }

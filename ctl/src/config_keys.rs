@@ -62,6 +62,12 @@ pub const KEYS: &[KeyDoc] = &[
         meaning: "how long each of the role's hooks may run; then its whole process group is stopped and the host fails",
         example: "[hooks.db]\nbefore = [\"/bin/true\"]\ntimeout = \"10m\"",
     },
+    KeyDoc {
+        key: "repo",
+        default: "none: the system's trusted CAs, no client certificate, `timeout = \"10s\"`",
+        meaning: "the `[repo]` table: how `upgrade`, `trigger-update`, `rollout undo` and `repo` fetch a package snapshot's `InRelease`/`Release` (see [package snapshots](../package-snapshots.md)): `ca_file` (the CAs of the repository's HTTPS server, PEM), `cert_file` and `key_file` (a client certificate and its key, for a repository that verifies clients), `timeout`",
+        example: "[repo]\nca_file = \"/etc/jiocloud/repo-ca.pem\"\ntimeout = \"10s\"",
+    },
 ];
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ pub const DOCUMENTED: &[(&str, &str)] = &[
     ),
     (
         "64",
-        "bad command line, configuration or argument, or a `trigger-update` / `enable-puppet true --global` refused without `--force` (nothing was written)",
+        "bad command line, configuration or argument, or a `trigger-update` / `enable-puppet true --global` refused without `--force`, or a version whose package snapshot cannot be found (nothing was written)",
     ),
     ("70", "anything else"),
     (

@@ -22,6 +22,8 @@ pub struct StatusJson<'a> {
     pub adm: &'a Admission,
     pub now_ms: u64,
     pub lead: Vec<(&'static str, serde_json::Value)>,
+    /// Hosts at the same version whose package sets differ (`package_drift`).
+    pub drift: Option<serde_json::Value>,
 }
 
 impl<'a> StatusJson<'a> {
@@ -34,6 +36,7 @@ impl<'a> StatusJson<'a> {
             adm,
             now_ms: jio_common::time::unix_now_ms(),
             lead: vec![("schema", crate::out::JSON_SCHEMA.into())],
+            drift: None,
         }
     }
 
@@ -97,6 +100,9 @@ impl Serialize for StatusJson<'_> {
         m.serialize_entry("not_driven", &undriven_line(snap))?;
         m.serialize_entry("agents_down", &upgraded_without_agent(snap, hosts))?;
         m.serialize_entry("emergency_stop", &snap.halt.as_ref().map(|(by, _)| by))?;
+        if let Some(d) = &self.drift {
+            m.serialize_entry("package_drift", d)?;
+        }
         if !snap.problems.is_empty() {
             m.serialize_entry("problems", &snap.problems)?;
         }

@@ -12,7 +12,9 @@ pub struct Host {
 
 impl Host {
     /// A host using `store`, running `puppet_command` with `extra` TOML lines appended
-    /// to its configuration. Validation passes until `set_validation(false)`.
+    /// to its configuration. Validation passes until `set_validation(false)`. No
+    /// pre-commands and no package sets unless `extra` sets `pre_commands` or
+    /// `dpkg_status_file` (the test machine's own dpkg is not a host's).
     pub fn new(name: &str, store: &str, puppet_command: &[String], extra: &str) -> Host {
         let dir = tempfile::Builder::new()
             .prefix(&format!("jio-host-{name}-"))
@@ -26,8 +28,14 @@ impl Host {
         h.set_validation(true);
         let p = |x: PathBuf| toml_str(&x.display().to_string());
         let cmd: Vec<String> = puppet_command.iter().map(|a| toml_str(a)).collect();
+        let unless_given = |key: &str, line: &str| {
+            let given = extra.lines().any(|l| l.trim_start().starts_with(&format!("{key} =")));
+            if given { String::new() } else { format!("{line}\n") }
+        };
+        let defaults = unless_given("pre_commands", "pre_commands = []")
+            + &unless_given("dpkg_status_file", "dpkg_status_file = \"\"");
         let config = format!(
-            "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\nhiera_file = {}\npre_commands = []\npuppet_command = [{}]\nlease_ttl = \"3s\"\nreboot_required_file = {}\nboot_id_file = {}\nreboot_command = [{}]\n{extra}\n",
+            "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\nhiera_file = {}\n{defaults}puppet_command = [{}]\nlease_ttl = \"3s\"\nreboot_required_file = {}\nboot_id_file = {}\nreboot_command = [{}]\n{extra}\n",
             toml_str(store),
             toml_str(name),
             p(h.state_dir()),

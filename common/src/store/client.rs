@@ -97,6 +97,21 @@ pub(crate) fn endpoint_clients(
     }
 }
 
+/// A client for other HTTP(S) servers of the site (the package repository),
+/// checked with `tls`'s files as the stores' clients are (`server_name` aside):
+/// only `ca_file`'s CAs when it is given, the client certificate when given. Every
+/// request gives up after `timeout`. The error names the setting and the file.
+pub fn http_client(tls: &TlsSettings, timeout: Duration) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder().connect_timeout(timeout).timeout(timeout);
+    if let Some(p) = &tls.ca_file {
+        b = b.tls_certs_only(read_ca(p)?);
+    }
+    if let (Some(c), Some(k)) = (&tls.cert_file, &tls.key_file) {
+        b = b.identity(read_identity(c, k)?);
+    }
+    build(b)
+}
+
 /// The PEM files of `tls`, read and checked as for the HTTP clients: the CA bundle,
 /// and the client certificate with its key (for etcd's gRPC client).
 pub(crate) struct TlsPem {

@@ -46,7 +46,13 @@ impl Explain {
             ));
         }
         let now = jio_common::time::unix_now();
-        let lines = explain(&snap, h, now);
+        let mut lines = explain(&snap, h, now);
+        let drift = crate::drift::Drift::load(&store, ctx.schema(), &snap).await;
+        let (text, json) = package_lines(&snap, h, &drift);
+        lines.text.extend(text);
+        if let Some(o) = lines.json.as_object_mut() {
+            o.insert("packages".into(), json);
+        }
         if ctx.json {
             println!("{}", crate::out::document(lines.json.clone()));
         } else {
@@ -56,6 +62,44 @@ impl Explain {
         }
         Ok(())
     }
+}
+
+/// The host's installed package set: its digest, what its last run changed,
+/// and how it differs from the most common set of its role at its version.
+fn package_lines(snap: &Snapshot, h: &HostName, drift: &crate::drift::Drift) -> (Vec<String>, serde_json::Value) {
+    use jio_common::packages::short_digest;
+    let Some((r, p)) = snap.results.get(h).and_then(|r| r.packages.as_ref().map(|p| (r, p))) else {
+        return (vec!["  packages: no package set recorded (no successful run recorded one)".into()], serde_json::Value::Null);
+    };
+    let mut t = vec![format!(
+        "  packages: set {} ({} installed, as of {}; last run to {})",
+        short_digest(&p.digest),
+        p.count,
+        jio_common::time::utc_display(p.at),
+        r.version
+    )];
+    if p.changed_count > 0 {
+        t.push(format!("    the run changed {}: {}", p.changed_count, crate::drift::said(&Ok(p.changed.clone()))));
+    }
+    let mut json = json!({"digest": p.digest, "count": p.count, "changed": p.changed, "changed_count": p.changed_count, "at": p.at});
+    match drift.of_host(h) {
+        Some((rd, differs)) => {
+            t.push(format!(
+                "    drifted: differs from the most common set of {} at {} ({} host(s), {}): {}",
+                rd.role,
+                rd.version,
+                rd.group.sets[0].1.len(),
+                short_digest(&rd.group.common),
+                crate::drift::said(differs)
+            ));
+            json["drift"] = match differs {
+                Ok(c) => json!({"common": rd.group.common, "differs": c}),
+                Err(e) => json!({"common": rd.group.common, "error": e}),
+            };
+        }
+        None => t.push("    no drift: the same set as the other hosts of its role at its version that recorded one".into()),
+    }
+    (t, json)
 }
 
 struct Explained {

@@ -16,6 +16,7 @@ mod hosts_at_version;
 mod logs;
 mod lookup;
 mod reboot;
+mod repo;
 mod rollout;
 pub(crate) mod run;
 mod running_versions;
@@ -80,6 +81,8 @@ pub enum Command {
     Reboot(reboot::Reboot),
     /// Fleet commands: list, show, follow, cancel
     Commands(fleet_cmds::Commands),
+    /// The package snapshot template: a version is a package snapshot (set, show, check, unset)
+    Repo(repo::Repo),
     /// Remove a decommissioned host from the store (every key that names it), in one transaction
     ForgetHost(forget_host::ForgetHost),
 }
@@ -108,6 +111,7 @@ impl Command {
             Command::Run(c) => c.run(ctx).await,
             Command::Reboot(c) => c.run(ctx).await,
             Command::Commands(c) => c.run(ctx).await,
+            Command::Repo(c) => c.run(ctx).await,
         }
     }
 }

@@ -60,7 +60,8 @@ enum RolloutCommand {
         #[arg(long)]
         detach: bool,
         /// Go back even to a version whose last rollout was aborted or failed, or
-        /// with rules whose intent is unclear
+        /// with rules whose intent is unclear, and without checking that its
+        /// package snapshot exists
         #[arg(long)]
         force: bool,
     },
@@ -189,6 +190,7 @@ async fn undo_check(
     let Some(back) = rec.previous.clone() else {
         return Ok(false);
     };
+    crate::snapshots::check(ctx, store, &back, force, &format!("undo to {back}")).await?;
     let (records, _) = rollouts::history(store, ctx.schema()).await?;
     let last_to_back = records.iter().find(|r| r.version == back && r.id != rec.id);
     if let Some(r) = last_to_back {

@@ -79,7 +79,11 @@ impl Status {
                 self.check_role(&snap)?;
             }
             checked = true;
-            let troubled = self.draw(ctx, &snap, store.url())?;
+            let mut drift = crate::drift::Drift::load(&store, ctx.schema(), &snap).await;
+            if let Some(r) = &self.role {
+                drift.roles.retain(|d| &d.role == r);
+            }
+            let troubled = self.draw(ctx, &snap, store.url(), &drift)?;
             if !self.watch {
                 // Like a check: 1 when a host shown has failed or is lost (the
                 // output above says which), so a script or a probe can act on it.
@@ -196,7 +200,7 @@ impl Status {
     }
 
     /// Draws the fleet; `true` when a host shown has failed or is lost.
-    fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str) -> Result<bool, Failure> {
+    fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str, drift: &crate::drift::Drift) -> Result<bool, Failure> {
         let now = jio_common::time::unix_now();
         let all = fleet::classify(snap);
         // What admits a host depends on the whole fleet, whatever is shown.
@@ -205,6 +209,7 @@ impl Status {
         let troubled = hosts.iter().any(|h| troubled(snap, h));
         if ctx.json {
             let mut doc = StatusJson::document(snap, &hosts, &adm);
+            doc.drift = Some(drift.json());
             if self.watch {
                 // JSON lines: one compact document per change.
                 doc.lead.insert(0, ("type", "status".into()));
@@ -219,6 +224,9 @@ impl Status {
             print!("\x1b[H\x1b[2J");
         }
         print!("{}", to_text(snap, &hosts, &adm, url));
+        for line in drift.lines() {
+            println!("{line}");
+        }
         if self.watch && !tty {
             println!("--");
         }

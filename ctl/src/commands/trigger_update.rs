@@ -13,7 +13,7 @@ use crate::release::release_checked;
 pub struct TriggerUpdate {
     /// The desired version to set (/current_version)
     version: Version,
-    /// Write it even though it releases hosts at once, outside any rolling rules
+    /// Write it even though it releases hosts at once, outside any rolling rules, and without checking that its package snapshot exists
     #[arg(long)]
     force: bool,
 }
@@ -22,6 +22,7 @@ impl TriggerUpdate {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let store = ctx.open(Access::Write).await?;
         let v = self.version;
+        crate::snapshots::check(ctx, &store, &v, self.force, &format!("trigger-update {v}")).await?;
         let schema = ctx.schema();
         let by = crate::rollouts::by();
         let ended = std::cell::RefCell::new(None);

@@ -42,7 +42,7 @@ pub struct Upgrade {
     /// A composable rollout: start (or continue the active rollout with) only these stages of the rules (repeat it, or give a comma-separated list); without it, every stage
     #[arg(long, value_delimiter = ',')]
     stage: Vec<String>,
-    /// Go ahead with rules that name roles or groups the fleet does not have (yet), or that set no rolling limit
+    /// Go ahead with rules that name roles or groups the fleet does not have (yet), or that set no rolling limit; and without checking that VERSION's package snapshot exists
     #[arg(long)]
     force: bool,
 }
@@ -54,6 +54,8 @@ impl Upgrade {
         let store = ctx
             .open(if self.noop { Access::Read } else { Access::Write })
             .await?;
+        let what = format!("upgrade {}", self.version);
+        crate::snapshots::check(ctx, &store, &self.version, self.force, &what).await?;
         let mode = match (self.once, self.detach) {
             (true, _) => Mode::Once,
             (_, true) => Mode::Detach,

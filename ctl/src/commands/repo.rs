@@ -1,0 +1,148 @@
+//! `jioctl repo set|show|check|unset`: the site's package snapshot template
+//! (`/config_state/package_source`), which every agent reads before a run unless
+//! its own `package_source` says otherwise.
+
+use clap::{Args, Subcommand};
+use jio_common::names::Version;
+use jio_common::packages::{SourceTemplate, redact_userinfo};
+use jio_common::store::{DynStore, Op, Txn};
+use serde_json::json;
+
+use crate::context::{Access, Context};
+use crate::exit::{self, Failure, Outcome};
+use crate::snapshots;
+
+#[derive(Args, Debug)]
+pub struct Repo {
+    #[command(subcommand)]
+    command: RepoCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum RepoCommand {
+    /// Set the template: one sources line with {version}, e.g. 'deb [signed-by=/usr/share/keyrings/site.gpg] http://repo.example/snapshots/{version} bookworm main'
+    Set {
+        /// The template (quote it: it holds spaces)
+        template: String,
+        /// Set it even while a rollout is active, or when the current version has no snapshot under it
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the template (user and password of its URL hidden)
+    Show,
+    /// Check that VERSION's snapshot exists: fetch its InRelease or Release
+    Check {
+        /// The version to check
+        version: Version,
+    },
+    /// Remove the template: agents keep their apt sources as they are
+    Unset {
+        /// Remove it even while a rollout is active
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+impl Repo {
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        match self.command {
+            RepoCommand::Show => show(ctx).await,
+            RepoCommand::Check { version } => check(ctx, &version).await,
+            RepoCommand::Set { template, force } => set(ctx, &template, force).await,
+            RepoCommand::Unset { force } => unset(ctx, force).await,
+        }
+    }
+}
+
+async fn show(ctx: &Context) -> Outcome {
+    let store = ctx.open(Access::Read).await?;
+    let t = snapshots::template(&store, ctx.schema()).await?;
+    let shown = t.as_ref().map(|t| redact_userinfo(t.as_str()));
+    if ctx.json {
+        println!("{}", crate::out::document(json!({"package_source": shown})));
+    } else {
+        match &shown {
+            Some(t) => println!("{t}"),
+            None => println!("no package snapshot template: agents keep their apt sources as they are"),
+        }
+    }
+    Ok(())
+}
+
+async fn check(ctx: &Context, version: &Version) -> Outcome {
+    let store = ctx.open(Access::Read).await?;
+    let Some(t) = snapshots::template(&store, ctx.schema()).await? else {
+        return Err(Failure::new(
+            exit::FAILED,
+            "no package snapshot template is set (jioctl repo set TEMPLATE)",
+        ));
+    };
+    let snap = t.snapshot(version).map_err(Failure::usage)?;
+    match snapshots::fetch_release(&ctx.config.repo, &snap).await {
+        Ok(url) => {
+            if ctx.json {
+                println!("{}", crate::out::document(json!({"version": version, "found": true, "url": url})));
+            } else {
+                println!("{version}: {url}");
+            }
+            Ok(())
+        }
+        Err(why) => {
+            if ctx.json {
+                println!("{}", crate::out::document(json!({"version": version, "found": false, "why": why})));
+            }
+            Err(Failure::new(exit::FAILED, format!("{version} has no readable package snapshot: {why}")))
+        }
+    }
+}
+
+/// Refuses a change of template while a rollout is active (its hosts would not
+/// all get the same bits), unless `force`.
+async fn refuse_during_rollout(ctx: &Context, store: &DynStore, force: bool, what: &str) -> Outcome {
+    let snap = ctx.snapshot(store).await?;
+    let active = snap.rollout.as_ref().and_then(|c| c.ok()).filter(|r| r.state.active());
+    match active {
+        Some(r) if !force => Err(Failure::usage(format!(
+            "{what}: rollout {} to {} is active, and its hosts left would get other packages than those done; nothing was written (wait for it to end, or give --force)",
+            r.id, r.version
+        ))),
+        _ => Ok(()),
+    }
+}
+
+async fn set(ctx: &Context, template: &str, force: bool) -> Outcome {
+    let t = SourceTemplate::parse(template).map_err(Failure::usage)?;
+    let store = ctx.open(Access::Write).await?;
+    refuse_during_rollout(ctx, &store, force, "repo set").await?;
+    // The version hosts run now must have a snapshot under the new template: a
+    // repair or a retry would install from it.
+    if let Some(kv) = store.get(&ctx.schema().current_version()).await?
+        && let Ok(Some(current)) = jio_common::values::parse_version(&kv)
+    {
+        let snap = t.snapshot(&current).map_err(Failure::usage)?;
+        if force {
+            crate::say!("warning: --force: the package snapshot of {current} was not checked");
+        } else if let Err(why) = snapshots::fetch_release(&ctx.config.repo, &snap).await {
+            return Err(Failure::usage(format!(
+                "repo set: the current version {current} has no readable package snapshot under this template ({why}); nothing was written (give --force to set it all the same)"
+            )));
+        }
+    }
+    let key = ctx.schema().package_source();
+    store.txn(Txn::new().then(Op::put(key, t.as_str().to_string()))).await?;
+    crate::say!(
+        "package snapshot template set: {} (agents write it before apt-get update, from their next run)",
+        redact_userinfo(t.as_str())
+    );
+    Ok(())
+}
+
+async fn unset(ctx: &Context, force: bool) -> Outcome {
+    let store = ctx.open(Access::Write).await?;
+    refuse_during_rollout(ctx, &store, force, "repo unset").await?;
+    store
+        .txn(Txn::new().then(Op::Delete(ctx.schema().package_source())))
+        .await?;
+    crate::say!("package snapshot template removed: agents keep their apt sources as they are (the files they wrote stay)");
+    Ok(())
+}
