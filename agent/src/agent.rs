@@ -26,8 +26,8 @@ use crate::steps::{CommandSteps, StepCtx, StepRunner};
 use crate::{results, rundir};
 
 mod commands;
-mod reboot;
 mod packages;
+mod reboot;
 mod reboot_command;
 mod tasks;
 

@@ -544,7 +544,9 @@ fn package_settings(src: &mut Sources<'_>, file: &mut FileConfig) -> crate::pack
     };
     let dpkg_status = match src.pick(
         "dpkg_status_file",
-        file.dpkg_status_file.take().map(|p| p.to_string_lossy().into_owned()),
+        file.dpkg_status_file
+            .take()
+            .map(|p| p.to_string_lossy().into_owned()),
     ) {
         None => Some(PathBuf::from("/var/lib/dpkg/status")),
         Some((p, _)) if p.is_empty() => None,

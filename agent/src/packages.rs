@@ -26,7 +26,9 @@ impl SourceSetting {
         match s.trim() {
             "store" | "" => Ok(SourceSetting::Store),
             "none" => Ok(SourceSetting::Off),
-            t => SourceTemplate::parse(t).map(SourceSetting::Template).map_err(|e| e.0),
+            t => SourceTemplate::parse(t)
+                .map(SourceSetting::Template)
+                .map_err(|e| e.0),
         }
     }
 }
@@ -86,7 +88,10 @@ pub fn write_snapshot(settings: &PackageSettings, snap: &PackageSnapshot) -> Res
 fn replace(path: &Path, text: &str) -> Result<(), String> {
     use std::io::Write as _;
     let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.jio-new"));
     let mut f = std::fs::File::create(&tmp).map_err(fail)?;
     f.write_all(text.as_bytes()).map_err(fail)?;
@@ -156,11 +161,22 @@ mod tests {
         let own = SourceSetting::parse("deb http://own.example/{version} bookworm main").unwrap();
         assert_eq!(SourceSetting::parse("none").unwrap(), SourceSetting::Off);
         assert_eq!(SourceSetting::parse("store").unwrap(), SourceSetting::Store);
-        assert!(SourceSetting::parse("deb http://x/ bookworm main").unwrap_err().contains("{version}"));
+        assert!(
+            SourceSetting::parse("deb http://x/ bookworm main")
+                .unwrap_err()
+                .contains("{version}")
+        );
         let key = "/config_state/package_source";
-        assert_eq!(PackageStep::of(&SourceSetting::Store, None, &v("v2")), PackageStep::AsToday);
-        assert_eq!(PackageStep::of(&SourceSetting::Off, Some((key, site)), &v("v2")), PackageStep::AsToday);
-        let PackageStep::Snapshot(s) = PackageStep::of(&SourceSetting::Store, Some((key, site)), &v("v2")) else {
+        assert_eq!(
+            PackageStep::of(&SourceSetting::Store, None, &v("v2")),
+            PackageStep::AsToday
+        );
+        assert_eq!(
+            PackageStep::of(&SourceSetting::Off, Some((key, site)), &v("v2")),
+            PackageStep::AsToday
+        );
+        let PackageStep::Snapshot(s) = PackageStep::of(&SourceSetting::Store, Some((key, site)), &v("v2"))
+        else {
             panic!("the store's template applies");
         };
         assert_eq!(s.sources_line(), "deb http://r.example/s/v2 bookworm main");
@@ -168,11 +184,19 @@ mod tests {
             panic!("the host's template applies");
         };
         assert_eq!(s.origin(), "own.example");
-        let PackageStep::Unusable(why) = PackageStep::of(&SourceSetting::Store, Some((key, "deb x")), &v("v2")) else {
+        let PackageStep::Unusable(why) =
+            PackageStep::of(&SourceSetting::Store, Some((key, "deb x")), &v("v2"))
+        else {
             panic!("a bad stored template fails the run");
         };
-        assert!(why.starts_with("key /config_state/package_source: ") && why.contains("jioctl repo set"), "{why}");
-        assert!(matches!(PackageStep::of(&SourceSetting::Store, Some((key, site)), &v("v2#")), PackageStep::Unusable(_)));
+        assert!(
+            why.starts_with("key /config_state/package_source: ") && why.contains("jioctl repo set"),
+            "{why}"
+        );
+        assert!(matches!(
+            PackageStep::of(&SourceSetting::Store, Some((key, site)), &v("v2#")),
+            PackageStep::Unusable(_)
+        ));
     }
 
     #[test]
@@ -189,23 +213,46 @@ mod tests {
         write_snapshot(&settings, &t.snapshot(&v("v1")).unwrap()).unwrap();
         write_snapshot(&settings, &t.snapshot(&v("v2")).unwrap()).unwrap();
         let list = std::fs::read_to_string(&settings.sources_file).unwrap();
-        assert!(list.ends_with("deb http://r.example/s/v2 bookworm main\n") && !list.contains("/v1"), "{list}");
-        assert!(std::fs::read_to_string(&settings.preferences_file).unwrap().contains("Pin-Priority: 1001"));
-        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2, "no temporary file left");
+        assert!(
+            list.ends_with("deb http://r.example/s/v2 bookworm main\n") && !list.contains("/v1"),
+            "{list}"
+        );
+        assert!(
+            std::fs::read_to_string(&settings.preferences_file)
+                .unwrap()
+                .contains("Pin-Priority: 1001")
+        );
+        assert_eq!(
+            std::fs::read_dir(d.path()).unwrap().count(),
+            2,
+            "no temporary file left"
+        );
         let missing = PackageSettings {
             sources_file: d.path().join("no/such/dir/jio.list"),
             ..settings.clone()
         };
-        assert!(write_snapshot(&missing, &t.snapshot(&v("v1")).unwrap()).unwrap_err().contains("no/such/dir/jio.list"));
+        assert!(
+            write_snapshot(&missing, &t.snapshot(&v("v1")).unwrap())
+                .unwrap_err()
+                .contains("no/such/dir/jio.list")
+        );
 
-        let stanza = |ver: &str| format!("Package: p\nStatus: install ok installed\nArchitecture: all\nVersion: {ver}\n");
+        let stanza = |ver: &str| {
+            format!("Package: p\nStatus: install ok installed\nArchitecture: all\nVersion: {ver}\n")
+        };
         std::fs::write(&status, stanza("1.0")).unwrap();
         save_before(&settings, d.path());
         std::fs::write(&status, stanza("2.0")).unwrap();
         let (rec, set) = after_run(&settings, d.path(), 9).unwrap();
         assert_eq!(rec.digest, set.digest());
-        assert_eq!(rec.changed.iter().map(ToString::to_string).collect::<Vec<_>>(), ["p 1.0 → 2.0"]);
-        let off = PackageSettings { dpkg_status: None, ..settings };
+        assert_eq!(
+            rec.changed.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["p 1.0 → 2.0"]
+        );
+        let off = PackageSettings {
+            dpkg_status: None,
+            ..settings
+        };
         assert!(after_run(&off, d.path(), 9).is_none());
     }
 }

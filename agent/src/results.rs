@@ -133,11 +133,14 @@ pub fn first_meaningful_line(output: &str) -> Option<String> {
         .filter(|l| !l.is_empty())
         .collect();
     // Puppet's `Error:` first, then apt's `E:` (its `W:` lines come before them).
-    let pick = lines.iter().find(|l| l.starts_with("Error:") || l.starts_with("E: ")).or_else(|| {
-        lines
-            .iter()
-            .find(|l| !l.starts_with("Notice:") && !l.starts_with("Info:") && !l.starts_with("Debug:"))
-    })?;
+    let pick = lines
+        .iter()
+        .find(|l| l.starts_with("Error:") || l.starts_with("E: "))
+        .or_else(|| {
+            lines
+                .iter()
+                .find(|l| !l.starts_with("Notice:") && !l.starts_with("Info:") && !l.starts_with("Debug:"))
+        })?;
     Some(clip(pick, DETAIL_CHARS))
 }
 
@@ -281,7 +284,13 @@ pub async fn update(
 
 /// dpkg's status changed while idle: the successful result at `local` takes the
 /// set's `digest` (the run's own changes stay listed). False when nothing moves.
-pub fn packages_changed(r: &mut HostResult, local: &Version, set: &jio_common::packages::PackageSet, digest: &str, now: u64) -> bool {
+pub fn packages_changed(
+    r: &mut HostResult,
+    local: &Version,
+    set: &jio_common::packages::PackageSet,
+    digest: &str,
+    now: u64,
+) -> bool {
     let Some(p) = r.packages.as_mut() else {
         return false;
     };

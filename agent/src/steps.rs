@@ -129,11 +129,17 @@ impl StepRunner for CommandSteps {
         match ctx.packages {
             PackageStep::AsToday => {}
             PackageStep::Unusable(why) => {
-                return Outcome::Failure(format!("the package snapshot of {} cannot be used: {why}", ctx.version));
+                return Outcome::Failure(format!(
+                    "the package snapshot of {} cannot be used: {why}",
+                    ctx.version
+                ));
             }
             PackageStep::Snapshot(snap) => {
                 if let Err(e) = crate::packages::write_snapshot(&self.packages, snap) {
-                    return Outcome::Failure(format!("the package snapshot of {} could not be written: {e}", ctx.version));
+                    return Outcome::Failure(format!(
+                        "the package snapshot of {} could not be written: {e}",
+                        ctx.version
+                    ));
                 }
                 tracing::info!(version = %ctx.version, source = %jio_common::packages::redact_userinfo(&snap.sources_line()), "package snapshot written");
             }

@@ -208,9 +208,12 @@ type FamilyParser = fn(&str) -> Option<Parsed>;
 /// key starts with decides (`/status/steps/` before `/status/`).
 const FAMILIES: [(&str, FamilyParser); 21] = [
     (RUNNING, parse_running),
-    (PACKAGE_SOURCE, |rest| rest.is_empty().then_some(Parsed::PackageSource)),
+    (PACKAGE_SOURCE, |rest| {
+        rest.is_empty().then_some(Parsed::PackageSource)
+    }),
     (PACKAGES, |d| {
-        (d.starts_with("sha256:") && d.len() == 71 && !d.contains('/')).then(|| Parsed::PackageSet(d.to_string()))
+        (d.starts_with("sha256:") && d.len() == 71 && !d.contains('/'))
+            .then(|| Parsed::PackageSet(d.to_string()))
     }),
     (COMMAND_INBOX, |h| {
         Some(Parsed::CommandInbox(HostName::new(h).ok()?))

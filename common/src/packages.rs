@@ -59,7 +59,9 @@ impl SourceTemplate {
             return fail("the URI or the suite must hold {version}");
         }
         if suite.ends_with('/') != components.is_empty() {
-            return fail("a suite ending in `/` (a flat repository) takes no components; any other needs them");
+            return fail(
+                "a suite ending in `/` (a flat repository) takes no components; any other needs them",
+            );
         }
         Ok(SourceTemplate {
             line: line.to_string(),
@@ -78,7 +80,10 @@ impl SourceTemplate {
     /// or a sources line cannot carry as it is.
     pub fn snapshot(&self, version: &Version) -> Result<PackageSnapshot, TemplateError> {
         let v = version.as_str();
-        if let Some(c) = v.chars().find(|c| !(c.is_ascii_alphanumeric() || "._~+-".contains(*c))) {
+        if let Some(c) = v
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || "._~+-".contains(*c)))
+        {
             return Err(TemplateError(format!(
                 "version {v} cannot name a package snapshot: {c:?} is not a letter, digit or one of . _ ~ + -"
             )));
@@ -229,8 +234,12 @@ impl PackageSet {
                     fields.insert(k, v.trim());
                 }
             }
-            let installed = fields.get("Status").is_some_and(|s| s.split_whitespace().nth(2) == Some("installed"));
-            if let (true, Some(name), Some(version)) = (installed, fields.get("Package"), fields.get("Version")) {
+            let installed = fields
+                .get("Status")
+                .is_some_and(|s| s.split_whitespace().nth(2) == Some("installed"));
+            if let (true, Some(name), Some(version)) =
+                (installed, fields.get("Package"), fields.get("Version"))
+            {
                 let arch = fields.get("Architecture").copied().unwrap_or("all");
                 out.push(Package {
                     name: name.to_string(),
@@ -262,7 +271,10 @@ impl PackageSet {
 
     /// The stored form: `name arch version` per line, sorted.
     pub fn to_text(&self) -> String {
-        self.0.iter().map(|p| format!("{} {} {}\n", p.name, p.arch, p.version)).collect()
+        self.0
+            .iter()
+            .map(|p| format!("{} {} {}\n", p.name, p.arch, p.version))
+            .collect()
     }
 
     /// Reads the stored form back; `Err` names the first line that is not one.
@@ -292,7 +304,9 @@ impl PackageSet {
     /// What moved from `before` to `self`, by name and architecture.
     pub fn changes_since(&self, before: &PackageSet) -> Vec<PackageChange> {
         let index = |s: &PackageSet| -> BTreeMap<(String, String), String> {
-            s.0.iter().map(|p| ((p.name.clone(), p.arch.clone()), p.version.clone())).collect()
+            s.0.iter()
+                .map(|p| ((p.name.clone(), p.arch.clone()), p.version.clone()))
+                .collect()
         };
         let (old, new) = (index(before), index(self));
         let mut keys: Vec<&(String, String)> = old.keys().chain(new.keys()).collect();
@@ -426,7 +440,10 @@ impl<H: Clone + Ord> DriftGroup<H> {
 
     /// The hosts whose set is not the common one.
     pub fn drifted(&self) -> impl Iterator<Item = (&str, &H)> {
-        self.sets.iter().skip(1).flat_map(|(d, hs)| hs.iter().map(move |h| (d.as_str(), h)))
+        self.sets
+            .iter()
+            .skip(1)
+            .flat_map(|(d, hs)| hs.iter().map(move |h| (d.as_str(), h)))
     }
 }
 
@@ -449,7 +466,10 @@ mod tests {
             "deb [signed-by=/usr/share/keyrings/site.gpg] http://repo.example:8080/snapshots/v2.01 bookworm main contrib"
         );
         assert_eq!(s.origin(), "repo.example");
-        assert!(s.preferences_file().contains("Pin: origin \"repo.example\"\nPin-Priority: 1001\n"));
+        assert!(
+            s.preferences_file()
+                .contains("Pin: origin \"repo.example\"\nPin-Priority: 1001\n")
+        );
         assert_eq!(
             s.release_urls(),
             [
@@ -461,15 +481,22 @@ mod tests {
         let f = flat.snapshot(&v("7")).unwrap();
         assert_eq!(f.origin(), "::1");
         assert_eq!(f.release_urls()[0], "https://u@[::1]:9/s/7/./InRelease");
-        let in_suite = SourceTemplate::parse("deb http://snap.example/debian bookworm-{version} main").unwrap();
-        assert_eq!(in_suite.snapshot(&v("20240101")).unwrap().release_urls()[1], "http://snap.example/debian/dists/bookworm-20240101/Release");
+        let in_suite =
+            SourceTemplate::parse("deb http://snap.example/debian bookworm-{version} main").unwrap();
+        assert_eq!(
+            in_suite.snapshot(&v("20240101")).unwrap().release_urls()[1],
+            "http://snap.example/debian/dists/bookworm-20240101/Release"
+        );
     }
 
     #[test]
     fn a_template_that_cannot_name_a_snapshot_is_refused_with_why() {
         for (bad, why) in [
             ("", "one line"),
-            ("deb-src http://r/{version} bookworm main", "must start with `deb `"),
+            (
+                "deb-src http://r/{version} bookworm main",
+                "must start with `deb `",
+            ),
             ("deb [signed-by=/k http://r/{version} bookworm main", "not closed"),
             ("deb http://r/{version}", "URI and a suite"),
             ("deb ftp://r/{version} bookworm main", "http:// or https://"),
@@ -482,13 +509,18 @@ mod tests {
         }
         let t = SourceTemplate::parse(SITE).unwrap();
         let e = t.snapshot(&v("v2?x")).unwrap_err().0;
-        assert!(e.contains("version v2?x cannot name a package snapshot: '?'"), "{e}");
+        assert!(
+            e.contains("version v2?x cannot name a package snapshot: '?'"),
+            "{e}"
+        );
     }
 
     #[test]
     fn credentials_in_urls_are_hidden() {
         assert_eq!(
-            redact_userinfo("deb http://ops:s3cret@repo.example/s/v1 bookworm main; https://tok@r/x http://plain/"),
+            redact_userinfo(
+                "deb http://ops:s3cret@repo.example/s/v1 bookworm main; https://tok@r/x http://plain/"
+            ),
             "deb http://***@repo.example/s/v1 bookworm main; https://***@r/x http://plain/"
         );
     }
@@ -496,13 +528,23 @@ mod tests {
     #[test]
     fn a_release_file_must_list_the_components() {
         let s = SourceTemplate::parse(SITE).unwrap().snapshot(&v("v1")).unwrap();
-        assert_eq!(release_problem(&s, "Codename: bookworm\nComponents: main contrib\n"), None);
-        assert_eq!(release_problem(&s, "Suite: x\nComponents: updates/main updates/contrib\n"), None);
+        assert_eq!(
+            release_problem(&s, "Codename: bookworm\nComponents: main contrib\n"),
+            None
+        );
+        assert_eq!(
+            release_problem(&s, "Suite: x\nComponents: updates/main updates/contrib\n"),
+            None
+        );
         assert_eq!(
             release_problem(&s, "Codename: bookworm\nComponents: main\n").as_deref(),
             Some("it lists no component contrib")
         );
-        assert!(release_problem(&s, "<html>404</html>").unwrap().contains("not a Release file"));
+        assert!(
+            release_problem(&s, "<html>404</html>")
+                .unwrap()
+                .contains("not a Release file")
+        );
     }
 
     const STATUS: &str = "Package: jio-dummy\nStatus: install ok installed\nArchitecture: all\nVersion: 2.0\nDescription: x\n continued: line\n\n\
@@ -513,7 +555,10 @@ Package: libc6\nStatus: install ok installed\nArchitecture: i386\nVersion: 2.36-
     #[test]
     fn the_installed_set_its_digest_and_its_changes() {
         let s = PackageSet::from_dpkg_status(STATUS);
-        assert_eq!(s.to_text(), "jio-dummy all 2.0\nlibc6 amd64 2.36-9\nlibc6 i386 2.36-9\n");
+        assert_eq!(
+            s.to_text(),
+            "jio-dummy all 2.0\nlibc6 amd64 2.36-9\nlibc6 i386 2.36-9\n"
+        );
         assert_eq!(PackageSet::from_text(&s.to_text()).unwrap(), s);
         assert!(PackageSet::from_text("a b\n").unwrap_err().contains("line 1"));
         // The digest is of the sorted stored form: order in the file does not matter.
@@ -524,15 +569,27 @@ Package: libc6\nStatus: install ok installed\nArchitecture: i386\nVersion: 2.36-
         assert_eq!(s.digest().len(), "sha256:".len() + 64);
         let before = PackageSet::from_text("jio-dummy all 1.0\nlibc6 i386 2.36-9\nold all 3\n").unwrap();
         let shown: Vec<String> = s.changes_since(&before).iter().map(ToString::to_string).collect();
-        assert_eq!(shown, ["jio-dummy 1.0 → 2.0", "libc6 2.36-9 (added)", "old 3 (removed)"]);
+        assert_eq!(
+            shown,
+            ["jio-dummy 1.0 → 2.0", "libc6 2.36-9 (added)", "old 3 (removed)"]
+        );
         let r = PackageRecord::of(&s, Some(&before), 7);
         assert_eq!((r.count, r.changed_count, r.changed.len()), (3, 3, 3));
     }
 
     #[test]
     fn drift_names_the_hosts_off_the_most_common_set() {
-        assert_eq!(DriftGroup::of(&[("a", "d1".to_string()), ("b", "d1".to_string())]), None);
-        let g = DriftGroup::of(&[("c", "d2".into()), ("a", "d1".into()), ("b", "d1".into()), ("d", "d0".into())]).unwrap();
+        assert_eq!(
+            DriftGroup::of(&[("a", "d1".to_string()), ("b", "d1".to_string())]),
+            None
+        );
+        let g = DriftGroup::of(&[
+            ("c", "d2".into()),
+            ("a", "d1".into()),
+            ("b", "d1".into()),
+            ("d", "d0".into()),
+        ])
+        .unwrap();
         assert_eq!(g.common, "d1");
         let drifted: Vec<(&str, &&str)> = g.drifted().collect();
         assert_eq!(drifted, [("d0", &"d"), ("d2", &"c")]);

@@ -58,7 +58,9 @@ fn repo_settings(file_name: &str, t: Option<RepoTable>, errors: &mut Vec<String>
         return RepoSettings::default();
     };
     if t.cert_file.is_some() != t.key_file.is_some() {
-        errors.push(format!("{file_name}: [repo] cert_file and key_file go together (a client certificate and its key)"));
+        errors.push(format!(
+            "{file_name}: [repo] cert_file and key_file go together (a client certificate and its key)"
+        ));
     }
     let timeout = match t.timeout.as_deref().map(jio_common::duration::parse) {
         None => RepoSettings::default().timeout,

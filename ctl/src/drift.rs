@@ -21,7 +21,9 @@ const SHOWN: usize = 4;
 pub fn recorded(snap: &Snapshot) -> BTreeMap<(Role, Version), Vec<(HostName, String)>> {
     let mut by: BTreeMap<(Role, Version), Vec<(HostName, String)>> = BTreeMap::new();
     for (h, r) in &snap.results {
-        let Some(p) = r.packages.as_ref().filter(|_| r.ok) else { continue };
+        let Some(p) = r.packages.as_ref().filter(|_| r.ok) else {
+            continue;
+        };
         if !snap.running.get(h).is_some_and(|v| v.contains(&r.version)) {
             continue;
         }
@@ -57,12 +59,19 @@ impl Drift {
     }
 
     /// The drift among the hosts `keep` keeps.
-    pub async fn load_of(store: &DynStore, schema: &Schema, snap: &Snapshot, keep: impl Fn(&HostName) -> bool) -> Drift {
+    pub async fn load_of(
+        store: &DynStore,
+        schema: &Schema,
+        snap: &Snapshot,
+        keep: impl Fn(&HostName) -> bool,
+    ) -> Drift {
         let mut sets: BTreeMap<String, Result<PackageSet, String>> = BTreeMap::new();
         let mut roles = Vec::new();
         for ((role, version), mut hosts) in recorded(snap) {
             hosts.retain(|(h, _)| keep(h));
-            let Some(group) = DriftGroup::of(&hosts) else { continue };
+            let Some(group) = DriftGroup::of(&hosts) else {
+                continue;
+            };
             for (d, _) in &group.sets {
                 if !sets.contains_key(d) && sets.len() < MAX_SETS {
                     sets.insert(d.clone(), read_set(store, schema, d).await);
@@ -72,7 +81,12 @@ impl Drift {
                 .drifted()
                 .map(|(d, h)| (h.clone(), differences(&sets, &group.common, d)))
                 .collect();
-            roles.push(RoleDrift { role, version, group, differs });
+            roles.push(RoleDrift {
+                role,
+                version,
+                group,
+                differs,
+            });
         }
         Drift { roles }
     }
@@ -109,12 +123,19 @@ impl Drift {
 
     /// What `host` drifted by, if it did.
     pub fn of_host(&self, host: &HostName) -> Option<(&RoleDrift, &Result<Vec<PackageChange>, String>)> {
-        self.roles.iter().find_map(|r| r.differs.get(host).map(|d| (r, d)))
+        self.roles
+            .iter()
+            .find_map(|r| r.differs.get(host).map(|d| (r, d)))
     }
 }
 
 fn role_json(r: &RoleDrift) -> Value {
-    let sets: serde_json::Map<String, Value> = r.group.sets.iter().map(|(d, hs)| (d.clone(), json!(hs))).collect();
+    let sets: serde_json::Map<String, Value> = r
+        .group
+        .sets
+        .iter()
+        .map(|(d, hs)| (d.clone(), json!(hs)))
+        .collect();
     let hosts: serde_json::Map<String, Value> = r
         .group
         .drifted()

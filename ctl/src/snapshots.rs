@@ -32,7 +32,8 @@ pub async fn template(store: &DynStore, schema: &Schema) -> Result<Option<Source
 /// Fetches the snapshot's release file: `Ok` with the URL that answered, or why
 /// not, naming each URL tried and what it answered.
 pub async fn fetch_release(settings: &RepoSettings, snap: &PackageSnapshot) -> Result<String, String> {
-    let client = jio_common::store::http_client(&settings.tls, settings.timeout).map_err(|e| format!("[repo] {e}"))?;
+    let client =
+        jio_common::store::http_client(&settings.tls, settings.timeout).map_err(|e| format!("[repo] {e}"))?;
     let mut tried = Vec::new();
     for url in snap.release_urls() {
         let answer = match client.get(&url).send().await {
@@ -44,7 +45,10 @@ pub async fn fetch_release(settings: &RepoSettings, snap: &PackageSnapshot) -> R
                 Err(e) => format!("HTTP 200 but the body could not be read: {}", chain(&e)),
             },
             Ok(r) => format!("HTTP {}", r.status()),
-            Err(e) if e.is_timeout() => format!("no answer within {}", jio_common::duration::format(settings.timeout)),
+            Err(e) if e.is_timeout() => format!(
+                "no answer within {}",
+                jio_common::duration::format(settings.timeout)
+            ),
             Err(e) => chain(&e),
         };
         tried.push(format!("{url}: {answer}"));

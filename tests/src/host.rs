@@ -29,7 +29,9 @@ impl Host {
         let p = |x: PathBuf| toml_str(&x.display().to_string());
         let cmd: Vec<String> = puppet_command.iter().map(|a| toml_str(a)).collect();
         let unless_given = |key: &str, line: &str| {
-            let given = extra.lines().any(|l| l.trim_start().starts_with(&format!("{key} =")));
+            let given = extra
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{key} =")));
             if given { String::new() } else { format!("{line}\n") }
         };
         let defaults = unless_given("pre_commands", "pre_commands = []")

@@ -92,7 +92,9 @@ impl Agent {
                 }
                 self.dpkg_stamp = stamp;
             }
-            Err(e) => tracing::debug!(error = %e, "cannot record the installed packages now; trying again later"),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot record the installed packages now; trying again later")
+            }
         }
     }
 }

@@ -102,7 +102,9 @@ pub(crate) fn endpoint_clients(
 /// only `ca_file`'s CAs when it is given, the client certificate when given. Every
 /// request gives up after `timeout`. The error names the setting and the file.
 pub fn http_client(tls: &TlsSettings, timeout: Duration) -> Result<reqwest::Client, String> {
-    let mut b = reqwest::Client::builder().connect_timeout(timeout).timeout(timeout);
+    let mut b = reqwest::Client::builder()
+        .connect_timeout(timeout)
+        .timeout(timeout);
     if let Some(p) = &tls.ca_file {
         b = b.tls_certs_only(read_ca(p)?);
     }

@@ -15,8 +15,8 @@ mod support;
 mod url;
 
 pub use self::api::*;
-pub use self::consul::{CONSUL_MAX_TXN_OPS, CONSUL_MIN_TTL, ConsulStore};
 pub use self::client::http_client;
+pub use self::consul::{CONSUL_MAX_TXN_OPS, CONSUL_MIN_TTL, ConsulStore};
 pub use self::counting::CountingStore;
 pub use self::etcd::{EtcdOptions, EtcdStore};
 pub use self::memory::MemoryStore;

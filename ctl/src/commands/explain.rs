@@ -66,10 +66,21 @@ impl Explain {
 
 /// The host's installed package set: its digest, what its last run changed,
 /// and how it differs from the most common set of its role at its version.
-fn package_lines(snap: &Snapshot, h: &HostName, drift: &crate::drift::Drift) -> (Vec<String>, serde_json::Value) {
+fn package_lines(
+    snap: &Snapshot,
+    h: &HostName,
+    drift: &crate::drift::Drift,
+) -> (Vec<String>, serde_json::Value) {
     use jio_common::packages::short_digest;
-    let Some((r, p)) = snap.results.get(h).and_then(|r| r.packages.as_ref().map(|p| (r, p))) else {
-        return (vec!["  packages: no package set recorded (no successful run recorded one)".into()], serde_json::Value::Null);
+    let Some((r, p)) = snap
+        .results
+        .get(h)
+        .and_then(|r| r.packages.as_ref().map(|p| (r, p)))
+    else {
+        return (
+            vec!["  packages: no package set recorded (no successful run recorded one)".into()],
+            serde_json::Value::Null,
+        );
     };
     let mut t = vec![format!(
         "  packages: set {} ({} installed, as of {}; last run to {})",
@@ -79,7 +90,11 @@ fn package_lines(snap: &Snapshot, h: &HostName, drift: &crate::drift::Drift) -> 
         r.version
     )];
     if p.changed_count > 0 {
-        t.push(format!("    the run changed {}: {}", p.changed_count, crate::drift::said(&Ok(p.changed.clone()))));
+        t.push(format!(
+            "    the run changed {}: {}",
+            p.changed_count,
+            crate::drift::said(&Ok(p.changed.clone()))
+        ));
     }
     let mut json = json!({"digest": p.digest, "count": p.count, "changed": p.changed, "changed_count": p.changed_count, "at": p.at});
     match drift.of_host(h) {
@@ -97,7 +112,10 @@ fn package_lines(snap: &Snapshot, h: &HostName, drift: &crate::drift::Drift) -> 
                 Err(e) => json!({"common": rd.group.common, "error": e}),
             };
         }
-        None => t.push("    no drift: the same set as the other hosts of its role at its version that recorded one".into()),
+        None => t.push(
+            "    no drift: the same set as the other hosts of its role at its version that recorded one"
+                .into(),
+        ),
     }
     (t, json)
 }

@@ -81,7 +81,10 @@ async fn check(ctx: &Context, version: &Version) -> Outcome {
     match snapshots::fetch_release(&ctx.config.repo, &snap).await {
         Ok(url) => {
             if ctx.json {
-                println!("{}", crate::out::document(json!({"version": version, "found": true, "url": url})));
+                println!(
+                    "{}",
+                    crate::out::document(json!({"version": version, "found": true, "url": url}))
+                );
             } else {
                 println!("{version}: {url}");
             }
@@ -89,9 +92,15 @@ async fn check(ctx: &Context, version: &Version) -> Outcome {
         }
         Err(why) => {
             if ctx.json {
-                println!("{}", crate::out::document(json!({"version": version, "found": false, "why": why})));
+                println!(
+                    "{}",
+                    crate::out::document(json!({"version": version, "found": false, "why": why}))
+                );
             }
-            Err(Failure::new(exit::FAILED, format!("{version} has no readable package snapshot: {why}")))
+            Err(Failure::new(
+                exit::FAILED,
+                format!("{version} has no readable package snapshot: {why}"),
+            ))
         }
     }
 }
@@ -100,7 +109,11 @@ async fn check(ctx: &Context, version: &Version) -> Outcome {
 /// all get the same bits), unless `force`.
 async fn refuse_during_rollout(ctx: &Context, store: &DynStore, force: bool, what: &str) -> Outcome {
     let snap = ctx.snapshot(store).await?;
-    let active = snap.rollout.as_ref().and_then(|c| c.ok()).filter(|r| r.state.active());
+    let active = snap
+        .rollout
+        .as_ref()
+        .and_then(|c| c.ok())
+        .filter(|r| r.state.active());
     match active {
         Some(r) if !force => Err(Failure::usage(format!(
             "{what}: rollout {} to {} is active, and its hosts left would get other packages than those done; nothing was written (wait for it to end, or give --force)",
@@ -129,7 +142,9 @@ async fn set(ctx: &Context, template: &str, force: bool) -> Outcome {
         }
     }
     let key = ctx.schema().package_source();
-    store.txn(Txn::new().then(Op::put(key, t.as_str().to_string()))).await?;
+    store
+        .txn(Txn::new().then(Op::put(key, t.as_str().to_string())))
+        .await?;
     crate::say!(
         "package snapshot template set: {} (agents write it before apt-get update, from their next run)",
         redact_userinfo(t.as_str())
@@ -143,6 +158,8 @@ async fn unset(ctx: &Context, force: bool) -> Outcome {
     store
         .txn(Txn::new().then(Op::Delete(ctx.schema().package_source())))
         .await?;
-    crate::say!("package snapshot template removed: agents keep their apt sources as they are (the files they wrote stay)");
+    crate::say!(
+        "package snapshot template removed: agents keep their apt sources as they are (the files they wrote stay)"
+    );
     Ok(())
 }

@@ -200,7 +200,13 @@ impl Status {
     }
 
     /// Draws the fleet; `true` when a host shown has failed or is lost.
-    fn draw(&self, ctx: &Context, snap: &Snapshot, url: &str, drift: &crate::drift::Drift) -> Result<bool, Failure> {
+    fn draw(
+        &self,
+        ctx: &Context,
+        snap: &Snapshot,
+        url: &str,
+        drift: &crate::drift::Drift,
+    ) -> Result<bool, Failure> {
         let now = jio_common::time::unix_now();
         let all = fleet::classify(snap);
         // What admits a host depends on the whole fleet, whatever is shown.

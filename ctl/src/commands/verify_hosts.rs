@@ -53,10 +53,18 @@ async fn same_packages(
     drift.roles.retain(|r| &r.version == v);
     let mut problems: Vec<String> = unrecorded
         .iter()
-        .map(|h| format!("{h} has no installed package set recorded at {v} (no successful run at {v} recorded one)"))
+        .map(|h| {
+            format!(
+                "{h} has no installed package set recorded at {v} (no successful run at {v} recorded one)"
+            )
+        })
         .collect();
     problems.extend(drift.lines());
-    Ok(SamePackages { unrecorded, drift, problems })
+    Ok(SamePackages {
+        unrecorded,
+        drift,
+        problems,
+    })
 }
 
 /// Host names from stdin, whitespace-separated, each validated.
@@ -97,7 +105,8 @@ impl VerifyHosts {
         };
         let ok = missing.is_empty() && packages.as_ref().is_none_or(|p| p.problems.is_empty());
         if ctx.json {
-            let mut doc = json!({"version": v, "all_at_version": missing.is_empty(), "not_at_version": missing});
+            let mut doc =
+                json!({"version": v, "all_at_version": missing.is_empty(), "not_at_version": missing});
             if let Some(p) = &packages {
                 doc["same_packages"] = json!(p.problems.is_empty());
                 doc["without_package_set"] = json!(p.unrecorded);
