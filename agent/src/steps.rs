@@ -154,7 +154,7 @@ impl StepRunner for CommandSteps {
                     ctx,
                 )
                 .await;
-            let o = runner::plain_outcome(&format!("pre-command {:?}", cmd.join(" ")), &f.exit);
+            let o = runner::plain_outcome(&format!("pre-command {:?}", short_command(cmd)), &f.exit);
             if !o.ok() {
                 return o;
             }
@@ -183,6 +183,16 @@ impl StepRunner for CommandSteps {
             .exec("validation", &argv, self.validation_timeout, "validation", ctx)
             .await;
         runner::plain_outcome("validation", &f.exit)
+    }
+}
+
+/// A command as a reason names it: its words, cut at 48 characters (a result's
+/// message has room for what the command said, not for a long argument list).
+fn short_command(argv: &[String]) -> String {
+    let whole = argv.join(" ");
+    match whole.char_indices().nth(48) {
+        Some((i, _)) => format!("{}…", &whole[..i]),
+        None => whole,
     }
 }
 
