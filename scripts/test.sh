@@ -34,6 +34,8 @@ NEEDED=(
   "mkfs.ext4:e2fsprogs"
   "dpkg-scanpackages:dpkg-dev"
   "apt-ftparchive:apt-utils"
+  # The apt snapshot tests (tests/tests/apt_snapshot_repo.rs, tests/apt/build-root.sh).
+  "gpg:gpg"
 )
 
 missing=()
@@ -79,7 +81,12 @@ fi
 VM_IMAGE_LOG=$(mktemp "${TMPDIR:-/tmp}/jio-vm-image.XXXXXX")
 setsid nice -n 10 tests/vm/build-image.sh >"$VM_IMAGE_LOG" 2>&1 &
 VM_IMAGE_PID=$!
-trap 'kill -- -"$VM_IMAGE_PID" 2>/dev/null || true; rm -f "$VM_IMAGE_LOG"' EXIT
+# Likewise the apt snapshot tests' Debian root (tests/apt/build-root.sh, cache in
+# ${JIO_APT_CACHE:-/var/cache/jiocloud-tests/apt}); the tests wait for it under its lock.
+APT_ROOT_LOG=$(mktemp "${TMPDIR:-/tmp}/jio-apt-root.XXXXXX")
+setsid nice -n 10 tests/apt/build-root.sh >"$APT_ROOT_LOG" 2>&1 &
+APT_ROOT_PID=$!
+trap 'kill -- -"$VM_IMAGE_PID" -"$APT_ROOT_PID" 2>/dev/null || true; rm -f "$VM_IMAGE_LOG" "$APT_ROOT_LOG"' EXIT
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -2,8 +2,10 @@
 //! all-in-one) and the Consul API test server, started on free loopback ports in
 //! temporary directories and always stopped, also when a test fails; sandboxes for
 //! real `puppet apply`; hosts with their agent configuration; the invariant
-//! recorder; the fault-injection fleet; and small helpers (`inspect`).
+//! recorder; the fault-injection fleet; throwaway Debian roots and a signed snapshot
+//! apt repository for real apt runs (`apt`); and small helpers (`inspect`).
 
+pub mod apt;
 pub mod consul;
 pub mod etcd;
 pub mod faults;

@@ -1,7 +1,7 @@
 //! A static apt repository on loopback for the guests: a flat directory of
 //! `.deb` files indexed by `dpkg-scanpackages` (and a `Release` from
-//! `apt-ftparchive`), served by Python's `http.server`, stopped on drop. And the
-//! dummy packages a test builds with `dpkg-deb`. Guests reach it through a QEMU
+//! `apt-ftparchive`), served by Python's `http.server`, stopped on drop. The
+//! dummy packages come from `crate::apt::dummy_deb`. Guests reach it through a QEMU
 //! forward as `deb [trusted=yes] http://<address>/ ./`.
 
 use std::path::{Path, PathBuf};
@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use crate::process::{free_port, kill, require_binary, spawn_tied};
 use crate::vm::image::INSTALL;
+
+/// The dummy packages the guests install (shared with the apt snapshot tests).
+pub use crate::apt::dummy_deb;
 
 /// The repository's directory and its HTTP server.
 pub struct AptRepo {
@@ -116,43 +119,4 @@ impl Drop for AptRepo {
     fn drop(&mut self) {
         kill(&mut self.server);
     }
-}
-
-/// A dummy package: `name` at `version`, architecture all, holding
-/// `/usr/share/<name>/version`, with `postinst` as its maintainer script if given.
-/// Built with `dpkg-deb` into `dir`; returns the `.deb`'s path.
-pub fn dummy_deb(dir: &Path, name: &str, version: &str, postinst: Option<&str>) -> PathBuf {
-    let root = dir.join(format!("{name}_{version}"));
-    let debian = root.join("DEBIAN");
-    std::fs::create_dir_all(&debian).expect("DEBIAN directory");
-    let share = root.join("usr/share").join(name);
-    std::fs::create_dir_all(&share).expect("package files");
-    std::fs::write(share.join("version"), format!("{version}\n")).expect("payload");
-    std::fs::write(
-        debian.join("control"),
-        format!(
-            "Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: jiocloud tests <tests@jiocloud.invalid>\nPriority: optional\nSection: misc\nDescription: test package of the VM scenarios\n"
-        ),
-    )
-    .expect("control file");
-    if let Some(script) = postinst {
-        use std::os::unix::fs::PermissionsExt as _;
-        let p = debian.join("postinst");
-        std::fs::write(&p, script).expect("postinst");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod postinst");
-    }
-    let deb = dir.join(format!("{name}_{version}_all.deb"));
-    let out = Command::new(require_binary("dpkg-deb", INSTALL))
-        .args(["--root-owner-group", "--build"])
-        .arg(&root)
-        .arg(&deb)
-        .output()
-        .expect("run dpkg-deb");
-    assert!(
-        out.status.success(),
-        "dpkg-deb --build {name} {version}: {}",
-        crate::inspect::text(&out)
-    );
-    std::fs::remove_dir_all(&root).expect("remove the package's tree");
-    deb
 }
