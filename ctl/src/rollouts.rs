@@ -691,14 +691,19 @@ pub fn failed_hosts(snap: &Snapshot) -> BTreeMap<String, String> {
     snap.failures
         .iter()
         .map(|(h, (step, value))| {
-            (
-                h.to_string(),
-                format!(
-                    "{} failed: {}",
-                    step.as_str(),
-                    crate::status::describe_entry(value)
-                ),
-            )
+            // The run's result says more than the entry's reason (what the failing
+            // command printed: apt's `E:` line, Puppet's first error).
+            let message = snap
+                .results
+                .get(h)
+                .filter(|r| !r.ok && Some(&r.version) == snap.current.as_ref())
+                .and_then(|r| r.message.as_deref());
+            let why = match message {
+                Some(m) if crate::status::is_link(value) => format!("{m} (log: {value})"),
+                Some(m) => m.to_string(),
+                None => crate::status::describe_entry(value),
+            };
+            (h.to_string(), format!("{} failed: {why}", step.as_str()))
         })
         .chain(hooks)
         .collect()

@@ -90,7 +90,12 @@ fn agent_toml(root: &DebRoot) -> String {
 /// (`name arch version` lines, sorted, SHA-256): independent of the agent's parser.
 async fn dpkg_digest(root: &DebRoot) -> String {
     let out = root
-        .run(&["dpkg-query", "-W", "-f", "${db:Status-Status} ${Package} ${Architecture} ${Version}\\n"])
+        .run(&[
+            "dpkg-query",
+            "-W",
+            "-f",
+            "${db:Status-Status} ${Package} ${Architecture} ${Version}\\n",
+        ])
         .await;
     assert!(out.status.success(), "{}", text(&out));
     let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
@@ -127,8 +132,15 @@ async fn assert_one_set(url: &str, roots: &[DebRoot]) -> String {
     let st = status_json(url).await;
     let mut digests = Vec::new();
     for (h, r) in HOSTS.iter().zip(roots) {
-        let recorded = st["hosts"][h]["last_run"]["packages"]["digest"].as_str().unwrap_or_default().to_string();
-        assert_eq!(recorded, dpkg_digest(r).await, "{h}'s recorded set is not dpkg's: {st:#}");
+        let recorded = st["hosts"][h]["last_run"]["packages"]["digest"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(
+            recorded,
+            dpkg_digest(r).await,
+            "{h}'s recorded set is not dpkg's: {st:#}"
+        );
         digests.push(recorded);
     }
     digests.dedup();
@@ -170,7 +182,10 @@ async fn scenario(url: &str) {
         let out = run(url, &args).await;
         assert_eq!(out.status.code(), Some(64), "{}", text(&out));
         assert_says(&out, &format!("version {v} has no readable package snapshot"));
-        assert_says(&out, &format!("/snapshots/{v}/dists/bookworm/InRelease: HTTP 404"));
+        assert_says(
+            &out,
+            &format!("/snapshots/{v}/dists/bookworm/InRelease: HTTP 404"),
+        );
         assert_says(&out, "nothing was written");
         assert_nothing_written(url, &before).await;
     }
@@ -198,15 +213,37 @@ async fn scenario(url: &str) {
         st["package_drift"][0]["hosts"]["compute2"]["differs"]
             == serde_json::json!([{"name": "jio-dummy", "arch": "all", "from": "2.0", "to": "2.1"}])
     };
-    wait_for("compute2's drift to show in status", Duration::from_secs(30), drift_named).await;
+    wait_for(
+        "compute2's drift to show in status",
+        Duration::from_secs(30),
+        drift_named,
+    )
+    .await;
     let status = run(url, &["status"]).await;
-    assert_says(&status, "package drift: compute at v2: 2 set(s); 2 host(s) share the most common one");
+    assert_says(
+        &status,
+        "package drift: compute at v2: 2 set(s); 2 host(s) share the most common one",
+    );
     assert_says(&status, "compute2 (");
     assert_says(&status, "jio-dummy 2.0 → 2.1");
     let explain = run(url, &["explain", "compute2"]).await;
-    assert_says(&explain, "drifted: differs from the most common set of compute at v2 (2 host(s)");
+    assert_says(
+        &explain,
+        "drifted: differs from the most common set of compute at v2 (2 host(s)",
+    );
     assert_says(&explain, "jio-dummy 2.0 → 2.1");
-    let verify = run(url, &["verify-hosts", "v2", "compute1", "compute2", "compute3", "--same-packages"]).await;
+    let verify = run(
+        url,
+        &[
+            "verify-hosts",
+            "v2",
+            "compute1",
+            "compute2",
+            "compute3",
+            "--same-packages",
+        ],
+    )
+    .await;
     assert_eq!(verify.status.code(), Some(1), "{}", text(&verify));
     assert_says(&verify, "jio-dummy 2.0 → 2.1");
 
@@ -216,19 +253,36 @@ async fn scenario(url: &str) {
     assert!(f.all_at("v1"));
     assert_eq!(versions(&roots).await, vec![Some("1.0".to_string()); 3]);
     assert_eq!(assert_one_set(url, &roots).await, v1);
-    let verify = run(url, &["verify-hosts", "v1", "compute1", "compute2", "compute3", "--same-packages"]).await;
+    let verify = run(
+        url,
+        &[
+            "verify-hosts",
+            "v1",
+            "compute1",
+            "compute2",
+            "compute3",
+            "--same-packages",
+        ],
+    )
+    .await;
     assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
 
     // v3's signature does not verify: the first host fails with apt's message and
     // nothing is upgraded, there or anywhere.
     let bad = run(url, &["upgrade", "v3", "--instructions", ONE_AT_A_TIME]).await;
     assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+    assert_says(&bad, "exited 100: E: The repository");
     assert_eq!(versions(&roots).await, vec![Some("1.0".to_string()); 3]);
     let st = status_json(url).await;
     let failed: Vec<String> = HOSTS
         .iter()
         .filter(|h| st["hosts"][**h]["last_run"]["ok"] == false)
-        .map(|h| st["hosts"][*h]["last_run"]["message"].as_str().unwrap_or_default().to_string())
+        .map(|h| {
+            st["hosts"][*h]["last_run"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .collect();
     assert_eq!(failed.len(), 1, "{st:#}");
     assert!(
