@@ -1015,6 +1015,9 @@ impl Agent {
     async fn repair(&mut self, version: Version, obs: &Observation) -> Result<PassResult, AgentError> {
         let skipped = "health check failed, but no repair now";
         let fence = self.subject().health_fence(obs);
+        // Read before the repair starts: a store that cannot be read stops the pass
+        // with nothing begun.
+        self.run_packages = self.package_step(&version).await?;
         let run_dir = match self
             .health_run(&version, AgentState::Upgrading, fence, skipped)
             .await?
@@ -1029,7 +1032,6 @@ impl Agent {
                 return Ok(instead);
             }
         };
-        self.run_packages = self.package_step(&version).await?;
         let configured = self.step(Step::Configured, &version, &run_dir).await;
         let outcome = match configured {
             Outcome::Interrupted => return Ok(PassResult::Repaired { version, ok: false }),

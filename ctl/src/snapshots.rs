@@ -5,10 +5,10 @@
 //! status; `--force` skips the fetch and says so. Sites without a template are
 //! not checked.
 
-use jio_common::keys::Schema;
+use jio_common::keys::{Parsed, Schema};
 use jio_common::names::Version;
 use jio_common::packages::{PackageSnapshot, SourceTemplate, redact_userinfo, release_problem};
-use jio_common::store::DynStore;
+use jio_common::store::{DynStore, Op, StoreError, Txn};
 
 use crate::config::RepoSettings;
 use crate::context::Context;
@@ -96,4 +96,38 @@ pub async fn check(ctx: &Context, store: &DynStore, version: &Version, force: bo
             "{what}: version {version} has no readable package snapshot ({why}); nothing was written (check the version's spelling, publish the snapshot, or give --force to skip this check)"
         ))),
     }
+}
+
+/// Deletes the stored package sets (`/packages/<digest>`) that no host's result
+/// refers to; returns their digests. The sets are listed before the results: a
+/// set written after that listing is not seen, so not deleted. One written just
+/// before it whose host reports after the results were listed is deleted with
+/// the rest (its host's set shows as not stored until its next run or change).
+pub async fn prune(store: &DynStore, schema: &Schema) -> Result<Vec<String>, StoreError> {
+    let sets = store.list(&schema.package_sets()).await?;
+    let results = store.list(&schema.results()).await?;
+    let used: std::collections::BTreeSet<String> = results
+        .kvs
+        .iter()
+        .filter_map(|kv| jio_common::values::parse_json::<jio_common::values::HostResult>(kv).ok())
+        .filter_map(|r| r.packages.map(|p| p.digest))
+        .collect();
+    let unused: Vec<String> = sets
+        .kvs
+        .iter()
+        .filter_map(|kv| match schema.parse(&kv.key) {
+            Some(Parsed::PackageSet(d)) if !used.contains(&d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    for chunk in unused.chunks(32) {
+        let ops = chunk.iter().map(|d| Op::Delete(schema.package_set(d))).collect();
+        store
+            .txn(Txn {
+                compares: vec![],
+                ops,
+            })
+            .await?;
+    }
+    Ok(unused)
 }

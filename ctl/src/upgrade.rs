@@ -1462,6 +1462,9 @@ impl Driver<'_> {
             }
             Ending::Applied | Ending::Finished { .. } => {
                 if code == exit::OK {
+                    if matches!(ending, Ending::Finished { .. }) {
+                        self.prune_package_sets().await;
+                    }
                     Ok(())
                 } else {
                     Err(Failure::quiet(code))
@@ -1472,7 +1475,10 @@ impl Driver<'_> {
                 Some(RolloutRecord {
                     state: RolloutState::Done,
                     ..
-                }) => Ok(()),
+                }) => {
+                    self.prune_package_sets().await;
+                    Ok(())
+                }
                 Some(r) => say(ended_message(r)),
                 None => say(format!(
                     "rollout {id} to {v} is no longer the current rollout, and its record cannot be read"
@@ -1503,6 +1509,23 @@ impl Driver<'_> {
             Ending::InvalidRules(e) => say(format!(
                 "rollout {id} to {v}: its rules no longer fit the fleet: {e}; it stays recorded but admits nothing (hosts in flight finish); `jioctl rollout abort` ends it and resets the enable keys"
             )),
+        }
+    }
+
+    /// After a rollout ended well, the package sets no host uses any more go
+    /// (best effort: a failure is said and changes nothing else).
+    async fn prune_package_sets(&self) {
+        match crate::snapshots::prune(self.store, self.schema).await {
+            Ok(gone) if !gone.is_empty() && !self.o.quiet => {
+                crate::say!(
+                    "deleted {} stored package set(s) no host refers to any more",
+                    gone.len()
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot delete the package sets no host uses (jioctl repo prune does it later)")
+            }
         }
     }
 

@@ -15,8 +15,9 @@ mod common;
 
 use std::time::Duration;
 
+use jio_common::keys::Schema;
 use jio_tests::apt::{DebRoot, SnapshotRepo, dummy_deb};
-use jio_tests::inspect::{text, wait_for};
+use jio_tests::inspect::{open, text, wait_for};
 
 use common::fleet::Fleet;
 use common::{assert_says, run};
@@ -253,6 +254,16 @@ async fn scenario(url: &str) {
     assert!(f.all_at("v1"));
     assert_eq!(versions(&roots).await, vec![Some("1.0".to_string()); 3]);
     assert_eq!(assert_one_set(url, &roots).await, v1);
+    // The sets no host uses any more went when the undo ended: v1's is stored again.
+    let sets = open(url)
+        .await
+        .list(&Schema::default().package_sets())
+        .await
+        .unwrap();
+    let keys: Vec<&str> = sets.kvs.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(keys, [format!("/packages/{v1}")], "{keys:?}");
+    let prune = run(url, &["repo", "prune"]).await;
+    assert_says(&prune, "deleted 0 stored package set(s)");
     let verify = run(
         url,
         &[

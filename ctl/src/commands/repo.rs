@@ -35,6 +35,8 @@ enum RepoCommand {
         /// The version to check
         version: Version,
     },
+    /// Delete the stored package sets no host refers to any more
+    Prune,
     /// Remove the template: agents keep their apt sources as they are
     Unset {
         /// Remove it even while a rollout is active
@@ -50,6 +52,7 @@ impl Repo {
             RepoCommand::Check { version } => check(ctx, &version).await,
             RepoCommand::Set { template, force } => set(ctx, &template, force).await,
             RepoCommand::Unset { force } => unset(ctx, force).await,
+            RepoCommand::Prune => prune(ctx).await,
         }
     }
 }
@@ -161,5 +164,16 @@ async fn unset(ctx: &Context, force: bool) -> Outcome {
     crate::say!(
         "package snapshot template removed: agents keep their apt sources as they are (the files they wrote stay)"
     );
+    Ok(())
+}
+
+async fn prune(ctx: &Context) -> Outcome {
+    let store = ctx.open(Access::Write).await?;
+    let gone = snapshots::prune(&store, ctx.schema()).await?;
+    if ctx.json {
+        println!("{}", crate::out::document(json!({"deleted": gone})));
+    } else {
+        crate::say!("deleted {} stored package set(s) no host refers to", gone.len());
+    }
     Ok(())
 }
