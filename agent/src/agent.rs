@@ -647,7 +647,7 @@ impl Agent {
         obs: &Observation,
     ) -> Result<PassResult, AgentError> {
         let fence = self.subject().start_fence(obs);
-        self.run_packages = self.package_step(&version).await?;
+        self.run_packages = self.package_step(&version, obs);
         // The start is fenced on `/rollouts/current`: this is the run's rollout.
         self.run_rollout = obs.rollout.id.clone();
         self.run_reboot = obs.rollout.reboot;
@@ -1015,9 +1015,7 @@ impl Agent {
     async fn repair(&mut self, version: Version, obs: &Observation) -> Result<PassResult, AgentError> {
         let skipped = "health check failed, but no repair now";
         let fence = self.subject().health_fence(obs);
-        // Read before the repair starts: a store that cannot be read stops the pass
-        // with nothing begun.
-        self.run_packages = self.package_step(&version).await?;
+        self.run_packages = self.package_step(&version, obs);
         let run_dir = match self
             .health_run(&version, AgentState::Upgrading, fence, skipped)
             .await?

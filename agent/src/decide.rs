@@ -67,6 +67,10 @@ pub struct Observation {
     pub compose: ComposeFacts,
     /// The fleet commands this host is admitted to.
     pub commands: CommandFacts,
+    /// The site's package snapshot template as read (`/config_state/package_source`,
+    /// its text), and its mod revision (0: absent): a run starts only while it is so.
+    pub package_source: Option<String>,
+    pub package_source_revision: Revision,
 }
 
 /// The host's inbox of fleet commands (`/config_state/commands/<host>`), as read.
@@ -690,6 +694,8 @@ mod tests {
             result: None,
             compose: ComposeFacts::default(),
             commands: CommandFacts::default(),
+            package_source: None,
+            package_source_revision: 0,
         }
     }
 

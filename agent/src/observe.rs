@@ -84,13 +84,14 @@ impl Subject<'_> {
         c
     }
 
-    /// The compares on what every run decided on: the desired version and the
-    /// three enable keys are still at the revisions `obs` read.
+    /// The compares on what every run decided on: the desired version, the
+    /// three enable keys and the package snapshot template are still at the
+    /// revisions `obs` read.
     fn decided_fence(&self, obs: &Observation) -> Vec<Compare> {
-        let mut c = vec![Compare::ModRevision(
-            self.schema.current_version(),
-            obs.desired_revision,
-        )];
+        let mut c = vec![
+            Compare::ModRevision(self.schema.current_version(), obs.desired_revision),
+            Compare::ModRevision(self.schema.package_source(), obs.package_source_revision),
+        ];
         c.extend(
             self.gate_keys()
                 .into_iter()
@@ -296,7 +297,8 @@ pub async fn observe(
         grant,
         finalize,
         inbox,
-    ] = <[_; 12]>::try_from(got).map_err(|_| {
+        package_source,
+    ] = <[_; 13]>::try_from(got).map_err(|_| {
         AgentError::Store(StoreError::Rejected {
             url: store.url().to_string(),
             op: "get",
@@ -340,6 +342,9 @@ pub async fn observe(
         result: result.as_ref().and_then(|kv| parse_json::<HostResult>(kv).ok()),
         compose,
         commands: command_facts(inbox.as_ref()),
+        package_source_revision: package_source.as_ref().map_or(0, |kv| kv.mod_revision),
+        // Not text: the run says so with the key (`PackageStep::of`).
+        package_source: package_source.map(|kv| if kv.not_text { String::new() } else { kv.value }),
     })
 }
 
@@ -369,7 +374,7 @@ async fn current_rollout(
     }
 }
 
-/// The twelve keys a decision reads, in the order `observe` takes them apart.
+/// The thirteen keys a decision reads, in the order `observe` takes them apart.
 fn observed_keys(who: Subject<'_>) -> Vec<Key> {
     let mut keys = vec![who.schema.current_version()];
     keys.extend(who.gate_keys());
@@ -379,6 +384,9 @@ fn observed_keys(who: Subject<'_>) -> Vec<Key> {
     keys.push(who.schema.result(who.host));
     keys.extend(who.grant_keys());
     keys.push(who.schema.command_inbox(who.host));
+    // Not watched: read by every pass that reads, and fenced on by every start (a
+    // change since the read makes the start lose, and the next pass reads it).
+    keys.push(who.schema.package_source());
     keys
 }
 

@@ -13,8 +13,9 @@ pub struct Host {
 impl Host {
     /// A host using `store`, running `puppet_command` with `extra` TOML lines appended
     /// to its configuration. Validation passes until `set_validation(false)`. No
-    /// pre-commands and no package sets unless `extra` sets `pre_commands` or
-    /// `dpkg_status_file` (the test machine's own dpkg is not a host's).
+    /// pre-commands, no package sets and apt files of its own unless `extra` sets
+    /// `pre_commands`, `dpkg_status_file` or `apt_*_file` (the test machine's own
+    /// dpkg and apt are not a host's).
     pub fn new(name: &str, store: &str, puppet_command: &[String], extra: &str) -> Host {
         let dir = tempfile::Builder::new()
             .prefix(&format!("jio-host-{name}-"))
@@ -34,8 +35,17 @@ impl Host {
                 .any(|l| l.trim_start().starts_with(&format!("{key} =")));
             if given { String::new() } else { format!("{line}\n") }
         };
+        // Its own apt files: a template in the store never reaches the machine's /etc/apt.
         let defaults = unless_given("pre_commands", "pre_commands = []")
-            + &unless_given("dpkg_status_file", "dpkg_status_file = \"\"");
+            + &unless_given("dpkg_status_file", "dpkg_status_file = \"\"")
+            + &unless_given(
+                "apt_sources_file",
+                &format!("apt_sources_file = {}", p(h.dir().join("jiocloud-snapshot.list"))),
+            )
+            + &unless_given(
+                "apt_preferences_file",
+                &format!("apt_preferences_file = {}", p(h.dir().join("jiocloud-snapshot.pref"))),
+            );
         let config = format!(
             "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\nhiera_file = {}\n{defaults}puppet_command = [{}]\nlease_ttl = \"3s\"\nreboot_required_file = {}\nboot_id_file = {}\nreboot_command = [{}]\n{extra}\n",
             toml_str(store),

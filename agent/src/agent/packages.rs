@@ -9,26 +9,17 @@ use jio_common::store::{Compare, Op, Txn};
 use jio_common::values::HostResult;
 
 use super::Agent;
-use crate::error::AgentError;
-use crate::packages::{self, PackageStep, SourceSetting};
+use crate::decide::Observation;
+use crate::packages::{self, PackageStep};
 use crate::results;
 
 impl Agent {
     /// The package step of a run to `version`: the host's setting, else the
-    /// store's template, read now (a store that cannot be read stops the pass
-    /// before anything starts).
-    pub(super) async fn package_step(&self, version: &Version) -> Result<PackageStep, AgentError> {
-        let setting = &self.cfg.packages.source;
-        if *setting != SourceSetting::Store {
-            return Ok(PackageStep::of(setting, None, version));
-        }
+    /// store's template as the pass read it (the run's start is fenced on it).
+    pub(super) fn package_step(&self, version: &Version, obs: &Observation) -> PackageStep {
         let key = self.cfg.schema.package_source();
-        let kv = self.store.get(&key).await?;
-        let stored = kv.as_ref().map(|kv| {
-            let value = jio_common::values::text(kv).map_or("", |t| t);
-            (key.as_str(), value)
-        });
-        Ok(PackageStep::of(setting, stored, version))
+        let stored = obs.package_source.as_deref().map(|v| (key.as_str(), v));
+        PackageStep::of(&self.cfg.packages.source, stored, version)
     }
 
     /// Keeps the installed set the run starts from in its directory.
