@@ -43,18 +43,15 @@ impl Agent {
     }
 
     /// Stores `set` under `digest` unless it is there (sets never change under a
-    /// digest). A failure is logged: the result still carries the digest.
+    /// digest): one conditional transaction, which writes nothing when another
+    /// host stored the set first. A failure is logged: the result still carries
+    /// the digest.
     async fn store_set(&self, digest: &str, set: &PackageSet) {
         let key = self.cfg.schema.package_set(digest);
         let put = Txn::new()
             .when(Compare::ModRevision(key.clone(), 0))
             .then(Op::put(key.clone(), set.to_text()));
-        let stored = match self.store.get(&key).await {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => self.store.txn(put).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = stored {
+        if let Err(e) = self.store.txn(put).await {
             tracing::warn!(key = %key, error = %e, "cannot store the installed package set; status will not name its packages");
         }
     }
