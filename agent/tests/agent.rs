@@ -1258,15 +1258,29 @@ async fn a_start_loses_when_what_the_decision_read_changed() {
     }
     // So does the package snapshot template: set or changed since the read.
     let template = schema.package_source();
-    put(&s, template.clone(), "deb http://repo.invalid/s/{version} bookworm main").await;
+    put(
+        &s,
+        template.clone(),
+        "deb http://repo.invalid/s/{version} bookworm main",
+    )
+    .await;
     let obs = a.observe(false).await.unwrap();
-    put(&s, template.clone(), "deb http://repo.invalid/t/{version} bookworm main").await;
+    put(
+        &s,
+        template.clone(),
+        "deb http://repo.invalid/t/{version} bookworm main",
+    )
+    .await;
     assert_eq!(a.act(&obs).await.unwrap(), PassResult::Raced, "{template}");
     let obs = a.observe(false).await.unwrap();
     s.txn(jio_common::store::Txn::new().then(jio_common::store::Op::Delete(template.clone())))
         .await
         .unwrap();
-    assert_eq!(a.act(&obs).await.unwrap(), PassResult::Raced, "{template} deleted");
+    assert_eq!(
+        a.act(&obs).await.unwrap(),
+        PassResult::Raced,
+        "{template} deleted"
+    );
     assert_eq!(lines(&puppet_runs), 0, "puppet ran after a lost start");
     assert_eq!(host.local_version(), None);
     assert_ne!(agent_state(&s, "compute13").await.as_deref(), Some("upgrading"));

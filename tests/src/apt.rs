@@ -330,12 +330,7 @@ impl SnapshotRepo {
 
     /// The server's request log lines (`"GET /path HTTP/1.1" 200 -`, one per request).
     pub fn requests(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("http.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("\"GET ") || l.contains("\"HEAD "))
-            .map(String::from)
-            .collect()
+        http_requests(&self.dir.path().join("http.log"))
     }
 
     /// Builds the snapshot beside and renames it into place, so apt never reads
@@ -520,6 +515,16 @@ impl Signer {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// The request lines of `python3 -m http.server`'s log (`"GET /path HTTP/1.1" 200 -`).
+pub fn http_requests(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"GET ") || l.contains("\"HEAD "))
+        .map(String::from)
+        .collect()
 }
 
 /// A dummy package: `name` at `version`, architecture all, holding

@@ -44,7 +44,10 @@ impl Host {
             )
             + &unless_given(
                 "apt_preferences_file",
-                &format!("apt_preferences_file = {}", p(h.dir().join("jiocloud-snapshot.pref"))),
+                &format!(
+                    "apt_preferences_file = {}",
+                    p(h.dir().join("jiocloud-snapshot.pref"))
+                ),
             );
         let config = format!(
             "store = {}\nhostname = {}\nstate_dir = {}\nversion_file = {}\nfacts_file = {}\nvalidation_dir = {}\nhiera_file = {}\n{defaults}puppet_command = [{}]\nlease_ttl = \"3s\"\nreboot_required_file = {}\nboot_id_file = {}\nreboot_command = [{}]\n{extra}\n",

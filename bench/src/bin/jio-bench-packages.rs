@@ -14,7 +14,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
-        match (args[i].as_str(), args.get(i + 1).and_then(|n| n.parse::<usize>().ok())) {
+        match (
+            args[i].as_str(),
+            args.get(i + 1).and_then(|n| n.parse::<usize>().ok()),
+        ) {
             ("--runs", Some(n)) if n > 0 => {
                 runs = n;
                 i += 1;
@@ -43,7 +46,9 @@ fn main() -> ExitCode {
         times.push(t.elapsed().as_secs_f64() * 1000.0);
         last = Some((text.len(), set, digest));
     }
-    let Some((status_bytes, set, _)) = last else { return ExitCode::from(70) };
+    let Some((status_bytes, set, _)) = last else {
+        return ExitCode::from(70);
+    };
     times.sort_by(f64::total_cmp);
     let record = PackageRecord::of(&set, Some(&set), 0);
     let record_bytes = serde_json::to_string(&record).map_or(0, |s| s.len());

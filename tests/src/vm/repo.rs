@@ -73,12 +73,7 @@ impl AptRepo {
 
     /// The server's request log lines (`"GET /path HTTP/1.1" 200 -`, one per request).
     pub fn requests(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("http.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("\"GET ") || l.contains("\"HEAD "))
-            .map(String::from)
-            .collect()
+        crate::apt::http_requests(&self.dir.path().join("http.log"))
     }
 
     /// Copies `deb` into the repository (call `publish` to index it).
