@@ -4,7 +4,7 @@
 # writes "$JIO_VERSION" into FILE and exits like Puppet: 2 when it changed the
 # file, 0 when it was already right, 1 on bad arguments, 4 when FILE cannot be written.
 set -u
-[ "$#" -eq 3 ] && [ "$1" = "--logdest" ] || { echo "usage: $0 --logdest LOG FILE" >&2; exit 1; }
+if [ "$#" -ne 3 ] || [ "$1" != "--logdest" ]; then echo "usage: $0 --logdest LOG FILE" >&2; exit 1; fi
 log=$2 file=$3 want="${JIO_VERSION:-unknown}"
 sleep "${FAKE_PUPPET_SECONDS:-1}"
 if [ -f "$file" ] && [ "$(cat "$file")" = "$want" ]; then

@@ -5,6 +5,14 @@
 # time: installed through apt when run as root); uses Puppet when it is installed, else
 # examples/fake-puppet.sh. Cleans up every process it started, also on Ctrl-C.
 #
+# The hosts' packages move with their version: examples/snapshot-repo.sh builds a
+# signed apt repository whose snapshot v1 holds jio-hello 1.0 and v2 jio-hello 2.0,
+# served on loopback and set as the fleet's template (`jioctl repo set`); each host
+# has its own package root in which its agent runs real apt-get and dpkg (also as a
+# normal user; never in this machine's own root), and the script ends by reading
+# jio-hello's version in every root with dpkg-query. Without dpkg-deb, apt-ftparchive,
+# gpg or python3 it says so and leaves the packages out.
+#
 # With --composable, the rollout is a composable one (issue 17) under
 # examples/composable/rules.json: its roles_data gives each role its services, whose
 # task files (examples/composable/services/) the agents read from `services_dir`.
@@ -44,7 +52,8 @@ fi
 
 echo "==> building jio-agent and jioctl"
 cargo build --quiet --bin jio-agent --bin jioctl
-BIN=$ROOT/target/debug
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+case $BIN in /*) ;; *) BIN=$ROOT/$BIN ;; esac  # a relative CARGO_TARGET_DIR is cargo's, from here
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/jio-local-fleet.XXXXXX")
 PIDS=()
@@ -75,6 +84,35 @@ toml_list() { local out="" a; for a in "$@"; do out+="\"${a//\"/\\\"}\", "; done
 toml_escape() { local s=${1//\\/\\\\}; printf '%s' "${s//\"/\\\"}"; }
 # The actions fleet commands may run (the agents' actions_dir).
 ACTIONS=$ROOT/examples/actions
+
+# The hosts' packages (not with --composable): the snapshot repository, served on
+# loopback, and its template; each host's package root is made with its agent.toml.
+PACKAGES=0
+if [ "$COMPOSABLE" -eq 0 ]; then
+  if missing=$("$ROOT/examples/snapshot-repo.sh" missing); then
+    PACKAGES=1
+  else
+    echo "==> $missing: the hosts' packages are left out (no snapshot repository)"
+  fi
+fi
+if [ "$PACKAGES" -eq 1 ]; then
+  REPO=$WORK/repo
+  echo "==> building a signed snapshot repository: jio-hello 1.0 in $FROM, 2.0 in $TO"
+  "$ROOT/examples/snapshot-repo.sh" build "$REPO" "$FROM" "$TO"
+  : > "$REPO/http.log"  # read below before the server may have opened it
+  "$ROOT/examples/snapshot-repo.sh" serve "$REPO" >> "$REPO/http.log" 2>&1 &
+  PIDS+=($!)
+  port=""
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/^Serving HTTP on .* port \([0-9]*\) .*/\1/p' "$REPO/http.log")
+    [ -n "$port" ] && break
+    sleep 0.05
+  done
+  [ -n "$port" ] || { echo "the snapshot repository's server did not start:" >&2; cat "$REPO/http.log" >&2; exit 1; }
+  TEMPLATE="deb [signed-by=$REPO/keyring.gpg] http://127.0.0.1:$port/snapshots/{version} bookworm main"
+  echo "==> jioctl repo set '$TEMPLATE'"
+  "${JIOCTL[@]}" repo set "$TEMPLATE" >/dev/null
+fi
 
 if [ "$COMPOSABLE" -eq 1 ]; then
   # A task file holds argument lists, which the agent runs without a shell, so it
@@ -113,6 +151,26 @@ for h in "${HOSTS[@]}"; do
   else
     cmd=$(toml_list "$ROOT/examples/fake-puppet.sh" --logdest "{log_jsonl}" "$d/deployed-version")
   fi
+  if [ "$PACKAGES" -eq 1 ]; then
+    # apt-get and dpkg in the host's package root (examples/snapshot-repo.sh root
+    # says why each setting), jio-hello 1.0 installed there before the agent starts:
+    # dist-upgrade moves installed packages only.
+    "$ROOT/examples/snapshot-repo.sh" root "$d/root"
+    apt=(env "APT_CONFIG=$d/root/apt.conf" DEBIAN_FRONTEND=noninteractive apt-get -q)
+    "${apt[@]}" install -y "$REPO/debs/jio-hello_1.0_all.deb" > "$d/root/install.log" 2>&1 \
+      || { echo "installing jio-hello 1.0 in $h's package root failed:" >&2; cat "$d/root/install.log" >&2; exit 1; }
+    pre="[$(toml_list "${apt[@]}" update), $(toml_list "${apt[@]}" dist-upgrade -y --allow-downgrades -o Dpkg::Options::=--force-confold)]"
+    packages=$(printf 'apt_sources_file = "%s"\napt_preferences_file = "%s"\ndpkg_status_file = "%s"' \
+      "$(toml_escape "$d/root/etc/apt/sources.list.d/jiocloud-snapshot.list")" \
+      "$(toml_escape "$d/root/etc/apt/preferences.d/jiocloud-snapshot")" \
+      "$(toml_escape "$d/root/var/lib/dpkg/status")")
+  else
+    pre="[]"
+    packages=""
+    # Without the snapshot repository, the default run records no package sets (the
+    # machine's own dpkg status is none of the hosts'); --composable is as it was.
+    [ "$COMPOSABLE" -eq 1 ] || packages='dpkg_status_file = ""'
+  fi
   cat > "$d/agent.toml" <<TOML
 store = "$JIO_STORE"
 hostname = "$h"
@@ -121,8 +179,9 @@ version_file = "$d/current_version"
 facts_file = "$d/facts.d/current_version.txt"
 validation_dir = "$d/tests"
 hiera_file = "$d/hieradata/jiocloud.yaml"
-pre_commands = []
-puppet_command = $cmd
+pre_commands = $pre
+${packages:+$packages
+}puppet_command = $cmd
 lease_ttl = "5s"
 health_interval = "0"
 # These agents share this machine: none of them may reboot it.
@@ -187,6 +246,29 @@ status=0
 echo "==> final status"
 "${JIOCTL[@]}" status || true  # exits 1 when a host failed: said above
 [ "$status" -eq 0 ] || exit $status
+
+if [ "$PACKAGES" -eq 1 ]; then
+  echo "==> jio-hello in each host's package root, read by dpkg-query (not the agents' records):"
+  wrong=0
+  for h in "${HOSTS[@]}"; do
+    v=$(dpkg-query --admindir="$WORK/$h/root/var/lib/dpkg" -W -f '${Version}' jio-hello 2>/dev/null) || v="not installed"
+    echo "    $h: jio-hello $v"
+    [ "$v" = 2.0 ] || wrong=1
+  done
+  echo "==> what compute1's agent recorded (jioctl explain compute1):"
+  "${JIOCTL[@]}" explain compute1 | awk '/^  packages:/ { p = 1; print; next } p && /^    / { print; next } { p = 0 }'
+  if same=$("${JIOCTL[@]}" verify-hosts "$TO" --same-packages "${HOSTS[@]}" 2>&1); then
+    echo "==> no package drift: the hosts of each role share one package set at $TO (jioctl verify-hosts --same-packages)"
+  else
+    echo "==> package drift at $TO (jioctl verify-hosts --same-packages):"
+    printf '%s\n' "$same" | sed 's/^/    /'
+    wrong=1
+  fi
+  if [ "$wrong" -ne 0 ]; then
+    echo "not every host has jio-hello 2.0 from $TO's snapshot, or their package sets differ" >&2
+    exit 1
+  fi
+fi
 
 echo "==> a fleet command under the same rules: restart-service web, role by role"
 echo "    (the action is examples/actions/restart-service, installed in the agents' actions_dir)"

@@ -1,6 +1,7 @@
 //! The shipped configuration and the cloud-init example stay valid: the real
 //! `cloud-init schema` accepts the example, it calls jio-agent only with real
-//! subcommands and flags, and both agent configurations load.
+//! subcommands and flags, and both agent configurations load. The example shell
+//! scripts (hooks, the quick start and its helpers) are clean under shellcheck.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -130,6 +131,30 @@ fn the_example_hooks_are_sound_shell_scripts() {
     let out = Command::new(shellcheck)
         .args(["-s", "sh"])
         .args(hooks.iter().map(|h| dir.join(h)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// The example scripts (the quick start, its snapshot repository, the stand-in for
+/// Puppet) parse, and shellcheck finds nothing in them.
+#[test]
+fn the_example_scripts_are_sound_shell_scripts() {
+    let dir = root().join("examples");
+    let scripts = ["local-fleet.sh", "snapshot-repo.sh", "fake-puppet.sh"];
+    for s in scripts {
+        let shell = if s == "fake-puppet.sh" { "sh" } else { "bash" };
+        let out = Command::new(shell).arg("-n").arg(dir.join(s)).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{s}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let shellcheck = jio_tests::require_binary("shellcheck", "apt-get install -y shellcheck");
+    let out = Command::new(shellcheck)
+        .current_dir(&dir)
+        .args(scripts)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
