@@ -166,10 +166,11 @@ for h in "${HOSTS[@]}"; do
       "$(toml_escape "$d/root/var/lib/dpkg/status")")
   else
     pre="[]"
-    packages=""
-    # Without the snapshot repository, the default run records no package sets (the
-    # machine's own dpkg status is none of the hosts'); --composable is as it was.
-    [ "$COMPOSABLE" -eq 1 ] || packages='dpkg_status_file = ""'
+    # Without the snapshot repository no package sets are recorded (the machine's own
+    # dpkg status is none of the hosts'), and the apt files an agent would write or
+    # remove are the host's own, never the machine's.
+    packages=$(printf 'apt_sources_file = "%s"\napt_preferences_file = "%s"\ndpkg_status_file = ""' \
+      "$(toml_escape "$d/jiocloud-snapshot.list")" "$(toml_escape "$d/jiocloud-snapshot.pref")")
   fi
   cat > "$d/agent.toml" <<TOML
 store = "$JIO_STORE"

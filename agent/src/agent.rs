@@ -82,6 +82,8 @@ pub struct Agent {
     run_packages: crate::packages::PackageStep,
     /// dpkg's status file as last read (size, modification time).
     dpkg_stamp: Option<(u64, std::time::SystemTime)>,
+    /// A package set its result refers to that could not be stored yet.
+    unstored_set: Option<(String, jio_common::packages::PackageSet)>,
 }
 
 impl Agent {
@@ -146,6 +148,7 @@ impl Agent {
             reload: None,
             run_packages: Default::default(),
             dpkg_stamp: None,
+            unstored_set: None,
             steps: Arc::new(CommandSteps::from_config(&cfg)),
             cfg,
             store,
@@ -420,7 +423,7 @@ impl Agent {
                 PassResult::Reported
             }
             other => {
-                self.follow_packages(obs.local.as_ref()).await;
+                self.follow_packages(obs).await;
                 let state = decide::idle_state(&other, obs);
                 self.set_record(state, obs.local.clone().or(obs.desired.clone()));
                 PassResult::Idle(other)
@@ -657,7 +660,7 @@ impl Agent {
         let hiera = self.hiera_reader();
         let (began, ()) = tokio::join!(self.begin(AgentState::Upgrading, &version, fence), hiera);
         if !began? {
-            tracing::info!(%version, "the desired version or an enable key changed before the run could start; deciding again");
+            tracing::info!(%version, "the desired version, an enable key, a hold, the current rollout or the package snapshot template changed before the run could start; deciding again");
             return Ok(PassResult::Raced);
         }
         self.hiera_read = true;
@@ -1086,7 +1089,7 @@ impl Agent {
             let why = if lock_fenced {
                 self.why_fence_lost().await
             } else {
-                "the desired version or an enable key changed since it was read"
+                "the desired version, an enable key or the package snapshot template changed since it was read"
             };
             tracing::warn!(%version, "{skipped}: {why}");
             return Ok(Err(PassResult::Raced));
@@ -1098,8 +1101,12 @@ impl Agent {
     async fn why_fence_lost(&self) -> &'static str {
         match self.store.get(&self.cfg.schema.lock(ROLLOUT_LOCK)).await {
             Ok(Some(_)) => "a jioctl upgrade driver holds the rollout lock",
-            Ok(None) => "the desired version or an enable key changed since it was read",
-            Err(_) => "the rollout lock, the desired version or an enable key changed",
+            Ok(None) => {
+                "the desired version, an enable key or the package snapshot template changed since it was read"
+            }
+            Err(_) => {
+                "the rollout lock, the desired version, an enable key or the package snapshot template changed"
+            }
         }
     }
 

@@ -343,8 +343,14 @@ pub async fn observe(
         compose,
         commands: command_facts(inbox.as_ref()),
         package_source_revision: package_source.as_ref().map_or(0, |kv| kv.mod_revision),
-        // Not text: the run says so with the key (`PackageStep::of`).
-        package_source: package_source.map(|kv| if kv.not_text { String::new() } else { kv.value }),
+        // Not text: the run fails saying so, with the key (`PackageStep::of`).
+        package_source: package_source.map(|kv| {
+            if kv.not_text {
+                "(not UTF-8 text)".to_string()
+            } else {
+                kv.value
+            }
+        }),
     })
 }
 

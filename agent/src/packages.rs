@@ -85,6 +85,27 @@ pub fn write_snapshot(settings: &PackageSettings, snap: &PackageSnapshot) -> Res
     replace(&settings.preferences_file, &snap.preferences_file())
 }
 
+/// Without a template: removes the sources entry and pin an earlier run wrote
+/// (files that start with the agent's header), so that no old snapshot stays
+/// pinned. Returns whether it removed any; the error names the file.
+pub fn remove_snapshot(settings: &PackageSettings) -> Result<bool, String> {
+    let mut removed = false;
+    for path in [&settings.sources_file, &settings.preferences_file] {
+        match std::fs::read_to_string(path) {
+            Ok(t) if t.starts_with(HEADER) => {
+                std::fs::remove_file(path).map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+                removed = true;
+            }
+            _ => {}
+        }
+    }
+    Ok(removed)
+}
+
+/// How the files the agent writes begin (`PackageSnapshot::sources_file` and
+/// `preferences_file`); others are never removed.
+const HEADER: &str = "# Written by jio-agent";
+
 fn replace(path: &Path, text: &str) -> Result<(), String> {
     use std::io::Write as _;
     let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());

@@ -282,8 +282,9 @@ pub async fn update(
     Ok(false)
 }
 
-/// dpkg's status changed while idle: the successful result at `local` takes the
-/// set's `digest` (the run's own changes stay listed). False when nothing moves.
+/// dpkg's status changed while idle, or the result carries no set: the
+/// successful result at `local` takes the set's `digest` (a run's own changes
+/// stay listed). False when nothing moves.
 pub fn packages_changed(
     r: &mut HostResult,
     local: &Version,
@@ -291,12 +292,12 @@ pub fn packages_changed(
     digest: &str,
     now: u64,
 ) -> bool {
-    let Some(p) = r.packages.as_mut() else {
-        return false;
-    };
-    if !r.ok || &r.version != local || p.digest == digest {
+    if !r.ok || &r.version != local || r.packages.as_ref().is_some_and(|p| p.digest == digest) {
         return false;
     }
+    let p = r
+        .packages
+        .get_or_insert_with(|| jio_common::packages::PackageRecord::of(set, None, now));
     p.digest = digest.to_string();
     p.count = set.len();
     p.at = now;
@@ -461,6 +462,29 @@ not json
             rollout: None,
             packages: None,
         };
+        // A set seen while idle: a result without one (a composable step wrote it)
+        // takes it; one with it moves only on a new digest; a failed one never.
+        let set = jio_common::packages::PackageSet::from_text("p all 1\n").unwrap();
+        let mut r = run.clone();
+        assert!(packages_changed(&mut r, &v("v2"), &set, &set.digest(), 7));
+        assert_eq!(
+            r.packages.as_ref().map(|p| (p.digest.clone(), p.count, p.at)),
+            Some((set.digest(), 1, 7))
+        );
+        assert!(
+            !packages_changed(&mut r, &v("v2"), &set, &set.digest(), 8),
+            "same digest"
+        );
+        assert!(
+            !packages_changed(&mut r.clone(), &v("v3"), &set, "sha256:x", 8),
+            "another version"
+        );
+        assert!(packages_changed(&mut r, &v("v2"), &set, "sha256:x", 9));
+        let mut failed = HostResult {
+            ok: false,
+            ..run.clone()
+        };
+        assert!(!packages_changed(&mut failed, &v("v2"), &set, &set.digest(), 7));
         let f = soak_failed(&run, "validation exited 1", Some("down"), Path::new("/r/2"));
         assert!(!f.ok);
         assert_eq!((f.step.as_deref(), f.at, f.attempt), (Some("validated"), 100, 2));

@@ -127,7 +127,18 @@ impl StepRunner for CommandSteps {
         }
         // The snapshot's sources and pin first: `apt-get update` reads them.
         match ctx.packages {
-            PackageStep::AsToday => {}
+            // No template (any more): an old snapshot must not stay pinned.
+            PackageStep::AsToday => match crate::packages::remove_snapshot(&self.packages) {
+                Ok(true) => tracing::info!(
+                    "no package snapshot template applies: removed the sources entry and pin an earlier run wrote"
+                ),
+                Ok(false) => {}
+                Err(e) => {
+                    return Outcome::Failure(format!(
+                        "the package snapshot files of an earlier run could not be removed (no template applies now): {e}"
+                    ));
+                }
+            },
             PackageStep::Unusable(why) => {
                 return Outcome::Failure(format!(
                     "the package snapshot of {} cannot be used: {why}",

@@ -57,6 +57,16 @@ fn config(dir: &std::path::Path) -> jio_agent::config::Config {
         ("retry_interval".into(), "10m".into()),
         // Never the test machine's own reboot.
         ("reboot".into(), "never".into()),
+        // Nor its apt files or its packages.
+        (
+            "apt_sources_file".into(),
+            dir.join("snapshot.list").display().to_string(),
+        ),
+        (
+            "apt_preferences_file".into(),
+            dir.join("snapshot.pref").display().to_string(),
+        ),
+        ("dpkg_status_file".into(), String::new()),
         ("health_interval".into(), "0".into()),
     ];
     for (k, val) in all {

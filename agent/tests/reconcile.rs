@@ -74,6 +74,16 @@ fn config(dir: &tempfile::TempDir, settings: &[(&str, &str)]) -> jio_agent::conf
         ("retry_interval".into(), "1m".into()),
         // Never the test machine's own reboot.
         ("reboot".into(), "never".into()),
+        // Nor its apt files or its packages.
+        (
+            "apt_sources_file".into(),
+            dir.path().join("snapshot.list").display().to_string(),
+        ),
+        (
+            "apt_preferences_file".into(),
+            dir.path().join("snapshot.pref").display().to_string(),
+        ),
+        ("dpkg_status_file".into(), String::new()),
         ("health_interval".into(), "0".into()),
     ];
     all.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));

@@ -35,13 +35,17 @@ pub struct SourceTemplate {
 impl SourceTemplate {
     /// Parses one sources line in the one-line format of sources.list(5).
     pub fn parse(s: &str) -> Result<SourceTemplate, TemplateError> {
-        let fail = |why: &str| Err(TemplateError(format!("package source template {s:?}: {why}")));
-        let line = s.trim();
+        // A user and password in the URL never reach a message.
+        let shown = redact_userinfo(s);
+        let fail = |why: &str| Err(TemplateError(format!("package source template {shown:?}: {why}")));
+        // A trailing comment is not part of the entry (sources.list(5)).
+        let line = s.split_once(" #").map_or(s, |(l, _)| l).trim();
         if line.is_empty() || line.contains('\n') {
             return fail("must be one line: deb [options] <uri> <suite> [components...]");
         }
-        let Some(rest) = line.strip_prefix("deb ") else {
-            return fail("must start with `deb ` (binary packages; deb-src is not installed)");
+        let rest = match line.strip_prefix("deb") {
+            Some(r) if r.starts_with([' ', '\t']) => r,
+            _ => return fail("must start with `deb ` (binary packages; deb-src is not installed)"),
         };
         let (options, rest) = match split_options(rest.trim_start()) {
             Ok(x) => x,
@@ -197,8 +201,11 @@ pub fn release_problem(snapshot: &PackageSnapshot, text: &str) -> Option<String>
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
             .map(str::trim)
     };
-    if field("Suite").is_none() && field("Codename").is_none() {
-        return Some("it is not a Release file (no Suite or Codename field)".into());
+    let looks = ["Suite", "Codename", "Date", "SHA256", "MD5Sum"]
+        .iter()
+        .any(|f| field(f).is_some());
+    if !looks {
+        return Some("it is not a Release file (none of Suite, Codename, Date, SHA256, MD5Sum)".into());
     }
     let listed: Vec<&str> = field("Components").unwrap_or("").split_whitespace().collect();
     let missing: Vec<&str> = snapshot
@@ -329,7 +336,7 @@ impl PackageSet {
 /// carry them.
 pub fn redact_userinfo(text: &str) -> String {
     static RE: std::sync::LazyLock<Option<regex::Regex>> =
-        std::sync::LazyLock::new(|| regex::Regex::new(r"(?i)\b(https?://)[^/@\s\]\[]+@").ok());
+        std::sync::LazyLock::new(|| regex::Regex::new(r"(?i)\b(https?://)[^/\s\]\[]+@").ok());
     match RE.as_ref() {
         Some(re) => re.replace_all(text, "${1}***@").into_owned(),
         None => text.to_string(),
@@ -438,6 +445,11 @@ impl<H: Clone + Ord> DriftGroup<H> {
         })
     }
 
+    /// No set has more hosts than every other (the first is only the smallest digest).
+    pub fn tie(&self) -> bool {
+        self.sets.len() > 1 && self.sets[0].1.len() == self.sets[1].1.len()
+    }
+
     /// The hosts whose set is not the common one.
     pub fn drifted(&self) -> impl Iterator<Item = (&str, &H)> {
         self.sets
@@ -523,6 +535,11 @@ mod tests {
             ),
             "deb http://***@repo.example/s/v1 bookworm main; https://***@r/x http://plain/"
         );
+        assert_eq!(redact_userinfo("http://u:p@ss@h/x"), "http://***@h/x");
+        let e = SourceTemplate::parse("deb http://ops:s3cret@r/snapshots bookworm main")
+            .unwrap_err()
+            .0;
+        assert!(!e.contains("s3cret") && e.contains("***@r"), "{e}");
     }
 
     #[test]

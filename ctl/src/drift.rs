@@ -12,8 +12,9 @@ use jio_common::packages::{DriftGroup, PackageChange, PackageSet, short_digest};
 use jio_common::store::DynStore;
 use serde_json::{Value, json};
 
-/// The most sets one view reads (the most common ones of each group first).
-const MAX_SETS: usize = 32;
+/// The most sets one view reads for one role at one version (the most common
+/// one first).
+const MAX_SETS: usize = 8;
 /// The most differences a line names for one host.
 const SHOWN: usize = 4;
 
@@ -100,13 +101,23 @@ impl Drift {
         let mut out = Vec::new();
         for r in &self.roles {
             let common = &r.group.sets[0];
+            let shared = if r.group.tie() {
+                format!(
+                    "no set is the most common (a tie); compared with {}",
+                    short_digest(&common.0)
+                )
+            } else {
+                format!(
+                    "{} host(s) share the most common one ({})",
+                    common.1.len(),
+                    short_digest(&common.0)
+                )
+            };
             out.push(format!(
-                "package drift: {} at {}: {} set(s); {} host(s) share the most common one ({})",
+                "package drift: {} at {}: {} set(s); {shared}",
                 r.role,
                 r.version,
-                r.group.sets.len(),
-                common.1.len(),
-                short_digest(&common.0)
+                r.group.sets.len()
             ));
             for (d, h) in r.group.drifted() {
                 out.push(format!("  {h} ({}): {}", short_digest(d), said(&r.differs[h])));
@@ -154,7 +165,7 @@ fn role_json(r: &RoleDrift) -> Value {
 pub fn said(d: &Result<Vec<PackageChange>, String>) -> String {
     match d {
         Err(e) => e.clone(),
-        Ok(c) if c.is_empty() => "no package differs (the sets differ in order only)".into(),
+        Ok(c) if c.is_empty() => "no package differs".into(),
         Ok(c) => {
             let mut s: Vec<String> = c.iter().take(SHOWN).map(ToString::to_string).collect();
             if c.len() > SHOWN {
@@ -170,7 +181,13 @@ async fn read_set(store: &DynStore, schema: &Schema, digest: &str) -> Result<Pac
     match store.get(&key).await {
         Ok(Some(kv)) => jio_common::values::text(&kv)
             .map_err(|e| e.to_string())
-            .and_then(|t| PackageSet::from_text(t).map_err(|e| format!("key {key}: {e}"))),
+            .and_then(|t| PackageSet::from_text(t).map_err(|e| format!("key {key}: {e}")))
+            .and_then(|set| {
+                // Any agent may write a set: one that is not what its digest says is not used.
+                (set.digest() == digest)
+                    .then_some(set)
+                    .ok_or_else(|| format!("the set stored under {key} does not match its digest"))
+            }),
         Ok(None) => Err(format!("its package set is not stored ({key} is missing)")),
         Err(e) => Err(format!("cannot read {key}: {e}")),
     }
@@ -184,7 +201,9 @@ fn differences(
     let get = |d: &str| match sets.get(d) {
         Some(Ok(s)) => Ok(s),
         Some(Err(e)) => Err(e.clone()),
-        None => Err(format!("not compared (more than {MAX_SETS} package sets)")),
+        None => Err(format!(
+            "not compared (more than {MAX_SETS} package sets in its role at its version)"
+        )),
     };
     let (c, h) = (get(common)?, get(host)?);
     Ok(h.changes_since(c))

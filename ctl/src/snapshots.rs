@@ -106,12 +106,18 @@ pub async fn check(ctx: &Context, store: &DynStore, version: &Version, force: bo
 pub async fn prune(store: &DynStore, schema: &Schema) -> Result<Vec<String>, StoreError> {
     let sets = store.list(&schema.package_sets()).await?;
     let results = store.list(&schema.results()).await?;
-    let used: std::collections::BTreeSet<String> = results
-        .kvs
-        .iter()
-        .filter_map(|kv| jio_common::values::parse_json::<jio_common::values::HostResult>(kv).ok())
-        .filter_map(|r| r.packages.map(|p| p.digest))
-        .collect();
+    let mut used = std::collections::BTreeSet::new();
+    for kv in &results.kvs {
+        // A result that cannot be read may refer to any set: delete none.
+        let r = jio_common::values::parse_json::<jio_common::values::HostResult>(kv).map_err(|e| {
+            StoreError::Rejected {
+                url: store.url().to_string(),
+                op: "prune",
+                message: format!("{e}; no package set was deleted"),
+            }
+        })?;
+        used.extend(r.packages.map(|p| p.digest));
+    }
     let unused: Vec<String> = sets
         .kvs
         .iter()

@@ -300,6 +300,21 @@ async fn scenario(url: &str) {
         failed[0].contains("exited 100: E: ") && failed[0].contains("/snapshots/v3"),
         "the failure does not carry apt's message: {failed:?}"
     );
+
+    // Without the template, the next run removes the sources entry and pin the
+    // agent wrote (no old snapshot stays pinned) and leaves the packages as they are.
+    let unset = run(url, &["repo", "unset"]).await;
+    assert_eq!(unset.status.code(), Some(0), "{}", text(&unset));
+    let up = run(url, &["upgrade", "v4", "--instructions", ONE_AT_A_TIME]).await;
+    assert_eq!(up.status.code(), Some(0), "{}", text(&up));
+    for r in &roots {
+        assert!(
+            !r.sources_file().exists() && !r.preferences_file().exists(),
+            "{} keeps its pin",
+            r.name()
+        );
+    }
+    assert_eq!(versions(&roots).await, vec![Some("1.0".to_string()); 3]);
     drop(f);
 }
 

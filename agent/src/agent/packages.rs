@@ -44,25 +44,37 @@ impl Agent {
 
     /// Stores `set` under `digest` unless it is there (sets never change under a
     /// digest): one conditional transaction, which writes nothing when another
-    /// host stored the set first. A failure is logged: the result still carries
-    /// the digest.
-    async fn store_set(&self, digest: &str, set: &PackageSet) {
+    /// host stored the set first. A set that cannot be stored now is kept and
+    /// stored by a later idle pass (the result already refers to it).
+    async fn store_set(&mut self, digest: &str, set: &PackageSet) {
         let key = self.cfg.schema.package_set(digest);
         let put = Txn::new()
             .when(Compare::ModRevision(key.clone(), 0))
             .then(Op::put(key.clone(), set.to_text()));
-        if let Err(e) = self.store.txn(put).await {
-            tracing::warn!(key = %key, error = %e, "cannot store the installed package set; status will not name its packages");
+        match self.store.txn(put).await {
+            Ok(_) => self.unstored_set = None,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "cannot store the installed package set now; trying again while idle");
+                self.unstored_set = Some((digest.to_string(), set.clone()));
+            }
         }
     }
 
-    /// While idle: when dpkg's status file changed since it was last read, the
-    /// host's successful result at its local version takes the new set (someone
-    /// installed or removed packages by hand: drift).
-    pub(super) async fn follow_packages(&mut self, local: Option<&Version>) {
-        let Some(local) = local else { return };
+    /// While idle: a set not stored yet is stored; and when dpkg's status file
+    /// changed since it was last read (someone installed or removed packages by
+    /// hand: drift), or the successful result at the local version carries no set
+    /// (a composable rollout's step wrote it), the result takes the set now.
+    pub(super) async fn follow_packages(&mut self, obs: &Observation) {
+        if let Some((digest, set)) = self.unstored_set.take() {
+            self.store_set(&digest, &set).await;
+        }
+        let Some(local) = obs.local.as_ref() else { return };
         let stamp = packages::status_stamp(&self.cfg.packages);
-        if stamp.is_none() || stamp == self.dpkg_stamp {
+        let unrecorded = obs
+            .result
+            .as_ref()
+            .is_some_and(|r| r.ok && &r.version == local && r.packages.is_none());
+        if stamp.is_none() || (stamp == self.dpkg_stamp && !unrecorded) {
             return;
         }
         let Some(Ok(set)) = packages::read_installed(&self.cfg.packages) else {
@@ -76,7 +88,7 @@ impl Agent {
             Ok(changed) => {
                 if changed {
                     self.store_set(&digest, &set).await;
-                    tracing::warn!(%digest, "the installed packages changed outside a run; the result records the new set");
+                    tracing::warn!(%digest, "the installed packages differ from the set the result recorded; the result records the new set");
                 }
                 self.dpkg_stamp = stamp;
             }

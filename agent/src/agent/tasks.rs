@@ -93,7 +93,7 @@ impl Agent {
         let fence = self.subject().task_fence(obs);
         self.run_rollout = Some(rollout.clone());
         if !self.begin(AgentState::Upgrading, &version, fence).await? {
-            tracing::info!(%version, phase, "the grant, the desired version or an enable key changed before the step could start; deciding again");
+            tracing::info!(%version, phase, "the grant, the desired version, an enable key or the package snapshot template changed before the step could start; deciding again");
             return Ok(PassResult::Raced);
         }
         self.refresh_hiera().await;

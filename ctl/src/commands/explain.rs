@@ -47,7 +47,9 @@ impl Explain {
         }
         let now = jio_common::time::unix_now();
         let mut lines = explain(&snap, h, now);
-        let drift = crate::drift::Drift::load(&store, ctx.schema(), &snap).await;
+        let role = snap.role_of(h);
+        let drift =
+            crate::drift::Drift::load_of(&store, ctx.schema(), &snap, |x| snap.role_of(x) == role).await;
         let (text, json) = package_lines(&snap, h, &drift);
         lines.text.extend(text);
         if let Some(o) = lines.json.as_object_mut() {
@@ -99,8 +101,13 @@ fn package_lines(
     let mut json = json!({"digest": p.digest, "count": p.count, "changed": p.changed, "changed_count": p.changed_count, "at": p.at});
     match drift.of_host(h) {
         Some((rd, differs)) => {
+            let against = if rd.group.tie() {
+                "a set as common as its own (a tie)"
+            } else {
+                "the most common set"
+            };
             t.push(format!(
-                "    drifted: differs from the most common set of {} at {} ({} host(s), {}): {}",
+                "    drifted: differs from {against} of {} at {} ({} host(s), {}): {}",
                 rd.role,
                 rd.version,
                 rd.group.sets[0].1.len(),
@@ -112,12 +119,36 @@ fn package_lines(
                 Err(e) => json!({"common": rd.group.common, "error": e}),
             };
         }
-        None => t.push(
-            "    no drift: the same set as the other hosts of its role at its version that recorded one"
-                .into(),
-        ),
+        None => t.push(format!("    {}", not_drifted(snap, h, r))),
     }
     (t, json)
+}
+
+/// Why a host with a set is not drifted: it is compared, or why it is not.
+fn not_drifted(snap: &Snapshot, h: &HostName, r: &jio_common::values::HostResult) -> String {
+    if !r.ok {
+        return format!("not compared: its last run (to {}) did not succeed", r.version);
+    }
+    if !snap.running.get(h).is_some_and(|v| v.contains(&r.version)) {
+        return format!(
+            "not compared: it does not run {}, the version of its last run",
+            r.version
+        );
+    }
+    let role = snap.role_of(h);
+    let peers = crate::drift::recorded(snap)
+        .get(&(role.clone(), r.version.clone()))
+        .map_or(0, |hs| hs.len().saturating_sub(1));
+    if peers == 0 {
+        return format!(
+            "not compared: no other host of {role} at {} recorded a set",
+            r.version
+        );
+    }
+    format!(
+        "no drift: the same set as the {peers} other host(s) of {role} at {} that recorded one",
+        r.version
+    )
 }
 
 struct Explained {

@@ -5,7 +5,7 @@
 use clap::{Args, Subcommand};
 use jio_common::names::Version;
 use jio_common::packages::{SourceTemplate, redact_userinfo};
-use jio_common::store::{DynStore, Op, Txn};
+use jio_common::store::{Compare, DynStore, Op, Txn, TxnOutcome};
 use serde_json::json;
 
 use crate::context::{Access, Context};
@@ -109,33 +109,55 @@ async fn check(ctx: &Context, version: &Version) -> Outcome {
 }
 
 /// Refuses a change of template while a rollout is active (its hosts would not
-/// all get the same bits), unless `force`.
-async fn refuse_during_rollout(ctx: &Context, store: &DynStore, force: bool, what: &str) -> Outcome {
+/// all get the same bits), or while `/rollouts/current` cannot be read, unless
+/// `force`. Returns the compare the write is fenced on: `/rollouts/current` as read.
+async fn refuse_during_rollout(
+    ctx: &Context,
+    store: &DynStore,
+    force: bool,
+    what: &str,
+) -> Result<Compare, Failure> {
     let snap = ctx.snapshot(store).await?;
-    let active = snap
-        .rollout
-        .as_ref()
-        .and_then(|c| c.ok())
-        .filter(|r| r.state.active());
-    match active {
-        Some(r) if !force => Err(Failure::usage(format!(
+    let key = ctx.schema().current_rollout();
+    let revision = store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+    let fence = Compare::ModRevision(key, revision);
+    if force {
+        return Ok(fence);
+    }
+    match snap.rollout.as_ref().map(|c| c.ok()) {
+        Some(Some(r)) if r.state.active() => Err(Failure::usage(format!(
             "{what}: rollout {} to {} is active, and its hosts left would get other packages than those done; nothing was written (wait for it to end, or give --force)",
             r.id, r.version
         ))),
-        _ => Ok(()),
+        Some(None) => Err(Failure::usage(format!(
+            "{what}: /rollouts/current cannot be read, so a rollout may be active; nothing was written (fix or remove it, or give --force)"
+        ))),
+        _ => Ok(fence),
+    }
+}
+
+/// Writes `op` fenced on `fence`; a rollout that started meanwhile is refused.
+async fn write_fenced(store: &DynStore, fence: Compare, op: Op, what: &str) -> Outcome {
+    match store.txn(Txn::new().when(fence).then(op)).await? {
+        TxnOutcome::Committed(_) => Ok(()),
+        TxnOutcome::Lost(_) => Err(Failure::usage(format!(
+            "{what}: a rollout started or ended while this ran; nothing was written (run it again)"
+        ))),
     }
 }
 
 async fn set(ctx: &Context, template: &str, force: bool) -> Outcome {
     let t = SourceTemplate::parse(template).map_err(Failure::usage)?;
     let store = ctx.open(Access::Write).await?;
-    refuse_during_rollout(ctx, &store, force, "repo set").await?;
+    let fence = refuse_during_rollout(ctx, &store, force, "repo set").await?;
     // The version hosts run now must have a snapshot under the new template: a
     // repair or a retry would install from it.
     if let Some(kv) = store.get(&ctx.schema().current_version()).await?
         && let Ok(Some(current)) = jio_common::values::parse_version(&kv)
     {
-        let snap = t.snapshot(&current).map_err(Failure::usage)?;
+        let snap = t.snapshot(&current).map_err(|e| {
+            Failure::usage(format!("repo set: the current version: {e}; nothing was written"))
+        })?;
         if force {
             crate::say!("warning: --force: the package snapshot of {current} was not checked");
         } else if let Err(why) = snapshots::fetch_release(&ctx.config.repo, &snap).await {
@@ -145,9 +167,7 @@ async fn set(ctx: &Context, template: &str, force: bool) -> Outcome {
         }
     }
     let key = ctx.schema().package_source();
-    store
-        .txn(Txn::new().then(Op::put(key, t.as_str().to_string())))
-        .await?;
+    write_fenced(&store, fence, Op::put(key, t.as_str().to_string()), "repo set").await?;
     crate::say!(
         "package snapshot template set: {} (agents write it before apt-get update, from their next run)",
         redact_userinfo(t.as_str())
@@ -157,12 +177,20 @@ async fn set(ctx: &Context, template: &str, force: bool) -> Outcome {
 
 async fn unset(ctx: &Context, force: bool) -> Outcome {
     let store = ctx.open(Access::Write).await?;
-    refuse_during_rollout(ctx, &store, force, "repo unset").await?;
-    store
-        .txn(Txn::new().then(Op::Delete(ctx.schema().package_source())))
-        .await?;
+    let fence = refuse_during_rollout(ctx, &store, force, "repo unset").await?;
+    if store.get(&ctx.schema().package_source()).await?.is_none() {
+        crate::say!("no package snapshot template was set: nothing to remove");
+        return Ok(());
+    }
+    write_fenced(
+        &store,
+        fence,
+        Op::Delete(ctx.schema().package_source()),
+        "repo unset",
+    )
+    .await?;
     crate::say!(
-        "package snapshot template removed: agents keep their apt sources as they are (the files they wrote stay)"
+        "package snapshot template removed: from their next run, agents remove the sources entry and pin they wrote and keep the rest of their apt sources as they are"
     );
     Ok(())
 }

@@ -79,10 +79,11 @@ impl Status {
                 self.check_role(&snap)?;
             }
             checked = true;
-            let mut drift = crate::drift::Drift::load(&store, ctx.schema(), &snap).await;
-            if let Some(r) = &self.role {
-                drift.roles.retain(|d| &d.role == r);
-            }
+            let role = self.role.as_ref();
+            let drift = crate::drift::Drift::load_of(&store, ctx.schema(), &snap, |h| {
+                role.is_none_or(|r| &snap.role_of(h) == r)
+            })
+            .await;
             let troubled = self.draw(ctx, &snap, store.url(), &drift)?;
             if !self.watch {
                 // Like a check: 1 when a host shown has failed or is lost (the
