@@ -1056,7 +1056,20 @@ fn rest_waits(
         let limit = v.limit.unwrap_or(0);
         reason(
             ReasonCode::LimitReached,
-            format!("limit reached: group {g} admits {admitted} more (limit {limit})"),
+            {
+                // What is in flight once this pass's admissions land.
+                let now = usize::try_from(limit)
+                    .unwrap_or(usize::MAX)
+                    .saturating_sub(v.group_room)
+                    + admitted;
+                if admitted == 0 {
+                    format!("limit reached: group {g} has {now} of {limit} in flight")
+                } else {
+                    format!(
+                        "limit reached: group {g} has {now} of {limit} in flight with the {admitted} admitted in this pass"
+                    )
+                }
+            },
             None,
         )
     } else {
@@ -1431,7 +1444,18 @@ mod tests {
         };
         let why = rest_waits("compute", &v, 1, 1, 0, Some(9));
         assert_eq!(why.code, ReasonCode::LimitReached);
-        assert!(why.text.contains("admits 1 more (limit 2)"), "{}", why.text);
+        // It never says "admits 1 more (limit 1)" of a group at its limit.
+        assert_eq!(
+            why.text,
+            "limit reached: group compute has 2 of 2 in flight with the 1 admitted in this pass"
+        );
+        let v = GroupView {
+            group_room: 0,
+            fleet_room: 5,
+            ..free_group()
+        };
+        let full = rest_waits("compute", &v, 0, 0, 0, Some(9));
+        assert_eq!(full.text, "limit reached: group compute has 2 of 2 in flight");
         let v = GroupView {
             group_room: 4,
             fleet_room: 1,

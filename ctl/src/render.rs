@@ -295,18 +295,29 @@ pub fn holding(
         .collect()
 }
 
+/// What happens to the hosts in flight when admission stops: `n` of them finish
+/// their run (said right for none and for one).
+pub fn in_flight_finish(n: usize) -> String {
+    match n {
+        0 => "no host is in flight".into(),
+        1 => "the 1 host in flight finishes its run".into(),
+        n => format!("the {n} hosts in flight finish their run"),
+    }
+}
+
 /// A paused rollout, in one line.
 pub fn paused_line(r: &RolloutRecord, in_flight: usize) -> String {
     let RolloutState::Paused { reason, by, until } = &r.state else {
         return format!("rollout {} is {}", r.id, r.state.name());
     };
     format!(
-        "rollout {} is paused by {by}{}{}: nothing new is admitted, {in_flight} host(s) in flight finish; `jioctl rollout resume` continues it",
+        "rollout {} is paused by {by}{}{}: nothing new is admitted, {}; `jioctl rollout resume` continues it",
         r.id,
         reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default(),
         until
             .map(|t| format!(", until {}", jio_common::time::utc_display(t)))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        in_flight_finish(in_flight)
     )
 }
 
@@ -448,6 +459,14 @@ pub fn compose_waiting(c: &jio_common::compose::Composed) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn hosts_in_flight_are_counted_in_words_that_fit_the_count() {
+        assert_eq!(in_flight_finish(0), "no host is in flight");
+        assert_eq!(in_flight_finish(1), "the 1 host in flight finishes its run");
+        assert_eq!(in_flight_finish(3), "the 3 hosts in flight finish their run");
+    }
+
     use super::*;
 
     #[test]

@@ -769,10 +769,10 @@ impl<'a> Driver<'a> {
     fn interrupted_message(&self, sig: &str, record: &RolloutRecord, driving: bool) -> String {
         if driving {
             format!(
-                "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {} host(s) in flight finish their run; nothing more is admitted until a driver takes the rollout: run `jioctl upgrade {}{}` again with the same rules (it follows and drives it), or start `jioctl drive`; `jioctl rollout pause` or `jioctl rollout abort` stops it",
+                "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {}; nothing more is admitted until a driver takes the rollout: run `jioctl upgrade {}{}` again with the same rules (it follows and drives it), or start `jioctl drive`; `jioctl rollout pause` or `jioctl rollout abort` stops it",
                 record.id,
                 record.version,
-                self.in_flight,
+                crate::render::in_flight_finish(self.in_flight),
                 record.version,
                 stage_args(record)
             )

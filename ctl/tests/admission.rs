@@ -94,6 +94,7 @@ async fn a_held_host_stays_at_its_version_while_the_rest_finish() {
     let out = run(&url, &["release", "compute3"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("was not held"), "{}", text(&out));
+    assert_eq!(text(&out).trim().lines().count(), 1, "said once: {}", text(&out));
     let (code, why) = reason(&url, "compute2").await;
     assert_eq!(code, "held", "{why}");
     assert!(why.contains("disk swap"), "{why}");

@@ -385,6 +385,7 @@ impl Release {
         let snap = ctx.snapshot(&store).await?;
         let (held, not_held): (Vec<&HoldTarget>, Vec<&HoldTarget>) =
             targets.iter().partition(|t| snap.holds.contains_key(t));
+        let mut lines = Vec::new();
         for t in &not_held {
             let role_hint = match t {
                 HoldTarget::Host(h) => snap
@@ -394,16 +395,22 @@ impl Release {
                     .unwrap_or_default(),
                 HoldTarget::Role(_) => String::new(),
             };
-            crate::say!("{t} was not held: nothing to release{role_hint}");
+            lines.push(format!("{t} was not held: nothing to release{role_hint}"));
         }
         if held.is_empty() {
+            // One line for one target, said once (as the error when nothing was held).
             if targets.len() == not_held.len() && !not_held.is_empty() {
-                return Err(Failure::new(
-                    crate::exit::FAILED,
-                    "nothing was held: nothing was released",
-                ));
+                let why = if lines.len() == 1 {
+                    lines.remove(0)
+                } else {
+                    format!("{}\nnothing was held: nothing was released", lines.join("\n"))
+                };
+                return Err(Failure::new(crate::exit::FAILED, why));
             }
             return Ok(());
+        }
+        for l in &lines {
+            crate::say!("{l}");
         }
         let schema = ctx.schema();
         let (mut txn, kept) = release_txn(&store, schema, &snap, &held).await?;
@@ -414,8 +421,17 @@ impl Release {
                 "the hold, or an enable key it had set, changed while the release was read; nothing was released: run it again",
             ));
         }
+        let active = snap
+            .rollout
+            .as_ref()
+            .and_then(|c| c.ok())
+            .is_some_and(|r| r.state.active());
         for t in &held {
-            crate::say!("released {t}: the rollout admits it again under its rules");
+            if active {
+                crate::say!("released {t}: the rollout admits it again under its rules");
+            } else {
+                crate::say!("released {t}: no rollout is active; the next one admits it under its rules");
+            }
         }
         for k in &kept {
             crate::say!(

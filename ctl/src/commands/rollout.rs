@@ -139,9 +139,10 @@ async fn change(ctx: &Context, c: Change) -> Outcome {
             say_driver(&snap, r);
         }
         Change::Abort { .. } => println!(
-            "rollout {} to {} aborted: the fleet is left as it is, every enable key reset; {in_flight} host(s) in flight finish their run{}",
+            "rollout {} to {} aborted: the fleet is left as it is, every enable key reset; {}{}",
             r.id,
             r.version,
+            crate::render::in_flight_finish(in_flight),
             r.previous
                 .as_ref()
                 .map(|p| format!("; `jioctl rollout undo` goes back to {p}"))
