@@ -427,13 +427,12 @@ pub fn progress_line(r: &Read) -> String {
         command::hosts_n(r.record.hosts.len()),
         parts.join(", ")
     );
-    let waiting: Vec<String> = r
+    let waiting: Vec<(&HostName, &str)> = r
         .plan
         .phases
         .iter()
         .filter(|(_, p)| matches!(p, HostPhase::Pending | HostPhase::Admitted | HostPhase::Running))
-        .filter_map(|(h, _)| r.plan.reasons.get(h).map(|w| format!("{h} ({})", w.text)))
-        .take(6)
+        .filter_map(|(h, _)| r.plan.reasons.get(h).map(|w| (h, w.text.as_str())))
         .collect();
     if let Some(p) = &r.rules_problem {
         line.push_str(&format!("; nothing is admitted: {p}"));
@@ -450,9 +449,38 @@ pub fn progress_line(r: &Read) -> String {
         );
     }
     if !waiting.is_empty() && !r.finished() {
-        line.push_str(&format!("; waiting for: {}", waiting.join(", ")));
+        line.push_str(&format!("; waiting for: {}", grouped_waits(&waiting)));
     }
     line
+}
+
+/// Hosts that wait, grouped by reason: each reason once, with how many hosts and
+/// the first few names (`+N more` for the rest), the largest groups first; at most
+/// four reasons, then how many more.
+pub fn grouped_waits(waiting: &[(&HostName, &str)]) -> String {
+    const NAMES: usize = 3;
+    const REASONS: usize = 4;
+    let mut by: BTreeMap<&str, Vec<&HostName>> = BTreeMap::new();
+    for (h, why) in waiting {
+        by.entry(why).or_default().push(h);
+    }
+    let mut groups: Vec<(&str, Vec<&HostName>)> = by.into_iter().collect();
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+    let mut parts: Vec<String> = groups
+        .iter()
+        .take(REASONS)
+        .map(|(why, hosts)| {
+            let mut names: Vec<String> = hosts.iter().take(NAMES).map(|h| h.to_string()).collect();
+            if hosts.len() > NAMES {
+                names.push(format!("+{} more", hosts.len() - NAMES));
+            }
+            format!("{} ({}): {why}", command::hosts_n(hosts.len()), names.join(", "))
+        })
+        .collect();
+    if groups.len() > REASONS {
+        parts.push(format!("+{} more reason(s)", groups.len() - REASONS));
+    }
+    parts.join("; ")
 }
 
 /// Follows the command `id` (driving it while `opts.drive` and nobody else does)
@@ -1142,4 +1170,29 @@ pub fn parse_id(s: &str) -> Result<CommandId, String> {
             "{s:?} is not a command id (like 20261125T031500Z-restart-nova; jioctl commands list shows them)"
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_hosts_are_grouped_by_reason_and_none_is_cut_without_saying_so() {
+        let names: Vec<HostName> = (1..=9)
+            .map(|i| HostName::new(format!("compute{i}")).unwrap())
+            .collect();
+        let ctl = HostName::new("controller1").unwrap();
+        let mut waiting: Vec<(&HostName, &str)> =
+            names.iter().map(|h| (h, "waiting for controller")).collect();
+        waiting.push((&ctl, "running"));
+        assert_eq!(
+            grouped_waits(&waiting),
+            "9 hosts (compute1, compute2, compute3, +6 more): waiting for controller; 1 host (controller1): running"
+        );
+        let many: Vec<String> = (0..6).map(|i| format!("reason {i}")).collect();
+        let spread: Vec<(&HostName, &str)> = names.iter().zip(&many).map(|(h, w)| (h, w.as_str())).collect();
+        let line = grouped_waits(&spread);
+        assert!(line.ends_with("; +2 more reason(s)"), "{line}");
+        assert_eq!(line.matches("reason ").count(), 4, "{line}");
+    }
 }
