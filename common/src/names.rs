@@ -90,6 +90,28 @@ macro_rules! name_type {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(String);
+        name_type!(@common $name, $what);
+    };
+    // Sorted as people count: `compute2` before `compute10`.
+    ($(#[$doc:meta])* natural $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name(String);
+        name_type!(@common $name, $what);
+
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                natural_cmp(&self.0, &other.0)
+            }
+        }
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+    };
+    (@common $name:ident, $what:literal) => {
 
         impl $name {
             /// Validates `value` against the name rules.
@@ -139,13 +161,14 @@ macro_rules! name_type {
 }
 
 name_type!(
-    /// A host name as it appears in keys (`compute12`, `ocdb3-prod`).
-    HostName,
+    /// A host name as it appears in keys (`compute12`, `ocdb3-prod`), in natural
+    /// order everywhere (`gcp2` before `gcp10`), JSON included.
+    natural HostName,
     "host name"
 );
 name_type!(
     /// A role (`compute`, `controller`): the group a host belongs to.
-    Role,
+    natural Role,
     "role"
 );
 name_type!(
@@ -163,6 +186,39 @@ name_type!(
     Service,
     "service"
 );
+
+/// Natural order: runs of digits compare as numbers (`a2` < `a10`), the rest
+/// byte by byte; names equal so far (`a01`, `a1`) fall back to byte order, so the
+/// order agrees with equality.
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    while let (Some(&p), Some(&q)) = (x.first(), y.first()) {
+        let ord = if p.is_ascii_digit() && q.is_ascii_digit() {
+            let (dx, rx) = split_digits(x);
+            let (dy, ry) = split_digits(y);
+            (x, y) = (rx, ry);
+            let (tx, ty) = (trim_zeros(dx), trim_zeros(dy));
+            tx.len().cmp(&ty.len()).then_with(|| tx.cmp(ty))
+        } else {
+            (x, y) = (&x[1..], &y[1..]);
+            p.cmp(&q)
+        };
+        if ord.is_ne() {
+            return ord;
+        }
+    }
+    x.len().cmp(&y.len()).then_with(|| a.as_bytes().cmp(b.as_bytes()))
+}
+
+fn split_digits(s: &[u8]) -> (&[u8], &[u8]) {
+    let n = s.iter().take_while(|b| b.is_ascii_digit()).count();
+    s.split_at(n)
+}
+
+fn trim_zeros(d: &[u8]) -> &[u8] {
+    let n = d.iter().take_while(|&&b| b == b'0').count();
+    &d[n..]
+}
 
 impl HostName {
     /// The name could be a real host's (RFC 1123: ASCII letters, digits, '-' and
@@ -233,6 +289,53 @@ impl std::fmt::Display for CommandId {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn hosts_sort_as_people_count() {
+        let mut names: Vec<HostName> = [
+            "gcp10",
+            "gcp2",
+            "gcp1",
+            "a01",
+            "a1",
+            "a",
+            "b",
+            "ocdb3-prod",
+            "ocdb10",
+            "x9y10",
+            "x9y9",
+            "x10",
+        ]
+        .iter()
+        .map(|n| HostName::new(*n).unwrap())
+        .collect();
+        names.sort();
+        let got: Vec<&str> = names.iter().map(|h| h.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "a",
+                "a01",
+                "a1",
+                "b",
+                "gcp1",
+                "gcp2",
+                "gcp10",
+                "ocdb3-prod",
+                "ocdb10",
+                "x9y9",
+                "x9y10",
+                "x10"
+            ]
+        );
+        // Agrees with equality: only equal names compare equal.
+        for a in &names {
+            for b in &names {
+                assert_eq!(a.cmp(b).is_eq(), a == b, "{a} {b}");
+                assert_eq!(a.cmp(b), b.cmp(a).reverse(), "{a} {b}");
+            }
+        }
+    }
     use super::*;
 
     #[test]

@@ -1315,9 +1315,14 @@ fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
             text.push_str(&format!(": {short}{cut}"));
         }
     }
+    // The failure entry holds a link, or the agent's reason when it had none.
+    let is_link = link.starts_with("http://") || link.starts_with("https://");
+    if !is_link && !link.is_empty() && res.is_none_or(|r| r.message.is_none()) {
+        text.push_str(&format!(": {link}"));
+    }
     let log = res
         .and_then(|r| r.log.clone())
-        .or_else(|| (!link.is_empty()).then_some(link));
+        .or_else(|| is_link.then_some(link));
     match log {
         Some(l) => text.push_str(&format!(" (log: {l})")),
         None => {

@@ -537,3 +537,51 @@ mod tests {
         }
     }
 }
+
+/// Up to `n` names, then `+N more` (`compute1, compute2 +7 more`).
+pub fn names_fit(names: impl IntoIterator<Item = String>, n: usize) -> String {
+    let mut shown = Vec::new();
+    let mut more = 0;
+    for name in names {
+        if shown.len() < n {
+            shown.push(name);
+        } else {
+            more += 1;
+        }
+    }
+    let mut s = shown.join(", ");
+    if more > 0 {
+        s.push_str(&format!(" +{more} more"));
+    }
+    s
+}
+
+/// The command that runs failed hosts again, to end every failure shown to a person
+/// (empty without failures).
+pub fn retry_hint<H: std::fmt::Display>(failed: &[H]) -> String {
+    match failed.len() {
+        0 => String::new(),
+        1..=3 => format!(
+            "to retry: jioctl retry {}",
+            failed.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")
+        ),
+        n => format!("to retry: jioctl retry --failed (all {n}), or jioctl retry HOST..."),
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::*;
+
+    #[test]
+    fn retry_hints_name_the_command_and_never_a_long_list() {
+        assert_eq!(retry_hint::<&str>(&[]), "");
+        assert_eq!(retry_hint(&["compute3"]), "to retry: jioctl retry compute3");
+        assert_eq!(
+            retry_hint(&["a1", "a2", "a3", "a4"]),
+            "to retry: jioctl retry --failed (all 4), or jioctl retry HOST..."
+        );
+        assert_eq!(names_fit(["a".to_string(), "b".into(), "c".into()], 2), "a, b +1 more");
+        assert_eq!(names_fit(["a".to_string()], 2), "a");
+    }
+}

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jio_common::fleet::{self, HostStatus, Snapshot};
-use jio_common::names::{Role, Version};
+use jio_common::names::{HostName, Role, Version};
 use jio_common::plan::Reason;
 use jio_common::values::{AgentRecord, HostResult, Skew};
 use serde::Serialize;
@@ -63,7 +63,7 @@ impl Serialize for StatusJson<'_> {
         for (state, roles) in fleet::by_state_and_role(hosts) {
             m.serialize_entry(state.as_str(), &roles)?;
         }
-        let failures = |links: bool| -> BTreeMap<&str, &str> {
+        let failures = |links: bool| -> BTreeMap<&HostName, &str> {
             snap.failures
                 .iter()
                 .filter(|(_, (_, l))| {
@@ -73,14 +73,14 @@ impl Serialize for StatusJson<'_> {
                         !l.is_empty() && !is_link(l)
                     }
                 })
-                .map(|(h, (_, l))| (h.as_str(), l.as_str()))
+                .map(|(h, (_, l))| (h, l.as_str()))
                 .collect()
         };
         m.serialize_entry("failure_links", &failures(true))?;
         m.serialize_entry("failure_reasons", &failures(false))?;
-        let reasons: BTreeMap<&str, &Reason> = hosts
+        let reasons: BTreeMap<&HostName, &Reason> = hosts
             .iter()
-            .filter_map(|h| adm.reasons.get(&h.host).map(|r| (h.host.as_str(), r)))
+            .filter_map(|h| adm.reasons.get(&h.host).map(|r| (&h.host, r)))
             .collect();
         m.serialize_entry("reasons", &reasons)?;
         m.serialize_entry("hosts", &Detail(self))?;

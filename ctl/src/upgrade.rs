@@ -1540,6 +1540,8 @@ impl Driver<'_> {
         for (h, why) in failures {
             msg.push_str(&format!("\n  {h}: {why}"));
         }
+        let hosts: Vec<&String> = failures.iter().map(|(h, _)| h).collect();
+        msg.push_str(&format!("\n{}", crate::render::retry_hint(&hosts)));
         msg
     }
 
@@ -1571,6 +1573,8 @@ fn ended_message(r: &RolloutRecord) -> String {
             for (h, why) in hosts {
                 msg.push_str(&format!("\n  {h}: {why}"));
             }
+            let names: Vec<&String> = hosts.keys().collect();
+            msg.push_str(&format!("\n{}", crate::render::retry_hint(&names)));
             msg
         }
         RolloutState::Aborted {

@@ -151,7 +151,7 @@ async fn refuse_unknown(ctx: &Context, store: &DynStore, level: &EnableLevel) ->
 /// that was moving). Both writes are fenced on the plan epoch (every jioctl write
 /// bumps it) and the first on the key: an emergency stop or any other write that
 /// comes in between wins, and this says so.
-async fn rewrite_true(
+pub(crate) async fn rewrite_true(
     ctx: &Context,
     store: &DynStore,
     key: &Key,

@@ -453,7 +453,7 @@ fn last_run_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
                 t.push(format!("    log: {l}"));
             }
             if let Some(at) = r.retry_at {
-                t.push(format!("    the agent retries at {}", when(at)));
+                t.push(retry_line(at, snap.gate(h, &snap.role_of(h)).enabled, h));
             }
         }
         None => t.push("  last run: none recorded (/results/{h} is absent)".replace("{h}", h.as_str())),
@@ -467,18 +467,32 @@ fn last_run_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
     }
 }
 
+/// When the agent tries again: only while the host's gate lets it.
+fn retry_line(at: u64, enabled: bool, h: &HostName) -> String {
+    if enabled {
+        format!("    the agent retries at {}", when(at))
+    } else {
+        format!(
+            "    no retry: its gate is off, so the agent does not run (it would have retried at {}); `jioctl retry {h}` retries it",
+            when(at)
+        )
+    }
+}
+
 /// The agent, its clock, and a run marker.
 fn agent_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
     match snap.agents.get(h) {
         Some(Some(a)) => t.push(format!(
-            "  agent: alive (pid {}), {} {} since {}",
+            "  agent: alive (pid {}), {} since {}; the host runs {}",
             a.pid,
             serde_json::to_value(a.state)
                 .ok()
                 .and_then(|v| v.as_str().map(String::from))
                 .unwrap_or_default(),
-            a.version.as_ref().map_or("-".into(), ToString::to_string),
-            when(a.since)
+            when(a.since),
+            a.version
+                .as_ref()
+                .map_or("no recorded version".into(), ToString::to_string),
         )),
         Some(None) => t.push(format!("  agent: alive, but /agents/{h} cannot be read")),
         None if snap.runs.contains_key(h) => t.push(format!(

@@ -17,6 +17,7 @@ mod logs;
 mod lookup;
 mod reboot;
 mod repo;
+mod retry;
 mod rollout;
 pub(crate) mod run;
 mod running_versions;
@@ -85,6 +86,8 @@ pub enum Command {
     Repo(repo::Repo),
     /// Remove a decommissioned host from the store (every key that names it), in one transaction
     ForgetHost(forget_host::ForgetHost),
+    /// Run failed hosts' upgrade again now (their host enable key set to true)
+    Retry(retry::Retry),
 }
 
 impl Command {
@@ -112,6 +115,7 @@ impl Command {
             Command::Reboot(c) => c.run(ctx).await,
             Command::Commands(c) => c.run(ctx).await,
             Command::Repo(c) => c.run(ctx).await,
+            Command::Retry(c) => c.run(ctx).await,
         }
     }
 }
