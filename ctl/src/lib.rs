@@ -27,5 +27,6 @@ pub mod rollouts;
 pub mod snapshots;
 pub mod status;
 pub mod status_json;
+pub mod status_view;
 pub mod upgrade;
 pub mod writes;

@@ -230,7 +230,9 @@ pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
         }
     }
     for g in &plan.groups {
-        if g.pending > 0 {
+        // A group with nothing left to admit whose pending hosts are all held or
+        // lost: the parts above name them.
+        if g.pending > 0 && !matches!(g.action, GroupAction::Done) {
             parts.push(format!(
                 "{} pending in {}: {}",
                 g.pending,

@@ -9,6 +9,8 @@ use jio_common::plan::GroupAction;
 use jio_common::plan::{self, Context as PlanContext, Plan, Reason, ReasonCode};
 use jio_common::rollout::RolloutState;
 use jio_common::rules::Rules;
+
+pub use crate::status_view::Layout;
 use serde_json::{Value, json};
 
 /// The active rollout's record (with its rules digest), or why it cannot be used.
@@ -51,30 +53,64 @@ pub fn only_role(hosts: Vec<HostStatus>, role: Option<&Role>) -> Vec<HostStatus>
     }
 }
 
-/// The human table.
-pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], adm: &Admission, store: &str) -> String {
-    let mut s = header(snap, store);
+/// Where the view was read: the store, and its key prefix when there is one (two
+/// fleets in one etcd look different).
+pub fn store_label(url: &str, schema: &jio_common::keys::Schema) -> String {
+    match schema.prefix().trim_matches('/') {
+        "" => url.to_string(),
+        p => format!("{url}  prefix: /{p}"),
+    }
+}
+
+/// The view for people: the header, then `status_view`'s body laid out by `l`.
+pub fn to_text(snap: &Snapshot, hosts: &[HostStatus], adm: &Admission, store: &str, l: Layout) -> String {
+    let mut s = header(snap, store, l);
     let down = upgraded_without_agent(snap, hosts);
     if !down.is_empty() {
-        s.push_str(&format!(
-            "agents down on {} upgraded host(s): {} (no /agents record: no health checks or repairs run there, and the next version will find it lost)\n",
+        let line = format!(
+            "agents down on {} upgraded host(s): {} (no /agents record: no health checks or repairs run there, and the next version will find it lost)",
             down.len(),
-            crate::render::first_names(&down)
-        ));
+            crate::render::names_fit(down.iter().map(|h| h.to_string()), 3)
+        );
+        push_folded(&mut s, &line, l);
     }
     if let Some(p) = &adm.problem {
-        s.push_str(&format!("warning: {p}\n"));
+        push_folded(&mut s, &format!("warning: {p}"), l);
     }
     if let Some(line) = adm.plan.as_ref().and_then(window_line) {
-        s.push_str(&line);
-        s.push('\n');
+        push_folded(&mut s, &line, l);
     }
     if let Some(c) = &adm.composed {
         s.push_str(&crate::render::stages(c));
     }
-    table(&mut s, hosts);
-    explained(&mut s, hosts, &adm.reasons);
+    let (group_of, _) = groups(snap, &fleet::classify(snap));
+    let input = crate::status_view::Input {
+        snap,
+        hosts,
+        reasons: &adm.reasons,
+        group_of: &group_of,
+        groups: adm.plan.as_ref().map_or(&[], |p| &p.groups),
+    };
+    for line in crate::status_view::body(&input, l) {
+        s.push_str(&line);
+        s.push('\n');
+    }
+    if hosts.iter().any(|h| h.state == HostState::Unknown) {
+        push_folded(
+            &mut s,
+            "no /current_version is set: no host can be said to be upgraded (`jioctl upgrade VERSION` sets it and rolls it out)",
+            l,
+        );
+    }
     s
+}
+
+/// `line` folded to the layout's width, and a newline.
+fn push_folded(s: &mut String, line: &str, l: Layout) {
+    for part in crate::status_view::fold(line, 2, l.width) {
+        s.push_str(&part);
+        s.push('\n');
+    }
 }
 
 /// The groups waiting for their maintenance window, and when it opens.
@@ -312,41 +348,49 @@ fn composed(
     jio_common::compose::plan(snap, c, resolved, &cx)
 }
 
+/// Problems and clock warnings listed one by one before `+N more`.
+const WARNINGS: usize = 5;
+
 /// The version, the store, the lock holder, an emergency stop and the problems.
-fn header(snap: &Snapshot, store: &str) -> String {
-    use std::fmt::Write as _;
+fn header(snap: &Snapshot, store: &str, l: Layout) -> String {
     let mut s = String::new();
     let cur = match (&snap.current, &snap.current_invalid) {
         (Some(v), _) => v.to_string(),
         (None, Some(why)) => format!("(invalid: {why})"),
         (None, None) => "(not set)".into(),
     };
-    let _ = writeln!(s, "current version: {cur}    store: {store}");
-    if let Some(l) = &snap.lock {
-        let _ = writeln!(
-            s,
-            "rollout driven by {}",
-            crate::writes::describe(&Some(l.clone()))
-        );
+    let mut lines = vec![format!("current version: {cur}    store: {store}")];
+    if let Some(lock) = &snap.lock {
+        lines.push(format!("rollout driven by {}", crate::writes::describe(&Some(lock.clone()))));
     }
     if let Some((by, _)) = &snap.halt {
-        let _ = writeln!(
-            s,
+        lines.push(format!(
             "emergency stop: {} ran global-disable-puppet; `jioctl upgrade` starts a new rollout",
             crate::writes::describe(&Some(by.clone()))
-        );
+        ));
     }
-    if let Some(line) = undriven_line(snap) {
-        let _ = writeln!(s, "{line}");
+    lines.extend(undriven_line(snap));
+    lines.extend(rollout_lines(snap));
+    let warnings: Vec<String> = snap
+        .problems
+        .iter()
+        .map(|p| format!("warning: {p}"))
+        .chain(
+            skewed_agents(snap, jio_common::time::unix_now_ms())
+                .into_iter()
+                .map(|(h, skew)| format!("warning: {h}: {}", skew.describe())),
+        )
+        .collect();
+    let shown = if l.wide { warnings.len() } else { warnings.len().min(WARNINGS) };
+    lines.extend(warnings[..shown].iter().cloned());
+    if warnings.len() > shown {
+        lines.push(format!(
+            "+{} more warnings (jioctl status --hosts lists them all)",
+            warnings.len() - shown
+        ));
     }
-    for line in rollout_lines(snap) {
-        let _ = writeln!(s, "{line}");
-    }
-    for p in &snap.problems {
-        let _ = writeln!(s, "warning: {p}");
-    }
-    for (h, skew) in skewed_agents(snap, jio_common::time::unix_now_ms()) {
-        let _ = writeln!(s, "warning: {h}: {}", skew.describe());
+    for line in lines {
+        push_folded(&mut s, &line, l);
     }
     s
 }
@@ -415,13 +459,17 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
             out.push(crate::render::paused_line(r, in_flight));
         }
         RolloutState::Stuck { holding } => {
+            let mut held: Vec<(&String, &String)> = holding.iter().collect();
+            // The hosts in flight or lost first: the pending ones only wait.
+            held.sort_by(|a, b| {
+                let pending = |why: &str| why.starts_with("pending");
+                pending(a.1)
+                    .cmp(&pending(b.1))
+                    .then_with(|| jio_common::names::natural_cmp(a.0, b.0))
+            });
             out.push(format!(
                 "stuck: no host finished within its progress_deadline; held by {}",
-                holding
-                    .iter()
-                    .map(|(h, why)| format!("{h} ({why})"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::render::names_fit(held.iter().map(|(h, why)| format!("{h} ({why})")), 3)
             ));
         }
         _ => {}
@@ -444,117 +492,6 @@ pub fn rollout_lines(snap: &Snapshot) -> Vec<String> {
         Err(e) => out.push(format!("its rules no longer fit the fleet: {e}")),
     }
     out
-}
-
-/// The counts per role (a BLOCKED column only when a host is blocked).
-fn table(s: &mut String, hosts: &[HostStatus]) {
-    use std::fmt::Write as _;
-    let mut per_role: BTreeMap<&Role, BTreeMap<HostState, usize>> = BTreeMap::new();
-    for h in hosts {
-        *per_role.entry(&h.role).or_default().entry(h.state).or_default() += 1;
-    }
-    let any_blocked = hosts.iter().any(|h| h.state == HostState::Blocked);
-    let any_unknown = hosts.iter().any(|h| h.state == HostState::Unknown);
-    let _ = writeln!(
-        s,
-        "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}{}",
-        "ROLE",
-        "UPGRADED",
-        "UPGRADING",
-        "FAILED",
-        "PENDING",
-        "LOST",
-        if any_blocked { "  BLOCKED" } else { "" },
-        if any_unknown { "  UNKNOWN" } else { "" }
-    );
-    for (role, counts) in &per_role {
-        let c = |st| counts.get(&st).copied().unwrap_or(0);
-        let total: usize = counts.values().sum();
-        let _ = writeln!(
-            s,
-            "{:<20} {:>9} {:>9} {:>7} {:>8} {:>5}{}{}",
-            role.as_str(),
-            format!("{}/{}", c(HostState::Upgraded), total),
-            c(HostState::Upgrading),
-            c(HostState::Failed),
-            c(HostState::Pending),
-            c(HostState::Lost),
-            if any_blocked {
-                format!("  {:>7}", c(HostState::Blocked))
-            } else {
-                String::new()
-            },
-            if any_unknown {
-                format!("  {:>7}", c(HostState::Unknown))
-            } else {
-                String::new()
-            }
-        );
-    }
-    if hosts.is_empty() {
-        let _ = writeln!(s, "(no hosts)");
-    }
-    if any_unknown {
-        let _ = writeln!(
-            s,
-            "no /current_version is set: no host can be said to be upgraded (`jioctl upgrade VERSION` sets it and rolls it out)"
-        );
-    }
-}
-
-/// One line per host with a reason (every host not upgraded, and soaking ones):
-/// HOST, ROLE, STATE and REASON.
-fn explained(s: &mut String, hosts: &[HostStatus], reasons: &BTreeMap<HostName, Reason>) {
-    use std::fmt::Write as _;
-    let rows: Vec<(&HostStatus, &Reason)> = hosts
-        .iter()
-        .filter_map(|h| reasons.get(&h.host).map(|r| (h, r)))
-        .collect();
-    if rows.is_empty() {
-        return;
-    }
-    let w = rows
-        .iter()
-        .map(|(h, _)| h.host.as_str().len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    let rw = rows
-        .iter()
-        .map(|(h, _)| h.role.as_str().len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    let _ = writeln!(s, "\n{:<w$}  {:<rw$}  {:<9}  REASON", "HOST", "ROLE", "STATE");
-    let mut rows = rows;
-    rows.sort_by_key(|(h, r)| (state_rank(h.state, r), h.host.clone()));
-    for (h, r) in rows {
-        let state = if r.code == ReasonCode::Soaking {
-            "soaking"
-        } else {
-            h.state.as_str()
-        };
-        let _ = writeln!(
-            s,
-            "{:<w$}  {:<rw$}  {:<9}  {}",
-            h.host.as_str(),
-            h.role.as_str(),
-            state,
-            r.text
-        );
-    }
-}
-
-/// Failed and lost hosts first, then moving ones, then the waiting ones.
-fn state_rank(st: HostState, r: &Reason) -> u8 {
-    match st {
-        HostState::Failed => 0,
-        HostState::Lost => 1,
-        HostState::Blocked => 2,
-        HostState::Upgrading => 3,
-        HostState::Upgraded if r.code == ReasonCode::Soaking => 4,
-        _ => 5,
-    }
 }
 
 /// ` --stage a,b` when `r` is a composable rollout of some of its stages: what

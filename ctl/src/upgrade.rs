@@ -1557,7 +1557,13 @@ impl Driver<'_> {
         } else {
             print!(
                 "{}",
-                crate::status::to_text(&snap, &hosts, &adm, self.store.url())
+                crate::status::to_text(
+                    &snap,
+                    &hosts,
+                    &adm,
+                    &crate::status::store_label(self.store.url(), self.schema),
+                    crate::status::Layout::of_stdout(false)
+                )
             );
         }
         Ok(())

@@ -18,6 +18,7 @@ use jio_common::store::{DynStore, ErrorKind, StoreError, WatchEvent, WatchStream
 use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
 use crate::status::{admission_of, only_role, to_text};
+use crate::status_view::{Layout, fit_height, terminal};
 use crate::status_json::StatusJson;
 
 /// A host `status` exits 1 for: failed, lost, or without a live agent while it
@@ -54,7 +55,17 @@ pub struct Status {
     /// Redraw on every change
     #[arg(long)]
     watch: bool,
+    /// Every host on its own line too (at fleet size the view groups them)
+    #[arg(long = "hosts", short = 'w', alias = "wide")]
+    wide: bool,
+    /// `--watch`: when the view drawn was read.
+    #[arg(skip)]
+    read_at: std::cell::Cell<u64>,
 }
+
+/// How long a `--watch` check that the store is there may take: a frozen store
+/// answers nothing, and the view must say so.
+const PING: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Status {
     pub async fn run(self, ctx: &Context) -> Outcome {
@@ -84,7 +95,8 @@ impl Status {
                 role.is_none_or(|r| &snap.role_of(h) == r)
             })
             .await;
-            let troubled = self.draw(ctx, &snap, store.url(), &drift)?;
+            let label = crate::status::store_label(store.url(), ctx.schema());
+            let troubled = self.draw(ctx, &snap, &label, &drift)?;
             if !self.watch {
                 // Like a check: 1 when a host shown has failed or is lost (the
                 // output above says which), so a script or a probe can act on it.
@@ -162,7 +174,7 @@ impl Status {
                 }
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) => return Ok(Woken::Ended),
-                Err(_quiet) => match store.ping().await {
+                Err(_quiet) => match bounded_ping(store).await {
                     // Back: read again and redraw, on a new watch.
                     Ok(_) if unreachable.is_some() => return Ok(Woken::Reopen),
                     Ok(_) => {}
@@ -193,10 +205,19 @@ impl Status {
                 })
             );
         } else {
-            println!(
-                "store unreachable since {} ({e}); the view above is the last one read, redrawn once the store answers",
-                jio_common::time::utc_display(now)
+            let line = format!(
+                "STORE UNREACHABLE since {} ({e}); the view is as of {}, redrawn once the store answers",
+                jio_common::time::utc_display(now),
+                jio_common::time::utc_display(self.read_at.get())
             );
+            if std::io::stdout().is_terminal() && terminal().is_some() {
+                // Over the view's first line (its "as of"), so it is seen first.
+                let cols = terminal().map(|(_, c)| c);
+                print!("\x1b[s\x1b[H\x1b[2K{}\x1b[u", crate::status_view::cut(&line, cols));
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            } else {
+                println!("{line}");
+            }
         }
     }
 
@@ -209,6 +230,7 @@ impl Status {
         drift: &crate::drift::Drift,
     ) -> Result<bool, Failure> {
         let now = jio_common::time::unix_now();
+        self.read_at.set(now);
         let all = fleet::classify(snap);
         // What admits a host depends on the whole fleet, whatever is shown.
         let adm = admission_of(snap, &all, now);
@@ -227,16 +249,43 @@ impl Status {
             return Ok(troubled);
         }
         let tty = std::io::stdout().is_terminal();
-        if self.watch && tty {
-            print!("\x1b[H\x1b[2J");
+        let layout = Layout::of_stdout(self.wide);
+        let mut lines: Vec<String> = Vec::new();
+        if self.watch {
+            lines.push(format!(
+                "as of {} (read at store revision {}; redrawn on every change)",
+                jio_common::time::utc_display(now),
+                snap.revision
+            ));
         }
-        print!("{}", to_text(snap, &hosts, &adm, url));
-        for line in drift.lines() {
-            println!("{line}");
-        }
-        if self.watch && !tty {
-            println!("--");
+        lines.extend(to_text(snap, &hosts, &adm, url, layout).lines().map(String::from));
+        lines.extend(drift.lines());
+        match (self.watch, tty, terminal()) {
+            (true, true, Some((rows, _))) => {
+                print!("\x1b[H\x1b[2J{}", fit_height(lines, rows).join("\n"));
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            }
+            _ => {
+                for line in lines {
+                    println!("{line}");
+                }
+                if self.watch {
+                    println!("--");
+                }
+            }
         }
         Ok(troubled)
+    }
+}
+
+/// The store's ping, an unanswered one after `PING` counted as unreachable.
+async fn bounded_ping(store: &DynStore) -> Result<(), StoreError> {
+    match tokio::time::timeout(PING, store.ping()).await {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => Err(StoreError::Unavailable {
+            url: store.url().to_string(),
+            op: "ping",
+            reason: format!("no answer within {} s", PING.as_secs()),
+        }),
     }
 }
