@@ -226,7 +226,9 @@ pub fn waiting_line(hosts: &[HostStatus], plan: &Plan) -> String {
             .filter(|h| plan.reasons.get(&h.host).is_some_and(|r| r.code == code))
             .collect();
         if !hs.is_empty() {
-            parts.push(format!("{} {what}: {}", hs.len(), named(&hs)));
+            // The names only: each host's own reason would repeat the word.
+            let names = names_fit(hs.iter().map(|h| h.host.to_string()), NAMED);
+            parts.push(format!("{} {what}: {names}", hs.len()));
         }
     }
     for g in &plan.groups {
@@ -565,7 +567,11 @@ pub fn retry_hint<H: std::fmt::Display>(failed: &[H]) -> String {
         0 => String::new(),
         1..=3 => format!(
             "to retry: jioctl retry {}",
-            failed.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")
+            failed
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
         ),
         n => format!("to retry: jioctl retry --failed (all {n}), or jioctl retry HOST..."),
     }
@@ -574,6 +580,44 @@ pub fn retry_hint<H: std::fmt::Display>(failed: &[H]) -> String {
 #[cfg(test)]
 mod hint_tests {
     use super::*;
+    use jio_common::plan::{GroupPlan, Reason};
+
+    fn host(name: &str, state: HostState, reason: Option<&str>) -> HostStatus {
+        HostStatus {
+            host: HostName::new(name).unwrap(),
+            role: Role::new("compute").unwrap(),
+            state,
+            reason: reason.map(String::from),
+        }
+    }
+
+    #[test]
+    fn a_held_host_is_named_once_and_a_done_group_never_says_nothing_pending() {
+        let hosts = [host("compute2", HostState::Pending, Some("held (host compute2)"))];
+        let mut plan = Plan::default();
+        plan.reasons.insert(
+            hosts[0].host.clone(),
+            Reason {
+                code: ReasonCode::Held,
+                text: "held by alice since 00:31".into(),
+                at: None,
+            },
+        );
+        plan.groups.push(GroupPlan {
+            group: "compute".into(),
+            limit: Some(1),
+            upgraded: 0,
+            in_flight: 0,
+            pending: 1,
+            blocked: 0,
+            held: 1,
+            action: GroupAction::Done,
+        });
+        let line = waiting_line(&hosts, &plan);
+        assert_eq!(line, "1 held: compute2");
+        assert!(!line.contains("held (held"), "{line}");
+        assert!(!line.contains("nothing pending"), "{line}");
+    }
 
     #[test]
     fn retry_hints_name_the_command_and_never_a_long_list() {
@@ -583,7 +627,10 @@ mod hint_tests {
             retry_hint(&["a1", "a2", "a3", "a4"]),
             "to retry: jioctl retry --failed (all 4), or jioctl retry HOST..."
         );
-        assert_eq!(names_fit(["a".to_string(), "b".into(), "c".into()], 2), "a, b +1 more");
+        assert_eq!(
+            names_fit(["a".to_string(), "b".into(), "c".into()], 2),
+            "a, b +1 more"
+        );
         assert_eq!(names_fit(["a".to_string()], 2), "a");
     }
 }

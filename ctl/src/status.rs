@@ -361,7 +361,10 @@ fn header(snap: &Snapshot, store: &str, l: Layout) -> String {
     };
     let mut lines = vec![format!("current version: {cur}    store: {store}")];
     if let Some(lock) = &snap.lock {
-        lines.push(format!("rollout driven by {}", crate::writes::describe(&Some(lock.clone()))));
+        lines.push(format!(
+            "rollout driven by {}",
+            crate::writes::describe(&Some(lock.clone()))
+        ));
     }
     if let Some((by, _)) = &snap.halt {
         lines.push(format!(
@@ -381,7 +384,11 @@ fn header(snap: &Snapshot, store: &str, l: Layout) -> String {
                 .map(|(h, skew)| format!("warning: {h}: {}", skew.describe())),
         )
         .collect();
-    let shown = if l.wide { warnings.len() } else { warnings.len().min(WARNINGS) };
+    let shown = if l.wide {
+        warnings.len()
+    } else {
+        warnings.len().min(WARNINGS)
+    };
     lines.extend(warnings[..shown].iter().cloned());
     if warnings.len() > shown {
         lines.push(format!(

@@ -92,7 +92,10 @@ fn group_name(i: &Input<'_>, h: &HostStatus) -> String {
 fn group_table(i: &Input<'_>, l: Layout) -> Vec<String> {
     let mut per: BTreeMap<String, BTreeMap<HostState, usize>> = BTreeMap::new();
     for h in i.hosts {
-        *per.entry(group_name(i, h)).or_default().entry(h.state).or_default() += 1;
+        *per.entry(group_name(i, h))
+            .or_default()
+            .entry(h.state)
+            .or_default() += 1;
     }
     if per.is_empty() {
         return vec!["(no hosts)".into()];
@@ -122,14 +125,20 @@ fn group_table(i: &Input<'_>, l: Layout) -> Vec<String> {
         );
         extra_columns(&mut row, blocked, unknown, |st| Some(c(st)));
         let why = plan.map(first_wait).unwrap_or_default();
-        row.push_str(&format!("  {}", cut(&why, l.width.map(|w| w.saturating_sub(width(&row) + 2)))));
+        row.push_str(&format!(
+            "  {}",
+            cut(&why, l.width.map(|w| w.saturating_sub(width(&row) + 2)))
+        ));
         out.push(row.trim_end().to_string());
     }
     out
 }
 
 fn extra_columns(row: &mut String, blocked: bool, unknown: bool, n: impl Fn(HostState) -> Option<usize>) {
-    for (on, st, name) in [(blocked, HostState::Blocked, "BLOCKED"), (unknown, HostState::Unknown, "UNKNOWN")] {
+    for (on, st, name) in [
+        (blocked, HostState::Blocked, "BLOCKED"),
+        (unknown, HostState::Unknown, "UNKNOWN"),
+    ] {
         if on {
             match n(st) {
                 Some(v) => row.push_str(&format!("  {v:>7}")),
@@ -209,7 +218,9 @@ fn in_flight(i: &Input<'_>, l: Layout) -> Vec<String> {
         .iter()
         .filter(|h| {
             h.state == HostState::Upgrading
-                || i.reasons.get(&h.host).is_some_and(|r| r.code == ReasonCode::Soaking)
+                || i.reasons
+                    .get(&h.host)
+                    .is_some_and(|r| r.code == ReasonCode::Soaking)
         })
         .collect();
     host_rows("IN FLIGHT", &rows, i, l, "jioctl status --hosts")
@@ -222,8 +233,18 @@ fn host_rows(title: &str, rows: &[&HostStatus], i: &Input<'_>, l: Layout, more: 
         return vec![];
     }
     let shown = if l.wide { rows.len() } else { rows.len().min(ROWS) };
-    let hw = rows.iter().map(|h| width(h.host.as_str())).max().unwrap_or(4).max(4);
-    let rw = rows.iter().map(|h| width(h.role.as_str())).max().unwrap_or(4).max(4);
+    let hw = rows
+        .iter()
+        .map(|h| width(h.host.as_str()))
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let rw = rows
+        .iter()
+        .map(|h| width(h.role.as_str()))
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let mut out = vec![String::new(), format!("{title} ({})", rows.len())];
     for h in &rows[..shown] {
         let r = i.reasons.get(&h.host);
@@ -231,7 +252,12 @@ fn host_rows(title: &str, rows: &[&HostStatus], i: &Input<'_>, l: Layout, more: 
             Some(r) if r.code == ReasonCode::Soaking => "soaking",
             _ => h.state.as_str(),
         };
-        let lead = format!("{:<hw$}  {:<rw$}  {:<9}  ", h.host.as_str(), h.role.as_str(), state);
+        let lead = format!(
+            "{:<hw$}  {:<rw$}  {:<9}  ",
+            h.host.as_str(),
+            h.role.as_str(),
+            state
+        );
         let text = r.map_or_else(|| h.reason.clone().unwrap_or_default(), |r| r.text.clone());
         out.extend(lead_fold(&lead, &text, l.width));
     }
@@ -245,7 +271,11 @@ fn host_rows(title: &str, rows: &[&HostStatus], i: &Input<'_>, l: Layout, more: 
 /// `398 pending in compute: waiting for controller (compute1, compute2 +396 more)`.
 fn waiting(i: &Input<'_>, l: Layout) -> Vec<String> {
     let mut by: BTreeMap<(String, String), Vec<&HostName>> = BTreeMap::new();
-    for h in i.hosts.iter().filter(|h| matches!(h.state, HostState::Pending | HostState::Unknown)) {
+    for h in i
+        .hosts
+        .iter()
+        .filter(|h| matches!(h.state, HostState::Pending | HostState::Unknown))
+    {
         let why = i
             .reasons
             .get(&h.host)
@@ -259,11 +289,19 @@ fn waiting(i: &Input<'_>, l: Layout) -> Vec<String> {
     let mut groups: Vec<_> = by.into_iter().collect();
     groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then_with(|| a.0.cmp(&b.0)));
     let mut out = vec![String::new(), format!("PENDING ({total})")];
-    let shown = if l.wide { groups.len() } else { groups.len().min(REASONS) };
+    let shown = if l.wide {
+        groups.len()
+    } else {
+        groups.len().min(REASONS)
+    };
     for ((g, why), hosts) in &groups[..shown] {
         let names = names_fit(hosts.iter().map(|h| h.to_string()), NAMES);
         let why = if why.is_empty() { "pending" } else { why };
-        out.extend(fold(&format!("{} pending in {g}: {why} ({names})", hosts.len()), 2, l.width));
+        out.extend(fold(
+            &format!("{} pending in {g}: {why} ({names})", hosts.len()),
+            2,
+            l.width,
+        ));
     }
     if groups.len() > shown {
         let left: usize = groups[shown..].iter().map(|g| g.1.len()).sum();
@@ -371,8 +409,12 @@ mod tests {
     /// `n` hosts: 3 controllers upgraded to v2; computes with 2 upgrading, 1
     /// failed, 1 whose agent is down, a tenth upgraded, the rest pending.
     fn fleet_of(n: usize) -> Snapshot {
-        let mut kvs = vec![kv("/current_version", "v2"), kv("/config_state/enable_puppet/global", "false")];
-        let reg = |role: &str| format!(r#"{{"role":"{role}","agent_version":"1","addresses":[],"first_seen":1}}"#);
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+        ];
+        let reg =
+            |role: &str| format!(r#"{{"role":"{role}","agent_version":"1","addresses":[],"first_seen":1}}"#);
         let agent = r#"{"state":"idle","version":"v1","since":1,"pid":1}"#;
         for i in 1..=n {
             let (h, role) = if i <= 3 {
@@ -389,7 +431,10 @@ mod tests {
             } else if i == 4 || i == 5 {
                 kvs.push(kv(&format!("/config_state/enable_puppet/host/{h}"), "true"));
             } else if i == 6 {
-                kvs.push(kv(&format!("/status/configured/failure/v2/{h}"), "puppet exited 4: some resources failed"));
+                kvs.push(kv(
+                    &format!("/status/configured/failure/v2/{h}"),
+                    "puppet exited 4: some resources failed",
+                ));
             }
         }
         Snapshot::from_kvs(&Schema::default(), &kvs)
@@ -398,7 +443,13 @@ mod tests {
     fn render(snap: &Snapshot, width: Option<usize>) -> Vec<String> {
         let hosts = fleet::classify(snap);
         let adm = crate::status::admission_of(snap, &hosts, 1_000);
-        let text = crate::status::to_text(snap, &hosts, &adm, "etcd://127.0.0.1:2379", Layout { width, wide: false });
+        let text = crate::status::to_text(
+            snap,
+            &hosts,
+            &adm,
+            "etcd://127.0.0.1:2379",
+            Layout { width, wide: false },
+        );
         text.lines().map(String::from).collect()
     }
 
@@ -414,8 +465,17 @@ mod tests {
             // The failed host, its retry and the hosts in flight come before
             // the pending ones, on the first screen.
             let screen = lines[..lines.len().min(23)].join("\n");
-            for want in ["compute3  compute  failed", "to retry: jioctl retry compute3", "compute1  compute  upgrading", "compute2  compute  upgrading", "no live agent"] {
-                assert!(screen.contains(want), "{n} hosts: {want:?} not on the first screen:\n{screen}");
+            for want in [
+                "compute3  compute  failed",
+                "to retry: jioctl retry compute3",
+                "compute1  compute  upgrading",
+                "compute2  compute  upgrading",
+                "no live agent",
+            ] {
+                assert!(
+                    screen.contains(want),
+                    "{n} hosts: {want:?} not on the first screen:\n{screen}"
+                );
             }
             // Each pending reason once: no line repeated.
             let pending: Vec<&String> = lines.iter().filter(|l| l.contains(" pending in ")).collect();
@@ -424,7 +484,12 @@ mod tests {
             assert!(pending.len() <= REASONS + 1, "{all}");
             // The counts add up to the fleet.
             let mut total = 0;
-            for l in lines.iter().skip_while(|l| !l.starts_with("GROUP")).skip(1).take_while(|l| !l.is_empty()) {
+            for l in lines
+                .iter()
+                .skip_while(|l| !l.starts_with("GROUP"))
+                .skip(1)
+                .take_while(|l| !l.is_empty())
+            {
                 let cols: Vec<&str> = l.split_whitespace().collect();
                 total += cols[1].split('/').nth(1).unwrap().parse::<usize>().unwrap();
             }
@@ -434,7 +499,10 @@ mod tests {
                 .iter()
                 .map(|l| l.split_whitespace().next().unwrap().parse::<usize>().unwrap())
                 .sum();
-            let want = fleet::classify(&snap).iter().filter(|h| h.state == HostState::Pending).count();
+            let want = fleet::classify(&snap)
+                .iter()
+                .filter(|h| h.state == HostState::Pending)
+                .count();
             assert_eq!(counted, want, "{all}");
         }
     }
@@ -450,7 +518,16 @@ mod tests {
         let snap = fleet_of(30);
         let hosts = fleet::classify(&snap);
         let adm = crate::status::admission_of(&snap, &hosts, 1_000);
-        let text = crate::status::to_text(&snap, &hosts, &adm, "s", Layout { width: None, wide: true });
+        let text = crate::status::to_text(
+            &snap,
+            &hosts,
+            &adm,
+            "s",
+            Layout {
+                width: None,
+                wide: true,
+            },
+        );
         let every: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.starts_with("EVERY HOST"))

@@ -83,9 +83,8 @@ impl Retry {
                 .map(|s| s.host.clone())
                 .collect());
         }
-        let hosts = resolve_targets(&Targets::Hosts(self.hosts.clone()), snap).map_err(|e| {
-            Failure::usage(format!("{}; nothing was written", e.join("; ")))
-        })?;
+        let hosts = resolve_targets(&Targets::Hosts(self.hosts.clone()), snap)
+            .map_err(|e| Failure::usage(format!("{}; nothing was written", e.join("; "))))?;
         let not_failed: Vec<String> = hosts
             .iter()
             .filter(|h| !failed(h))
@@ -124,7 +123,10 @@ async fn enable(
     let mut expect = epoch;
     for (i, chunk) in hosts.chunks(size).enumerate() {
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), expect));
-        txn.ops = chunk.iter().map(|h| writes::enable_host(ctx.schema(), h)).collect();
+        txn.ops = chunk
+            .iter()
+            .map(|h| writes::enable_host(ctx.schema(), h))
+            .collect();
         txn.ops.push(writes::epoch_put(ctx.schema()));
         match store.txn(txn).await.context("writing the enable keys")? {
             TxnOutcome::Committed(r) => expect = r,

@@ -18,8 +18,8 @@ use jio_common::store::{DynStore, ErrorKind, StoreError, WatchEvent, WatchStream
 use crate::context::{Access, Context};
 use crate::exit::{Failure, Outcome};
 use crate::status::{admission_of, only_role, to_text};
-use crate::status_view::{Layout, fit_height, terminal};
 use crate::status_json::StatusJson;
+use crate::status_view::{Layout, fit_height, terminal};
 
 /// A host `status` exits 1 for: failed, lost, or without a live agent while it
 /// is not upgraded (upgrading, pending or blocked: nothing moves it until its
@@ -213,7 +213,10 @@ impl Status {
             if std::io::stdout().is_terminal() && terminal().is_some() {
                 // Over the view's first line (its "as of"), so it is seen first.
                 let cols = terminal().map(|(_, c)| c);
-                print!("\x1b[s\x1b[H\x1b[2K{}\x1b[u", crate::status_view::cut(&line, cols));
+                print!(
+                    "\x1b[s\x1b[H\x1b[2K{}\x1b[u",
+                    crate::status_view::cut(&line, cols)
+                );
                 let _ = std::io::Write::flush(&mut std::io::stdout());
             } else {
                 println!("{line}");

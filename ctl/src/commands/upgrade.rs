@@ -54,6 +54,18 @@ impl Upgrade {
         let store = ctx
             .open(if self.noop { Access::Read } else { Access::Write })
             .await?;
+        if !self.force && self.stage.is_empty() {
+            let snap = ctx.snapshot(&store).await?;
+            if let Some(done) = already_done(&snap, &self.version) {
+                crate::say!("{done}");
+                if ctx.json {
+                    let doc =
+                        serde_json::json!({"version": self.version, "already_done": true, "started": false});
+                    println!("{}", crate::out::document(doc));
+                }
+                return Ok(());
+            }
+        }
         let what = format!("upgrade {}", self.version);
         crate::snapshots::check(ctx, &store, &self.version, self.force, &what).await?;
         let mode = match (self.once, self.detach) {
@@ -77,6 +89,36 @@ impl Upgrade {
         };
         crate::upgrade::rollout(&store, ctx.schema(), &ctx.config.role_pattern, args).await
     }
+}
+
+/// `Some` (what to say) when `v` is the fleet's version, no rollout is active and
+/// every host runs it: a new rollout would only move nothing "from" an older
+/// version.
+pub fn already_done(snap: &jio_common::fleet::Snapshot, v: &Version) -> Option<String> {
+    use jio_common::fleet::HostState;
+    if snap.current.as_ref() != Some(v) {
+        return None;
+    }
+    if let Some(r) = snap.rollout.as_ref().and_then(|c| c.ok())
+        && r.state.active()
+    {
+        return None;
+    }
+    let hosts = jio_common::fleet::classify(snap);
+    if hosts.is_empty() || hosts.iter().any(|h| h.state != HostState::Upgraded) {
+        return None;
+    }
+    let last = snap
+        .rollout
+        .as_ref()
+        .and_then(|c| c.ok())
+        .filter(|r| &r.version == v)
+        .map(|r| format!(" (rollout {} {})", r.id, r.state.name()))
+        .unwrap_or_default();
+    Some(format!(
+        "{v} is already rolled out: all {} host(s) run it{last}; nothing was started (--force starts a new rollout to {v} all the same)",
+        hosts.len()
+    ))
 }
 
 /// The rules, checked, and their JSON as given (what a rollout record keeps).

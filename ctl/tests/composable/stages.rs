@@ -135,7 +135,7 @@ async fn a_staged_rollout_upgrades_the_control_plane_then_the_rest_as_one_rollou
     );
     // Each compute says why it waits (the spec's wording is `stage compute not
     // started`; "is not started" reads the same).
-    let st = text(&run(&url, &["status"]).await);
+    let st = text(&run(&url, &["status", "--hosts"]).await);
     for h in computes {
         let line = st.lines().find(|l| l.starts_with(h)).unwrap_or_default();
         assert!(
