@@ -53,8 +53,10 @@ pub fn fit_height(mut lines: Vec<String>, rows: usize) -> Vec<String> {
 
 /// Host names shown in a grouped line before `+N more`.
 const NAMES: usize = 3;
-/// Hosts listed one per line in a section before `+N more`.
-const ROWS: usize = 20;
+/// Hosts listed one per line in a section; more are grouped by reason.
+const ALONE: usize = 6;
+/// Reason lines in a section of hosts that need a person or are in flight.
+const GROUPS: usize = 4;
 /// Reasons listed for the pending hosts before `+N more`.
 const REASONS: usize = 8;
 
@@ -226,43 +228,111 @@ fn in_flight(i: &Input<'_>, l: Layout) -> Vec<String> {
     host_rows("IN FLIGHT", &rows, i, l, "jioctl status --hosts")
 }
 
-/// A titled section of host rows (HOST ROLE STATE REASON), the reason folded to
-/// the width, cut after `ROWS` hosts with `+N more` and where to see them.
+/// A titled section: a row per host (HOST ROLE STATE REASON, the reason folded
+/// to the width) when there are few, or with `--hosts`; else the hosts grouped
+/// by group, state and reason, each group once with a count and a few names.
 fn host_rows(title: &str, rows: &[&HostStatus], i: &Input<'_>, l: Layout, more: &str) -> Vec<String> {
     if rows.is_empty() {
         return vec![];
     }
-    let shown = if l.wide { rows.len() } else { rows.len().min(ROWS) };
-    let hw = rows
-        .iter()
-        .map(|h| width(h.host.as_str()))
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    let rw = rows
-        .iter()
-        .map(|h| width(h.role.as_str()))
-        .max()
-        .unwrap_or(4)
-        .max(4);
     let mut out = vec![String::new(), format!("{title} ({})", rows.len())];
-    for h in &rows[..shown] {
-        let r = i.reasons.get(&h.host);
-        let state = match r {
-            Some(r) if r.code == ReasonCode::Soaking => "soaking",
-            _ => h.state.as_str(),
-        };
-        let lead = format!(
-            "{:<hw$}  {:<rw$}  {:<9}  ",
-            h.host.as_str(),
-            h.role.as_str(),
-            state
-        );
-        let text = r.map_or_else(|| h.reason.clone().unwrap_or_default(), |r| r.text.clone());
-        out.extend(lead_fold(&lead, &text, l.width));
+    if rows.len() <= ALONE || l.wide {
+        let hw = rows
+            .iter()
+            .map(|h| width(h.host.as_str()))
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let rw = rows
+            .iter()
+            .map(|h| width(h.role.as_str()))
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        for h in rows {
+            let lead = format!(
+                "{:<hw$}  {:<rw$}  {:<9}  ",
+                h.host.as_str(),
+                h.role.as_str(),
+                state_of(i, h)
+            );
+            out.extend(lead_fold(&lead, &reason_of(i, h), l.width));
+        }
+        return out;
     }
-    if rows.len() > shown {
-        out.push(format!("+{} more ({more} lists them)", rows.len() - shown));
+    let mut by: BTreeMap<(String, &str, String), Vec<&HostName>> = BTreeMap::new();
+    for h in rows {
+        // A log link names the host: the same failure groups without it.
+        let why = shared_reason(h, &reason_of(i, h));
+        by.entry((group_name(i, h), state_of(i, h), why))
+            .or_default()
+            .push(&h.host);
+    }
+    out.extend(grouped(
+        by.into_iter()
+            .map(|((g, st, why), hs)| (format!("{st} in {g}"), why, hs))
+            .collect(),
+        GROUPS,
+        l,
+        more,
+    ));
+    out
+}
+
+/// A host's reason as hosts share it: its own name as `<host>`, and without its
+/// log link (which names it too).
+fn shared_reason(h: &HostStatus, why: &str) -> String {
+    let why = why.split(" (log: ").next().unwrap_or_default();
+    why.split(h.host.as_str()).collect::<Vec<_>>().join("<host>")
+}
+
+fn state_of(i: &Input<'_>, h: &HostStatus) -> &'static str {
+    match i.reasons.get(&h.host) {
+        Some(r) if r.code == ReasonCode::Soaking => "soaking",
+        _ => h.state.as_str(),
+    }
+}
+
+fn reason_of(i: &Input<'_>, h: &HostStatus) -> String {
+    i.reasons
+        .get(&h.host)
+        .map_or_else(|| h.reason.clone().unwrap_or_default(), |r| r.text.clone())
+}
+
+/// Lines of `N <what>: <why> (a, b, c +N more)`, the largest first, at most `max`
+/// of them and then how many hosts and reasons were left out and where to see them.
+fn grouped(
+    mut groups: Vec<(String, String, Vec<&HostName>)>,
+    max: usize,
+    l: Layout,
+    more: &str,
+) -> Vec<String> {
+    groups.sort_by(|a, b| {
+        b.2.len()
+            .cmp(&a.2.len())
+            .then_with(|| (&a.0, &a.1).cmp(&(&b.0, &b.1)))
+    });
+    let shown = if l.wide {
+        groups.len()
+    } else {
+        groups.len().min(max)
+    };
+    let mut out = Vec::new();
+    for (what, why, hosts) in &groups[..shown] {
+        let names = names_fit(hosts.iter().map(|h| h.to_string()), NAMES);
+        let why = if why.is_empty() { "-" } else { why };
+        out.extend(fold(
+            &format!("{} {what}: {why} ({names})", hosts.len()),
+            2,
+            l.width,
+        ));
+    }
+    if groups.len() > shown {
+        let left: usize = groups[shown..].iter().map(|g| g.2.len()).sum();
+        out.push(format!(
+            "+{left} more host(s) for {} other reason(s) ({more} lists them)",
+            groups.len() - shown
+        ));
     }
     out
 }
@@ -276,40 +346,20 @@ fn waiting(i: &Input<'_>, l: Layout) -> Vec<String> {
         .iter()
         .filter(|h| matches!(h.state, HostState::Pending | HostState::Unknown))
     {
-        let why = i
-            .reasons
-            .get(&h.host)
-            .map_or_else(|| h.reason.clone().unwrap_or_default(), |r| r.text.clone());
-        by.entry((group_name(i, h), why)).or_default().push(&h.host);
+        by.entry((group_name(i, h), shared_reason(h, &reason_of(i, h))))
+            .or_default()
+            .push(&h.host);
     }
     if by.is_empty() {
         return vec![];
     }
     let total: usize = by.values().map(Vec::len).sum();
-    let mut groups: Vec<_> = by.into_iter().collect();
-    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then_with(|| a.0.cmp(&b.0)));
     let mut out = vec![String::new(), format!("PENDING ({total})")];
-    let shown = if l.wide {
-        groups.len()
-    } else {
-        groups.len().min(REASONS)
-    };
-    for ((g, why), hosts) in &groups[..shown] {
-        let names = names_fit(hosts.iter().map(|h| h.to_string()), NAMES);
-        let why = if why.is_empty() { "pending" } else { why };
-        out.extend(fold(
-            &format!("{} pending in {g}: {why} ({names})", hosts.len()),
-            2,
-            l.width,
-        ));
-    }
-    if groups.len() > shown {
-        let left: usize = groups[shown..].iter().map(|g| g.1.len()).sum();
-        out.push(format!(
-            "+{left} more pending for {} other reasons (jioctl status --hosts lists them)",
-            groups.len() - shown
-        ));
-    }
+    let groups = by
+        .into_iter()
+        .map(|((g, why), hs)| (format!("pending in {g}"), why, hs))
+        .collect();
+    out.extend(grouped(groups, REASONS, l, "jioctl status --hosts"));
     out
 }
 

@@ -256,7 +256,7 @@ impl Status {
         let mut lines: Vec<String> = Vec::new();
         if self.watch {
             lines.push(format!(
-                "as of {} (read at store revision {}; redrawn on every change)",
+                "as of {}, store revision {} (redrawn on every change)",
                 jio_common::time::utc_display(now),
                 snap.revision
             ));
@@ -264,7 +264,11 @@ impl Status {
         lines.extend(to_text(snap, &hosts, &adm, url, layout).lines().map(String::from));
         lines.extend(drift.lines());
         match (self.watch, tty, terminal()) {
-            (true, true, Some((rows, _))) => {
+            (true, true, Some((rows, cols))) => {
+                let lines: Vec<String> = lines
+                    .iter()
+                    .map(|l| crate::status_view::cut(l, Some(cols)))
+                    .collect();
                 print!("\x1b[H\x1b[2J{}", fit_height(lines, rows).join("\n"));
                 let _ = std::io::Write::flush(&mut std::io::stdout());
             }
