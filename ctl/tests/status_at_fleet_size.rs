@@ -4,6 +4,9 @@
 //! and the hosts in flight are on the first screen, no pending line is repeated,
 //! and the counts add up to the fleet.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+#![allow(clippy::disallowed_methods)] // they time real processes on the wall clock
+
 mod common;
 
 use std::collections::BTreeSet;
