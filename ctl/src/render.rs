@@ -560,6 +560,30 @@ pub fn names_fit(names: impl IntoIterator<Item = String>, n: usize) -> String {
     s
 }
 
+/// Failed hosts and why, for a person: one line each (`  compute3: why`) when there
+/// are up to 6, else one line per reason (the host's own name and log link aside)
+/// with a count and the first names, the largest first. In natural host order.
+pub fn failure_lines<'a>(failures: impl IntoIterator<Item = (&'a String, &'a String)>) -> Vec<String> {
+    let mut all: Vec<(&String, &String)> = failures.into_iter().collect();
+    all.sort_by(|a, b| jio_common::names::natural_cmp(a.0, b.0));
+    if all.len() <= 6 {
+        return all.iter().map(|(h, why)| format!("  {h}: {why}")).collect();
+    }
+    let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (h, why) in &all {
+        let shared = why.split(" (log: ").next().unwrap_or_default();
+        by.entry(shared.split(h.as_str()).collect::<Vec<_>>().join("<host>"))
+            .or_default()
+            .push(h.to_string());
+    }
+    let mut groups: Vec<(String, Vec<String>)> = by.into_iter().collect();
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
+    groups
+        .into_iter()
+        .map(|(why, hosts)| format!("  {} host(s): {why} ({})", hosts.len(), names_fit(hosts, 3)))
+        .collect()
+}
+
 /// The command that runs failed hosts again, to end every failure shown to a person
 /// (empty without failures).
 pub fn retry_hint<H: std::fmt::Display>(failed: &[H]) -> String {
@@ -632,5 +656,22 @@ mod hint_tests {
             "a, b +1 more"
         );
         assert_eq!(names_fit(["a".to_string()], 2), "a");
+        let few: Vec<(String, String)> = vec![("c10".into(), "x".into()), ("c2".into(), "y".into())];
+        assert_eq!(
+            failure_lines(few.iter().map(|(a, b)| (a, b))),
+            ["  c2: y", "  c10: x"]
+        );
+        let many: Vec<(String, String)> = (1..=9)
+            .map(|i| {
+                (
+                    format!("c{i}"),
+                    format!("configured failed: exit 4 on c{i} (log: http://s/c{i})"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            failure_lines(many.iter().map(|(a, b)| (a, b))),
+            ["  9 host(s): configured failed: exit 4 on <host> (c1, c2, c3 +6 more)"]
+        );
     }
 }

@@ -349,7 +349,7 @@ fn composed(
 }
 
 /// Problems and clock warnings listed one by one before `+N more`.
-const WARNINGS: usize = 5;
+const WARNINGS: usize = 10;
 
 /// The version, the store, the lock holder, an emergency stop and the problems.
 fn header(snap: &Snapshot, store: &str, l: Layout) -> String {

@@ -1537,10 +1537,11 @@ impl Driver<'_> {
             failures.len(),
             self.max_failures
         );
-        for (h, why) in failures {
-            msg.push_str(&format!("\n  {h}: {why}"));
+        for line in crate::render::failure_lines(failures.iter().map(|(h, why)| (h, why))) {
+            msg.push_str(&format!("\n{line}"));
         }
-        let hosts: Vec<&String> = failures.iter().map(|(h, _)| h).collect();
+        let mut hosts: Vec<&String> = failures.iter().map(|(h, _)| h).collect();
+        hosts.sort_by(|a, b| jio_common::names::natural_cmp(a, b));
         msg.push_str(&format!("\n{}", crate::render::retry_hint(&hosts)));
         msg
     }
@@ -1576,10 +1577,11 @@ fn ended_message(r: &RolloutRecord) -> String {
     match &r.state {
         RolloutState::Failed { hosts } => {
             let mut msg = format!("rollout {id} to {v} failed: {} host(s) failed", hosts.len());
-            for (h, why) in hosts {
-                msg.push_str(&format!("\n  {h}: {why}"));
+            for line in crate::render::failure_lines(hosts) {
+                msg.push_str(&format!("\n{line}"));
             }
-            let names: Vec<&String> = hosts.keys().collect();
+            let mut names: Vec<&String> = hosts.keys().collect();
+            names.sort_by(|a, b| jio_common::names::natural_cmp(a, b));
             msg.push_str(&format!("\n{}", crate::render::retry_hint(&names)));
             msg
         }

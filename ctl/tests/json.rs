@@ -64,6 +64,8 @@ async fn every_subcommand_prints_one_json_document() {
     let (code, v) = doc(&url, &["upgrade", "v1", "--instructions", rules]).await;
     assert_eq!(code, Some(0), "{v}");
     ours(&["upgrade"], &v);
+    // The fleet already runs v1: nothing started, said in the same document.
+    assert_eq!(v["already_done"], true, "{v}");
     assert_eq!(v["current_version"], "v1");
     assert_eq!(v["upgraded"]["compute"].as_array().unwrap().len(), 2, "{v}");
     // Each host in detail.

@@ -273,7 +273,7 @@ async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
         br#"{"role":"compute","agent_version":"1","first_seen":"x"}"#,
     );
     for (args, fleet) in [
-        (vec!["status"], "compute                    2/2"),
+        (vec!["status"], "GROUP"),
         (vec!["status", "--json"], "compute1"),
         (vec!["running-versions"], "v1\t4 host(s)"),
         (
@@ -288,6 +288,11 @@ async fn invalid_values_are_reported_and_the_rest_of_the_fleet_is_shown() {
         assert!(t.contains(fleet), "{args:?} still shows the fleet: {t}");
     }
     let st = text(&run(&url, &["status"]).await);
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("compute ") && l.contains(" 2/2 ")),
+        "the computes' group line: {st}"
+    );
     assert!(
         st.contains("bad\\xffname"),
         "the undecodable key is named, escaped: {st}"

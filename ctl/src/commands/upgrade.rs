@@ -59,9 +59,12 @@ impl Upgrade {
             if let Some(done) = already_done(&snap, &self.version) {
                 crate::say!("{done}");
                 if ctx.json {
-                    let doc =
-                        serde_json::json!({"version": self.version, "already_done": true, "started": false});
-                    println!("{}", crate::out::document(doc));
+                    // What a followed rollout ends with: the fleet's status, said done already.
+                    let hosts = jio_common::fleet::classify(&snap);
+                    let adm = crate::status::admission_of(&snap, &hosts, jio_common::time::unix_now());
+                    let mut doc = crate::status_json::StatusJson::document(&snap, &hosts, &adm);
+                    doc.lead.push(("already_done", true.into()));
+                    println!("{}", doc.render(true));
                 }
                 return Ok(());
             }
