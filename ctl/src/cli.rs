@@ -10,6 +10,9 @@ use crate::config::{self, Flags};
 use crate::context::Context;
 use crate::exit::{self, Failure, Outcome};
 
+/// The heading of the options every subcommand takes.
+const GLOBAL: &str = "Global options";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "jioctl",
@@ -30,23 +33,43 @@ use crate::exit::{self, Failure, Outcome};
     )
 )]
 pub struct Cli {
-    /// Store URL: etcd://HOST:PORT[,HOST:PORT...]; etcds://... for TLS and users (query keys ca_file, cert_file, key_file, server_name, user, password_file); sqlite://PATH; or consul[s]://HOST:PORT (query keys dc, token_file, ca_file) [env: JIO_STORE]
-    #[arg(long, global = true)]
+    /// Store URL: etcd://HOST:PORT, sqlite://PATH, consul://HOST:PORT [env: JIO_STORE]
+    ///
+    /// The store every jioctl and agent of the fleet shares [env: JIO_STORE; file:
+    /// store; default: the embedded store /var/lib/jiocloud/store.db for root,
+    /// ~/.local/state/jiocloud/store.db for others]. Its forms:
+    /// etcd://HOST:PORT, several endpoints separated by commas; etcds://HOST:PORT for
+    /// TLS and users, with the query keys ca_file, cert_file, key_file, server_name,
+    /// user and password_file; sqlite://PATH, an embedded store; consul://HOST:PORT or
+    /// consuls://HOST:PORT for TLS, with the query keys dc, token_file and ca_file.
+    /// For example etcds://10.0.0.11:2379,10.0.0.12:2379?ca_file=/etc/jiocloud/ca.pem
+    #[arg(long, global = true, value_name = "URL", help_heading = GLOBAL)]
     pub store: Option<String>,
     /// Namespace prefix of every key [env: JIO_PREFIX]
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     pub prefix: Option<String>,
-    /// The role of a host that has not registered, from its name: a regex whose first group is the role [env: JIO_ROLE_PATTERN; default: the agents' ^([a-z]+)[0-9]+(-.*)?$]
-    #[arg(long, global = true)]
+    /// The role of an unregistered host, from its name [env: JIO_ROLE_PATTERN]
+    ///
+    /// The role of a host that has not registered, from its name: a regex whose first
+    /// group is the role [env: JIO_ROLE_PATTERN; default: the agents'
+    /// ^([a-z]+)[0-9]+(-.*)?$]
+    #[arg(long, global = true, value_name = "REGEX", help_heading = GLOBAL)]
     pub role_pattern: Option<String>,
     /// Configuration file [default: ~/.config/jiocloud/jioctl.toml]
-    #[arg(long, global = true, env = "JIOCTL_CONFIG")]
+    #[arg(
+        long,
+        global = true,
+        env = "JIOCTL_CONFIG",
+        hide_env_values = true,
+        value_name = "PATH",
+        help_heading = GLOBAL
+    )]
     pub config: Option<PathBuf>,
     /// Machine-readable output on stdout
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     pub json: bool,
     /// More output: every pass's plan (upgrade), logs on stderr
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
