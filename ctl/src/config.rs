@@ -96,6 +96,8 @@ pub struct Flags {
 pub struct Config {
     pub store: StoreUrl,
     pub store_given: bool,
+    /// The configuration file read, or looked for (`None`: no home to look in).
+    pub file: Option<PathBuf>,
     pub schema: Schema,
     /// The role of a host that has not registered, from its name (the agents' rule).
     pub role_pattern: RolePattern,
@@ -136,13 +138,16 @@ pub fn load(
     flags: &Flags,
     env: impl Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Config> {
-    let (file, file_name) = match path {
-        Some(p) => (read(p, true)?, p.display().to_string()),
+    let (file, file_path) = match path {
+        Some(p) => (read(p, true)?, Some(p.to_path_buf())),
         None => match default_path() {
-            Some(p) => (read(&p, false)?, p.display().to_string()),
-            None => (FileConfig::default(), "the configuration".to_string()),
+            Some(p) => (read(&p, false)?, Some(p)),
+            None => (FileConfig::default(), None),
         },
     };
+    let file_name = file_path
+        .as_ref()
+        .map_or("the configuration".to_string(), |p| p.display().to_string());
     let pick =
         |flag: &Option<String>, var: &str, file: Option<String>| flag.clone().or_else(|| env(var)).or(file);
     let mut errors = Vec::new();
@@ -179,6 +184,7 @@ pub fn load(
         (Some(store), Some(schema), Some(role_pattern)) if errors.is_empty() => Ok(Config {
             store,
             store_given,
+            file: file_path,
             schema,
             role_pattern,
             swift: file.swift,
