@@ -41,8 +41,8 @@ pub struct Cli {
     /// etcd://HOST:PORT, several endpoints separated by commas; etcds://HOST:PORT for
     /// TLS and users, with the query keys ca_file, cert_file, key_file, server_name,
     /// user and password_file; sqlite://PATH, an embedded store; consul://HOST:PORT or
-    /// consuls://HOST:PORT for TLS, with the query keys dc, token_file and ca_file.
-    /// For example etcds://10.0.0.11:2379,10.0.0.12:2379?ca_file=/etc/jiocloud/ca.pem
+    /// consuls://HOST:PORT for TLS, with the query keys dc, token_file and ca_file
+    /// (HOST:PORT?KEY=VALUE&KEY=VALUE).
     #[arg(long, global = true, value_name = "URL", help_heading = GLOBAL)]
     pub store: Option<String>,
     /// Namespace prefix of every key [env: JIO_PREFIX]
@@ -55,12 +55,14 @@ pub struct Cli {
     /// ^([a-z]+)[0-9]+(-.*)?$]
     #[arg(long, global = true, value_name = "REGEX", help_heading = GLOBAL)]
     pub role_pattern: Option<String>,
-    /// Configuration file [default: ~/.config/jiocloud/jioctl.toml]
+    /// Configuration file [env: JIOCTL_CONFIG; default: ~/.config/jiocloud/jioctl.toml]
+    // The variable is said in the text, as the others' are: clap would show its
+    // value as the environment of whoever renders the help has it.
     #[arg(
         long,
         global = true,
         env = "JIOCTL_CONFIG",
-        hide_env_values = true,
+        hide_env = true,
         value_name = "PATH",
         help_heading = GLOBAL
     )]
@@ -134,4 +136,99 @@ pub async fn run(cli: Cli) -> Outcome {
         verbose: cli.verbose,
     };
     cli.command.run(&ctx).await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// A shell line as words: quotes (single or double) group, nothing else is
+    /// special; the last command of a pipeline.
+    fn words(line: &str) -> Vec<String> {
+        let line = line.rsplit(" | ").next().unwrap_or(line);
+        let (mut out, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+        for c in line.chars() {
+            match (quote, c) {
+                (None, '\'' | '"') => (quote, any) = (Some(c), true),
+                (Some(q), c) if c == q => quote = None,
+                (None, ' ') => {
+                    if any {
+                        out.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                (_, c) => (word.push(c), any = true).1,
+            }
+        }
+        assert!(quote.is_none(), "unbalanced quote in {line:?}");
+        if any {
+            out.push(word);
+        }
+        out
+    }
+
+    /// Every subcommand, nested ones too, by its full path (`rollout pause`).
+    fn every_subcommand(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let path = format!("{path} {}", sub.get_name());
+            out.push((path.clone(), sub.clone()));
+            every_subcommand(sub, &path, out);
+        }
+    }
+
+    /// Each subcommand's help ends with 1 to 3 examples, each a command line
+    /// jioctl parses, invoking that very subcommand: a new subcommand without one,
+    /// or an example that no longer parses, fails here.
+    #[test]
+    fn every_subcommand_has_examples_that_parse() {
+        let mut subs = Vec::new();
+        every_subcommand(&Cli::command(), "jioctl", &mut subs);
+        assert!(subs.len() > 30, "{} subcommands", subs.len());
+        let mut wrong = Vec::new();
+        for (path, sub) in &subs {
+            let help = sub.get_after_help().map(|h| h.to_string()).unwrap_or_default();
+            let Some(section) = help.split_once("Examples:\n").map(|(_, e)| e) else {
+                wrong.push(format!("{path}: no Examples: section"));
+                continue;
+            };
+            let invocations: Vec<&str> = section
+                .lines()
+                .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+                .map(str::trim)
+                .collect();
+            if !(1..=3).contains(&invocations.len()) {
+                wrong.push(format!("{path}: {} examples", invocations.len()));
+            }
+            for line in invocations {
+                let w = words(line);
+                // The subcommand's words, in order, global options aside.
+                let named: Vec<&str> = path.split(' ').collect();
+                let mut at = w.iter().map(String::as_str);
+                if !named.iter().all(|n| at.any(|x| x == *n)) {
+                    wrong.push(format!("{path}: {line:?} does not invoke it"));
+                }
+                if let Err(e) = Cli::try_parse_from(&w) {
+                    wrong.push(format!("{path}: {line:?} does not parse: {e}"));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn words_are_split_as_a_shell_does() {
+        assert_eq!(
+            words("echo a | jioctl hold x --reason 'disk swap' --x \"a b\" ''"),
+            ["jioctl", "hold", "x", "--reason", "disk swap", "--x", "a b", ""]
+        );
+    }
 }

@@ -23,8 +23,16 @@ pub struct Rollout {
 #[derive(Subcommand, Debug)]
 enum RolloutCommand {
     /// The active rollout: its state, progress, driver and what it waits for
+    #[command(after_help = examples!(
+        ("jioctl rollout status", "the active rollout: its state, driver, progress and what it waits for"),
+        ("jioctl --json rollout status", "the same for programs"),
+    ))]
     Status,
     /// Stop admitting hosts at once (hosts in flight finish)
+    #[command(after_help = examples!(
+        ("jioctl rollout pause --reason 'night shift' --for 8h", "admit nothing for 8 hours; hosts in flight finish"),
+        ("jioctl rollout pause", "admit nothing until `jioctl rollout resume`"),
+    ))]
     Pause {
         /// Why (recorded and shown)
         #[arg(long)]
@@ -34,20 +42,33 @@ enum RolloutCommand {
         for_: Option<Duration>,
     },
     /// Go on with the same rules (a paused or stuck rollout)
+    #[command(after_help = examples!(
+        ("jioctl rollout resume", "admit hosts again under the same rules"),
+    ))]
     Resume,
     /// End the canary phase: admit the rest of the fleet under the rules
+    #[command(after_help = examples!(
+        ("jioctl rollout promote --reason 'canaries healthy'", "end the canary phase: the rest of the fleet is admitted"),
+    ))]
     Promote {
         /// Why (recorded and shown)
         #[arg(long)]
         reason: Option<String>,
     },
     /// End the rollout where it stands: the fleet is left mixed, every enable key reset
+    #[command(after_help = examples!(
+        ("jioctl rollout abort --reason 'bad build'", "end the rollout; the fleet is left mixed and safe"),
+    ))]
     Abort {
         /// Why (recorded and shown)
         #[arg(long)]
         reason: Option<String>,
     },
     /// Past rollouts, newest first: version, rules digest, who, when, outcome, duration
+    #[command(after_help = examples!(
+        ("jioctl rollout history --limit 5", "the last five rollouts, and why each ended"),
+        ("jioctl --json rollout history", "every recorded rollout, whole, for programs"),
+    ))]
     History {
         /// Show at most this many
         #[arg(long, default_value_t = 20)]
@@ -55,6 +76,10 @@ enum RolloutCommand {
     },
     /// Start a rollout back to the previous version with the same rules (an active
     /// rollout is aborted first, in the same transaction), and follow it
+    #[command(after_help = examples!(
+        ("jioctl rollout undo", "back to the previous version with the same rules, and follow it"),
+        ("jioctl rollout undo --detach", "record it and return; the driver service drives it"),
+    ))]
     Undo {
         /// Return as soon as it is recorded
         #[arg(long)]
