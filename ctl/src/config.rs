@@ -109,6 +109,26 @@ pub struct Config {
     pub repo: RepoSettings,
 }
 
+/// No store was configured, and the embedded store of the default path does not
+/// exist: a usage error (exit 64) that says how to give one.
+#[derive(Debug, thiserror::Error)]
+#[error("no store configured: {how}; the default, an embedded store, cannot be used: {reason}")]
+pub struct NoStore {
+    pub how: String,
+    pub reason: String,
+}
+
+impl Config {
+    /// Where a store is given: the flag, the variable, and the file (by its path).
+    pub fn how_to_give_a_store(&self) -> String {
+        let file = match &self.file {
+            Some(p) => format!("store = \"URL\" in {}", p.display()),
+            None => "store = \"URL\" in the configuration file (--config)".to_string(),
+        };
+        format!("give --store URL, set JIO_STORE, or write {file}")
+    }
+}
+
 /// The default configuration file.
 pub fn default_path() -> Option<PathBuf> {
     std::env::var_os("XDG_CONFIG_HOME")

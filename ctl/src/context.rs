@@ -2,29 +2,20 @@
 //! to open the store (reading never creates an embedded store; writing may create
 //! its file, never a directory). It does not run commands nor print their output.
 
-use jio_common::fleet::Snapshot;
-use jio_common::keys::Schema;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
+use jio_common::fleet::Snapshot;
+use jio_common::keys::Schema;
 use jio_common::store::{self, DynStore, StoreError};
 
-use crate::config::Config;
+use crate::config::{Config, NoStore};
 
 /// How long opening the store retries before it is reported unreachable.
 const OPEN_RETRY: Duration = Duration::from_secs(10);
 
 /// How long a terminal waits in silence for the store before being told it is tried.
 const CONNECTING_NOTE_AFTER: Duration = Duration::from_secs(1);
-
-/// No store was configured, and the embedded store of the default path does not
-/// exist: a usage error (exit 64) that says how to give one.
-#[derive(Debug, thiserror::Error)]
-#[error("no store configured: {how}; the default, an embedded store, cannot be used: {reason}")]
-pub struct NoStore {
-    how: String,
-    reason: String,
-}
 
 /// Whether a command writes (and so may create a missing embedded store file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +68,7 @@ impl Context {
         if cfg.store_given {
             return Ok(opened?);
         }
-        let how = self.how_to_configure();
+        let how = cfg.how_to_give_a_store();
         match opened {
             Ok(s) => {
                 eprintln!(
@@ -91,15 +82,6 @@ impl Context {
             Err(StoreError::InvalidUrl { reason, .. }) => Err(NoStore { how, reason }.into()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Where a store is configured: the flag, the variable, and the file.
-    fn how_to_configure(&self) -> String {
-        let file = match &self.config.file {
-            Some(p) => format!("store = \"URL\" in {}", p.display()),
-            None => "store = \"URL\" in the configuration file (--config)".to_string(),
-        };
-        format!("give --store URL, set JIO_STORE, or write {file}")
     }
 
     /// Reads a snapshot, with the configured role rule for unregistered hosts.

@@ -135,7 +135,7 @@ impl Failure {
 impl<E: Into<anyhow::Error>> From<E> for Failure {
     fn from(e: E) -> Failure {
         let e: anyhow::Error = e.into();
-        if e.downcast_ref::<crate::context::NoStore>().is_some() {
+        if e.downcast_ref::<crate::config::NoStore>().is_some() {
             return Failure::with(USAGE, e);
         }
         let store_error = e.downcast_ref::<StoreError>();
