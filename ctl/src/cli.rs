@@ -180,9 +180,9 @@ mod tests {
         }
     }
 
-    /// Each subcommand's help ends with 1 to 3 examples, each a command line
-    /// jioctl parses, invoking that very subcommand: a new subcommand without one,
-    /// or an example that no longer parses, fails here.
+    /// Each subcommand's help ends with 1 to 3 examples in 80 columns, each a
+    /// command line jioctl parses, invoking that very subcommand: a new subcommand
+    /// without one, or an example that no longer parses, fails here.
     #[test]
     fn every_subcommand_has_examples_that_parse() {
         let mut subs = Vec::new();
@@ -200,6 +200,9 @@ mod tests {
                 .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
                 .map(str::trim)
                 .collect();
+            for l in section.lines().filter(|l| l.chars().count() > 80) {
+                wrong.push(format!("{path}: wider than 80 columns: {l:?}"));
+            }
             if !(1..=3).contains(&invocations.len()) {
                 wrong.push(format!("{path}: {} examples", invocations.len()));
             }

@@ -114,7 +114,7 @@ pub enum Command {
     /// Set /current_version (refused when it would release hosts outside any rules, unless --force)
     #[command(alias = "trigger_update")]
     #[command(after_help = examples!(
-        ("jioctl trigger-update v42", "set the desired version (refused if it would release hosts outside any rules)"),
+        ("jioctl trigger-update v42", "set the desired version (refused if it releases hosts outside any rules)"),
         ("jioctl trigger-update v42 --force", "set it all the same"),
     ))]
     TriggerUpdate(trigger_update::TriggerUpdate),
