@@ -430,7 +430,10 @@ async fn history(ctx: &Context, limit: usize) -> Outcome {
         println!("{}", crate::out::document(serde_json::Value::Array(j)));
         return Ok(());
     }
-    print!("{}", history_table(&shown, records.len()));
+    print!(
+        "{}",
+        history_table(&shown, records.len(), jio_common::time::unix_now())
+    );
     Ok(())
 }
 
@@ -439,9 +442,9 @@ const HISTORY_WIDTH: usize = 80;
 
 /// `rollout history`'s table: one row per rollout in at most `HISTORY_WIDTH`
 /// columns, why it ended on a line under it; what is too long to fit is cut with
-/// `…` (`--json` gives it in full). The rollout id is the start and the version,
-/// both shown.
-fn history_table(shown: &[&RolloutRecord], recorded: usize) -> String {
+/// `…` (`--json` gives it in full). The rollout id is no column of its own: it is
+/// the start and the version, both shown. An active rollout's duration runs to `now`.
+fn history_table(shown: &[&RolloutRecord], recorded: usize, now: u64) -> String {
     let rows: Vec<[String; 7]> = shown
         .iter()
         .map(|r| {
@@ -452,7 +455,12 @@ fn history_table(shown: &[&RolloutRecord], recorded: usize) -> String {
                 r.rules_digest(),
                 r.started_by().to_string(),
                 outcome(&r.state).to_string(),
-                span(r.duration_s()),
+                // An active rollout has lasted until now, not until its last change.
+                span(if r.state.active() {
+                    now.saturating_sub(r.started_at())
+                } else {
+                    r.duration_s()
+                }),
             ]
         })
         .collect();
@@ -635,7 +643,7 @@ mod tests {
         let failed = started("v4", Some("v3-hotfix-2026.11"), "carol@mgmt3")
             .finish(failed_hosts, "carol@mgmt3", T0 + 7380)
             .unwrap();
-        let table = history_table(&[&failed, &aborted, &done], 3);
+        let table = history_table(&[&failed, &aborted, &done], 3, T0 + 9000);
         let lines: Vec<&str> = table.lines().collect();
         for l in &lines {
             assert!(width(l) <= 80, "{} columns: {l:?}\n{table}", width(l));
@@ -691,14 +699,14 @@ mod tests {
     #[test]
     fn a_short_history_is_not_padded_nor_cut() {
         let r = started("v2", None, "root@m1");
-        let table = history_table(&[&r], 1);
+        let table = history_table(&[&r], 1, T0 + 65);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3, "{table}");
         assert!(
             lines[1].contains("  -  ") && lines[1].contains(" running "),
             "{table}"
         );
-        assert!(lines[1].ends_with(" 0s"), "{table}");
+        assert!(lines[1].ends_with(" 1m05s"), "running for 1m05s so far: {table}");
         assert!(!table.contains('…') && !table.contains("--json"), "{table}");
         assert!(width(lines[0]) < 80, "{table}");
     }
