@@ -145,9 +145,17 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
             Some(ErrorKind::Denied) => DENIED,
             _ => SOFTWARE,
         };
-        // Only the error itself: a context around it says what was being done.
-        if let (Some(StoreError::Unavailable { url, op, reason }), 1) = (store_error, e.chain().count()) {
-            return Failure::new(code, cannot_reach(url, op, reason));
+        // The chain as `{:#}` says it, the unreachable store in plain words.
+        let unreachable = |link: &(dyn std::error::Error + 'static)| match link.downcast_ref::<StoreError>() {
+            Some(StoreError::Unavailable { url, op, reason }) => Some(cannot_reach(url, op, reason)),
+            _ => None,
+        };
+        if e.chain().any(|l| unreachable(l).is_some()) {
+            let said: Vec<String> = e
+                .chain()
+                .map(|l| unreachable(l).unwrap_or_else(|| l.to_string()))
+                .collect();
+            return Failure::new(code, said.join(": "));
         }
         Failure::with(code, e)
     }
@@ -375,7 +383,7 @@ mod tests {
             assert_eq!(f.code(), UNREACHABLE, "{reason}");
             assert_eq!(format!("{f:?}"), format!("exit 2: {want}"), "{reason}");
         }
-        // Under a context, the context leads and the chain is kept.
+        // Under a context, the context leads, the store said the same way.
         let e = anyhow::Error::new(StoreError::Unavailable {
             url: "etcd://x:1".into(),
             op: "get",
