@@ -96,6 +96,8 @@ pub struct Flags {
 pub struct Config {
     pub store: StoreUrl,
     pub store_given: bool,
+    /// The configuration file read, or looked for (`None`: no home to look in).
+    pub file: Option<PathBuf>,
     pub schema: Schema,
     /// The role of a host that has not registered, from its name (the agents' rule).
     pub role_pattern: RolePattern,
@@ -105,6 +107,26 @@ pub struct Config {
     pub hooks: crate::hooks::settings::HookSettings,
     /// How package snapshots are checked (`[repo]`).
     pub repo: RepoSettings,
+}
+
+/// No store was configured, and the embedded store of the default path does not
+/// exist: a usage error (exit 64) that says how to give one.
+#[derive(Debug, thiserror::Error)]
+#[error("no store configured: {how}; the default, an embedded store, cannot be used: {reason}")]
+pub struct NoStore {
+    pub how: String,
+    pub reason: String,
+}
+
+impl Config {
+    /// Where a store is given: the flag, the variable, and the file (by its path).
+    pub fn how_to_give_a_store(&self) -> String {
+        let file = match &self.file {
+            Some(p) => format!("store = \"URL\" in {}", p.display()),
+            None => "store = \"URL\" in the configuration file (--config)".to_string(),
+        };
+        format!("give --store URL, set JIO_STORE, or write {file}")
+    }
 }
 
 /// The default configuration file.
@@ -136,13 +158,16 @@ pub fn load(
     flags: &Flags,
     env: impl Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Config> {
-    let (file, file_name) = match path {
-        Some(p) => (read(p, true)?, p.display().to_string()),
+    let (file, file_path) = match path {
+        Some(p) => (read(p, true)?, Some(p.to_path_buf())),
         None => match default_path() {
-            Some(p) => (read(&p, false)?, p.display().to_string()),
-            None => (FileConfig::default(), "the configuration".to_string()),
+            Some(p) => (read(&p, false)?, Some(p)),
+            None => (FileConfig::default(), None),
         },
     };
+    let file_name = file_path
+        .as_ref()
+        .map_or("the configuration".to_string(), |p| p.display().to_string());
     let pick =
         |flag: &Option<String>, var: &str, file: Option<String>| flag.clone().or_else(|| env(var)).or(file);
     let mut errors = Vec::new();
@@ -179,6 +204,7 @@ pub fn load(
         (Some(store), Some(schema), Some(role_pattern)) if errors.is_empty() => Ok(Config {
             store,
             store_given,
+            file: file_path,
             schema,
             role_pattern,
             swift: file.swift,

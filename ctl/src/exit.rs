@@ -130,17 +130,95 @@ impl Failure {
 }
 
 /// Any other error: a store error by its kind (unreachable → 2, invalid input → 64),
-/// anything else 70.
+/// no store configured 64, anything else 70. A store that cannot be reached is said
+/// in one line: the store, and the cause once.
 impl<E: Into<anyhow::Error>> From<E> for Failure {
     fn from(e: E) -> Failure {
         let e: anyhow::Error = e.into();
-        let code = match e.downcast_ref::<StoreError>().map(StoreError::kind) {
+        if e.downcast_ref::<crate::config::NoStore>().is_some() {
+            return Failure::with(USAGE, e);
+        }
+        let store_error = e.downcast_ref::<StoreError>();
+        let code = match store_error.map(StoreError::kind) {
             Some(ErrorKind::Unavailable) => UNREACHABLE,
             Some(ErrorKind::InvalidInput) => USAGE,
             Some(ErrorKind::Denied) => DENIED,
             _ => SOFTWARE,
         };
+        // The chain as `{:#}` says it, the unreachable store in plain words.
+        let unreachable = |link: &(dyn std::error::Error + 'static)| match link.downcast_ref::<StoreError>() {
+            Some(StoreError::Unavailable { url, op, reason }) => Some(cannot_reach(url, op, reason)),
+            _ => None,
+        };
+        if e.chain().any(|l| unreachable(l).is_some()) {
+            let said: Vec<String> = e
+                .chain()
+                .map(|l| unreachable(l).unwrap_or_else(|| l.to_string()))
+                .collect();
+            return Failure::new(code, said.join(": "));
+        }
         Failure::with(code, e)
+    }
+}
+
+/// `cannot reach the store URL: CAUSE`: the store named once, the cause once.
+fn cannot_reach(url: &str, op: &str, reason: &str) -> String {
+    let during = match op {
+        // Opening: what every command does first.
+        "ping" | "open" => String::new(),
+        op => format!(" ({op})"),
+    };
+    format!(
+        "cannot reach the store {}{during}: {}",
+        jio_common::store::short(url),
+        plain_cause(reason)
+    )
+}
+
+/// The layers of a connection failure that only repeat that a connection failed
+/// (tonic's, hyper's and reqwest's words around the operating system's).
+const LAYERS: &[&str] = &[
+    "transport error",
+    "tcp connect error",
+    "error trying to connect",
+    "error sending request",
+    "client error (Connect)",
+];
+
+/// A store client's error chain as an operator reads it: each part once, without
+/// the layers in `LAYERS` nor the errno (`Connection refused (os error 111)` is
+/// `connection refused`). A chain of nothing but layers is left as it is.
+fn plain_cause(reason: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for part in reason.split(": ") {
+        let part = part.trim();
+        let part = match (part.rfind(" (os error "), part.ends_with(')')) {
+            (Some(i), true) => &part[..i],
+            _ => part,
+        };
+        let part = match part {
+            "deadline has elapsed" => "no answer in time".to_string(),
+            p => lower_first(p),
+        };
+        if !part.is_empty() && !LAYERS.contains(&part.as_str()) && !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
+    if parts.is_empty() {
+        return reason.to_string();
+    }
+    parts.join(": ")
+}
+
+/// A sentence of the operating system's in the middle of ours: `Connection
+/// refused` → `connection refused`; `TLS` and a name such as `Expired` stay.
+fn lower_first(s: &str) -> String {
+    let mut chars = s.chars();
+    match (chars.next(), chars.next()) {
+        (Some(a), Some(b)) if a.is_uppercase() && b.is_lowercase() && s.contains(' ') => {
+            a.to_lowercase().chain(s[a.len_utf8()..].chars()).collect()
+        }
+        _ => s.to_string(),
     }
 }
 
@@ -256,6 +334,68 @@ mod tests {
             assert!(!is_closed_output_panic(Some(&other)), "{other}");
         }
         assert!(!is_closed_output_panic(None));
+    }
+
+    /// The chains the store clients give for a closed port, a name that does not
+    /// resolve and a silent host (as seen from `jioctl status`), said plainly.
+    #[test]
+    fn an_unreachable_store_is_said_in_one_line_with_its_cause_once() {
+        let cases = [
+            (
+                "ping",
+                "tcp connect error: transport error: tcp connect error: tcp connect error: Connection refused (os error 111)",
+                "cannot reach the store etcd://127.0.0.1:2379: connection refused",
+            ),
+            (
+                "ping",
+                "error sending request: client error (Connect): tcp connect error: Connection refused (os error 111)",
+                "cannot reach the store etcd://127.0.0.1:2379: connection refused",
+            ),
+            (
+                "ping",
+                "tcp connect error: transport error: dns error: failed to lookup address information: Name or service not known",
+                "cannot reach the store etcd://127.0.0.1:2379: dns error: failed to lookup address information: name or service not known",
+            ),
+            (
+                "get",
+                "tcp connect error: transport error: tcp connect error: deadline has elapsed",
+                "cannot reach the store etcd://127.0.0.1:2379 (get): no answer in time",
+            ),
+            (
+                "ping",
+                "TLS: the server's certificate has expired; invalid peer certificate: Expired",
+                "cannot reach the store etcd://127.0.0.1:2379: TLS: the server's certificate has expired; invalid peer certificate: Expired",
+            ),
+            // Nothing but layers: as it was said.
+            (
+                "ping",
+                "transport error",
+                "cannot reach the store etcd://127.0.0.1:2379: transport error",
+            ),
+        ];
+        for (op, reason, want) in cases {
+            let e = StoreError::Unavailable {
+                url: "etcd://127.0.0.1:2379".into(),
+                op,
+                reason: reason.into(),
+            };
+            let f = Failure::from(e);
+            assert_eq!(f.code(), UNREACHABLE, "{reason}");
+            assert_eq!(format!("{f:?}"), format!("exit 2: {want}"), "{reason}");
+        }
+        // Under a context, the context leads, the store said the same way.
+        let e = anyhow::Error::new(StoreError::Unavailable {
+            url: "etcd://x:1".into(),
+            op: "get",
+            reason: "Connection refused (os error 111)".into(),
+        })
+        .context("reading the fleet");
+        let f = Failure::from(e);
+        assert_eq!(f.code(), UNREACHABLE);
+        assert!(
+            format!("{f:?}").starts_with("exit 2: reading the fleet: "),
+            "{f:?}"
+        );
     }
 
     #[test]

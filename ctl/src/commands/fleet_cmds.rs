@@ -19,24 +19,36 @@ pub struct Commands {
 #[derive(Subcommand, Debug)]
 enum Sub {
     /// Fleet commands, newest first: active ones and the history (the last 100 finished)
+    #[command(after_help = examples!(
+        ("jioctl commands list --limit 5", "the five newest fleet commands"),
+    ))]
     List {
         /// Show at most this many
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
     /// One command: its record and every host's result (exit code, duration, log)
+    #[command(after_help = examples!(
+        ("jioctl commands show 20261125T031500Z-restart-nova", "its record and every host's result"),
+    ))]
     Show {
         /// The command's id (`jioctl commands list` shows them)
         #[arg(value_parser = fleet_commands::parse_id)]
         id: CommandId,
     },
     /// Follow a command to its end, driving it while nobody else does
+    #[command(after_help = examples!(
+        ("jioctl commands follow 20261125T031500Z-restart-nova", "follow it to its end, driving it while nobody else does"),
+    ))]
     Follow {
         /// The command's id (`jioctl commands list` shows them)
         #[arg(value_parser = fleet_commands::parse_id)]
         id: CommandId,
     },
     /// Stop admitting hosts: no host starts it any more; hosts running it finish
+    #[command(after_help = examples!(
+        ("jioctl commands cancel 20261125T031500Z-restart-nova --reason 'wrong action'", "no host starts it any more; hosts running it finish"),
+    ))]
     Cancel {
         /// The command's id (`jioctl commands list` shows them)
         #[arg(value_parser = fleet_commands::parse_id)]

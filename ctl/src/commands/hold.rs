@@ -23,8 +23,17 @@ use crate::writes;
 #[derive(Args, Debug)]
 pub struct Hold {
     /// Hosts to hold
-    #[arg(required_unless_present = "role", conflicts_with = "role")]
+    #[arg(required_unless_present_any = ["role", "hosts_flag"], conflicts_with = "role")]
     hosts: Vec<HostName>,
+    /// Hosts to hold, as run and reboot name them (the same as the arguments; repeat
+    /// it, or give a comma-separated list)
+    #[arg(
+        long = "hosts",
+        value_name = "HOSTS",
+        value_delimiter = ',',
+        conflicts_with = "role"
+    )]
+    hosts_flag: Vec<HostName>,
     /// Hold every host of this role instead
     #[arg(long)]
     role: Option<Role>,
@@ -39,8 +48,17 @@ pub struct Hold {
 #[derive(Args, Debug)]
 pub struct Release {
     /// Hosts to release
-    #[arg(required_unless_present = "role", conflicts_with = "role")]
+    #[arg(required_unless_present_any = ["role", "hosts_flag"], conflicts_with = "role")]
     hosts: Vec<HostName>,
+    /// Hosts to release, as run and reboot name them (the same as the arguments;
+    /// repeat it, or give a comma-separated list)
+    #[arg(
+        long = "hosts",
+        value_name = "HOSTS",
+        value_delimiter = ',',
+        conflicts_with = "role"
+    )]
+    hosts_flag: Vec<HostName>,
     /// Release the hold on this role instead
     #[arg(long)]
     role: Option<Role>,
@@ -213,7 +231,7 @@ fn hold_txn(
 
 impl Hold {
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let targets = targets(&self.hosts, &self.role);
+        let targets = targets(&super::hosts_named(&self.hosts, &self.hosts_flag)?, &self.role);
         let reason = self.reason.filter(|r| !r.trim().is_empty());
         let store = ctx.open(Access::Write).await?;
         let before = ctx.snapshot(&store).await?;
@@ -380,7 +398,7 @@ async fn release_txn(
 
 impl Release {
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let targets = targets(&self.hosts, &self.role);
+        let targets = targets(&super::hosts_named(&self.hosts, &self.hosts_flag)?, &self.role);
         let store = ctx.open(Access::Write).await?;
         let snap = ctx.snapshot(&store).await?;
         let (held, not_held): (Vec<&HoldTarget>, Vec<&HoldTarget>) =

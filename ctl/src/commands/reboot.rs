@@ -1,4 +1,4 @@
-//! `jioctl reboot (--role R | --hosts H,… | --all) [--only-if-required]`: reboots
+//! `jioctl reboot (--role R | --hosts H,… | HOST… | --all) [--only-if-required]`: reboots
 //! hosts under the rolling rules, as a fleet command whose action is the agent's
 //! own reboot (`REBOOT_ACTION`). A host's slot is held from its start until it is
 //! back with a new boot id and validated; the command shares the fleet with
@@ -23,6 +23,9 @@ pub struct Reboot {
     /// Reboot these hosts (repeat it, or give a comma-separated list)
     #[arg(long, value_delimiter = ',', conflicts_with = "all")]
     hosts: Vec<HostName>,
+    /// Reboot these hosts: the same as --hosts, named as hold names them
+    #[arg(value_name = "HOST", conflicts_with_all = ["role", "all"])]
+    host_arguments: Vec<HostName>,
     /// Reboot every host of the fleet
     #[arg(long)]
     all: bool,
@@ -45,10 +48,11 @@ pub struct Reboot {
 
 impl Reboot {
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let targets = match (self.all, self.role.is_empty(), self.hosts.is_empty()) {
+        let hosts = super::hosts_named(&self.host_arguments, &self.hosts)?;
+        let targets = match (self.all, self.role.is_empty(), hosts.is_empty()) {
             (true, _, _) => Targets::All,
             (false, false, _) => Targets::Roles(self.role.clone()),
-            (false, true, false) => Targets::Hosts(self.hosts.clone()),
+            (false, true, false) => Targets::Hosts(hosts),
             (false, true, true) => {
                 return Err(Failure::usage(
                     "say which hosts to reboot: --all, --role R or --hosts H (nothing was written)",

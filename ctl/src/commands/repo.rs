@@ -21,6 +21,9 @@ pub struct Repo {
 #[derive(Subcommand, Debug)]
 enum RepoCommand {
     /// Set the template: one sources line with {version}, e.g. 'deb [signed-by=/usr/share/keyrings/site.gpg] http://repo.example/snapshots/{version} bookworm main'
+    #[command(after_help = examples!(
+        ("jioctl repo set 'deb http://repo.example/snapshots/{version} bookworm main'", "a version is now the snapshot of that name"),
+    ))]
     Set {
         /// The template (quote it: it holds spaces)
         template: String,
@@ -29,15 +32,27 @@ enum RepoCommand {
         force: bool,
     },
     /// Print the template (user and password of its URL hidden)
+    #[command(after_help = examples!(
+        ("jioctl repo show", "the template"),
+    ))]
     Show,
     /// Check that VERSION's snapshot exists: fetch its InRelease or Release
+    #[command(after_help = examples!(
+        ("jioctl repo check v42", "fetch v42's InRelease or Release: does its snapshot exist?"),
+    ))]
     Check {
         /// The version to check
         version: Version,
     },
     /// Delete the stored package sets no host refers to any more
+    #[command(after_help = examples!(
+        ("jioctl repo prune", "delete the package sets no host refers to any more"),
+    ))]
     Prune,
     /// Remove the template: agents keep their apt sources as they are
+    #[command(after_help = examples!(
+        ("jioctl repo unset", "remove the template; agents keep their apt sources"),
+    ))]
     Unset {
         /// Remove it even while a rollout is active
         #[arg(long)]

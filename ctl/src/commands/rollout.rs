@@ -23,8 +23,16 @@ pub struct Rollout {
 #[derive(Subcommand, Debug)]
 enum RolloutCommand {
     /// The active rollout: its state, progress, driver and what it waits for
+    #[command(after_help = examples!(
+        ("jioctl rollout status", "the active rollout: its state, driver, progress and what it waits for"),
+        ("jioctl --json rollout status", "the same for programs"),
+    ))]
     Status,
     /// Stop admitting hosts at once (hosts in flight finish)
+    #[command(after_help = examples!(
+        ("jioctl rollout pause --reason 'night shift' --for 8h", "admit nothing for 8 hours; hosts in flight finish"),
+        ("jioctl rollout pause", "admit nothing until `jioctl rollout resume`"),
+    ))]
     Pause {
         /// Why (recorded and shown)
         #[arg(long)]
@@ -34,20 +42,33 @@ enum RolloutCommand {
         for_: Option<Duration>,
     },
     /// Go on with the same rules (a paused or stuck rollout)
+    #[command(after_help = examples!(
+        ("jioctl rollout resume", "admit hosts again under the same rules"),
+    ))]
     Resume,
     /// End the canary phase: admit the rest of the fleet under the rules
+    #[command(after_help = examples!(
+        ("jioctl rollout promote --reason 'canaries healthy'", "end the canary phase: the rest of the fleet is admitted"),
+    ))]
     Promote {
         /// Why (recorded and shown)
         #[arg(long)]
         reason: Option<String>,
     },
     /// End the rollout where it stands: the fleet is left mixed, every enable key reset
+    #[command(after_help = examples!(
+        ("jioctl rollout abort --reason 'bad build'", "end the rollout; the fleet is left mixed and safe"),
+    ))]
     Abort {
         /// Why (recorded and shown)
         #[arg(long)]
         reason: Option<String>,
     },
     /// Past rollouts, newest first: version, rules digest, who, when, outcome, duration
+    #[command(after_help = examples!(
+        ("jioctl rollout history --limit 5", "the last five rollouts, and why each ended"),
+        ("jioctl --json rollout history", "every recorded rollout, whole, for programs"),
+    ))]
     History {
         /// Show at most this many
         #[arg(long, default_value_t = 20)]
@@ -55,6 +76,10 @@ enum RolloutCommand {
     },
     /// Start a rollout back to the previous version with the same rules (an active
     /// rollout is aborted first, in the same transaction), and follow it
+    #[command(after_help = examples!(
+        ("jioctl rollout undo", "back to the previous version with the same rules, and follow it"),
+        ("jioctl rollout undo --detach", "record it and return; the driver service drives it"),
+    ))]
     Undo {
         /// Return as soon as it is recorded
         #[arg(long)]
@@ -405,32 +430,146 @@ async fn history(ctx: &Context, limit: usize) -> Outcome {
         println!("{}", crate::out::document(serde_json::Value::Array(j)));
         return Ok(());
     }
-    println!(
-        "{:<34} {:<12} {:<12} {:<12} {:<20} {:<16} {:<9} {:>8}",
-        "ROLLOUT", "VERSION", "FROM", "RULES", "BY", "STARTED", "OUTCOME", "DURATION"
-    );
-    for r in &shown {
-        println!(
-            "{:<34} {:<12} {:<12} {:<12} {:<20} {:<16} {:<9} {:>8}",
-            r.id.as_str(),
-            r.version.as_str(),
-            r.previous.as_ref().map(|p| p.as_str()).unwrap_or("-"),
-            r.rules_digest(),
-            r.started_by(),
-            utc_display(r.started_at()),
-            outcome(&r.state),
-            jio_common::duration::format(Duration::from_secs(r.duration_s()))
-        );
-        if let Some(why) = end_reason(&r.state) {
-            println!("    {why}");
-        }
-    }
-    println!(
-        "{} of {} recorded rollout(s) shown; the store keeps the last {KEEP_HISTORY}",
-        shown.len(),
-        records.len()
+    print!(
+        "{}",
+        history_table(&shown, records.len(), jio_common::time::unix_now())
     );
     Ok(())
+}
+
+/// The widest line `rollout history` prints (a terminal's default width).
+const HISTORY_WIDTH: usize = 80;
+
+/// `rollout history`'s table: one row per rollout in at most `HISTORY_WIDTH`
+/// columns, why it ended on a line under it; what is too long to fit is cut with
+/// `…` (`--json` gives it in full). The rollout id is no column of its own: it is
+/// the start and the version, both shown. An active rollout's duration runs to `now`.
+fn history_table(shown: &[&RolloutRecord], recorded: usize, now: u64) -> String {
+    let rows: Vec<[String; 7]> = shown
+        .iter()
+        .map(|r| {
+            [
+                utc_minute(r.started_at()),
+                r.version.to_string(),
+                r.previous.as_ref().map_or("-".to_string(), |p| p.to_string()),
+                r.rules_digest(),
+                r.started_by().to_string(),
+                outcome(&r.state).to_string(),
+                // An active rollout has lasted until now, not until its last change.
+                span(if r.state.active() {
+                    now.saturating_sub(r.started_at())
+                } else {
+                    r.duration_s()
+                }),
+            ]
+        })
+        .collect();
+    let header = [
+        "STARTED (UTC)",
+        "VERSION",
+        "FROM",
+        "RULES",
+        "BY",
+        "OUTCOME",
+        "DURATION",
+    ];
+    let mut widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| width(&r[i]))
+                .chain([width(header[i])])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    fit_widths(&mut widths, &header.map(width));
+    let cut = std::cell::Cell::new(false);
+    let line = |cells: [&str; 7]| {
+        let last = cells.len() - 1;
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let (c, was_cut) = fit(c, widths[i]);
+            cut.set(cut.get() | was_cut);
+            let pad = " ".repeat(widths[i] - width(&c));
+            if i == last {
+                l.push_str(&format!("{pad}{c}"));
+            } else {
+                l.push_str(&format!("{c}{pad}  "));
+            }
+        }
+        l.push('\n');
+        l
+    };
+    let mut out = line(header);
+    for (r, row) in shown.iter().zip(&rows) {
+        out.push_str(&line(std::array::from_fn(|i| row[i].as_str())));
+        if let Some(why) = end_reason(&r.state) {
+            let (why, was_cut) = fit(&why, HISTORY_WIDTH - 4);
+            cut.set(cut.get() | was_cut);
+            out.push_str(&format!("    {why}\n"));
+        }
+    }
+    out.push_str(&format!(
+        "{} of {recorded} recorded rollout(s) shown; the store keeps the last {KEEP_HISTORY}\n",
+        shown.len()
+    ));
+    if cut.get() {
+        out.push_str("text cut with … is whole in `jioctl --json rollout history`\n");
+    }
+    out
+}
+
+/// Narrows the columns until the row fits `HISTORY_WIDTH`: who started it gives
+/// way first (down to 12 columns), then the widest of the free-text columns (who,
+/// the versions), none below `least` (its header).
+fn fit_widths(widths: &mut [usize], least: &[usize]) {
+    const FLEXIBLE: [usize; 3] = [4, 1, 2];
+    let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * (w.len() - 1);
+    while total(widths) > HISTORY_WIDTH {
+        let by_first = (widths[4] > 12).then_some(4);
+        let Some(i) = by_first.or_else(|| {
+            FLEXIBLE
+                .iter()
+                .copied()
+                .filter(|&i| widths[i] > least[i])
+                .max_by_key(|&i| widths[i])
+        }) else {
+            break;
+        };
+        widths[i] -= 1;
+    }
+}
+
+/// Characters, as a terminal shows them (ids, versions and names are ASCII; a
+/// reason may not be).
+fn width(s: &str) -> usize {
+    console::measure_text_width(s)
+}
+
+/// `s` in at most `w` columns: cut with `…` when longer (and whether it was).
+fn fit(s: &str, w: usize) -> (String, bool) {
+    if width(s) <= w {
+        return (s.to_string(), false);
+    }
+    (console::truncate_str(s, w, "…").into_owned(), true)
+}
+
+/// A start to the minute, `2026-11-23 02:00` (the zone is in the header).
+fn utc_minute(secs: u64) -> String {
+    let full = utc_display(secs);
+    full.get(..16).unwrap_or(&full).to_string()
+}
+
+/// A duration in its two largest units, every one written the same way: `0s`,
+/// `2s`, `1m05s`, `2h03m`, `3d04h`.
+fn span(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match secs {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{m}m{s:02}s"),
+        3600..86_400 => format!("{h}h{m:02}m"),
+        _ => format!("{d}d{h:02}h"),
+    }
 }
 
 fn outcome(s: &RolloutState) -> &'static str {
@@ -441,5 +580,134 @@ fn outcome(s: &RolloutState) -> &'static str {
         } => "replaced",
         RolloutState::Aborted { emergency: true, .. } => "halted",
         other => other.name(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use std::collections::BTreeMap;
+
+    use jio_common::names::Version;
+
+    use super::*;
+
+    const T0: u64 = 1_795_267_815; // 2026-11-21 13:30:15 UTC
+
+    fn v(s: &str) -> Version {
+        Version::new(s).unwrap()
+    }
+
+    fn started(version: &str, previous: Option<&str>, by: &str) -> RolloutRecord {
+        let rules = serde_json::json!({"max_in_flight": 2});
+        RolloutRecord::start(v(version), previous.map(v), rules, by, T0)
+    }
+
+    #[test]
+    fn durations_are_written_one_way() {
+        for (secs, want) in [
+            (0, "0s"),
+            (2, "2s"),
+            (59, "59s"),
+            (60, "1m00s"),
+            (65, "1m05s"),
+            (3599, "59m59s"),
+            (3600, "1h00m"),
+            (7380, "2h03m"),
+            (86_399, "23h59m"),
+            (86_400 + 4 * 3600 + 59, "1d04h"),
+        ] {
+            assert_eq!(span(secs), want, "{secs}s");
+        }
+    }
+
+    /// The table of the issue (137 columns, STARTED out of line, `0` beside `2s`)
+    /// fits 80 columns, each column starts where its header does, and a reason
+    /// too long for a line is cut, the footer saying where it is whole.
+    #[test]
+    fn history_fits_eighty_columns_in_aligned_columns() {
+        let done = started("v2", Some("v1"), "alice@mgmt1")
+            .finish(BTreeMap::new(), "alice@mgmt1", T0 + 65)
+            .unwrap();
+        let aborted = started(
+            "v3-hotfix-2026.11",
+            Some("v2"),
+            "operator-on-call@management-node-7",
+        )
+        .abort("bob@mgmt2", Some("bad build".into()), T0)
+        .unwrap();
+        let failed_hosts: BTreeMap<String, String> = (1..=12)
+            .map(|i| (format!("compute{i}"), "validation failed (exit 1)".to_string()))
+            .collect();
+        let failed = started("v4", Some("v3-hotfix-2026.11"), "carol@mgmt3")
+            .finish(failed_hosts, "carol@mgmt3", T0 + 7380)
+            .unwrap();
+        let table = history_table(&[&failed, &aborted, &done], 3, T0 + 9000);
+        let lines: Vec<&str> = table.lines().collect();
+        for l in &lines {
+            assert!(width(l) <= 80, "{} columns: {l:?}\n{table}", width(l));
+        }
+        let header = lines[0];
+        assert!(header.starts_with("STARTED (UTC)"), "{table}");
+        let rows: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with("2026-")).collect();
+        assert_eq!(rows.len(), 3, "{table}");
+        // Every row's cells start under their header's (counted in columns: `…`
+        // is one column of three bytes).
+        let cols = |l: &str| l.chars().collect::<Vec<char>>();
+        for name in ["VERSION", "FROM", "RULES", "BY", "OUTCOME"] {
+            let at = cols(header).iter().collect::<String>().find(name).unwrap();
+            for r in &rows {
+                let r = cols(r);
+                assert!(
+                    r[at] != ' ' && r[at - 1] == ' ' && r[at - 2] == ' ',
+                    "{name} in {r:?}\n{table}"
+                );
+            }
+        }
+        // Durations end where DURATION does, written one way.
+        for (r, d) in rows.iter().zip(["2h03m", "0s", "1m05s"]) {
+            assert!(r.ends_with(&format!(" {d}")), "{r:?}");
+            assert_eq!(width(r), width(header), "{r:?}\n{table}");
+        }
+        assert!(rows[0].starts_with("2026-11-21 13:30  v4 "), "{table}");
+        assert!(rows[2].contains(" v2 ") && rows[2].contains(" v1 ") && rows[2].contains(" done "));
+        // The long name gave way, cut where it shows.
+        assert!(rows[1].contains("  operator…  "), "{table}");
+        // Why each ended, under it: the short reason whole, the long one cut.
+        assert_eq!(
+            lines[lines.iter().position(|l| *l == rows[1]).unwrap() + 1],
+            "    aborted by bob@mgmt2: \"bad build\""
+        );
+        let failed_why = lines[2];
+        assert!(
+            failed_why.starts_with("    failed: compute1 (validation failed (exit 1))"),
+            "{table}"
+        );
+        assert!(failed_why.ends_with('…'), "{table}");
+        assert_eq!(
+            lines[lines.len() - 2..],
+            [
+                "3 of 3 recorded rollout(s) shown; the store keeps the last 100",
+                "text cut with … is whole in `jioctl --json rollout history`"
+            ],
+            "{table}"
+        );
+    }
+
+    /// Nothing cut, nothing said about cutting; short columns stay short.
+    #[test]
+    fn a_short_history_is_not_padded_nor_cut() {
+        let r = started("v2", None, "root@m1");
+        let table = history_table(&[&r], 1, T0 + 65);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(
+            lines[1].contains("  -  ") && lines[1].contains(" running "),
+            "{table}"
+        );
+        assert!(lines[1].ends_with(" 1m05s"), "running for 1m05s so far: {table}");
+        assert!(!table.contains('…') && !table.contains("--json"), "{table}");
+        assert!(width(lines[0]) < 80, "{table}");
     }
 }

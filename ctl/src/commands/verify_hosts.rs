@@ -1,4 +1,4 @@
-//! `jioctl verify-hosts V [HOST...] [--same-packages]`: exit 0 only when every named
+//! `jioctl verify-hosts V [HOST... | --hosts H,…] [--same-packages]`: exit 0 only when every named
 //! host (arguments, or stdin) runs V (and, with `--same-packages`, every role among
 //! them has one installed package set at V); the others are printed.
 
@@ -18,6 +18,10 @@ pub struct VerifyHosts {
     version: Version,
     /// The hosts to check (none: read from stdin, whitespace-separated)
     hosts: Vec<HostName>,
+    /// The hosts to check, as run and reboot name them (the same as the arguments;
+    /// repeat it, or give a comma-separated list)
+    #[arg(long = "hosts", value_name = "HOSTS", value_delimiter = ',')]
+    hosts_flag: Vec<HostName>,
     /// Also require the same installed package set on every host of a role (each
     /// must have recorded one at VERSION)
     #[arg(long)]
@@ -81,10 +85,11 @@ fn from_stdin() -> Result<Vec<HostName>, Failure> {
 impl VerifyHosts {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let v = &self.version;
-        let wanted: BTreeSet<HostName> = if self.hosts.is_empty() {
+        let named = super::hosts_named(&self.hosts, &self.hosts_flag)?;
+        let wanted: BTreeSet<HostName> = if named.is_empty() {
             from_stdin()?.into_iter().collect()
         } else {
-            self.hosts.iter().cloned().collect()
+            named.into_iter().collect()
         };
         if wanted.is_empty() {
             // `verify-hosts V < list` with an empty list: nothing was verified.
