@@ -64,7 +64,7 @@ pub enum Command {
     #[command(after_help = examples!(
         ("jioctl status", "the fleet by state and role, and why each host waits"),
         ("jioctl status --role compute --watch", "the computes, redrawn on every change"),
-        ("jioctl --json status", "the same for programs: one JSON document"),
+        ("jioctl status --hosts", "every host on its own line too"),
     ))]
     Status(status::Status),
     /// Start a rollout to VERSION under the rules (recorded in the store) and follow it
@@ -204,6 +204,11 @@ pub enum Command {
     ))]
     ForgetHost(forget_host::ForgetHost),
     /// Run failed hosts' upgrade again now (their host enable key set to true)
+    #[command(after_help = examples!(
+        ("jioctl retry compute3", "run compute3's failed upgrade again now"),
+        ("jioctl retry --failed", "every host that failed the current version"),
+        ("jioctl retry compute3 --force", "also when compute3 has not failed"),
+    ))]
     Retry(retry::Retry),
 }
 

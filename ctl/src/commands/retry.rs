@@ -17,10 +17,6 @@ use crate::exit::{Failure, Outcome};
 use crate::writes;
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  \
-    jioctl retry compute3               run compute3's failed upgrade again now\n  \
-    jioctl retry --failed               every host that failed the current version\n  \
-    jioctl retry compute3 --force       also when compute3 has not failed")]
 pub struct Retry {
     /// The hosts to run again (hosts that failed the current version)
     #[arg(required_unless_present = "failed")]
