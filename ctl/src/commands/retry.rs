@@ -19,10 +19,13 @@ use crate::writes;
 #[derive(Args, Debug)]
 pub struct Retry {
     /// The hosts to run again (hosts that failed the current version)
-    #[arg(required_unless_present = "failed")]
+    #[arg(required_unless_present_any = ["failed", "hosts_flag"])]
     hosts: Vec<HostName>,
+    /// The same hosts, as run and reboot name them (repeat it, or a comma-separated list)
+    #[arg(long = "hosts", value_name = "HOSTS", value_delimiter = ',')]
+    hosts_flag: Vec<HostName>,
     /// Every host that failed the current version
-    #[arg(long, conflicts_with = "hosts")]
+    #[arg(long, conflicts_with_all = ["hosts", "hosts_flag"])]
     failed: bool,
     /// Also a host that has not failed, or during an emergency stop
     #[arg(long)]
@@ -79,7 +82,8 @@ impl Retry {
                 .map(|s| s.host.clone())
                 .collect());
         }
-        let hosts = resolve_targets(&Targets::Hosts(self.hosts.clone()), snap)
+        let named = super::hosts_named(&self.hosts, &self.hosts_flag)?;
+        let hosts = resolve_targets(&Targets::Hosts(named), snap)
             .map_err(|e| Failure::usage(format!("{}; nothing was written", e.join("; "))))?;
         let not_failed: Vec<String> = hosts
             .iter()
