@@ -55,6 +55,9 @@ fn man_with(
     let page = clap_mangen::Man::new(cmd.clone()).section(section);
     let mut buf = Vec::new();
     page.render(&mut buf)?;
+    // clap_mangen titles the text after the options EXTRA; ours is the examples.
+    let buf = String::from_utf8_lossy(&buf).replace(".SH EXTRA\nExamples:\n", ".SH EXAMPLES\n");
+    let mut buf = buf.into_bytes();
     if let Some(codes) = exit {
         buf.extend_from_slice(format!(".SH \"EXIT STATUS\"\n{}", exit_status(codes)).as_bytes());
     }
