@@ -590,6 +590,19 @@ mod tests {
     }
 
     #[test]
+    fn the_header_names_the_prefix_so_two_fleets_in_one_store_differ() {
+        let a = Schema::new("/fleet-a").unwrap();
+        assert_eq!(
+            crate::status::store_label("etcd://e:2379", &a),
+            "etcd://e:2379  prefix: /fleet-a"
+        );
+        assert_eq!(
+            crate::status::store_label("etcd://e:2379", &Schema::default()),
+            "etcd://e:2379"
+        );
+    }
+
+    #[test]
     fn folding_keeps_every_word_within_the_width() {
         let text = "failed at puppet, exit 4: Could not find class ::nova::compute::libvirt for compute3.example.org (log: https://swift.example/v1/AUTH_x/logs/compute3/20261128T003100Z-very-long-name.log)";
         let lines = lead_fold("compute3  compute  failed     ", text, Some(80));
