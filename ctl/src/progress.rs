@@ -1,16 +1,23 @@
-//! Live progress of a rollout. In a terminal: one bar per rollout group (the unit
-//! the limits apply to), drawn by `indicatif` to the terminal's width, with the
-//! time elapsed, an estimate of the time left and the hosts in flight named.
-//! Otherwise: one timestamped line per group whose counts changed. Notes (what the
-//! driver did) print above the bars, stamped with the time too.
+//! Live progress of a rollout or a fleet command, one view for both. In a
+//! terminal: one bar per group (the unit the limits apply to) laid out for the
+//! terminal's width: name, bar, done/total, time elapsed and left, then the counts
+//! with the hosts in flight and failed named as far as they fit (`+N more` for the
+//! rest). Otherwise: one stamped line per group whose counts changed. Notes (what
+//! the driver did, and the log lines meanwhile) print above the bars, stamped and
+//! folded to the width; no row is longer than the terminal. The pure layout and
+//! text are separate from the printing.
 
-use crate::out::set_drawn;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use jio_common::fleet::{HostState, HostStatus, Snapshot};
+
+use crate::out::{NoteSink, set_view};
+use crate::render::fit_names;
 
 /// Counts of one role (or group).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -68,155 +75,239 @@ pub fn plain_line(role: &str, c: &Counts) -> String {
     )
 }
 
-/// One group as progress shows it: its roles, counts and the hosts in flight.
+/// Some of a group's hosts as progress counts them: `2 upgrading (a, b)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub n: usize,
+    pub word: &'static str,
+    /// Named as far as room allows (empty: only counted).
+    pub names: Vec<String>,
+    /// Shown at 0 too.
+    pub always: bool,
+}
+
+impl Part {
+    pub fn new(n: usize, word: &'static str, names: Vec<String>, always: bool) -> Part {
+        Part {
+            n,
+            word,
+            names,
+            always,
+        }
+    }
+}
+
+/// One group as progress shows it: its roles, how many of its hosts are done,
+/// and the rest by what they do (parts that add up to `total` with `done`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Group {
     pub roles: BTreeSet<String>,
-    pub counts: Counts,
-    pub upgrading: Vec<String>,
-    pub failed: Vec<String>,
-    pub lost: Vec<String>,
+    pub done: usize,
+    pub total: usize,
+    /// What done is: `upgraded`, `succeeded`.
+    pub done_word: &'static str,
+    pub parts: Vec<Part>,
+}
+
+/// ` (a, b +3 more)` within `room` characters, or nothing.
+fn paren(names: &[String], room: usize) -> String {
+    match fit_names(names, room.saturating_sub(3)) {
+        s if s.is_empty() => s,
+        s => format!(" ({s})"),
+    }
 }
 
 impl Group {
-    /// What the bar says after its counts: the hosts in flight named (the
-    /// terminal's width cuts it short, never the counts before it).
-    fn message(&self) -> String {
-        let mut parts = Vec::new();
-        let named = |n: usize, what: &str, hosts: &[String]| {
-            if hosts.is_empty() {
-                format!("{n} {what}")
-            } else {
-                format!("{n} {what} ({})", hosts.join(", "))
-            }
-        };
-        parts.push(named(self.counts.upgrading, "upgrading", &self.upgrading));
-        if self.counts.failed > 0 {
-            parts.push(named(self.counts.failed, "failed", &self.failed));
+    fn shown(&self) -> Vec<&Part> {
+        self.parts.iter().filter(|p| p.always || p.n > 0).collect()
+    }
+
+    /// The counts after done/total within `room` characters when they fit, each
+    /// named list shortened to its share of the room (`+N more` for the rest).
+    pub fn message(&self, room: usize) -> String {
+        let shown = self.shown();
+        let counts: Vec<String> = shown.iter().map(|p| format!("{} {}", p.n, p.word)).collect();
+        let base: usize = counts.iter().map(String::len).sum::<usize>() + 2 * counts.len().saturating_sub(1);
+        let named = shown.iter().filter(|p| !p.names.is_empty()).count().max(1);
+        let mut spare = room.saturating_sub(base);
+        let mut lists: Vec<String> = shown.iter().map(|p| paren(&p.names, spare / named)).collect();
+        spare = spare.saturating_sub(lists.iter().map(String::len).sum());
+        // What a list did not use goes to the next that was shortened.
+        for (p, l) in shown.iter().zip(lists.iter_mut()) {
+            let wider = paren(&p.names, l.len() + spare);
+            spare = (spare + l.len()).saturating_sub(wider.len());
+            *l = wider;
         }
-        if self.counts.lost > 0 {
-            parts.push(named(self.counts.lost, "lost", &self.lost));
-        }
-        parts.push(format!("{} pending", self.counts.pending));
-        if self.counts.blocked > 0 {
-            parts.push(format!("{} blocked", self.counts.blocked));
-        }
+        let parts: Vec<String> = counts.into_iter().zip(lists).map(|(c, l)| c + &l).collect();
         parts.join(", ")
     }
 
-    /// `compute` for a group of one role of its name; `db (mysql, redis)` otherwise.
-    fn title(&self, name: &str) -> String {
+    /// `compute` for a group of one role of its name; `db (mysql, redis)` otherwise,
+    /// the roles shortened to `width` (`+N more`).
+    pub fn title(&self, name: &str, width: usize) -> String {
         if self.roles.len() == 1 && self.roles.contains(name) {
+            return name.to_string();
+        }
+        let roles: Vec<String> = self.roles.iter().cloned().collect();
+        let inner = fit_names(&roles, width.saturating_sub(name.len() + 3));
+        if inner.is_empty() {
             name.to_string()
         } else {
-            let roles: Vec<&str> = self.roles.iter().map(String::as_str).collect();
-            format!("{name} ({})", roles.join(", "))
+            format!("{name} ({inner})")
         }
     }
 
-    fn line(&self, name: &str) -> String {
-        format!(
-            "{}: {}/{} upgraded, {}",
-            self.title(name),
-            self.counts.upgraded,
-            self.counts.total(),
-            self.message()
-        )
+    /// The group as lines: its counts (`compute: 3/10 upgraded, 2 upgrading, 4
+    /// pending`), then a row per named kind with the names that fit `width`
+    /// (`    upgrading: a, b +3 more`).
+    pub fn lines(&self, name: &str, width: usize) -> Vec<String> {
+        let counts: Vec<String> = self
+            .shown()
+            .iter()
+            .map(|p| format!("{} {}", p.n, p.word))
+            .collect();
+        let mut out = vec![format!(
+            "{}: {}/{} {}, {}",
+            self.title(name, width / 3),
+            self.done,
+            self.total,
+            self.done_word,
+            counts.join(", ")
+        )];
+        for p in self.parts.iter().filter(|p| !p.names.is_empty()) {
+            let room = width.saturating_sub(4 + p.word.len() + 2);
+            out.push(format!("    {}: {}", p.word, fit_names(&p.names, room)));
+        }
+        out
     }
 }
+
+/// A group's roles, counts, and hosts upgrading, failed and lost, as counted.
+type Tally = (BTreeSet<String>, Counts, [Vec<String>; 3]);
 
 /// The hosts by rollout group (as the rollout's rules make them).
 pub fn groups(snap: &Snapshot, hosts: &[HostStatus]) -> BTreeMap<String, Group> {
     let (group_of, _) = crate::status::groups(snap, hosts);
-    let mut out: BTreeMap<String, Group> = BTreeMap::new();
+    let mut by: BTreeMap<String, Tally> = BTreeMap::new();
     for h in hosts {
         let name = group_of
             .get(&h.role)
             .cloned()
             .unwrap_or_else(|| h.role.to_string());
-        let g = out.entry(name).or_default();
-        g.roles.insert(h.role.to_string());
-        g.counts.add(h.state);
+        let (roles, counts, named) = by.entry(name).or_default();
+        roles.insert(h.role.to_string());
+        counts.add(h.state);
         let host = h.host.to_string();
         match h.state {
-            HostState::Upgrading => g.upgrading.push(host),
-            HostState::Failed => g.failed.push(host),
-            HostState::Lost => g.lost.push(host),
+            HostState::Upgrading => named[0].push(host),
+            HostState::Failed => named[1].push(host),
+            HostState::Lost => named[2].push(host),
             _ => {}
         }
     }
-    out
+    by.into_iter()
+        .map(|(name, (roles, c, [upgrading, failed, lost]))| {
+            let g = Group {
+                roles,
+                done: c.upgraded,
+                total: c.total(),
+                done_word: "upgraded",
+                parts: vec![
+                    Part::new(c.upgrading, "upgrading", upgrading, true),
+                    Part::new(c.failed, "failed", failed, false),
+                    Part::new(c.lost, "lost", lost, false),
+                    Part::new(c.pending, "pending", vec![], true),
+                    Part::new(c.blocked, "blocked", vec![], false),
+                ],
+            };
+            (name, g)
+        })
+        .collect()
 }
 
-/// When, for a line: `2026-11-26 14:20:01 UTC`.
-fn stamp() -> String {
-    jio_common::time::utc_display(jio_common::time::unix_now())
+/// How the bars of a terminal `cols` wide are laid out (columns of each field;
+/// 0: not shown). The row stays 3 columns short of the width, so that neither
+/// the terminal's pending wrap nor an echoed `^C` pushes it onto a second row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    title: usize,
+    bar: usize,
+    num: usize,
+    took: usize,
+    msg: usize,
 }
 
-/// A line that could not be written because the reader of the output left (a
-/// pager quit): ends the process as a closed output does (`exit::output_closed`),
-/// instead of driving on unseen. Other errors are ignored, as before.
-fn closed_unless(r: std::io::Result<()>) {
-    if let Err(e) = r
-        && e.kind() == std::io::ErrorKind::BrokenPipe
-    {
-        crate::exit::output_closed(!crate::out::words_to_stderr());
+const LEFT: usize = 9;
+
+fn layout(cols: usize, groups: &BTreeMap<String, Group>) -> Layout {
+    let usable = cols.saturating_sub(3);
+    let num = groups
+        .values()
+        .map(|g| g.total.to_string().len())
+        .max()
+        .unwrap_or(1);
+    let cap = (cols / 4).max(8);
+    let title = groups
+        .iter()
+        .map(|(n, g)| g.title(n, cap).chars().count())
+        .max()
+        .unwrap_or(8)
+        .min(cap);
+    let base = groups.values().map(|g| g.message(0).len()).max().unwrap_or(0);
+    let full = groups
+        .values()
+        .map(|g| g.message(usize::MAX).len())
+        .max()
+        .unwrap_or(0);
+    let fixed = title + 1 + 2 * num + 1 + 1 + LEFT + 1;
+    // The counts first, then up to 40 columns of names, the bar, the time
+    // elapsed, and whatever is left to more names.
+    let mut rest = usable.saturating_sub(fixed + base);
+    rest -= (full - base).min(40).min(rest);
+    let bar = match rest.saturating_sub(3).min(20) {
+        b if b >= 6 => b,
+        _ => 0,
+    };
+    rest -= if bar > 0 { bar + 3 } else { 0 };
+    let took = if rest >= 6 { 6 } else { 0 };
+    let used = fixed + took + if bar > 0 { bar + 3 } else { 0 };
+    Layout {
+        title,
+        bar,
+        num,
+        took,
+        msg: usable.saturating_sub(used),
     }
 }
 
-/// Where the words go: stdout, or stderr under `--json` (stdout is the final
-/// document's alone).
-fn words() -> Box<dyn std::io::Write> {
-    if crate::out::words_to_stderr() {
-        Box::new(std::io::stderr().lock())
-    } else {
-        Box::new(std::io::stdout().lock())
+impl Layout {
+    fn template(&self) -> String {
+        let mut t = format!("{{prefix:<{}}} ", self.title);
+        if self.bar > 0 {
+            t.push_str(&format!("[{{bar:{}}}] ", self.bar));
+        }
+        t.push_str(&format!("{{pos:>{n}}}/{{len:<{n}}} ", n = self.num));
+        if self.took > 0 {
+            t.push_str("{took:>5} ");
+        }
+        t.push_str(&format!("{{left:<{LEFT}}} {{msg}}"));
+        t
     }
 }
 
-enum Mode {
-    Silent,
-    /// The bars are finished: notes are plain stamped lines, updates show nothing.
-    Done,
-    /// Timestamped lines, one per group whose counts changed.
-    Lines {
-        last: BTreeMap<String, Group>,
-    },
-    /// A bar per group in a terminal (`style`: laid out for the terminal at the
-    /// first update).
-    Bars {
-        multi: MultiProgress,
-        bars: BTreeMap<String, ProgressBar>,
-        style: Option<ProgressStyle>,
-    },
-}
-
-/// Renders progress (stdout, or stderr under `--json`).
-pub struct Progress {
-    mode: Mode,
-}
-
-/// The bar laid out for a terminal `cols` wide, with group names up to `name`
-/// long: name, bar, upgraded/total, elapsed, time left, then the hosts in flight
-/// (cut to the terminal's width). Below 72 columns, no bar and no elapsed time.
-fn template(cols: u16, name: usize) -> String {
-    let name = name.clamp(4, usize::from(cols / 4).max(8));
-    if cols < 72 {
-        format!("{{prefix:{name}!}} {{pos:>3}}/{{len:<3}} {{left:<9}} {{wide_msg}}")
-    } else {
-        format!(
-            "{{prefix:{name}!}} [{{bar:16}}] {{pos:>3}}/{{len:<3}} {{elapsed:>4}} {{left:<9}} {{wide_msg}}"
-        )
-    }
-}
+/// What the bars say in their time-left column once this process stops showing them.
+const FOLLOWING: u8 = 0;
+const ENDED: u8 = 1;
+const GOES_ON: u8 = 2;
 
 /// The time left, as the bar shows it: `eta 4m10s` from the pace so far, `eta ?`
-/// before the group's first host is done, `done` once all are.
-fn left(state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
+/// before the group's first host is done, `done` once all are; `goes on` when this
+/// process stopped following a rollout that goes on, `ended` when it ended.
+fn left(end: u8, state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
     let _ = match (state.pos(), state.len()) {
         (p, Some(l)) if p >= l => w.write_str("done"),
-        // Following ended (the rollout failed, was stopped, or this jioctl was).
-        _ if state.is_finished() => w.write_str("ended"),
+        _ if end == GOES_ON => w.write_str("goes on"),
+        _ if end == ENDED => w.write_str("ended"),
         (0, _) => w.write_str("eta ?"),
         _ => write!(w, "eta {}", compact(state.eta().as_secs())),
     };
@@ -231,134 +322,305 @@ fn compact(secs: u64) -> String {
     }
 }
 
-impl Progress {
-    /// Bars when `tty`, lines otherwise.
-    pub fn new(tty: bool) -> Progress {
-        let target = if crate::out::words_to_stderr() {
+/// The stamped lines of the groups that changed since `last`, fitted to `width`.
+pub fn changed_lines(
+    last: &BTreeMap<String, Group>,
+    now: &BTreeMap<String, Group>,
+    stamp: &str,
+    width: usize,
+) -> Vec<String> {
+    now.iter()
+        .filter(|(name, g)| last.get(*name) != Some(*g))
+        .flat_map(|(name, g)| crate::out::note_rows(stamp, &g.lines(name, width).join("\n"), width))
+        .collect()
+}
+
+/// Where a view prints: the words' stream (stdout, or stderr under `--json`), or
+/// stderr (a fleet command's progress).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Words,
+    Stderr,
+}
+
+impl Stream {
+    fn stderr(self) -> bool {
+        self == Stream::Stderr || crate::out::words_to_stderr()
+    }
+
+    fn term(self) -> console::Term {
+        if self.stderr() {
+            console::Term::stderr()
+        } else {
+            console::Term::stdout()
+        }
+    }
+
+    /// The terminal's size, or 24 x 80 (a pipe is read at 80 columns too).
+    fn size(self) -> (usize, usize) {
+        let (rows, cols) = self.term().size_checked().unwrap_or((24, 80));
+        (usize::from(rows), usize::from(cols))
+    }
+
+    /// Whether it is a terminal that can draw bars.
+    pub fn is_terminal(self) -> bool {
+        use std::io::IsTerminal as _;
+        let tty = if self.stderr() {
+            std::io::stderr().is_terminal()
+        } else {
+            std::io::stdout().is_terminal()
+        };
+        tty && !self.target().is_hidden()
+    }
+
+    fn target(self) -> ProgressDrawTarget {
+        if self.stderr() {
             ProgressDrawTarget::stderr()
         } else {
             ProgressDrawTarget::stdout()
-        };
-        // A terminal that cannot draw bars (TERM=dumb) gets the lines.
-        let mode = if tty && !target.is_hidden() {
-            let multi = MultiProgress::with_draw_target(target);
-            set_drawn(Some(multi.clone()));
+        }
+    }
+}
+
+enum Mode {
+    Silent,
+    /// The bars are finished: notes are plain stamped lines, updates show nothing.
+    Done,
+    /// Stamped lines, one per group whose counts changed.
+    Lines {
+        last: BTreeMap<String, Group>,
+    },
+    /// A bar per group in a terminal.
+    Bars {
+        multi: MultiProgress,
+        bars: BTreeMap<String, ProgressBar>,
+        layout: Option<Layout>,
+    },
+}
+
+/// Shows progress as bars or lines, and notes.
+pub struct Progress {
+    mode: Mode,
+    stream: Stream,
+    /// What the bars say at the end (`FOLLOWING`, `ENDED`, `GOES_ON`).
+    end: Arc<AtomicU8>,
+    /// Whether the log lines are this view's notes meanwhile.
+    logs: bool,
+    /// Whether `out` knows this view (to be forgotten when it stops).
+    registered: bool,
+}
+
+/// A line that could not be written because the reader of the output left (a
+/// pager quit): ends the process as a closed output does (`exit::output_closed`),
+/// instead of driving on unseen. Other errors are ignored, as before.
+fn closed_unless(r: std::io::Result<()>, stderr: bool) {
+    if let Err(e) = r
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        crate::exit::output_closed(!stderr);
+    }
+}
+
+impl Progress {
+    /// Bars when `tty` and the words' stream can draw them, lines otherwise.
+    pub fn new(tty: bool) -> Progress {
+        Progress::on(Stream::Words, tty)
+    }
+
+    /// On `stream`: bars when `tty` and it can draw them, lines otherwise.
+    pub fn on(stream: Stream, tty: bool) -> Progress {
+        let mode = if tty && !stream.target().is_hidden() {
             Mode::Bars {
-                multi,
+                multi: MultiProgress::with_draw_target(stream.target()),
                 bars: BTreeMap::new(),
-                style: None,
+                layout: None,
             }
         } else {
             Mode::Lines {
                 last: BTreeMap::new(),
             }
         };
-        Progress { mode }
+        let mut p = Progress {
+            mode,
+            stream,
+            end: Arc::new(AtomicU8::new(FOLLOWING)),
+            logs: false,
+            registered: false,
+        };
+        p.register();
+        p
     }
 
     /// Shows nothing.
     pub fn silent() -> Progress {
-        Progress { mode: Mode::Silent }
+        Progress {
+            mode: Mode::Silent,
+            stream: Stream::Words,
+            end: Arc::new(AtomicU8::new(FOLLOWING)),
+            logs: false,
+            registered: false,
+        }
     }
 
-    /// Prints a line (stamped with the time) above the bars.
+    /// The log lines (tracing) are this view's notes while it shows.
+    pub fn take_log_lines(&mut self) {
+        self.logs = !matches!(self.mode, Mode::Silent);
+        self.register();
+    }
+
+    fn sink(&self) -> NoteSink {
+        NoteSink {
+            multi: match &self.mode {
+                Mode::Bars { multi, .. } => Some(multi.clone()),
+                _ => None,
+            },
+            stderr: self.stream.stderr(),
+            width: self.stream.size().1.saturating_sub(1).max(20),
+        }
+    }
+
+    /// Tells `out` where notes and log lines go now: bars are always told (what
+    /// else prints suspends them), lines when they take the log lines.
+    fn register(&mut self) {
+        let on = match &self.mode {
+            Mode::Bars { .. } => true,
+            Mode::Lines { .. } => self.logs,
+            Mode::Silent | Mode::Done => false,
+        };
+        if on {
+            set_view(Some(self.sink()));
+        } else if self.registered {
+            set_view(None);
+        }
+        self.registered = on;
+    }
+
+    /// Prints a note (stamped with the time, folded to the width) above the bars.
     pub fn note(&mut self, line: &str) {
-        let line = format!("{} {line}", stamp());
-        match &self.mode {
-            Mode::Silent => {}
-            Mode::Bars { multi, .. } => {
-                if multi.println(&line).is_err() {
-                    let _ = writeln!(words(), "{line}");
-                }
-            }
-            Mode::Lines { .. } | Mode::Done => {
-                let mut out = words();
-                closed_unless(writeln!(out, "{line}").and_then(|()| out.flush()));
-            }
+        if !matches!(self.mode, Mode::Silent) {
+            closed_unless(crate::out::note_to(&self.sink(), line), self.stream.stderr());
         }
     }
 
     pub fn update(&mut self, snap: &Snapshot, hosts: &[HostStatus]) {
-        if matches!(self.mode, Mode::Silent | Mode::Done) {
-            return;
+        if !matches!(self.mode, Mode::Silent | Mode::Done) {
+            self.show(groups(snap, hosts));
         }
-        let now = groups(snap, hosts);
+    }
+
+    /// Shows the groups as they are now.
+    pub fn show(&mut self, now: BTreeMap<String, Group>) {
+        let (rows, cols) = self.stream.size();
+        let sink = self.sink();
         match &mut self.mode {
             Mode::Silent | Mode::Done => {}
             Mode::Lines { last } => {
-                let mut out = words();
-                for (name, g) in &now {
-                    if last.get(name) != Some(g) {
-                        closed_unless(writeln!(out, "{} {}", stamp(), g.line(name)));
-                    }
+                let lines = changed_lines(last, &now, &crate::out::stamp(), sink.width);
+                if !lines.is_empty() {
+                    let mut out = sink_writer(&sink);
+                    closed_unless(
+                        writeln!(out, "{}", lines.join("\n")).and_then(|()| out.flush()),
+                        sink.stderr,
+                    );
                 }
-                closed_unless(out.flush());
                 *last = now;
             }
-            Mode::Bars { multi, bars, style } => {
-                let term = if crate::out::words_to_stderr() {
-                    console::Term::stderr()
-                } else {
-                    console::Term::stdout()
+            // More groups than the terminal has rows for: lines, said once.
+            Mode::Bars { multi, .. } if now.len() + 2 > rows => {
+                multi.clear().ok();
+                self.mode = Mode::Lines {
+                    last: BTreeMap::new(),
                 };
-                let (rows, cols) = term.size_checked().unwrap_or((24, 80));
-                // More groups than the terminal has rows for: lines, said once.
-                if now.len() + 2 > usize::from(rows) {
-                    multi.clear().ok();
-                    set_drawn(None);
-                    let _ = writeln!(
-                        words(),
-                        "{} {} groups do not fit a terminal of {rows} rows: progress as lines",
-                        stamp(),
-                        now.len()
-                    );
-                    self.mode = Mode::Lines {
-                        last: BTreeMap::new(),
-                    };
-                    return self.update(snap, hosts);
-                }
-                let style = style.get_or_insert_with(|| {
-                    let name = now
-                        .iter()
-                        .map(|(n, g)| g.title(n).chars().count())
-                        .max()
-                        .unwrap_or(8);
-                    ProgressStyle::with_template(&template(cols, name))
-                        .unwrap_or_else(|_| ProgressStyle::default_bar())
-                        .with_key("left", left)
-                        .progress_chars("#>-")
-                });
+                self.register();
+                self.note(&format!(
+                    "{} groups do not fit a terminal of {rows} rows: progress as lines",
+                    now.len()
+                ));
+                self.show(now);
+            }
+            Mode::Bars {
+                multi,
+                bars,
+                layout: was,
+            } => {
+                let l = layout(cols, &now);
+                let restyle = *was != Some(l);
+                *was = Some(l);
                 for (name, g) in &now {
                     let bar = bars.entry(name.clone()).or_insert_with(|| {
-                        let b = multi.add(ProgressBar::new(g.counts.total() as u64));
-                        b.set_style(style.clone());
-                        b.set_prefix(g.title(name));
+                        let b = multi.add(ProgressBar::new(g.total as u64));
                         // Elapsed time moves between changes too.
                         b.enable_steady_tick(Duration::from_secs(1));
                         b
                     });
-                    bar.set_length(g.counts.total() as u64);
-                    bar.set_position(g.counts.upgraded as u64);
-                    bar.set_message(g.message());
+                    if restyle || bar.length().is_none() {
+                        bar.set_style(style(&l, &self.end));
+                    }
+                    bar.set_prefix(g.title(name, l.title));
+                    bar.set_length(g.total as u64);
+                    bar.set_position(g.done as u64);
+                    bar.set_message(g.message(l.msg));
                 }
             }
         }
     }
-}
 
-impl Progress {
     /// Stops the bars where they are (drawn once more, then left above what is
-    /// printed next); before anything else is printed when following ends.
+    /// printed next), saying the rollout or command ended where it did not finish.
     pub fn finish(&mut self) {
+        self.stop(ENDED, None);
+    }
+
+    /// Stops the bars where they are, saying it goes on without this process, and
+    /// notes `what` (who drives it now) above them.
+    pub fn went_on(&mut self, what: Option<&str>) {
+        self.stop(GOES_ON, what);
+    }
+
+    fn stop(&mut self, end: u8, what: Option<&str>) {
+        if let Some(w) = what {
+            self.note(w);
+        }
+        self.end.store(end, Ordering::Relaxed);
         if let Mode::Bars { bars, .. } = &self.mode {
             for b in bars.values() {
                 b.disable_steady_tick();
                 b.abandon();
             }
-            set_drawn(None);
             self.mode = Mode::Done;
         }
+        if std::mem::take(&mut self.registered) {
+            set_view(None);
+        }
     }
+}
+
+fn sink_writer(sink: &NoteSink) -> Box<dyn std::io::Write> {
+    if sink.stderr {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    }
+}
+
+/// The bars' style for `l`; `end` says what their time-left column says at the end.
+fn style(l: &Layout, end: &Arc<AtomicU8>) -> ProgressStyle {
+    let end = end.clone();
+    ProgressStyle::with_template(&l.template())
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key(
+            "left",
+            move |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                left(end.load(Ordering::Relaxed), s, w)
+            },
+        )
+        .with_key(
+            "took",
+            |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&compact(s.elapsed().as_secs()));
+            },
+        )
+        .progress_chars("#>-")
 }
 
 impl Drop for Progress {
@@ -371,25 +633,34 @@ impl Drop for Progress {
 mod tests {
     use super::*;
 
+    fn db() -> Group {
+        Group {
+            roles: ["mysql".to_string(), "redis".to_string()].into(),
+            done: 3,
+            total: 10,
+            done_word: "upgraded",
+            parts: vec![
+                Part::new(2, "upgrading", vec!["mysql2".into(), "redis1".into()], true),
+                Part::new(1, "failed", vec!["mysql3".into()], false),
+                Part::new(0, "lost", vec![], false),
+                Part::new(4, "pending", vec![], true),
+            ],
+        }
+    }
+
     #[test]
     fn a_group_names_its_hosts_in_flight_and_its_roles() {
-        let g = Group {
-            roles: ["mysql".to_string(), "redis".to_string()].into(),
-            counts: Counts {
-                upgraded: 3,
-                upgrading: 2,
-                failed: 1,
-                pending: 4,
-                lost: 0,
-                blocked: 0,
-            },
-            upgrading: vec!["mysql2".into(), "redis1".into()],
-            failed: vec!["mysql3".into()],
-            lost: vec![],
-        };
         assert_eq!(
-            g.line("db"),
-            "db (mysql, redis): 3/10 upgraded, 2 upgrading (mysql2, redis1), 1 failed (mysql3), 4 pending"
+            db().message(200),
+            "2 upgrading (mysql2, redis1), 1 failed (mysql3), 4 pending"
+        );
+        assert_eq!(
+            db().lines("db", 80),
+            [
+                "db (mysql, redis): 3/10 upgraded, 2 upgrading, 1 failed, 4 pending",
+                "    upgrading: mysql2, redis1",
+                "    failed: mysql3"
+            ]
         );
         assert_eq!(compact(42), "42s");
         assert_eq!(compact(250), "4m10s");
@@ -398,6 +669,104 @@ mod tests {
             roles: ["compute".to_string()].into(),
             ..Group::default()
         };
-        assert_eq!(one.title("compute"), "compute");
+        assert_eq!(one.title("compute", 8), "compute");
+    }
+
+    /// A fleet of `n` hosts in four groups: 1% failed, 2 in flight per group, a
+    /// third done.
+    fn fleet(n: usize) -> BTreeMap<String, Group> {
+        ["compute", "controller", "stmon", "db"]
+            .iter()
+            .map(|role| {
+                let total = n / 4;
+                let hosts = |from: usize, k: usize| {
+                    (from..from + k).map(|i| format!("{role}{i}")).collect::<Vec<_>>()
+                };
+                let failed = total / 100;
+                let g = Group {
+                    roles: [role.to_string()].into(),
+                    done: total / 3,
+                    total,
+                    done_word: "upgraded",
+                    parts: vec![
+                        Part::new(2, "upgrading", hosts(0, 2), true),
+                        Part::new(failed, "failed", hosts(2, failed), false),
+                        Part::new(total - total / 3 - 2 - failed, "pending", vec![], true),
+                    ],
+                };
+                (role.to_string(), g)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bars_fit_the_terminal_at_any_fleet_size() {
+        for n in [10, 500, 10_000] {
+            let groups = fleet(n);
+            for cols in [50, 80, 132] {
+                let l = layout(cols, &groups);
+                let row =
+                    l.title + 1 + if l.bar > 0 { l.bar + 3 } else { 0 } + 2 * l.num + 2 + l.took + LEFT + 1;
+                for (name, g) in &groups {
+                    let msg = g.message(l.msg);
+                    assert!(g.title(name, l.title).len() <= l.title, "{name} at {cols}");
+                    if msg.len() <= l.msg {
+                        assert!(row + msg.len() <= cols - 3, "{n} hosts at {cols}: {msg}");
+                    }
+                    if cols >= 80 {
+                        assert!(msg.len() <= l.msg, "{n} hosts at {cols}: {msg} > {}", l.msg);
+                    }
+                    if cols >= 80 && n <= 10 || cols >= 132 {
+                        assert!(msg.contains(&format!("({name}0")), "in flight named: {msg}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stamped_lines_fit_80_columns_and_count_the_whole_fleet() {
+        for n in [10, 500, 10_000] {
+            let groups = fleet(n);
+            let lines = changed_lines(&BTreeMap::new(), &groups, "2026-11-26 14:20:01 UTC", 80);
+            assert!(lines.iter().all(|l| l.chars().count() <= 80), "{lines:#?}");
+            let text = lines.join("\n");
+            let again = changed_lines(&groups, &groups, "2026-11-26 14:20:01 UTC", 80);
+            assert!(again.is_empty(), "an unchanged group is not repeated: {again:?}");
+            // The counts as printed add up, group by group, to the fleet.
+            let mut fleet = 0;
+            let mut logical: Vec<String> = Vec::new();
+            for row in &lines {
+                match logical.last_mut() {
+                    _ if row.starts_with("2026") => logical.push(row.clone()),
+                    Some(l) if row.trim_start().starts_with(|c: char| c.is_ascii_digit()) => {
+                        l.push(' ');
+                        l.push_str(row.trim_start());
+                    }
+                    _ => {}
+                }
+            }
+            for l in &logical {
+                let (_, counts) = l.split_once(": ").unwrap();
+                let (done_total, rest) = counts.split_once(' ').unwrap();
+                let (done, total) = done_total.split_once('/').unwrap();
+                let n_of = |s: &str| {
+                    s.trim_start_matches(',')
+                        .trim()
+                        .split(' ')
+                        .next()
+                        .unwrap()
+                        .parse::<usize>()
+                        .unwrap()
+                };
+                let parts: usize = rest.split(", ").skip(1).map(n_of).sum();
+                let total: usize = total.parse().unwrap();
+                assert_eq!(n_of(done) + parts, total, "{l}");
+                fleet += total;
+            }
+            assert_eq!(fleet, n / 4 * 4, "{text}");
+            assert!(text.contains("    failed: ") || n < 400, "{text}");
+            assert!(text.contains("    upgrading: compute0"), "{text}");
+        }
     }
 }

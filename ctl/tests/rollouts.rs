@@ -622,10 +622,14 @@ async fn progress_fits_the_terminal_with_a_bar_per_group() {
             "a wrapped bar:\n{s}"
         );
     }
+    // The counts take the bar's row (names are never cut mid-way); the notes
+    // above it name the computes in flight.
     assert!(
-        screens
-            .iter()
-            .any(|s| s.lines().any(|l| l.contains("/4 ") && l.contains("(compute"))),
+        screens.iter().any(
+            |s| s.lines().any(|l| l.contains("/4 ") && l.contains(" upgrading"))
+                && s.contains("upgrading:")
+                && s.contains("compute2")
+        ),
         "the computes in flight are named on 50 columns: {last}"
     );
     // A terminal that cannot draw (TERM=dumb): the stamped lines, notes included.

@@ -220,8 +220,9 @@ pub async fn follow(
                 .await
                 .map(|r| r.plan.running.len())
                 .unwrap_or(0);
+            let now = fleet_commands::who_drives_now(store, schema, id).await;
             eprintln!(
-                "jioctl: {sig}: stopped following command {id}; it goes on ({} running it finish{}). Nothing more is admitted until a driver takes it: `jioctl commands follow {id}`, or a driver service",
+                "jioctl: {sig}: stopped following command {id}; it goes on ({} running it finish{}); {now}",
                 jio_common::command::hosts_n(running),
                 if running == 1 { "es" } else { "" }
             );
