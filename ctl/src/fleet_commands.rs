@@ -466,12 +466,14 @@ pub fn grouped_waits(waiting: &[(&HostName, &str)]) -> String {
 pub fn grouped_wait_rows(waiting: &[(&HostName, &str)]) -> Vec<String> {
     const NAMES: usize = 3;
     const REASONS: usize = 4;
-    let mut by: BTreeMap<&str, Vec<&HostName>> = BTreeMap::new();
+    // A reason that names its own host (`no /agents/stmon7 lease`) is the same
+    // reason for each host: said once, the name as `<host>`.
+    let mut by: BTreeMap<String, Vec<&HostName>> = BTreeMap::new();
     for (h, why) in waiting {
-        by.entry(why).or_default().push(h);
+        by.entry(why.replace(h.as_str(), "<host>")).or_default().push(h);
     }
-    let mut groups: Vec<(&str, Vec<&HostName>)> = by.into_iter().collect();
-    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+    let mut groups: Vec<(String, Vec<&HostName>)> = by.into_iter().collect();
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
     let mut parts: Vec<String> = groups
         .iter()
         .take(REASONS)
@@ -553,6 +555,20 @@ pub fn pass_notes(r: &Read) -> Vec<String> {
     }
     if r.plan.waits_forever {
         notes.push("nothing can move without an operator (a frozen group, a lost or unreadable host, or a group waiting for one): `jioctl commands cancel` ends it".into());
+    }
+    let failed: Vec<String> = r
+        .plan
+        .phases
+        .iter()
+        .filter(|(_, p)| matches!(p, HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted))
+        .map(|(h, _)| h.to_string())
+        .collect();
+    if !failed.is_empty() {
+        notes.push(format!(
+            "did not succeed: {} ({})",
+            command::hosts_n(failed.len()),
+            crate::render::fit_names(&failed, 40)
+        ));
     }
     let waiting = waiting_hosts(r);
     if !waiting.is_empty() && !r.finished() {
@@ -701,7 +717,12 @@ impl Follower<'_> {
             let mut wait = Duration::from_secs(if watches.is_some() { 60 } else { 2 });
             match self.pass().await {
                 Ok(Pass::Again) => continue,
-                Ok(Pass::Ended(r)) => return Ok(FollowEnd::Ended(r)),
+                Ok(Pass::Ended(r)) => {
+                    if !self.opts.quiet {
+                        self.show(&r);
+                    }
+                    return Ok(FollowEnd::Ended(r));
+                }
                 Ok(Pass::Wait(r)) => {
                     backoff.succeed();
                     if let Some(e) = unreachable.take() {
@@ -1349,5 +1370,18 @@ mod tests {
         let line = grouped_waits(&spread);
         assert!(line.ends_with("; +2 more reason(s)"), "{line}");
         assert_eq!(line.matches("reason ").count(), 4, "{line}");
+        // 10,000 hosts, each named in its own reason: one reason, once.
+        let lost: Vec<HostName> = (0..10_000)
+            .map(|i| HostName::new(format!("stmon{i}")).unwrap())
+            .collect();
+        let whys: Vec<String> = lost
+            .iter()
+            .map(|h| format!("lost: no /agents/{h} lease"))
+            .collect();
+        let each: Vec<(&HostName, &str)> = lost.iter().zip(&whys).map(|(h, w)| (h, w.as_str())).collect();
+        assert_eq!(
+            grouped_waits(&each),
+            "10000 hosts (stmon0, stmon1, stmon2, +9997 more): lost: no /agents/<host> lease"
+        );
     }
 }

@@ -38,6 +38,15 @@ macro_rules! say {
     };
 }
 
+/// A line for people (`say!`) folded to the width of where it goes: a sentence,
+/// not a table.
+#[macro_export]
+macro_rules! say_fit {
+    ($($t:tt)*) => {
+        $crate::out::say_fit(&format!($($t)*))
+    };
+}
+
 /// Text for people without a newline of its own: stdout, or stderr under `--json`.
 #[macro_export]
 macro_rules! say_text {
@@ -99,6 +108,40 @@ pub fn width() -> usize {
     console::Term::stdout()
         .size_checked()
         .map_or(80, |(_, cols)| usize::from(cols).saturating_sub(1).max(40))
+}
+
+/// The width of stderr's terminal, or 80 columns.
+fn stderr_width() -> usize {
+    console::Term::stderr()
+        .size_checked()
+        .map_or(80, |(_, cols)| usize::from(cols).saturating_sub(1).max(40))
+}
+
+/// `say_fit!`: `text` folded to the width of the words' stream, then said.
+pub fn say_fit(text: &str) {
+    let width = if words_to_stderr() {
+        stderr_width()
+    } else {
+        width()
+    };
+    let rows = crate::render::fold(text, width, 4).join("\n");
+    crate::say!("{rows}");
+}
+
+/// A line of jioctl's own on stderr (`jioctl: ...`), folded to its width.
+pub fn tell(text: &str) {
+    let rows = crate::render::fold(&format!("jioctl: {text}"), stderr_width(), 4);
+    while_drawn(|| eprintln!("{}", rows.join("\n")));
+}
+
+/// The cause of a failure on stderr (`jioctl: ...`): folded to the width on a
+/// terminal, one line otherwise (a log or a script reads it whole).
+pub fn tell_failure(text: &str) {
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        tell(text);
+    } else {
+        eprintln!("jioctl: {text}");
+    }
 }
 
 /// When, for a note: `2026-11-26 14:20:01 UTC`.

@@ -335,6 +335,89 @@ pub fn changed_lines(
         .collect()
 }
 
+/// The bars' terminal, rows ended explicitly. `indicatif` pads each row with
+/// spaces to the full width and lets the terminal's autowrap take the cursor to
+/// the next row: every row it draws is then a wrapped one to the terminal (and a
+/// `^C` echoed at the end of a full row pushes the frame down, so that the next
+/// frame is drawn below the last: a bar twice). Here the padding is an erase to
+/// the end of the row, and the next row is reached by a newline, written only
+/// when something follows (a move of the cursor stays on the row, as after
+/// autowrap). `Progress::stop` writes the last one.
+#[derive(Debug)]
+struct Rows {
+    term: console::Term,
+    /// A row was padded: the cursor belongs on the next row.
+    pending: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Rows {
+    fn newline_if_pending(&self) -> std::io::Result<()> {
+        if self.pending.swap(false, Ordering::Relaxed) {
+            self.term.write_str("\r\n")?;
+        }
+        Ok(())
+    }
+
+    /// A move of `n` rows (none: nothing happens, the row still ends).
+    fn stay(&self, n: usize) {
+        if n > 0 {
+            self.pending.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+impl indicatif::TermLike for Rows {
+    fn width(&self) -> u16 {
+        self.term.size().1
+    }
+
+    fn height(&self) -> u16 {
+        self.term.size().0
+    }
+
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.stay(n);
+        self.term.move_cursor_up(n)
+    }
+
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.stay(n);
+        self.term.move_cursor_down(n)
+    }
+
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_right(n)
+    }
+
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_left(n)
+    }
+
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.newline_if_pending()?;
+        self.term.write_line(s)
+    }
+
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        if s.chars().all(|c| c == ' ') {
+            // The padding of a row: erase the rest of it instead.
+            self.pending.store(true, Ordering::Relaxed);
+            return self.term.write_str("\x1b[K");
+        }
+        self.newline_if_pending()?;
+        self.term.write_str(s)
+    }
+
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.stay(1);
+        self.term.clear_line()
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        self.term.flush()
+    }
+}
+
 /// Where a view prints: the words' stream (stdout, or stderr under `--json`), or
 /// stderr (a fleet command's progress).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -408,6 +491,8 @@ pub struct Progress {
     logs: bool,
     /// Whether `out` knows this view (to be forgotten when it stops).
     registered: bool,
+    /// The bars' last row is ended by the next write (`Rows`).
+    pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A line that could not be written because the reader of the output left (a
@@ -429,9 +514,17 @@ impl Progress {
 
     /// On `stream`: bars when `tty` and it can draw them, lines otherwise.
     pub fn on(stream: Stream, tty: bool) -> Progress {
+        let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mode = if tty && !stream.target().is_hidden() {
+            let rows = Rows {
+                term: stream.term(),
+                pending: pending.clone(),
+            };
             Mode::Bars {
-                multi: MultiProgress::with_draw_target(stream.target()),
+                multi: MultiProgress::with_draw_target(ProgressDrawTarget::term_like_with_hz(
+                    Box::new(rows),
+                    20,
+                )),
                 bars: BTreeMap::new(),
                 layout: None,
             }
@@ -446,6 +539,7 @@ impl Progress {
             end: Arc::new(AtomicU8::new(FOLLOWING)),
             logs: false,
             registered: false,
+            pending,
         };
         p.register();
         p
@@ -459,6 +553,7 @@ impl Progress {
             end: Arc::new(AtomicU8::new(FOLLOWING)),
             logs: false,
             registered: false,
+            pending: Arc::default(),
         }
     }
 
@@ -586,6 +681,10 @@ impl Progress {
             for b in bars.values() {
                 b.disable_steady_tick();
                 b.abandon();
+            }
+            // What prints next starts below the bars.
+            if self.pending.swap(false, Ordering::Relaxed) {
+                let _ = self.stream.term().write_str("\r\n");
             }
             self.mode = Mode::Done;
         }

@@ -511,9 +511,11 @@ pub fn fold(text: &str, width: usize, indent: usize) -> Vec<String> {
                 break;
             }
             if start {
-                // Longer than a whole line: cut it.
+                // Longer than a whole line: cut it, after its last `/` that fits
+                // when it has one (a path or a link reads on).
                 let fits = width - len;
-                line.extend(word.drain(..fits));
+                let at = word[..fits].iter().rposition(|c| *c == '/').filter(|i| *i > 0);
+                line.extend(word.drain(..at.map_or(fits, |i| i + 1)));
             }
             lines.push(" ".repeat(indent));
         }
@@ -692,6 +694,7 @@ mod fit_tests {
         let lines = fold(long, 20, 2);
         assert!(lines.iter().all(|l| l.chars().count() <= 20), "{lines:#?}");
         assert_eq!(lines.iter().map(|l| l.trim()).collect::<String>(), long);
+        assert!(lines[0].ends_with('/'), "cut after a slash: {lines:#?}");
         assert_eq!(fold("short", 80, 4), vec!["short".to_string()]);
     }
 

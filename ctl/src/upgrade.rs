@@ -275,26 +275,26 @@ fn say_created(c: &rollouts::Created, before: &Snapshot) {
     let r = &c.record;
     if let Some(old) = &c.replaced {
         match old.ok() {
-            Some(o) if o.state.active() => crate::say!(
+            Some(o) if o.state.active() => crate::say_fit!(
                 "rollout {} to {} ({}) is replaced by this one (recorded aborted)",
                 o.id,
                 o.version,
                 o.state.name()
             ),
             Some(_) => {}
-            None => crate::say!(
+            None => crate::say_fit!(
                 "/rollouts/current named {:?}, which could not be used; it now names this rollout",
                 old.id
             ),
         }
     }
     if let Some(by) = &c.cleared_halt {
-        crate::say!(
+        crate::say_fit!(
             "cleared the emergency stop by {} (it came before this upgrade was started)",
             writes::describe(&Some(by.clone()))
         );
     }
-    crate::say!(
+    crate::say_fit!(
         "rollout {} to {} started by {} (rules {}{})",
         r.id,
         r.version,
@@ -306,13 +306,13 @@ fn say_created(c: &rollouts::Created, before: &Snapshot) {
             .unwrap_or_default()
     );
     if before.current.as_ref() != Some(&r.version) {
-        crate::say!(
+        crate::say_fit!(
             "current_version set to {} (puppet disabled globally; hosts start under the rules)",
             r.version
         );
     }
     if c.pruned > 0 {
-        crate::say!(
+        crate::say_fit!(
             "history keeps the last {} rollouts: {} older record(s) deleted",
             jio_common::rollout::KEEP_HISTORY,
             c.pruned

@@ -8,6 +8,7 @@ pub mod composable;
 pub mod fleet;
 pub mod hooks;
 pub mod reboot;
+pub mod terminal;
 
 use std::path::PathBuf;
 use std::process::Output;
