@@ -194,6 +194,11 @@ async fn run_progress_fits_80_columns_and_says_who_drives_after_ctrl_c() {
                 .any(|l| l.starts_with("compute ") && l.contains(" 1/3") && l.contains("1 failed"))
         })
         .await;
+        // Ctrl-C as typed: the terminal echoes `^C` after the last bar, then the
+        // signal comes.
+        term.type_keys(b"\x03");
+        term.wait_until("^C echoed", Duration::from_secs(10), |s| s.contains("^C"))
+            .await;
         term.signal(nix::sys::signal::Signal::SIGINT);
         let (code, frames) = term.finish(Duration::from_secs(60)).await;
         let last = frames.last().map(|f| f.text.clone()).unwrap_or_default();
@@ -210,6 +215,16 @@ async fn run_progress_fits_80_columns_and_says_who_drives_after_ctrl_c() {
             "{last}"
         );
         assert!(!last.contains(" ended "), "{last}");
+        for fr in &frames {
+            for g in ["compute ", "stmon "] {
+                let bars = fr
+                    .text
+                    .lines()
+                    .filter(|l| l.starts_with(g) && l.contains('/'))
+                    .count();
+                assert!(bars <= 1, "{g:?} drawn {bars} times:\n{}", fr.text);
+            }
+        }
         assert!(
             frames
                 .iter()
@@ -262,4 +277,47 @@ async fn run_through_a_pipe_fits_80_columns_and_its_table_too() {
         }
         assert!(stdout.contains("(on the host)"), "{stdout}");
     }
+}
+
+/// An etcd stall while `upgrade` draws its bars: the store layer's warning (the
+/// rollout lock cannot be renewed) is a stamped note above the bars, never a raw
+/// log line among them, and no row wraps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_line_during_an_etcd_stall_is_a_stamped_note() {
+    use nix::sys::signal::{Signal, kill};
+    let (etcd, url, _f) = common::fleet::fleet_on_etcd(&REAL, 3.0).await;
+    let rules = r#"{"rolling_rules":{"roles":{"compute":1}}}"#;
+    let term = Terminal::spawn(
+        common::jioctl(&url, &["upgrade", "v2", "--instructions", rules]),
+        80,
+    );
+    term.wait_until("the computes' bar", Duration::from_secs(30), |s| {
+        s.lines().any(|l| l.starts_with("compute ") && l.contains("/3"))
+    })
+    .await;
+    let etcd_pid = nix::unistd::Pid::from_raw(etcd.pid(0).unwrap() as i32);
+    kill(etcd_pid, Signal::SIGSTOP).unwrap();
+    let warned = std::panic::AssertUnwindSafe(term.wait_until("a warning", Duration::from_secs(60), |s| {
+        s.contains(" UTC warning: ")
+    }));
+    let warned = futures_util::FutureExt::catch_unwind(warned).await;
+    kill(etcd_pid, Signal::SIGCONT).unwrap();
+    term.signal(Signal::SIGINT);
+    let (_, frames) = term.finish(Duration::from_secs(60)).await;
+    let last = frames.last().map(|f| f.text.clone()).unwrap_or_default();
+    assert!(warned.is_ok(), "no warning while etcd stalled:\n{last}");
+    let stamped = regex::Regex::new(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC warning: cannot renew").unwrap();
+    assert!(
+        frames.iter().any(|f| f.text.lines().any(|l| stamped.is_match(l))),
+        "{last}"
+    );
+    let raw = regex::Regex::new(r"\d\dZ\s+(WARN|ERROR|INFO)\s").unwrap();
+    assert!(
+        frames.iter().all(|f| !raw.is_match(&f.text)),
+        "a raw log line: {:?}",
+        frames.iter().find(|f| raw.is_match(&f.text))
+    );
+    assert!(wrapped(&frames).is_none(), "{:#?}", wrapped(&frames));
+    // Ctrl-C: following stopped, the rollout did not.
+    assert!(last.contains("goes on") && !last.contains(" ended "), "{last}");
 }

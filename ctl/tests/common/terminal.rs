@@ -17,6 +17,8 @@ pub struct Frame {
 /// A process on a terminal, its screens read as it draws them.
 pub struct Terminal {
     pub child: Child,
+    /// The terminal's keyboard side.
+    keys: std::fs::File,
     frames: Arc<Mutex<Vec<Frame>>>,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -42,6 +44,7 @@ impl Terminal {
         let frames = Arc::new(Mutex::new(Vec::new()));
         let into = frames.clone();
         let mut master = std::fs::File::from(pty.master);
+        let keys = master.try_clone().unwrap();
         let reader = tokio::task::spawn_blocking(move || {
             let size = |n| std::num::NonZeroU16::new(n).unwrap();
             let mut parser = vt100::Parser::new(size(24), size(cols), 0);
@@ -66,6 +69,7 @@ impl Terminal {
         });
         Terminal {
             child,
+            keys,
             frames,
             reader,
         }
@@ -92,6 +96,13 @@ impl Terminal {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Types `keys` (the terminal echoes them: Ctrl-C shows as `^C` where the
+    /// cursor is).
+    pub fn type_keys(&self, keys: &[u8]) {
+        use std::io::Write as _;
+        (&self.keys).write_all(keys).unwrap();
     }
 
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
