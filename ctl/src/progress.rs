@@ -302,15 +302,21 @@ const GOES_ON: u8 = 2;
 
 /// The time left, as the bar shows it: `eta 4m10s` from the pace so far, `eta ?`
 /// before the group's first host is done, `done` once all are; `goes on` when this
-/// process stopped following a rollout that goes on, `ended` when it ended.
+/// process stopped following a rollout or command that goes on, `ended` when it
+/// ended.
+fn left_text(done: u64, total: u64, end: u8, eta_secs: u64) -> String {
+    match (done, end) {
+        (d, _) if d >= total => "done".into(),
+        (_, GOES_ON) => "goes on".into(),
+        (_, ENDED) => "ended".into(),
+        (0, _) => "eta ?".into(),
+        _ => format!("eta {}", compact(eta_secs)),
+    }
+}
+
 fn left(end: u8, state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
-    let _ = match (state.pos(), state.len()) {
-        (p, Some(l)) if p >= l => w.write_str("done"),
-        _ if end == GOES_ON => w.write_str("goes on"),
-        _ if end == ENDED => w.write_str("ended"),
-        (0, _) => w.write_str("eta ?"),
-        _ => write!(w, "eta {}", compact(state.eta().as_secs())),
-    };
+    let total = state.len().unwrap_or(0);
+    let _ = w.write_str(&left_text(state.pos(), total, end, state.eta().as_secs()));
 }
 
 /// `42s`, `4m10s`, `1h05m`.
@@ -676,8 +682,9 @@ impl Progress {
         if let Some(w) = what {
             self.note(w);
         }
-        self.end.store(end, Ordering::Relaxed);
         if let Mode::Bars { bars, .. } = &self.mode {
+            // Once: a later stop (the drop) leaves what the bars said.
+            self.end.store(end, Ordering::Relaxed);
             for b in bars.values() {
                 b.disable_steady_tick();
                 b.abandon();
@@ -769,6 +776,23 @@ mod tests {
             ..Group::default()
         };
         assert_eq!(one.title("compute", 8), "compute");
+    }
+
+    #[test]
+    fn the_time_left_says_what_goes_on() {
+        let cases = [
+            (3, 3, FOLLOWING, 0, "done"),
+            (3, 3, GOES_ON, 0, "done"),
+            (1, 3, FOLLOWING, 250, "eta 4m10s"),
+            (0, 3, FOLLOWING, 0, "eta ?"),
+            (1, 3, GOES_ON, 250, "goes on"),
+            (0, 3, GOES_ON, 0, "goes on"),
+            (1, 3, ENDED, 250, "ended"),
+        ];
+        for (done, total, end, eta, want) in cases {
+            assert_eq!(left_text(done, total, end, eta), want, "{done}/{total} end {end}");
+            assert!(want.len() <= LEFT);
+        }
     }
 
     /// A fleet of `n` hosts in four groups: 1% failed, 2 in flight per group, a
