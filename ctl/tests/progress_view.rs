@@ -33,7 +33,7 @@ async fn grow(url: &str, n: usize, versions: &[&str]) -> Vec<String> {
     failed
 }
 
-/// The rows of every screen that wrapped, with the screen.
+/// The first screen with a row that wrapped onto the next.
 fn wrapped(frames: &[Frame]) -> Option<&Frame> {
     frames.iter().find(|f| !f.wrapped.is_empty())
 }

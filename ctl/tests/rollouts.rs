@@ -342,7 +342,8 @@ async fn a_rollout_without_progress_becomes_stuck_and_names_its_hosts() {
     let rec = recorder(&s, rules).await;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
-    let t = text(&out);
+    // Notes are folded to 80 columns in a pipe: read them whole.
+    let t = common::unfolded(&text(&out));
     assert!(
         t.contains("is stuck") && t.contains("compute7: lost"),
         "the stuck rollout names its host: {t}"
