@@ -536,7 +536,7 @@ fn phase_group(role: String, mut phases: BTreeMap<HostPhase, Vec<String>>) -> Gr
 }
 
 /// What a pass says besides the counts, each its own note: the command, whether
-/// anything stops it, and what its hosts wait for (one row per reason).
+/// anything stops it, and what its hosts wait for (a note per reason).
 pub fn pass_notes(r: &Read) -> Vec<String> {
     let id = &r.record.id;
     let mut notes = vec![format!(
@@ -572,10 +572,9 @@ pub fn pass_notes(r: &Read) -> Vec<String> {
     }
     let waiting = waiting_hosts(r);
     if !waiting.is_empty() && !r.finished() {
-        notes.push(format!(
-            "waiting for:\n{}",
-            grouped_wait_rows(&waiting).join("\n")
-        ));
+        // A note per reason: one that still holds is not said again.
+        let rows = grouped_wait_rows(&waiting).into_iter();
+        notes.extend(rows.map(|w| format!("waiting for: {w}")));
     }
     notes
 }

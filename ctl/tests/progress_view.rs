@@ -270,6 +270,11 @@ async fn run_through_a_pipe_fits_80_columns_and_its_table_too() {
             );
         }
         check_pipe(&stderr, REAL.len(), "succeeded");
+        // No note is said twice (a reason the hosts still wait for included).
+        let mut said = std::collections::BTreeSet::new();
+        for l in logical(&stderr).iter().filter_map(|l| l.split_once(" UTC ")) {
+            assert!(said.insert(l.1.to_string()), "said twice: {}\n{stderr}", l.1);
+        }
         assert!(stderr.contains("did not succeed: 1 host (compute2)"), "{stderr}");
         // The table names every host, the run directories below their rows.
         for h in REAL {
