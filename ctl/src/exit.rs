@@ -238,7 +238,7 @@ pub fn report(outcome: Outcome) -> u8 {
         Ok(()) => OK,
         Err(f) => {
             if let Some(c) = &f.cause {
-                eprintln!("jioctl: {c:#}");
+                crate::out::tell_failure(&format!("{c:#}"));
             }
             f.code
         }

@@ -23,6 +23,7 @@ use jio_common::values::parse_json;
 use tokio::sync::watch;
 
 use crate::exit::{self, Failure, Outcome};
+use crate::progress::{Group, Part, Progress, Stream};
 use crate::writes::{self, Fenced, LockOutcome, RolloutLock};
 
 /// What a new command is.
@@ -458,14 +459,21 @@ pub fn progress_line(r: &Read) -> String {
 /// the first few names (`+N more` for the rest), the largest groups first; at most
 /// four reasons, then how many more.
 pub fn grouped_waits(waiting: &[(&HostName, &str)]) -> String {
+    grouped_wait_rows(waiting).join("; ")
+}
+
+/// `grouped_waits`, a row per reason.
+pub fn grouped_wait_rows(waiting: &[(&HostName, &str)]) -> Vec<String> {
     const NAMES: usize = 3;
     const REASONS: usize = 4;
-    let mut by: BTreeMap<&str, Vec<&HostName>> = BTreeMap::new();
+    // A reason that names its own host (`no /agents/stmon7 lease`) is the same
+    // reason for each host: said once, the name as `<host>`.
+    let mut by: BTreeMap<String, Vec<&HostName>> = BTreeMap::new();
     for (h, why) in waiting {
-        by.entry(why).or_default().push(h);
+        by.entry(why.replace(h.as_str(), "<host>")).or_default().push(h);
     }
-    let mut groups: Vec<(&str, Vec<&HostName>)> = by.into_iter().collect();
-    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+    let mut groups: Vec<(String, Vec<&HostName>)> = by.into_iter().collect();
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
     let mut parts: Vec<String> = groups
         .iter()
         .take(REASONS)
@@ -480,7 +488,105 @@ pub fn grouped_waits(waiting: &[(&HostName, &str)]) -> String {
     if groups.len() > REASONS {
         parts.push(format!("+{} more reason(s)", groups.len() - REASONS));
     }
-    parts.join("; ")
+    parts
+}
+
+/// The hosts of a command by role, as the progress view shows them: done is
+/// succeeded; the hosts running, admitted and those that did not succeed named.
+pub fn view_groups(r: &Read) -> BTreeMap<String, Group> {
+    let role_of: BTreeMap<&HostName, &Role> = r.statuses.iter().map(|s| (&s.host, &s.role)).collect();
+    let mut by: BTreeMap<String, BTreeMap<HostPhase, Vec<String>>> = BTreeMap::new();
+    for h in &r.record.hosts {
+        let role = role_of
+            .get(h)
+            .map_or_else(|| r.fleet.role_of(h), |r| (*r).clone());
+        let phase = r.plan.phases.get(h).copied().unwrap_or(HostPhase::Pending);
+        let phases = by.entry(role.to_string()).or_default();
+        phases.entry(phase).or_default().push(h.to_string());
+    }
+    by.into_iter()
+        .map(|(role, phases)| (role.clone(), phase_group(role, phases)))
+        .collect()
+}
+
+/// One role's hosts by phase as a progress group.
+fn phase_group(role: String, mut phases: BTreeMap<HostPhase, Vec<String>>) -> Group {
+    let mut take = |p: HostPhase| phases.remove(&p).unwrap_or_default();
+    let done = take(HostPhase::Succeeded).len();
+    let pending = take(HostPhase::Pending).len();
+    let named =
+        |p: HostPhase, hosts: Vec<String>, always: bool| Part::new(hosts.len(), p.as_str(), hosts, always);
+    let parts = vec![
+        named(HostPhase::Running, take(HostPhase::Running), true),
+        named(HostPhase::Admitted, take(HostPhase::Admitted), false),
+        named(HostPhase::Failed, take(HostPhase::Failed), false),
+        named(HostPhase::Refused, take(HostPhase::Refused), false),
+        named(HostPhase::Interrupted, take(HostPhase::Interrupted), false),
+        named(HostPhase::NotRun, take(HostPhase::NotRun), false),
+        Part::new(pending, "pending", vec![], true),
+    ];
+    let total = done + parts.iter().map(|p| p.n).sum::<usize>();
+    Group {
+        roles: [role].into(),
+        done,
+        total,
+        done_word: "succeeded",
+        parts,
+    }
+}
+
+/// What a pass says besides the counts, each its own note: the command, whether
+/// anything stops it, and what its hosts wait for (a note per reason).
+pub fn pass_notes(r: &Read) -> Vec<String> {
+    let id = &r.record.id;
+    let mut notes = vec![format!(
+        "command {id} ({}): {} on {}",
+        r.record.state.name(),
+        r.record.command_line(),
+        command::hosts_n(r.record.hosts.len())
+    )];
+    if let Some(p) = &r.rules_problem {
+        notes.push(format!("nothing is admitted: {p}"));
+    }
+    if r.record.state.active() && r.runs.lock_absent {
+        notes.push(format!(
+            "nobody drives command {id} (no process holds its lock): `jioctl commands follow {id}` or a driver service (`jioctl drive`) admits its hosts"
+        ));
+    }
+    if r.plan.waits_forever {
+        notes.push("nothing can move without an operator (a frozen group, a lost or unreadable host, or a group waiting for one): `jioctl commands cancel` ends it".into());
+    }
+    let failed: Vec<String> = r
+        .plan
+        .phases
+        .iter()
+        .filter(|(_, p)| matches!(p, HostPhase::Failed | HostPhase::Refused | HostPhase::Interrupted))
+        .map(|(h, _)| h.to_string())
+        .collect();
+    if !failed.is_empty() {
+        notes.push(format!(
+            "did not succeed: {} ({})",
+            command::hosts_n(failed.len()),
+            crate::render::fit_names(&failed, 40)
+        ));
+    }
+    let waiting = waiting_hosts(r);
+    if !waiting.is_empty() && !r.finished() {
+        // A note per reason: one that still holds is not said again.
+        let rows = grouped_wait_rows(&waiting).into_iter();
+        notes.extend(rows.map(|w| format!("waiting for: {w}")));
+    }
+    notes
+}
+
+/// The hosts not done and why, as the plan says.
+fn waiting_hosts(r: &Read) -> Vec<(&HostName, &str)> {
+    r.plan
+        .phases
+        .iter()
+        .filter(|(_, p)| matches!(p, HostPhase::Pending | HostPhase::Admitted | HostPhase::Running))
+        .filter_map(|(h, _)| r.plan.reasons.get(h).map(|w| (h, w.text.as_str())))
+        .collect()
 }
 
 /// Follows the command `id` (driving it while `opts.drive` and nobody else does)
@@ -500,16 +606,56 @@ pub async fn follow(
         schema,
         role_pattern,
         id,
+        view: view_for(&opts),
         opts,
         lock: None,
         told_holder: None,
         last_try: None,
+        last_notes: Vec::new(),
     };
     let end = f.run(stop).await;
     if let Some(l) = f.lock.take() {
         l.release().await;
     }
+    match &end {
+        // Stopped following (Ctrl-C): the bars say it goes on, and who drives it.
+        Ok(FollowEnd::Stopped) => {
+            let now = who_drives_now(store, schema, id).await;
+            f.view.went_on(Some(&format!("command {id} goes on; {now}")));
+        }
+        Ok(FollowEnd::Ended(_)) => f.view.finish(),
+        Err(_) => f.view.went_on(None),
+    }
     end
+}
+
+/// The progress view of a follower: bars on a terminal (stderr), stamped lines
+/// otherwise; none for the driver service.
+fn view_for(opts: &FollowOpts) -> Progress {
+    if opts.quiet {
+        return Progress::silent();
+    }
+    let mut v = Progress::on(Stream::Stderr, Stream::Stderr.is_terminal());
+    v.take_log_lines();
+    v
+}
+
+/// Who drives command `id` now, as the store says (within a few seconds): the
+/// holder of its lock, or nobody (and what continues it).
+pub async fn who_drives_now(store: &DynStore, schema: &Schema, id: &CommandId) -> String {
+    let lock = tokio::time::timeout(Duration::from_secs(3), store.get(&schema.command_lock(id))).await;
+    match lock {
+        Ok(Ok(Some(kv))) => format!(
+            "driven by {}",
+            writes::describe(&jio_common::values::parse_json(&kv).ok())
+        ),
+        Ok(Ok(None)) => format!(
+            "nobody drives it now: nothing more is admitted until `jioctl commands follow {id}` or a driver service (`jioctl drive`) takes it"
+        ),
+        _ => format!(
+            "the store did not answer, so who drives it now is not known (`jioctl commands show {id}` shows it)"
+        ),
+    }
 }
 
 /// A follower's state between passes.
@@ -523,6 +669,10 @@ struct Follower<'a> {
     told_holder: Option<String>,
     /// When this follower last tried to take the lock while another held it.
     last_try: Option<tokio::time::Instant>,
+    /// Its progress: bars or lines, and the notes.
+    view: Progress,
+    /// The notes of the last pass (a note is said again only once it changed).
+    last_notes: Vec<String>,
 }
 
 /// What one pass of a follower found.
@@ -535,19 +685,27 @@ enum Pass {
 }
 
 impl Follower<'_> {
-    fn say(&self, s: &str) {
+    fn say(&mut self, s: &str) {
         if self.opts.quiet {
             eprintln!("jioctl drive: {s}");
         } else {
-            eprintln!("jioctl: {s}");
+            self.view.note(s);
         }
+    }
+
+    /// Shows a pass: the groups' counts, and the notes that changed.
+    fn show(&mut self, r: &Read) {
+        self.view.show(view_groups(r));
+        let notes = pass_notes(r);
+        for n in notes.iter().filter(|n| !self.last_notes.contains(n)) {
+            self.view.note(n);
+        }
+        self.last_notes = notes;
     }
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<FollowEnd> {
         let keys = watched(self.schema, self.id);
         let mut watches = open_watches(self.store, &keys).await;
-        let mut last_line = String::new();
-        let mut last_print = tokio::time::Instant::now();
         let mut backoff =
             jio_common::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
         let mut unreachable: Option<String> = None;
@@ -558,19 +716,19 @@ impl Follower<'_> {
             let mut wait = Duration::from_secs(if watches.is_some() { 60 } else { 2 });
             match self.pass().await {
                 Ok(Pass::Again) => continue,
-                Ok(Pass::Ended(r)) => return Ok(FollowEnd::Ended(r)),
+                Ok(Pass::Ended(r)) => {
+                    if !self.opts.quiet {
+                        self.show(&r);
+                    }
+                    return Ok(FollowEnd::Ended(r));
+                }
                 Ok(Pass::Wait(r)) => {
                     backoff.succeed();
                     if let Some(e) = unreachable.take() {
                         self.say(&format!("the store answers again (it failed with: {e})"));
                     }
-                    let line = progress_line(&r);
-                    if !self.opts.quiet
-                        && (line != last_line || last_print.elapsed() >= Duration::from_secs(60))
-                    {
-                        eprintln!("{line}");
-                        last_line = line;
-                        last_print = tokio::time::Instant::now();
+                    if !self.opts.quiet {
+                        self.show(&r);
                     }
                 }
                 Err(e) => {
@@ -753,9 +911,14 @@ pub fn rows(r: &Read) -> Vec<HostRow> {
         .collect()
 }
 
-/// The table of a command's hosts, for people.
+/// The table of a command's hosts, for people, fitted to stdout's width.
 pub fn table(r: &Read) -> String {
-    let rows = rows(r);
+    table_in(&rows(r), crate::out::width())
+}
+
+/// The table in `width` columns: a LOG (a link, a run directory, or why) that
+/// does not fit its row goes on the rows below it, folded; so does a reason.
+pub fn table_in(rows: &[HostRow], width: usize) -> String {
     let w = |f: &dyn Fn(&HostRow) -> usize, min: usize| rows.iter().map(f).max().unwrap_or(0).max(min);
     let (wh, wr, wp) = (
         w(&|x| x.host.as_str().len(), 4),
@@ -766,15 +929,15 @@ pub fn table(r: &Read) -> String {
         "{:<wh$}  {:<wr$}  {:<wp$}  {:>4}  {:>8}  LOG\n",
         "HOST", "ROLE", "RESULT", "EXIT", "DURATION"
     );
-    for x in &rows {
+    for x in rows {
         let log = match (&x.log, &x.run_dir, &x.reason) {
             (Some(l), _, _) => l.clone(),
             (None, Some(d), _) => format!("{d} (on the host)"),
             (None, None, Some(why)) => why.clone(),
             _ => "-".into(),
         };
-        out.push_str(&format!(
-            "{:<wh$}  {:<wr$}  {:<wp$}  {:>4}  {:>8}  {}\n",
+        let row = format!(
+            "{:<wh$}  {:<wr$}  {:<wp$}  {:>4}  {:>8}",
             x.host.as_str(),
             x.role.as_str(),
             x.phase,
@@ -784,10 +947,22 @@ pub fn table(r: &Read) -> String {
             } else {
                 format!("{d}s")
             }),
-            log
-        ));
+        );
+        let mut below = Vec::new();
+        if row.len() + 2 + log.chars().count() <= width {
+            out.push_str(&format!("{row}  {log}\n"));
+        } else {
+            out.push_str(&format!("{}\n", row.trim_end()));
+            below.push(log);
+        }
         if let (Some(why), Some(_)) = (&x.reason, &x.log.as_ref().or(x.run_dir.as_ref())) {
-            out.push_str(&format!("{:<wh$}  {why}\n", ""));
+            below.push(why.clone());
+        }
+        for text in below {
+            for l in crate::render::fold(&format!("    {text}"), width, 6) {
+                out.push_str(&l);
+                out.push('\n');
+            }
         }
     }
     out
@@ -1194,5 +1369,18 @@ mod tests {
         let line = grouped_waits(&spread);
         assert!(line.ends_with("; +2 more reason(s)"), "{line}");
         assert_eq!(line.matches("reason ").count(), 4, "{line}");
+        // 10,000 hosts, each named in its own reason: one reason, once.
+        let lost: Vec<HostName> = (0..10_000)
+            .map(|i| HostName::new(format!("stmon{i}")).unwrap())
+            .collect();
+        let whys: Vec<String> = lost
+            .iter()
+            .map(|h| format!("lost: no /agents/{h} lease"))
+            .collect();
+        let each: Vec<(&HostName, &str)> = lost.iter().zip(&whys).map(|(h, w)| (h, w.as_str())).collect();
+        assert_eq!(
+            grouped_waits(&each),
+            "10000 hosts (stmon0, stmon1, stmon2, +9997 more): lost: no /agents/<host> lease"
+        );
     }
 }

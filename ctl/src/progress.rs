@@ -1,176 +1,155 @@
-//! Live progress of a rollout. In a terminal: one bar per rollout group (the unit
-//! the limits apply to), drawn by `indicatif` to the terminal's width, with the
-//! time elapsed, an estimate of the time left and the hosts in flight named.
-//! Otherwise: one timestamped line per group whose counts changed. Notes (what the
-//! driver did) print above the bars, stamped with the time too.
+//! Live progress of a rollout or a fleet command, one view for both. In a
+//! terminal: one bar per group (the unit the limits apply to) laid out for the
+//! terminal's width: name, bar, done/total, time elapsed and left, then the counts
+//! with the hosts in flight and failed named as far as they fit (`+N more` for the
+//! rest). Otherwise: one stamped line per group whose counts changed. Notes (what
+//! the driver did, and the log lines meanwhile) print above the bars, stamped and
+//! folded to the width; no row is longer than the terminal. The words and the
+//! layout are `text`'s (pure); this module prints them.
 
-use crate::out::set_drawn;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use jio_common::fleet::{HostState, HostStatus, Snapshot};
+use jio_common::fleet::{HostStatus, Snapshot};
 
-/// Counts of one role (or group).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Counts {
-    pub upgraded: usize,
-    pub upgrading: usize,
-    pub failed: usize,
-    pub pending: usize,
-    pub lost: usize,
-    pub blocked: usize,
+use crate::out::{NoteSink, set_view};
+
+mod text;
+
+pub use text::{Counts, Group, Part, changed_lines, counts, groups, plain_line};
+use text::{ENDED, FOLLOWING, GOES_ON, Layout, compact, layout, left_text};
+
+/// The bars' terminal, rows ended explicitly. `indicatif` pads each row with
+/// spaces to the full width and lets the terminal's autowrap take the cursor to
+/// the next row: every row it draws is then a wrapped one to the terminal (and a
+/// `^C` echoed at the end of a full row pushes the frame down, so that the next
+/// frame is drawn below the last: a bar twice). Here the padding is an erase to
+/// the end of the row, and the next row is reached by a newline, written only
+/// when something follows (a move of the cursor stays on the row, as after
+/// autowrap). `Progress::stop` writes the last one.
+#[derive(Debug)]
+struct Rows {
+    term: console::Term,
+    /// A row was padded: the cursor belongs on the next row.
+    pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl Counts {
-    fn total(&self) -> usize {
-        self.upgraded + self.upgrading + self.failed + self.pending + self.lost + self.blocked
+impl Rows {
+    fn newline_if_pending(&self) -> std::io::Result<()> {
+        if self.pending.swap(false, Ordering::Relaxed) {
+            self.term.write_str("\r\n")?;
+        }
+        Ok(())
     }
 
-    fn add(&mut self, state: HostState) {
-        match state {
-            HostState::Upgraded => self.upgraded += 1,
-            HostState::Upgrading => self.upgrading += 1,
-            HostState::Failed => self.failed += 1,
-            // Unknown only without a current version, which a rollout always has.
-            HostState::Pending | HostState::Unknown => self.pending += 1,
-            HostState::Lost => self.lost += 1,
-            HostState::Blocked => self.blocked += 1,
+    /// A move of `n` rows (none: nothing happens, the row still ends).
+    fn stay(&self, n: usize) {
+        if n > 0 {
+            self.pending.store(false, Ordering::Relaxed);
         }
     }
 }
 
-/// Counts per role (`rollout status`).
-pub fn counts(hosts: &[HostStatus]) -> BTreeMap<String, Counts> {
-    let mut out: BTreeMap<String, Counts> = BTreeMap::new();
-    for h in hosts {
-        out.entry(h.role.to_string()).or_default().add(h.state);
+impl indicatif::TermLike for Rows {
+    fn width(&self) -> u16 {
+        self.term.size().1
     }
-    out
+
+    fn height(&self) -> u16 {
+        self.term.size().0
+    }
+
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.stay(n);
+        self.term.move_cursor_up(n)
+    }
+
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.stay(n);
+        self.term.move_cursor_down(n)
+    }
+
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_right(n)
+    }
+
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_left(n)
+    }
+
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.newline_if_pending()?;
+        self.term.write_line(s)
+    }
+
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        if s.chars().all(|c| c == ' ') {
+            // The padding of a row: erase the rest of it instead.
+            self.pending.store(true, Ordering::Relaxed);
+            return self.term.write_str("\x1b[K");
+        }
+        self.newline_if_pending()?;
+        self.term.write_str(s)
+    }
+
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.stay(1);
+        self.term.clear_line()
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        self.term.flush()
+    }
 }
 
-/// One role's counts as a plain line ("compute: 3/6 upgraded, 2 upgrading, ...").
-pub fn plain_line(role: &str, c: &Counts) -> String {
-    format!(
-        "{role}: {}/{} upgraded, {} upgrading, {} failed, {} pending, {} lost{}",
-        c.upgraded,
-        c.total(),
-        c.upgrading,
-        c.failed,
-        c.pending,
-        c.lost,
-        if c.blocked > 0 {
-            format!(", {} blocked", c.blocked)
+/// Where a view prints: the words' stream (stdout, or stderr under `--json`), or
+/// stderr (a fleet command's progress).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Words,
+    Stderr,
+}
+
+impl Stream {
+    fn stderr(self) -> bool {
+        self == Stream::Stderr || crate::out::words_to_stderr()
+    }
+
+    fn term(self) -> console::Term {
+        if self.stderr() {
+            console::Term::stderr()
         } else {
-            String::new()
+            console::Term::stdout()
         }
-    )
-}
+    }
 
-/// One group as progress shows it: its roles, counts and the hosts in flight.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Group {
-    pub roles: BTreeSet<String>,
-    pub counts: Counts,
-    pub upgrading: Vec<String>,
-    pub failed: Vec<String>,
-    pub lost: Vec<String>,
-}
+    /// The terminal's size, or 24 x 80 (a pipe is read at 80 columns too).
+    fn size(self) -> (usize, usize) {
+        let (rows, cols) = self.term().size_checked().unwrap_or((24, 80));
+        (usize::from(rows), usize::from(cols))
+    }
 
-impl Group {
-    /// What the bar says after its counts: the hosts in flight named (the
-    /// terminal's width cuts it short, never the counts before it).
-    fn message(&self) -> String {
-        let mut parts = Vec::new();
-        let named = |n: usize, what: &str, hosts: &[String]| {
-            if hosts.is_empty() {
-                format!("{n} {what}")
-            } else {
-                format!("{n} {what} ({})", hosts.join(", "))
-            }
+    /// Whether it is a terminal that can draw bars.
+    pub fn is_terminal(self) -> bool {
+        use std::io::IsTerminal as _;
+        let tty = if self.stderr() {
+            std::io::stderr().is_terminal()
+        } else {
+            std::io::stdout().is_terminal()
         };
-        parts.push(named(self.counts.upgrading, "upgrading", &self.upgrading));
-        if self.counts.failed > 0 {
-            parts.push(named(self.counts.failed, "failed", &self.failed));
-        }
-        if self.counts.lost > 0 {
-            parts.push(named(self.counts.lost, "lost", &self.lost));
-        }
-        parts.push(format!("{} pending", self.counts.pending));
-        if self.counts.blocked > 0 {
-            parts.push(format!("{} blocked", self.counts.blocked));
-        }
-        parts.join(", ")
+        tty && !self.target().is_hidden()
     }
 
-    /// `compute` for a group of one role of its name; `db (mysql, redis)` otherwise.
-    fn title(&self, name: &str) -> String {
-        if self.roles.len() == 1 && self.roles.contains(name) {
-            name.to_string()
+    fn target(self) -> ProgressDrawTarget {
+        if self.stderr() {
+            ProgressDrawTarget::stderr()
         } else {
-            let roles: Vec<&str> = self.roles.iter().map(String::as_str).collect();
-            format!("{name} ({})", roles.join(", "))
+            ProgressDrawTarget::stdout()
         }
-    }
-
-    fn line(&self, name: &str) -> String {
-        format!(
-            "{}: {}/{} upgraded, {}",
-            self.title(name),
-            self.counts.upgraded,
-            self.counts.total(),
-            self.message()
-        )
-    }
-}
-
-/// The hosts by rollout group (as the rollout's rules make them).
-pub fn groups(snap: &Snapshot, hosts: &[HostStatus]) -> BTreeMap<String, Group> {
-    let (group_of, _) = crate::status::groups(snap, hosts);
-    let mut out: BTreeMap<String, Group> = BTreeMap::new();
-    for h in hosts {
-        let name = group_of
-            .get(&h.role)
-            .cloned()
-            .unwrap_or_else(|| h.role.to_string());
-        let g = out.entry(name).or_default();
-        g.roles.insert(h.role.to_string());
-        g.counts.add(h.state);
-        let host = h.host.to_string();
-        match h.state {
-            HostState::Upgrading => g.upgrading.push(host),
-            HostState::Failed => g.failed.push(host),
-            HostState::Lost => g.lost.push(host),
-            _ => {}
-        }
-    }
-    out
-}
-
-/// When, for a line: `2026-11-26 14:20:01 UTC`.
-fn stamp() -> String {
-    jio_common::time::utc_display(jio_common::time::unix_now())
-}
-
-/// A line that could not be written because the reader of the output left (a
-/// pager quit): ends the process as a closed output does (`exit::output_closed`),
-/// instead of driving on unseen. Other errors are ignored, as before.
-fn closed_unless(r: std::io::Result<()>) {
-    if let Err(e) = r
-        && e.kind() == std::io::ErrorKind::BrokenPipe
-    {
-        crate::exit::output_closed(!crate::out::words_to_stderr());
-    }
-}
-
-/// Where the words go: stdout, or stderr under `--json` (stdout is the final
-/// document's alone).
-fn words() -> Box<dyn std::io::Write> {
-    if crate::out::words_to_stderr() {
-        Box::new(std::io::stderr().lock())
-    } else {
-        Box::new(std::io::stdout().lock())
     }
 }
 
@@ -178,226 +157,267 @@ enum Mode {
     Silent,
     /// The bars are finished: notes are plain stamped lines, updates show nothing.
     Done,
-    /// Timestamped lines, one per group whose counts changed.
+    /// Stamped lines, one per group whose counts changed.
     Lines {
         last: BTreeMap<String, Group>,
     },
-    /// A bar per group in a terminal (`style`: laid out for the terminal at the
-    /// first update).
+    /// A bar per group in a terminal.
     Bars {
         multi: MultiProgress,
         bars: BTreeMap<String, ProgressBar>,
-        style: Option<ProgressStyle>,
+        layout: Option<Layout>,
     },
 }
 
-/// Renders progress (stdout, or stderr under `--json`).
+/// Shows progress as bars or lines, and notes.
 pub struct Progress {
     mode: Mode,
+    stream: Stream,
+    /// What the bars say at the end (`FOLLOWING`, `ENDED`, `GOES_ON`).
+    end: Arc<AtomicU8>,
+    /// Whether the log lines are this view's notes meanwhile.
+    logs: bool,
+    /// Whether `out` knows this view (to be forgotten when it stops).
+    registered: bool,
+    /// The bars' last row is ended by the next write (`Rows`).
+    pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// The bar laid out for a terminal `cols` wide, with group names up to `name`
-/// long: name, bar, upgraded/total, elapsed, time left, then the hosts in flight
-/// (cut to the terminal's width). Below 72 columns, no bar and no elapsed time.
-fn template(cols: u16, name: usize) -> String {
-    let name = name.clamp(4, usize::from(cols / 4).max(8));
-    if cols < 72 {
-        format!("{{prefix:{name}!}} {{pos:>3}}/{{len:<3}} {{left:<9}} {{wide_msg}}")
-    } else {
-        format!(
-            "{{prefix:{name}!}} [{{bar:16}}] {{pos:>3}}/{{len:<3}} {{elapsed:>4}} {{left:<9}} {{wide_msg}}"
-        )
-    }
-}
-
-/// The time left, as the bar shows it: `eta 4m10s` from the pace so far, `eta ?`
-/// before the group's first host is done, `done` once all are.
-fn left(state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
-    let _ = match (state.pos(), state.len()) {
-        (p, Some(l)) if p >= l => w.write_str("done"),
-        // Following ended (the rollout failed, was stopped, or this jioctl was).
-        _ if state.is_finished() => w.write_str("ended"),
-        (0, _) => w.write_str("eta ?"),
-        _ => write!(w, "eta {}", compact(state.eta().as_secs())),
-    };
-}
-
-/// `42s`, `4m10s`, `1h05m`.
-fn compact(secs: u64) -> String {
-    match secs {
-        s if s < 60 => format!("{s}s"),
-        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
-        s => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+/// A line that could not be written because the reader of the output left (a
+/// pager quit): ends the process as a closed output does (`exit::output_closed`),
+/// instead of driving on unseen. Other errors are ignored, as before.
+fn closed_unless(r: std::io::Result<()>, stderr: bool) {
+    if let Err(e) = r
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        crate::exit::output_closed(!stderr);
     }
 }
 
 impl Progress {
-    /// Bars when `tty`, lines otherwise.
+    /// Bars when `tty` and the words' stream can draw them, lines otherwise.
     pub fn new(tty: bool) -> Progress {
-        let target = if crate::out::words_to_stderr() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::stdout()
-        };
-        // A terminal that cannot draw bars (TERM=dumb) gets the lines.
-        let mode = if tty && !target.is_hidden() {
-            let multi = MultiProgress::with_draw_target(target);
-            set_drawn(Some(multi.clone()));
+        Progress::on(Stream::Words, tty)
+    }
+
+    /// On `stream`: bars when `tty` and it can draw them, lines otherwise.
+    pub fn on(stream: Stream, tty: bool) -> Progress {
+        let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mode = if tty && !stream.target().is_hidden() {
+            let rows = Rows {
+                term: stream.term(),
+                pending: pending.clone(),
+            };
             Mode::Bars {
-                multi,
+                multi: MultiProgress::with_draw_target(ProgressDrawTarget::term_like_with_hz(
+                    Box::new(rows),
+                    20,
+                )),
                 bars: BTreeMap::new(),
-                style: None,
+                layout: None,
             }
         } else {
             Mode::Lines {
                 last: BTreeMap::new(),
             }
         };
-        Progress { mode }
+        let mut p = Progress {
+            mode,
+            stream,
+            end: Arc::new(AtomicU8::new(FOLLOWING)),
+            logs: false,
+            registered: false,
+            pending,
+        };
+        p.register();
+        p
     }
 
     /// Shows nothing.
     pub fn silent() -> Progress {
-        Progress { mode: Mode::Silent }
+        Progress {
+            mode: Mode::Silent,
+            stream: Stream::Words,
+            end: Arc::new(AtomicU8::new(FOLLOWING)),
+            logs: false,
+            registered: false,
+            pending: Arc::default(),
+        }
     }
 
-    /// Prints a line (stamped with the time) above the bars.
+    /// The log lines (tracing) are this view's notes while it shows.
+    pub fn take_log_lines(&mut self) {
+        self.logs = !matches!(self.mode, Mode::Silent);
+        self.register();
+    }
+
+    fn sink(&self) -> NoteSink {
+        NoteSink {
+            multi: match &self.mode {
+                Mode::Bars { multi, .. } => Some(multi.clone()),
+                _ => None,
+            },
+            stderr: self.stream.stderr(),
+            width: self.stream.size().1.saturating_sub(1).max(20),
+        }
+    }
+
+    /// Tells `out` where notes and log lines go now: bars are always told (what
+    /// else prints suspends them), lines when they take the log lines.
+    fn register(&mut self) {
+        let on = match &self.mode {
+            Mode::Bars { .. } => true,
+            Mode::Lines { .. } => self.logs,
+            Mode::Silent | Mode::Done => false,
+        };
+        if on {
+            set_view(Some(self.sink()));
+        } else if self.registered {
+            set_view(None);
+        }
+        self.registered = on;
+    }
+
+    /// Prints a note (stamped with the time, folded to the width) above the bars.
     pub fn note(&mut self, line: &str) {
-        let line = format!("{} {line}", stamp());
-        match &self.mode {
-            Mode::Silent => {}
-            Mode::Bars { multi, .. } => {
-                if multi.println(&line).is_err() {
-                    let _ = writeln!(words(), "{line}");
-                }
-            }
-            Mode::Lines { .. } | Mode::Done => {
-                let mut out = words();
-                closed_unless(writeln!(out, "{line}").and_then(|()| out.flush()));
-            }
+        if !matches!(self.mode, Mode::Silent) {
+            closed_unless(crate::out::note_to(&self.sink(), line), self.stream.stderr());
         }
     }
 
     pub fn update(&mut self, snap: &Snapshot, hosts: &[HostStatus]) {
-        if matches!(self.mode, Mode::Silent | Mode::Done) {
-            return;
+        if !matches!(self.mode, Mode::Silent | Mode::Done) {
+            self.show(groups(snap, hosts));
         }
-        let now = groups(snap, hosts);
+    }
+
+    /// Shows the groups as they are now.
+    pub fn show(&mut self, now: BTreeMap<String, Group>) {
+        let (rows, cols) = self.stream.size();
+        let sink = self.sink();
         match &mut self.mode {
             Mode::Silent | Mode::Done => {}
             Mode::Lines { last } => {
-                let mut out = words();
-                for (name, g) in &now {
-                    if last.get(name) != Some(g) {
-                        closed_unless(writeln!(out, "{} {}", stamp(), g.line(name)));
-                    }
+                let lines = changed_lines(last, &now, &crate::out::stamp(), sink.width);
+                if !lines.is_empty() {
+                    let mut out = sink_writer(&sink);
+                    closed_unless(
+                        writeln!(out, "{}", lines.join("\n")).and_then(|()| out.flush()),
+                        sink.stderr,
+                    );
                 }
-                closed_unless(out.flush());
                 *last = now;
             }
-            Mode::Bars { multi, bars, style } => {
-                let term = if crate::out::words_to_stderr() {
-                    console::Term::stderr()
-                } else {
-                    console::Term::stdout()
+            // More groups than the terminal has rows for: lines, said once.
+            Mode::Bars { multi, .. } if now.len() + 2 > rows => {
+                multi.clear().ok();
+                self.mode = Mode::Lines {
+                    last: BTreeMap::new(),
                 };
-                let (rows, cols) = term.size_checked().unwrap_or((24, 80));
-                // More groups than the terminal has rows for: lines, said once.
-                if now.len() + 2 > usize::from(rows) {
-                    multi.clear().ok();
-                    set_drawn(None);
-                    let _ = writeln!(
-                        words(),
-                        "{} {} groups do not fit a terminal of {rows} rows: progress as lines",
-                        stamp(),
-                        now.len()
-                    );
-                    self.mode = Mode::Lines {
-                        last: BTreeMap::new(),
-                    };
-                    return self.update(snap, hosts);
-                }
-                let style = style.get_or_insert_with(|| {
-                    let name = now
-                        .iter()
-                        .map(|(n, g)| g.title(n).chars().count())
-                        .max()
-                        .unwrap_or(8);
-                    ProgressStyle::with_template(&template(cols, name))
-                        .unwrap_or_else(|_| ProgressStyle::default_bar())
-                        .with_key("left", left)
-                        .progress_chars("#>-")
-                });
+                self.register();
+                self.note(&format!(
+                    "{} groups do not fit a terminal of {rows} rows: progress as lines",
+                    now.len()
+                ));
+                self.show(now);
+            }
+            Mode::Bars {
+                multi,
+                bars,
+                layout: was,
+            } => {
+                let l = layout(cols, &now);
+                let restyle = *was != Some(l);
+                *was = Some(l);
                 for (name, g) in &now {
                     let bar = bars.entry(name.clone()).or_insert_with(|| {
-                        let b = multi.add(ProgressBar::new(g.counts.total() as u64));
-                        b.set_style(style.clone());
-                        b.set_prefix(g.title(name));
+                        let b = multi.add(ProgressBar::new(g.total as u64));
                         // Elapsed time moves between changes too.
                         b.enable_steady_tick(Duration::from_secs(1));
                         b
                     });
-                    bar.set_length(g.counts.total() as u64);
-                    bar.set_position(g.counts.upgraded as u64);
-                    bar.set_message(g.message());
+                    if restyle || bar.length().is_none() {
+                        bar.set_style(style(&l, &self.end));
+                    }
+                    bar.set_prefix(g.title(name, l.title));
+                    bar.set_length(g.total as u64);
+                    bar.set_position(g.done as u64);
+                    bar.set_message(g.message(l.msg));
                 }
             }
         }
     }
-}
 
-impl Progress {
     /// Stops the bars where they are (drawn once more, then left above what is
-    /// printed next); before anything else is printed when following ends.
+    /// printed next), saying the rollout or command ended where it did not finish.
     pub fn finish(&mut self) {
+        self.stop(ENDED, None);
+    }
+
+    /// Stops the bars where they are, saying it goes on without this process, and
+    /// notes `what` (who drives it now) above them.
+    pub fn went_on(&mut self, what: Option<&str>) {
+        self.stop(GOES_ON, what);
+    }
+
+    fn stop(&mut self, end: u8, what: Option<&str>) {
+        if let Some(w) = what {
+            self.note(w);
+        }
         if let Mode::Bars { bars, .. } = &self.mode {
+            // Once: a later stop (the drop) leaves what the bars said.
+            self.end.store(end, Ordering::Relaxed);
             for b in bars.values() {
                 b.disable_steady_tick();
                 b.abandon();
             }
-            set_drawn(None);
+            // What prints next starts below the bars.
+            if self.pending.swap(false, Ordering::Relaxed) {
+                let _ = self.stream.term().write_str("\r\n");
+            }
             self.mode = Mode::Done;
         }
+        if std::mem::take(&mut self.registered) {
+            set_view(None);
+        }
     }
+}
+
+fn left(end: u8, state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
+    let total = state.len().unwrap_or(0);
+    let _ = w.write_str(&left_text(state.pos(), total, end, state.eta().as_secs()));
+}
+
+fn sink_writer(sink: &NoteSink) -> Box<dyn std::io::Write> {
+    if sink.stderr {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    }
+}
+
+/// The bars' style for `l`; `end` says what their time-left column says at the end.
+fn style(l: &Layout, end: &Arc<AtomicU8>) -> ProgressStyle {
+    let end = end.clone();
+    ProgressStyle::with_template(&l.template())
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key(
+            "left",
+            move |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                left(end.load(Ordering::Relaxed), s, w)
+            },
+        )
+        .with_key(
+            "took",
+            |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&compact(s.elapsed().as_secs()));
+            },
+        )
+        .progress_chars("#>-")
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
         self.finish();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_group_names_its_hosts_in_flight_and_its_roles() {
-        let g = Group {
-            roles: ["mysql".to_string(), "redis".to_string()].into(),
-            counts: Counts {
-                upgraded: 3,
-                upgrading: 2,
-                failed: 1,
-                pending: 4,
-                lost: 0,
-                blocked: 0,
-            },
-            upgrading: vec!["mysql2".into(), "redis1".into()],
-            failed: vec!["mysql3".into()],
-            lost: vec![],
-        };
-        assert_eq!(
-            g.line("db"),
-            "db (mysql, redis): 3/10 upgraded, 2 upgrading (mysql2, redis1), 1 failed (mysql3), 4 pending"
-        );
-        assert_eq!(compact(42), "42s");
-        assert_eq!(compact(250), "4m10s");
-        assert_eq!(compact(3900), "1h05m");
-        let one = Group {
-            roles: ["compute".to_string()].into(),
-            ..Group::default()
-        };
-        assert_eq!(one.title("compute"), "compute");
     }
 }

@@ -461,6 +461,115 @@ pub fn compose_waiting(c: &jio_common::compose::Composed) -> String {
     }
 }
 
+/// `names` joined with ", " in at most `room` characters: as many as fit, then
+/// `+N more` for the rest (alone when no name fits; "" when not even that does).
+pub fn fit_names(names: &[String], room: usize) -> String {
+    let more = |k: usize| match names.len() - k {
+        0 => 0,
+        rest => format!("+{rest} more").len() + usize::from(k > 0),
+    };
+    let (mut k, mut used) = (0, 0);
+    while k < names.len() {
+        let next = used + usize::from(k > 0) * 2 + names[k].chars().count();
+        if next + more(k + 1) > room {
+            break;
+        }
+        (k, used) = (k + 1, next);
+    }
+    let mut out = names[..k].join(", ");
+    if k < names.len() {
+        let tail = format!("+{} more", names.len() - k);
+        if used + more(k) > room {
+            return String::new();
+        }
+        if k > 0 {
+            out.push(' ');
+        }
+        out.push_str(&tail);
+    }
+    out
+}
+
+/// `text` folded at spaces into lines of at most `width` characters, the lines
+/// after the first indented by `indent` spaces; a word longer than a line is cut
+/// into pieces (nothing is dropped).
+pub fn fold(text: &str, width: usize, indent: usize) -> Vec<String> {
+    // An indented text keeps its indent, and its next lines go further in.
+    let lead = text.len() - text.trim_start_matches(' ').len();
+    let indent = if lead > 0 { lead + 2 } else { indent };
+    let width = width.max(indent + 8);
+    let mut lines = vec![" ".repeat(lead)];
+    for word in text[lead..].split(' ') {
+        let mut word: Vec<char> = word.chars().collect();
+        loop {
+            let at = if lines.len() == 1 { lead } else { indent };
+            let line = lines.last_mut().expect("one line at least");
+            let len = line.chars().count();
+            let start = len == at;
+            let need = word.len() + usize::from(!start);
+            if len + need <= width {
+                if !start {
+                    line.push(' ');
+                }
+                line.extend(word.iter());
+                break;
+            }
+            if start {
+                // Longer than a whole line: cut it, after its last `/` that fits
+                // when it has one (a path or a link reads on).
+                let fits = width - len;
+                let at = word[..fits].iter().rposition(|c| *c == '/').filter(|i| *i > 0);
+                line.extend(word.drain(..at.map_or(fits, |i| i + 1)));
+            }
+            lines.push(" ".repeat(indent));
+        }
+    }
+    lines
+}
+
+/// A log line as the tracing formatter writes it (time, level, message; colours
+/// or not) as the words of a note: `warning: cannot renew ...`.
+pub fn log_note(raw: &str) -> String {
+    let plain = strip_ansi(raw);
+    let line = plain.trim();
+    let Some((stamp, after)) = line.split_once(' ') else {
+        return line.to_string();
+    };
+    if !(stamp.ends_with('Z') && stamp.contains('T')) {
+        return line.to_string();
+    }
+    let (level, text) = after
+        .trim_start()
+        .split_once(' ')
+        .unwrap_or((after.trim_start(), ""));
+    let what = match level {
+        "ERROR" => "error",
+        "WARN" => "warning",
+        "INFO" => "info",
+        "DEBUG" => "debug",
+        _ => "trace",
+    };
+    format!("{what}: {}", text.trim_start())
+}
+
+/// `s` without its terminal escape sequences (CSI: ESC [ ... final byte).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\x1b' {
+            out.push(c);
+        } else if chars.next() == Some('[') {
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -673,5 +782,75 @@ mod hint_tests {
             failure_lines(many.iter().map(|(a, b)| (a, b))),
             ["  9 host(s): configured failed: exit 4 on <host> (c1, c2, c3 +6 more)"]
         );
+    }
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::*;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("compute{i}")).collect()
+    }
+
+    #[test]
+    fn names_fit_their_room_and_say_how_many_more() {
+        let cases: [(usize, usize, &str); 6] = [
+            (3, 80, "compute0, compute1, compute2"),
+            (3, 28, "compute0, compute1, compute2"),
+            (3, 27, "compute0, compute1 +1 more"),
+            (3, 10, "+3 more"),
+            (3, 6, ""),
+            (0, 10, ""),
+        ];
+        for (n, room, want) in cases {
+            assert_eq!(fit_names(&names(n), room), want, "{n} names in {room}");
+        }
+        // 10,000 names: what is shown and the count add up, within the room.
+        let shown = fit_names(&names(10_000), 60);
+        assert!(shown.len() <= 60, "{shown}");
+        let listed = shown.matches("compute").count();
+        let more: usize = shown
+            .rsplit('+')
+            .next()
+            .unwrap()
+            .trim_end_matches(" more")
+            .parse()
+            .unwrap();
+        assert_eq!(listed + more, 10_000, "{shown}");
+    }
+
+    #[test]
+    fn folded_text_keeps_every_word_within_the_width() {
+        let text = "the store cannot be reached (dial tcp 127.0.0.1:2379: connection refused); trying again";
+        let lines = fold(text, 30, 4);
+        assert!(lines.iter().all(|l| l.chars().count() <= 30), "{lines:#?}");
+        assert!(lines[1..].iter().all(|l| l.starts_with("    ")), "{lines:#?}");
+        let joined: Vec<&str> = lines.iter().flat_map(|l| l.split_whitespace()).collect();
+        assert_eq!(joined.join(" "), text);
+        let long = "/var/lib/jio-agent/runs/0123456789abcdef0123456789abcdef0123456789abcdef";
+        let lines = fold(long, 20, 2);
+        assert!(lines.iter().all(|l| l.chars().count() <= 20), "{lines:#?}");
+        assert_eq!(lines.iter().map(|l| l.trim()).collect::<String>(), long);
+        assert!(lines[0].ends_with('/'), "cut after a slash: {lines:#?}");
+        assert_eq!(fold("short", 80, 4), vec!["short".to_string()]);
+    }
+
+    #[test]
+    fn a_log_line_reads_as_a_note() {
+        let cases = [
+            (
+                "2026-11-28T00:31:12.015944Z  WARN cannot renew the lease key=/locks/rollout\n",
+                "warning: cannot renew the lease key=/locks/rollout",
+            ),
+            (
+                "\x1b[2m2026-11-28T00:31:12.015944Z\x1b[0m \x1b[31mERROR\x1b[0m store failed",
+                "error: store failed",
+            ),
+            ("no stamp at all", "no stamp at all"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(log_note(raw), want, "{raw:?}");
+        }
     }
 }

@@ -260,9 +260,10 @@ pub async fn follow(
     let ending = tokio::select! {
         r = driver.drive() => r,
         sig = interrupted() => {
-            driver.progress.finish();
             let driving = driver.release_all().await;
-            let msg = driver.interrupted_message(sig, record, driving);
+            let now = driver.who_drives_now(record).await;
+            driver.progress.went_on(Some(&format!("rollout {} goes on; {now}", record.id)));
+            let msg = driver.interrupted_message(sig, record, driving, &now);
             return Err(Failure::new(signal_code(sig), msg));
         }
     };
@@ -274,26 +275,26 @@ fn say_created(c: &rollouts::Created, before: &Snapshot) {
     let r = &c.record;
     if let Some(old) = &c.replaced {
         match old.ok() {
-            Some(o) if o.state.active() => crate::say!(
+            Some(o) if o.state.active() => crate::say_fit!(
                 "rollout {} to {} ({}) is replaced by this one (recorded aborted)",
                 o.id,
                 o.version,
                 o.state.name()
             ),
             Some(_) => {}
-            None => crate::say!(
+            None => crate::say_fit!(
                 "/rollouts/current named {:?}, which could not be used; it now names this rollout",
                 old.id
             ),
         }
     }
     if let Some(by) = &c.cleared_halt {
-        crate::say!(
+        crate::say_fit!(
             "cleared the emergency stop by {} (it came before this upgrade was started)",
             writes::describe(&Some(by.clone()))
         );
     }
-    crate::say!(
+    crate::say_fit!(
         "rollout {} to {} started by {} (rules {}{})",
         r.id,
         r.version,
@@ -305,13 +306,13 @@ fn say_created(c: &rollouts::Created, before: &Snapshot) {
             .unwrap_or_default()
     );
     if before.current.as_ref() != Some(&r.version) {
-        crate::say!(
+        crate::say_fit!(
             "current_version set to {} (puppet disabled globally; hosts start under the rules)",
             r.version
         );
     }
     if c.pruned > 0 {
-        crate::say!(
+        crate::say_fit!(
             "history keeps the last {} rollouts: {} older record(s) deleted",
             jio_common::rollout::KEEP_HISTORY,
             c.pruned
@@ -669,8 +670,13 @@ impl<'a> Driver<'a> {
             deadline: o.timeout.and_then(|t| Instant::now().checked_add(t)),
             progress: if o.quiet {
                 Progress::silent()
-            } else {
+            } else if o.daemon {
                 Progress::new(tty)
+            } else {
+                // A follower's log lines are its notes (the service's go to its log).
+                let mut p = Progress::new(tty);
+                p.take_log_lines();
+                p
             },
             o,
             view: None,
@@ -693,7 +699,11 @@ impl<'a> Driver<'a> {
     /// before the caller says how it ended.
     async fn drive(&mut self) -> Result<Ending, Failure> {
         let ended = self.passes().await;
-        self.progress.finish();
+        match &ended {
+            Ok(Ending::Finished { .. } | Ending::Stopped { .. } | Ending::Ended(_)) => self.progress.finish(),
+            // This process stopped; the rollout did not (its end says why and what next).
+            _ => self.progress.went_on(None),
+        }
         ended
     }
 
@@ -765,22 +775,35 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// What Ctrl-C (or SIGTERM) says: what goes on without this process.
-    fn interrupted_message(&self, sig: &str, record: &RolloutRecord, driving: bool) -> String {
+    /// What Ctrl-C (or SIGTERM) says: what goes on without this process, and who
+    /// drives it now (`now`).
+    fn interrupted_message(&self, sig: &str, record: &RolloutRecord, driving: bool, now: &str) -> String {
         if driving {
             format!(
-                "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {}; nothing more is admitted until a driver takes the rollout: run `jioctl upgrade {}{}` again with the same rules (it follows and drives it), or start `jioctl drive`; `jioctl rollout pause` or `jioctl rollout abort` stops it",
+                "{sig}: jioctl stopped driving rollout {} to {}; the rollout lock is released. {}; {now}; `jioctl rollout pause` or `jioctl rollout abort` stops it",
                 record.id,
                 record.version,
                 crate::render::in_flight_finish(self.in_flight),
-                record.version,
-                stage_args(record)
             )
         } else {
             format!(
-                "{sig}: stopped following rollout {} to {}; it goes on, driven by its driver (`jioctl rollout status` shows it)",
+                "{sig}: stopped following rollout {} to {}; it goes on, {now} (`jioctl rollout status` shows it)",
                 record.id, record.version
             )
+        }
+    }
+
+    /// Who drives the rollout now that this process let go, as read from the store
+    /// (within a few seconds: a store that does not answer is said so).
+    async fn who_drives_now(&self, record: &RolloutRecord) -> String {
+        let read = Snapshot::read(self.store, self.schema);
+        match tokio::time::timeout(Duration::from_secs(3), read).await {
+            Ok(Ok(snap)) => who_drives(&snap, record),
+            _ => format!(
+                "the store did not answer, so who drives it now is not known (`jioctl rollout status` shows it; `jioctl upgrade {}{}` with the same rules drives it)",
+                record.version,
+                stage_args(record)
+            ),
         }
     }
 
@@ -1348,6 +1371,25 @@ fn driven_by(snap: &Snapshot) -> String {
             )
         }
         _ => format!("is driven by {}", writes::describe(&snap.lock)),
+    }
+}
+
+/// Who drives `record` now, in the words the Ctrl-C message and the bars use:
+/// the holder of the rollout lock, the driver services that take it over, or
+/// nobody (and which command continues it).
+fn who_drives(snap: &Snapshot, record: &RolloutRecord) -> String {
+    let services: Vec<String> = snap.drivers.keys().cloned().collect();
+    match (&snap.lock_key, services.is_empty()) {
+        (Some(_), _) => format!("driven by its driver {}", writes::describe(&snap.lock)),
+        (None, false) => format!(
+            "driven by its driver: the driver service(s) {} take it over",
+            services.join(", ")
+        ),
+        (None, true) => format!(
+            "nobody drives it now: nothing more is admitted until a driver takes it: run `jioctl upgrade {}{}` again with the same rules (it follows and drives it), or start `jioctl drive`",
+            record.version,
+            stage_args(record)
+        ),
     }
 }
 

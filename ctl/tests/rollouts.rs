@@ -342,7 +342,8 @@ async fn a_rollout_without_progress_becomes_stuck_and_names_its_hosts() {
     let rec = recorder(&s, rules).await;
     let out = run(&url, &["upgrade", "v2", "--instructions", rules]).await;
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
-    let t = text(&out);
+    // Notes are folded to 80 columns in a pipe: read them whole.
+    let t = common::unfolded(&text(&out));
     assert!(
         t.contains("is stuck") && t.contains("compute7: lost"),
         "the stuck rollout names its host: {t}"
@@ -622,10 +623,14 @@ async fn progress_fits_the_terminal_with_a_bar_per_group() {
             "a wrapped bar:\n{s}"
         );
     }
+    // The counts take the bar's row (names are never cut mid-way); the notes
+    // above it name the computes in flight.
     assert!(
-        screens
-            .iter()
-            .any(|s| s.lines().any(|l| l.contains("/4 ") && l.contains("(compute"))),
+        screens.iter().any(
+            |s| s.lines().any(|l| l.contains("/4 ") && l.contains(" upgrading"))
+                && s.contains("upgrading:")
+                && s.contains("compute2")
+        ),
         "the computes in flight are named on 50 columns: {last}"
     );
     // A terminal that cannot draw (TERM=dumb): the stamped lines, notes included.

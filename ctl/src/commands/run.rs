@@ -95,12 +95,12 @@ impl Run {
         )
         .await?;
         let id = record.id.clone();
-        eprintln!(
-            "jioctl: command {id} recorded: {} on {} ({})",
+        crate::out::tell(&format!(
+            "command {id} recorded: {} on {} ({})",
             record.command_line(),
             jio_common::command::hosts_n(record.hosts.len()),
             record.targets
-        );
+        ));
         if self.detach {
             return detached(ctx, &store, &record).await;
         }
@@ -137,11 +137,11 @@ impl Run {
     fn check_action(&self) -> Result<(), Failure> {
         let late = options_after_action(&self.args);
         if !late.is_empty() {
-            eprintln!(
-                "jioctl: note: {} comes after the action {:?}: it is passed to the action as its argument, not taken by jioctl (jioctl's options go before ACTION)",
+            crate::out::tell(&format!(
+                "note: {} comes after the action {:?}: it is passed to the action as its argument, not taken by jioctl (jioctl's options go before ACTION)",
                 late.join(", "),
                 self.action
-            );
+            ));
         }
         if self.action.is_empty() {
             return Err(Failure::usage("the action is empty (nothing was written)"));
@@ -172,16 +172,16 @@ pub(crate) async fn detached(
     let id = &record.id;
     let snap = ctx.snapshot(store).await?;
     if snap.drivers.is_empty() {
-        eprintln!(
-            "jioctl: no driver service (jioctl drive) is running: nothing admits its hosts until one starts, or `jioctl commands follow {id}` drives it"
-        );
+        crate::out::tell(&format!(
+            "no driver service (jioctl drive) is running: nothing admits its hosts until one starts, or `jioctl commands follow {id}` drives it"
+        ));
     } else {
-        eprintln!(
-            "jioctl: the driver service{} {} drive{} it; `jioctl commands follow {id}` follows it",
+        crate::out::tell(&format!(
+            "the driver service{} {} drive{} it; `jioctl commands follow {id}` follows it",
             if snap.drivers.len() == 1 { "" } else { "s" },
             snap.drivers.keys().cloned().collect::<Vec<_>>().join(", "),
             if snap.drivers.len() == 1 { "s" } else { "" }
-        );
+        ));
     }
     if ctx.json {
         println!(
@@ -220,11 +220,15 @@ pub async fn follow(
                 .await
                 .map(|r| r.plan.running.len())
                 .unwrap_or(0);
-            eprintln!(
-                "jioctl: {sig}: stopped following command {id}; it goes on ({} running it finish{}). Nothing more is admitted until a driver takes it: `jioctl commands follow {id}`, or a driver service",
-                jio_common::command::hosts_n(running),
-                if running == 1 { "es" } else { "" }
-            );
+            let now = fleet_commands::who_drives_now(store, schema, id).await;
+            crate::out::tell(&format!(
+                "{sig}: stopped following command {id}; it goes on{}; {now}",
+                match running {
+                    0 => String::new(),
+                    1 => " (the host running it finishes)".into(),
+                    n => format!(" (the {n} hosts running it finish)"),
+                }
+            ));
             return Err(Failure::quiet(crate::upgrade::signal_code(sig)));
         }
     };
@@ -234,11 +238,11 @@ pub async fn follow(
             if let CommandState::Cancelled { by, reason } | CommandState::Aborted { by, reason } =
                 &r.record.state
             {
-                eprintln!(
-                    "jioctl: command {id} was {} by {by}{}",
+                crate::out::tell(&format!(
+                    "command {id} was {} by {by}{}",
                     r.record.state.name(),
                     reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
-                );
+                ));
             }
             fleet_commands::exit_of(&r.record.state)
         }
@@ -290,11 +294,11 @@ pub(crate) fn load_rules(
                 .map(|k| k.to_string())
                 .collect();
             if !dropped.is_empty() {
-                eprintln!(
-                    "jioctl: using the rolling rules of {}; {} apply to rollouts only and are left out",
+                crate::out::tell(&format!(
+                    "using the rolling rules of {}; {} apply to rollouts only and are left out",
                     crate::commands::upgrade::DEFAULT_RULES,
                     dropped.join(", ")
-                );
+                ));
             }
         }
         v.to_string()

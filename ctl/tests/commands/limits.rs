@@ -58,10 +58,8 @@ async fn a_command_under_a_limit_of_two_never_runs_on_more_than_two_hosts_at_onc
     // The summary names every host, its exit code and where its output is.
     let stdout = String::from_utf8_lossy(&out.stdout);
     for h in COMPUTES {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(h))
-            .unwrap_or_else(|| panic!("{stdout}"));
+        // The row, and below it the run directory when it does not fit the row.
+        let line = host_rows(&stdout, h);
         assert!(line.contains("succeeded") && line.contains(" 0 "), "{line}");
         assert!(line.contains("command-"), "the run directory: {line}");
     }

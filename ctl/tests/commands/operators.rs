@@ -387,7 +387,7 @@ async fn a_command_left_with_only_a_lost_host_waits_says_why_and_is_cancelled() 
     let show = run_bounded(&url, &["commands", "show", &id]).await;
     let t = text(&show);
     assert_eq!(show.status.code(), Some(0), "{t}");
-    let line = t.lines().find(|l| l.starts_with("compute2")).unwrap_or_default();
+    let line = host_rows(&t, "compute2");
     assert!(
         line.contains("not alive") || line.contains("lost") || line.contains("agent"),
         "compute2's row does not say its agent is gone:\n{t}"

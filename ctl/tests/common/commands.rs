@@ -362,3 +362,19 @@ pub fn v2_and_action_runs(f: &Fleet, a: &Actions) -> Vec<Run> {
     all.extend(a.runs());
     all
 }
+
+/// A host's row of a command's table joined with the rows below it (its log and
+/// reason go there when they do not fit the row): "" when the table has none.
+pub fn host_rows(table: &str, host: &str) -> String {
+    let mut rows = table
+        .lines()
+        .skip_while(|l| l.split_whitespace().next() != Some(host));
+    let Some(first) = rows.next() else {
+        return String::new();
+    };
+    let below = rows.take_while(|l| l.starts_with("    ")).map(str::trim);
+    std::iter::once(first.trim_end())
+        .chain(below)
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -280,3 +280,40 @@ pub async fn register_host(s: &DynStore, name: &str, role: &str) {
     .await
     .unwrap();
 }
+
+/// Registers hosts `{role}{from}` .. `{role}{from + n - 1}` in the store at once
+/// (no agent runs for them), every `failed_every`th with a failed run of
+/// `version` on record; the names of those failed.
+pub async fn register_hosts(
+    s: &DynStore,
+    role: &str,
+    (from, n): (usize, usize),
+    failed_every: usize,
+    version: &str,
+) -> Vec<String> {
+    use jio_common::store::{Op, Txn};
+    let key = |k: String| jio_common::keys::Key::new(k).unwrap();
+    let record = format!(r#"{{"role":"{role}","agent_version":"0.1.0","addresses":[],"first_seen":1}}"#);
+    let mut ops = Vec::new();
+    let mut failed = Vec::new();
+    for i in from..from + n {
+        let h = format!("{role}{i}");
+        ops.push(Op::put(key(format!("/hosts/{h}")), record.as_str()));
+        if i % failed_every == 0 {
+            ops.push(Op::put(
+                key(format!("/status/configured/failure/{version}/{h}")),
+                "",
+            ));
+            failed.push(h);
+        }
+    }
+    for chunk in ops.chunks(100) {
+        s.txn(Txn {
+            compares: vec![],
+            ops: chunk.to_vec(),
+        })
+        .await
+        .unwrap();
+    }
+    failed
+}

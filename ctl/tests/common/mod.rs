@@ -8,6 +8,7 @@ pub mod composable;
 pub mod fleet;
 pub mod hooks;
 pub mod reboot;
+pub mod terminal;
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -45,12 +46,12 @@ pub async fn run(url: &str, args: &[&str]) -> Output {
     jioctl(url, args).output().await.unwrap()
 }
 
-/// Checks that what a `jioctl` printed (its output and errors) holds `what`,
-/// showing all of it otherwise.
+/// Checks that what a `jioctl` printed (its output and errors) holds `what`
+/// (folded or not), showing all of it otherwise.
 #[track_caller]
 pub fn assert_says(out: &Output, what: &str) {
     let t = jio_tests::inspect::text(out);
-    assert!(t.contains(what), "{t}");
+    assert!(t.contains(what) || unfolded(&t).contains(what), "{t}");
 }
 
 /// What `jioctl status` exits with, as documented: 1 when the fleet it shows (its
@@ -70,4 +71,23 @@ pub fn status_code(v: &serde_json::Value) -> i32 {
         })
     });
     i32::from(any("failed") || any("lost") || agentless)
+}
+
+/// What a `jioctl` said with the rows folded under a line (4 spaces in, as
+/// jioctl folds its notes and sentences to 80 columns) joined back to it: a
+/// sentence reads whole whatever the width cut.
+pub fn unfolded(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for row in text.lines() {
+        if row.starts_with("    ") && !out.is_empty() {
+            out.push(' ');
+            out.push_str(row.trim_start());
+        } else {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(row);
+        }
+    }
+    out
 }
