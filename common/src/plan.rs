@@ -1275,6 +1275,15 @@ fn lost_reason(snap: &Snapshot, h: &HostName, in_flight: bool) -> Reason {
     reason(ReasonCode::Lost, text, since)
 }
 
+/// Text another tool may have written, as one short line: its first line, at most
+/// 200 characters, ` …` when more was left out.
+fn one_short_line(m: &str) -> String {
+    let line = m.lines().next().unwrap_or_default();
+    let short: String = line.chars().take(200).collect();
+    let cut = short.len() < line.len() || m.lines().nth(1).is_some();
+    format!("{short}{}", if cut { " …" } else { "" })
+}
+
 fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
     if let Some(rec) = snap.hook_failure(h) {
         return reason(
@@ -1304,21 +1313,13 @@ fn failed_reason(snap: &Snapshot, h: &HostName) -> Reason {
             text.push_str(&format!(", exit {c}"));
         }
         if let Some(m) = &r.message {
-            // Another tool may have written it: one short line.
-            let line = m.lines().next().unwrap_or_default();
-            let short: String = line.chars().take(200).collect();
-            let cut = if short.len() < line.len() || m.lines().nth(1).is_some() {
-                " …"
-            } else {
-                ""
-            };
-            text.push_str(&format!(": {short}{cut}"));
+            text.push_str(&format!(": {}", one_short_line(m)));
         }
     }
     // The failure entry holds a link, or the agent's reason when it had none.
     let is_link = link.starts_with("http://") || link.starts_with("https://");
     if !is_link && !link.is_empty() && res.is_none_or(|r| r.message.is_none()) {
-        text.push_str(&format!(": {link}"));
+        text.push_str(&format!(": {}", one_short_line(&link)));
     }
     let log = res
         .and_then(|r| r.log.clone())

@@ -470,7 +470,9 @@ pub fn grouped_wait_rows(waiting: &[(&HostName, &str)]) -> Vec<String> {
     // reason for each host: said once, the name as `<host>`.
     let mut by: BTreeMap<String, Vec<&HostName>> = BTreeMap::new();
     for (h, why) in waiting {
-        by.entry(why.replace(h.as_str(), "<host>")).or_default().push(h);
+        by.entry(crate::render::shared_reason(h.as_str(), why))
+            .or_default()
+            .push(h);
     }
     let mut groups: Vec<(String, Vec<&HostName>)> = by.into_iter().collect();
     groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));

@@ -680,10 +680,7 @@ pub fn failure_lines<'a>(failures: impl IntoIterator<Item = (&'a String, &'a Str
     }
     let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (h, why) in &all {
-        let shared = why.split(" (log: ").next().unwrap_or_default();
-        by.entry(shared.split(h.as_str()).collect::<Vec<_>>().join("<host>"))
-            .or_default()
-            .push(h.to_string());
+        by.entry(shared_reason(h, why)).or_default().push(h.to_string());
     }
     let mut groups: Vec<(String, Vec<String>)> = by.into_iter().collect();
     groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
@@ -691,6 +688,69 @@ pub fn failure_lines<'a>(failures: impl IntoIterator<Item = (&'a String, &'a Str
         .into_iter()
         .map(|(why, hosts)| format!("  {} host(s): {why} ({})", hosts.len(), names_fit(hosts, 3)))
         .collect()
+}
+
+/// A host's reason as hosts share it: its log link (which names the host) left
+/// out, and its own name, where it stands as a whole name, written `<host>`
+/// (`no /agents/<host> lease`; never the `a` inside `agent`, nor `compute1` inside
+/// `compute10`).
+pub fn shared_reason(host: &str, why: &str) -> String {
+    let why = why.split(" (log: ").next().unwrap_or_default();
+    let part_of_name = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_');
+    // A dot ends a name unless a name part follows it (`db1.example.org`).
+    let continues = |after: &str| {
+        after.chars().next().is_some_and(part_of_name)
+            || (after.starts_with('.') && after[1..].chars().next().is_some_and(part_of_name))
+    };
+    let mut out = String::with_capacity(why.len());
+    let mut rest = why;
+    while let Some(i) = rest.find(host) {
+        let (before, after) = (&rest[..i], &rest[i + host.len()..]);
+        let whole = !before
+            .chars()
+            .next_back()
+            .is_some_and(|c| part_of_name(c) || c == '.')
+            && !continues(after);
+        out.push_str(before);
+        out.push_str(if whole { "<host>" } else { host });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The hosts a retry helps and the line that says how, and for hosts whose
+/// maintenance hook failed (a retry would run them undrained) what does.
+pub fn retry_lines(failures: &[(&String, &String)]) -> Vec<String> {
+    let hook = |why: &str| why.starts_with("before hook failed") || why.starts_with("after hook failed");
+    let mut runs: Vec<&String> = failures
+        .iter()
+        .filter(|(_, w)| !hook(w))
+        .map(|(h, _)| *h)
+        .collect();
+    let mut hooks: Vec<String> = failures
+        .iter()
+        .filter(|(_, w)| hook(w))
+        .map(|(h, _)| h.to_string())
+        .collect();
+    runs.sort_by(|a, b| jio_common::names::natural_cmp(a, b));
+    hooks.sort_by(|a, b| jio_common::names::natural_cmp(a, b));
+    let mut out = Vec::new();
+    if !runs.is_empty() {
+        out.push(retry_hint(&runs));
+    }
+    if !hooks.is_empty() {
+        out.push(hook_hint(hooks));
+    }
+    out
+}
+
+/// What recovers hosts whose maintenance hook failed.
+pub fn hook_hint(hosts: Vec<String>) -> String {
+    format!(
+        "a maintenance hook failed on {}: fix the host, then start a new rollout (`jioctl upgrade VERSION` runs the hooks again; `jioctl retry` would not)",
+        names_fit(hosts, 3)
+    )
 }
 
 /// The command that runs failed hosts again, to end every failure shown to a person
@@ -750,6 +810,44 @@ mod hint_tests {
         assert_eq!(line, "1 held: compute2");
         assert!(!line.contains("held (held"), "{line}");
         assert!(!line.contains("nothing pending"), "{line}");
+    }
+
+    #[test]
+    fn only_a_whole_host_name_is_shared_as_host() {
+        let cases = [
+            (
+                "a",
+                "in flight: enabled, its agent is about to start",
+                "in flight: enabled, its agent is about to start",
+            ),
+            (
+                "compute1",
+                "in flight (compute10, compute11)",
+                "in flight (compute10, compute11)",
+            ),
+            (
+                "compute1",
+                "no /agents/compute1 lease; never admitted",
+                "no /agents/<host> lease; never admitted",
+            ),
+            ("db1", "failed on db1.", "failed on <host>."),
+            ("db1", "db1.example.org is down", "db1.example.org is down"),
+            ("c3", "exit 4 (log: http://s/c3/log)", "exit 4"),
+        ];
+        for (host, why, want) in cases {
+            assert_eq!(shared_reason(host, why), want, "{host}: {why}");
+        }
+        let (a, b) = ("c1".to_string(), "c2".to_string());
+        let (x, hook) = (
+            "configured failed".to_string(),
+            "before hook failed (exit 3): nova".to_string(),
+        );
+        let lines = retry_lines(&[(&a, &x), (&b, &hook)]);
+        assert_eq!(lines[0], "to retry: jioctl retry c1");
+        assert!(
+            lines[1].starts_with("a maintenance hook failed on c2: fix the host"),
+            "{lines:?}"
+        );
     }
 
     #[test]

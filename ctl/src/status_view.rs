@@ -45,9 +45,7 @@ pub fn fit_height(mut lines: Vec<String>, rows: usize) -> Vec<String> {
     }
     let left = lines.len() - (rows - 1);
     lines.truncate(rows - 1);
-    lines.push(format!(
-        "… {left} more line(s): a taller terminal, or `jioctl status --hosts` without --watch"
-    ));
+    lines.push(format!("… {left} more lines (a taller terminal shows them)"));
     lines
 }
 
@@ -102,12 +100,23 @@ fn group_table(i: &Input<'_>, l: Layout) -> Vec<String> {
     if per.is_empty() {
         return vec!["(no hosts)".into()];
     }
+    let mut per: Vec<(String, BTreeMap<HostState, usize>)> = per.into_iter().collect();
+    per.sort_by(|a, b| jio_common::names::natural_cmp(&a.0, &b.0));
     let any = |st| i.hosts.iter().any(|h| h.state == st);
     let (blocked, unknown) = (any(HostState::Blocked), any(HostState::Unknown));
-    let gw = per.keys().map(|g| width(g)).max().unwrap_or(5).max(5);
+    // The counts take 45 columns and 9 more per extra column: a long group name
+    // is cut to what is left.
+    let fixed = 45 + 9 * (usize::from(blocked) + usize::from(unknown));
+    let room = l.width.map_or(usize::MAX, |w| w.saturating_sub(fixed).max(8));
+    let gw = per
+        .iter()
+        .map(|(g, _)| width(g))
+        .max()
+        .unwrap_or(5)
+        .clamp(5, room);
     let mut head = format!(
         "{:<gw$}  {:>9}  {:>9}  {:>6}  {:>7}  {:>4}",
-        "GROUP", "UPGRADED", "IN FLIGHT", "FAILED", "PENDING", "LOST"
+        "GROUP", "UPGRADED", "SLOTS", "FAILED", "PENDING", "LOST"
     );
     extra_columns(&mut head, blocked, unknown, |_| None);
     head.push_str("  WAITS");
@@ -118,7 +127,7 @@ fn group_table(i: &Input<'_>, l: Layout) -> Vec<String> {
         let total: usize = counts.values().sum();
         let mut row = format!(
             "{:<gw$}  {:>9}  {:>9}  {:>6}  {:>7}  {:>4}",
-            g,
+            cut(g, Some(gw)),
             format!("{}/{total}", c(HostState::Upgraded)),
             in_flight_cell(plan, c(HostState::Upgrading)),
             c(HostState::Failed),
@@ -202,13 +211,36 @@ fn needs_a_person(i: &Input<'_>, l: Layout) -> Vec<String> {
             l.width,
         ));
     }
-    let failed: Vec<&HostName> = rows
+    let (hooks, runs): (Vec<&HostName>, Vec<&HostName>) = rows
         .iter()
         .filter(|h| h.state == HostState::Failed)
         .map(|h| &h.host)
-        .collect();
-    if !failed.is_empty() {
-        out.extend(fold(&retry_hint(&failed), 2, l.width));
+        .partition(|h| i.snap.hook_failure(h).is_some());
+    if !runs.is_empty() {
+        out.extend(command_lines(&retry_hint(&runs), l.width));
+    }
+    if !hooks.is_empty() {
+        let hint = crate::render::hook_hint(hooks.iter().map(|h| h.to_string()).collect());
+        out.extend(fold(&hint, 2, l.width));
+    }
+    out
+}
+
+/// `to retry: jioctl retry a b c` as one line when it fits, else the command on
+/// lines of its own (never folded: a person pastes it).
+fn command_lines(hint: &str, w: Option<usize>) -> Vec<String> {
+    let Some((say, cmd)) = hint
+        .split_once(": ")
+        .filter(|_| w.is_some_and(|w| width(hint) > w))
+    else {
+        return vec![hint.to_string()];
+    };
+    let mut out = vec![format!("{say}:")];
+    match cmd.strip_prefix("jioctl retry ") {
+        Some(hosts) if !hosts.starts_with("--") => {
+            out.extend(hosts.split(' ').map(|h| format!("  jioctl retry {h}")));
+        }
+        _ => out.push(format!("  {cmd}")),
     }
     out
 }
@@ -279,11 +311,9 @@ fn host_rows(title: &str, rows: &[&HostStatus], i: &Input<'_>, l: Layout, more: 
     out
 }
 
-/// A host's reason as hosts share it: its own name as `<host>`, and without its
-/// log link (which names it too).
+/// A host's reason as hosts share it (`render::shared_reason`).
 fn shared_reason(h: &HostStatus, why: &str) -> String {
-    let why = why.split(" (log: ").next().unwrap_or_default();
-    why.split(h.host.as_str()).collect::<Vec<_>>().join("<host>")
+    crate::render::shared_reason(h.host.as_str(), why)
 }
 
 fn state_of(i: &Input<'_>, h: &HostStatus) -> &'static str {
@@ -341,11 +371,7 @@ fn grouped(
 /// `398 pending in compute: waiting for controller (compute1, compute2 +396 more)`.
 fn waiting(i: &Input<'_>, l: Layout) -> Vec<String> {
     let mut by: BTreeMap<(String, String), Vec<&HostName>> = BTreeMap::new();
-    for h in i
-        .hosts
-        .iter()
-        .filter(|h| matches!(h.state, HostState::Pending | HostState::Unknown))
-    {
+    for h in i.hosts.iter().filter(|h| h.state == HostState::Pending) {
         by.entry((group_name(i, h), shared_reason(h, &reason_of(i, h))))
             .or_default()
             .push(&h.host);
@@ -394,8 +420,16 @@ pub fn fold(text: &str, indent: usize, w: Option<usize>) -> Vec<String> {
 /// `lead` then `text`, folded so that every line fits `w`, each continuation line
 /// indented to where `text` began (at most half the width).
 pub fn lead_fold(lead: &str, text: &str, w: Option<usize>) -> Vec<String> {
-    let hang = w.map_or(0, |w| width(lead).min(w / 2));
-    wrap(lead, text, hang, w)
+    match w {
+        // A lead wider than half the line (long host and role names): the lead on
+        // its own line, cut to fit, and the text below it.
+        Some(w) if width(lead) + width(text) > w && width(lead) > w / 2 => {
+            let mut out = vec![cut(lead.trim_end(), Some(w))];
+            out.extend(wrap("    ", text, 4, Some(w)));
+            out
+        }
+        _ => wrap(lead, text, width(lead), w),
+    }
 }
 
 /// `lead` then `text` folded at spaces: the first line fits `w` with `lead`, the
@@ -600,6 +634,36 @@ mod tests {
             crate::status::store_label("etcd://e:2379", &Schema::default()),
             "etcd://e:2379"
         );
+    }
+
+    #[test]
+    fn long_names_and_commands_never_wrap_and_a_command_is_never_folded() {
+        let lead = format!(
+            "{:<40}  {:<33}  failed     ",
+            "compute1.rack7.dc2.example.org", "nova-compute-with-local-storage"
+        );
+        let lines = lead_fold(
+            &lead,
+            "failed at configured, exit 4: some resources failed",
+            Some(80),
+        );
+        assert!(lines.iter().all(|l| width(l) <= 80), "{lines:#?}");
+        assert!(lines[1].starts_with("    failed at configured"), "{lines:#?}");
+        let hint = "to retry: jioctl retry compute1.rack7.dc2.example.org compute2.rack7.dc2.example.org";
+        assert_eq!(
+            command_lines(hint, Some(80)),
+            [
+                "to retry:",
+                "  jioctl retry compute1.rack7.dc2.example.org",
+                "  jioctl retry compute2.rack7.dc2.example.org"
+            ]
+        );
+        assert_eq!(
+            command_lines("to retry: jioctl retry c3", Some(80)),
+            ["to retry: jioctl retry c3"]
+        );
+        let more = fit_height((0..300).map(|i| i.to_string()).collect(), 24);
+        assert!(width(&more[23]) < 60, "{}", more[23]);
     }
 
     #[test]

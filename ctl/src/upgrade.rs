@@ -1582,9 +1582,10 @@ impl Driver<'_> {
         for line in crate::render::failure_lines(failures.iter().map(|(h, why)| (h, why))) {
             msg.push_str(&format!("\n{line}"));
         }
-        let mut hosts: Vec<&String> = failures.iter().map(|(h, _)| h).collect();
-        hosts.sort_by(|a, b| jio_common::names::natural_cmp(a, b));
-        msg.push_str(&format!("\n{}", crate::render::retry_hint(&hosts)));
+        let pairs: Vec<(&String, &String)> = failures.iter().map(|(h, why)| (h, why)).collect();
+        for line in crate::render::retry_lines(&pairs) {
+            msg.push_str(&format!("\n{line}"));
+        }
         msg
     }
 
@@ -1622,9 +1623,10 @@ fn ended_message(r: &RolloutRecord) -> String {
             for line in crate::render::failure_lines(hosts) {
                 msg.push_str(&format!("\n{line}"));
             }
-            let mut names: Vec<&String> = hosts.keys().collect();
-            names.sort_by(|a, b| jio_common::names::natural_cmp(a, b));
-            msg.push_str(&format!("\n{}", crate::render::retry_hint(&names)));
+            let pairs: Vec<(&String, &String)> = hosts.iter().collect();
+            for line in crate::render::retry_lines(&pairs) {
+                msg.push_str(&format!("\n{line}"));
+            }
             msg
         }
         RolloutState::Aborted {

@@ -66,3 +66,48 @@ async fn rewriting_true_moves_the_enable_key_on_consul() {
     assert_eq!(after.value, "true");
     assert!(after.mod_revision > before, "{} > {before}", after.mod_revision);
 }
+
+/// `jioctl retry --failed` on Consul, past one of its transactions (64 operations):
+/// every failed host's key already `true` moves, so each agent sees it.
+#[tokio::test]
+async fn retry_moves_every_failed_hosts_key_on_consul() {
+    let server = ConsulServer::start(ConsulOptions::default()).await;
+    let url = StoreUrl::parse(&server.url()).expect("consul URL");
+    let s: DynStore = Arc::new(ConsulStore::new(&url, Duration::from_secs(2)).expect("client"));
+    let key = |k: String| Key::new(k).expect("key");
+    s.put(&key("/current_version".into()), "v2", None)
+        .await
+        .expect("put");
+    let hosts: Vec<String> = (1..=70).map(|i| format!("compute{i}")).collect();
+    let mut before = Vec::new();
+    for h in &hosts {
+        let reg = r#"{"role":"compute","agent_version":"0.1.0","addresses":[],"first_seen":1}"#;
+        s.put(&key(format!("/hosts/{h}")), reg, None).await.expect("put");
+        // Enabled, then failed: its key is `true` from before the failure.
+        let k = key(format!("/config_state/enable_puppet/host/{h}"));
+        before.push(s.put(&k, "true", None).await.expect("put"));
+        s.put(&key(format!("/status/configured/failure/v2/{h}")), "", None)
+            .await
+            .expect("put");
+    }
+    let out = common::jioctl(&server.url(), &["retry", "--failed"])
+        .output()
+        .await
+        .expect("jioctl");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("retrying compute1, compute2"), "{said}");
+    for (h, was) in hosts.iter().zip(before) {
+        let kv = s
+            .get(&key(format!("/config_state/enable_puppet/host/{h}")))
+            .await
+            .expect("get")
+            .expect("key");
+        assert_eq!(kv.value, "true", "{h}");
+        assert!(kv.mod_revision > was, "{h}: {} > {was}", kv.mod_revision);
+    }
+}

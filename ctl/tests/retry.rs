@@ -52,6 +52,14 @@ async fn a_failed_host_is_retried_by_name_and_every_failure_says_how() {
         assert!(text(&out).contains("nothing was written"), "{}", text(&out));
     }
     assert!(s.get(&host_key("compute2")).await.unwrap().is_none());
+    // Held, it is refused too (a release would start it outside any plan).
+    let out = run(&url, &["hold", "compute1", "--reason", "disk swap"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(&url, &["retry", "--hosts", "compute1"]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("compute1 is held"), "{}", text(&out));
+    let out = run(&url, &["release", "compute1"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
     // Fixed, then retried: its agent runs v2 again at once, by Puppet's own log.
     f.fail("compute1", false);
@@ -65,7 +73,7 @@ async fn a_failed_host_is_retried_by_name_and_every_failure_says_how() {
     .await;
     // Nothing failed any more: --failed has nothing to do and says so.
     wait_for("no failure left", Duration::from_secs(30), || async {
-        text(&run(&url, &["retry", "--failed"]).await).contains("nothing to retry")
+        text(&run(&url, &["retry", "--failed"]).await).contains("no host to retry")
     })
     .await;
 }

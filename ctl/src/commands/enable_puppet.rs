@@ -157,7 +157,7 @@ pub(crate) async fn rewrite_true(
     key: &Key,
     key_revision: Revision,
     written: Revision,
-) -> Outcome {
+) -> Result<Revision, Failure> {
     let epoch = ctx.schema().lock(jio_common::fleet::EPOCH);
     let mut expect = written;
     for b in [false, true] {
@@ -181,5 +181,5 @@ pub(crate) async fn rewrite_true(
             }
         }
     }
-    Ok(())
+    Ok(expect)
 }

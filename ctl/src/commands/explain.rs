@@ -453,7 +453,7 @@ fn last_run_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
                 t.push(format!("    log: {l}"));
             }
             if let Some(at) = r.retry_at {
-                t.push(retry_line(at, snap.gate(h, &snap.role_of(h)).enabled, h));
+                t.push(retry_line(at, snap, h));
             }
         }
         None => t.push("  last run: none recorded (/results/{h} is absent)".replace("{h}", h.as_str())),
@@ -467,15 +467,40 @@ fn last_run_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
     }
 }
 
-/// When the agent tries again: only while the host's gate lets it.
-fn retry_line(at: u64, enabled: bool, h: &HostName) -> String {
-    if enabled {
-        format!("    the agent retries at {}", when(at))
+/// When the agent tries again: only while the host's gate lets it; otherwise
+/// what would move it (the retry command, unless a stop or a hold refuses it).
+fn retry_line(at: u64, snap: &Snapshot, h: &HostName) -> String {
+    let role = snap.role_of(h);
+    if snap.gate(h, &role).enabled && snap.halt.is_none() {
+        return format!("    the agent retries at {}", when(at));
+    }
+    let next = if snap.halt.is_some() {
+        "an emergency stop is in force: `jioctl upgrade VERSION` starts a new rollout".to_string()
+    } else if let Some((t, _)) = snap.hold_of(h, &role) {
+        format!("it is held ({t}): `jioctl release` it, then `jioctl retry {h}`")
+    } else if snap.hook_failure(h).is_some() {
+        "its maintenance hook failed: fix the host, then `jioctl upgrade VERSION` runs the hooks again".into()
     } else {
-        format!(
-            "    no retry: its gate is off, so the agent does not run (it would have retried at {}); `jioctl retry {h}` retries it",
-            when(at)
-        )
+        format!("`jioctl retry {h}` retries it")
+    };
+    format!(
+        "    no retry: its gate is off, so the agent does not run (it would have retried at {}); {next}",
+        when(at)
+    )
+}
+
+/// What the agent's record says it does, in words that name the right version:
+/// the one it moves to while it runs, the one the host runs while idle or failed.
+fn agent_doing(a: &jio_common::values::AgentRecord) -> String {
+    use jio_common::values::AgentState::*;
+    let v = a.version.as_ref().map_or("-".to_string(), ToString::to_string);
+    match a.state {
+        Idle => format!("idle, the host runs {v}"),
+        Upgrading => format!("upgrading to {v}"),
+        Checking => format!("checking the health of {v}"),
+        Failed => format!("failed (its last run did not succeed), the host runs {v}"),
+        Command => format!("running a fleet command, the host runs {v}"),
+        Rebooting => format!("rebooting into {v}"),
     }
 }
 
@@ -483,16 +508,10 @@ fn retry_line(at: u64, enabled: bool, h: &HostName) -> String {
 fn agent_lines(t: &mut Vec<String>, snap: &Snapshot, h: &HostName) {
     match snap.agents.get(h) {
         Some(Some(a)) => t.push(format!(
-            "  agent: alive (pid {}), {} since {}; the host runs {}",
+            "  agent: alive (pid {}), {} since {}",
             a.pid,
-            serde_json::to_value(a.state)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
-            when(a.since),
-            a.version
-                .as_ref()
-                .map_or("no recorded version".into(), ToString::to_string),
+            agent_doing(a),
+            when(a.since)
         )),
         Some(None) => t.push(format!("  agent: alive, but /agents/{h} cannot be read")),
         None if snap.runs.contains_key(h) => t.push(format!(

@@ -41,14 +41,18 @@ impl Retry {
         let store = ctx.open(Access::Write).await?;
         for _ in 0..ATTEMPTS {
             let snap = ctx.snapshot(&store).await?;
-            let hosts = self.decide(&snap)?;
+            let (hosts, left_out) = self.decide(&snap)?;
+            for line in &left_out {
+                crate::say!("left out: {line}");
+            }
             if hosts.is_empty() {
-                crate::say!("no host has failed the current version: nothing to retry");
+                crate::say!("no host to retry: nothing was written");
                 return Ok(());
             }
             if let Some(written) = enable(ctx, &store, &hosts, snap.epoch).await? {
+                rewrite(ctx, &store, &written).await?;
                 say_done(ctx, &snap, &hosts);
-                return rewrite(ctx, &store, &hosts, written).await;
+                return Ok(());
             }
         }
         Err(Failure::new(
@@ -59,77 +63,156 @@ impl Retry {
         ))
     }
 
-    /// The hosts to re-enable, or why none is (nothing written).
-    fn decide(&self, snap: &Snapshot) -> Result<Vec<HostName>, Failure> {
-        if let Some((by, _)) = &snap.halt
-            && !self.force
+    /// The hosts to re-enable and, with `--failed`, the failed hosts left out and
+    /// why; or why nothing is written.
+    fn decide(&self, snap: &Snapshot) -> Result<(Vec<HostName>, Vec<String>), Failure> {
+        if !self.force
+            && let Some(why) = fleet_refuses(snap)
         {
             return Err(Failure::usage(format!(
-                "an emergency stop is in force ({} ran global-disable-puppet): nothing was written; `jioctl upgrade VERSION` starts a new rollout, or --force retries all the same",
-                crate::writes::describe(&Some(by.clone()))
+                "{why}: nothing was written (--force retries all the same)"
             )));
         }
         let classified = fleet::classify(snap);
-        let failed = |h: &HostName| {
-            classified
-                .iter()
-                .any(|s| &s.host == h && s.state == HostState::Failed)
-        };
+        let check = Check::of(snap, &classified);
         if self.failed {
-            return Ok(classified
-                .iter()
-                .filter(|s| s.state == HostState::Failed)
-                .map(|s| s.host.clone())
-                .collect());
+            let mut hosts = Vec::new();
+            let mut left_out = Vec::new();
+            for h in classified.iter().filter(|s| s.state == HostState::Failed) {
+                match check.refuses(&h.host).filter(|_| !self.force) {
+                    Some(why) => left_out.push(format!("{why} (--force retries it all the same)")),
+                    None => hosts.push(h.host.clone()),
+                }
+            }
+            return Ok((hosts, left_out));
         }
         let named = super::hosts_named(&self.hosts, &self.hosts_flag)?;
-        let hosts = resolve_targets(&Targets::Hosts(named), snap)
-            .map_err(|e| Failure::usage(format!("{}; nothing was written", e.join("; "))))?;
-        let not_failed: Vec<String> = hosts
-            .iter()
-            .filter(|h| !failed(h))
-            .map(|h| not_failed_text(&classified, h))
-            .collect();
-        if !not_failed.is_empty() && !self.force {
+        let hosts = resolve_targets(&Targets::Hosts(named), snap).map_err(|e| {
+            Failure::usage(format!(
+                "{}; nothing was written",
+                e.join("; ").replace("--hosts ", "")
+            ))
+        })?;
+        let refused: Vec<String> = hosts.iter().filter_map(|h| check.refuses(h)).collect();
+        if !refused.is_empty() && !self.force {
             return Err(Failure::usage(format!(
-                "{} not failed: nothing was written (--force runs it again all the same)",
-                not_failed.join(", ")
+                "{}: nothing was written (--force retries all the same)",
+                refused.join("; ")
             )));
         }
-        Ok(hosts)
+        Ok((hosts, vec![]))
     }
 }
 
-/// `compute2 (upgraded)`: a host named that has not failed, and where it stands.
-fn not_failed_text(classified: &[fleet::HostStatus], h: &HostName) -> String {
-    let state = classified
-        .iter()
-        .find(|s| &s.host == h)
-        .map_or("unknown", |s| s.state.as_str());
-    format!("{h} ({state}) has")
+/// Why no host may be retried now: an emergency stop, or a paused rollout.
+fn fleet_refuses(snap: &Snapshot) -> Option<String> {
+    if let Some((by, _)) = &snap.halt {
+        return Some(format!(
+            "an emergency stop is in force ({} ran global-disable-puppet; `jioctl upgrade VERSION` starts a new rollout)",
+            crate::writes::describe(&Some(by.clone()))
+        ));
+    }
+    let r = snap.rollout.as_ref()?.ok()?;
+    matches!(r.state, jio_common::rollout::RolloutState::Paused { .. }).then(|| {
+        format!(
+            "rollout {} is paused (`jioctl rollout resume` goes on, and the plan retries nothing while paused)",
+            r.id
+        )
+    })
+}
+
+/// What keeps one host from being retried, besides the fleet.
+struct Check<'a> {
+    snap: &'a Snapshot,
+    classified: &'a [fleet::HostStatus],
+    group_of: std::collections::BTreeMap<jio_common::names::Role, String>,
+    resolved: Option<jio_common::rules::Resolved>,
+    now: u64,
+}
+
+impl<'a> Check<'a> {
+    fn of(snap: &'a Snapshot, classified: &'a [fleet::HostStatus]) -> Check<'a> {
+        let (group_of, resolved) = crate::status::groups(snap, classified);
+        Check {
+            snap,
+            classified,
+            group_of,
+            resolved,
+            now: jio_common::time::unix_now(),
+        }
+    }
+
+    /// Why `h` is not retried (`None`: it may be): it has not failed, its
+    /// maintenance hook failed (a run would go undrained), it is held, or its
+    /// group's maintenance window is closed.
+    fn refuses(&self, h: &HostName) -> Option<String> {
+        let status = self.classified.iter().find(|s| &s.host == h)?;
+        if status.state != HostState::Failed {
+            return Some(format!("{h} ({}) has not failed", status.state.as_str()));
+        }
+        if let Some(rec) = self.snap.hook_failure(h) {
+            return Some(format!(
+                "{h}: its {}; fix the host and start a new rollout (`jioctl upgrade VERSION` runs the hooks again; a retry would run without them)",
+                rec.describe()
+            ));
+        }
+        if let Some((t, rec)) = self.snap.hold_of(h, &status.role) {
+            let by = rec.map(|r| format!(" by {}", r.by)).unwrap_or_default();
+            return Some(format!("{h} is held ({t}{by}; `jioctl release` first)"));
+        }
+        let group = self.group_of.get(&status.role)?;
+        let windows: Vec<&jio_common::window::Window> = self
+            .resolved
+            .as_ref()
+            .and_then(|r| r.windows.get(group))
+            .map(|w| w.iter().collect())
+            .unwrap_or_default();
+        let active = self
+            .snap
+            .rollout
+            .as_ref()
+            .and_then(|c| c.ok())
+            .is_some_and(|r| r.state.active());
+        match jio_common::window::state(&windows, self.now) {
+            jio_common::window::WindowState::Closed { opens_at } if active => Some(format!(
+                "{h}: the maintenance window of group {group} is closed{}",
+                opens_at
+                    .map(|t| format!(" (opens at {})", jio_common::plan::when(t)))
+                    .unwrap_or_default()
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// Sets every host's key to true, in chunks each fenced on the epoch the decision
 /// was made at (then on its own bump: any prefix is a safe retry of fewer hosts).
-/// `None`: the first chunk lost to another write; decide again.
+/// `None`: the first chunk lost to another write; decide again. `Some`: each
+/// host with the revision its chunk committed at, and the last epoch written.
 async fn enable(
     ctx: &Context,
     store: &DynStore,
     hosts: &[HostName],
     epoch: Revision,
-) -> Result<Option<Revision>, Failure> {
+) -> Result<Option<Written>, Failure> {
     let key = ctx.schema().lock(fleet::EPOCH);
     let size = store.max_txn_ops().saturating_sub(2).max(1);
-    let mut expect = epoch;
+    let mut written = Written {
+        at: Vec::new(),
+        epoch,
+    };
     for (i, chunk) in hosts.chunks(size).enumerate() {
-        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), expect));
+        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), written.epoch));
         txn.ops = chunk
             .iter()
             .map(|h| writes::enable_host(ctx.schema(), h))
             .collect();
         txn.ops.push(writes::epoch_put(ctx.schema()));
         match store.txn(txn).await.context("writing the enable keys")? {
-            TxnOutcome::Committed(r) => expect = r,
+            TxnOutcome::Committed(r) => {
+                written.epoch = r;
+                written.at.extend(chunk.iter().map(|h| (h.clone(), r)));
+            }
             TxnOutcome::Lost(_) if i == 0 => return Ok(None),
             TxnOutcome::Lost(_) => {
                 return Err(Failure::new(
@@ -142,18 +225,26 @@ async fn enable(
             }
         }
     }
-    Ok(Some(expect))
+    Ok(Some(written))
 }
 
-/// A key already `true` whose write the store skipped (Consul) is said again, so
-/// that its agent sees it move.
-async fn rewrite(ctx: &Context, store: &DynStore, hosts: &[HostName], written: Revision) -> Outcome {
-    for h in hosts {
+/// What `enable` wrote: each host and its chunk's revision, and the epoch after.
+struct Written {
+    at: Vec<(HostName, Revision)>,
+    epoch: Revision,
+}
+
+/// A key already `true` whose write the store skipped (Consul: its revision is
+/// older than its chunk's) is said again, false then true, so that its agent sees
+/// it move; each rewrite fenced on the epoch the last one left.
+async fn rewrite(ctx: &Context, store: &DynStore, written: &Written) -> Outcome {
+    let mut epoch = written.epoch;
+    for (h, at) in &written.at {
         let key = ctx.schema().enable(&EnableLevel::Host(h.clone()));
         if let Some(kv) = store.get(&key).await.context("reading the enable key back")?
-            && kv.mod_revision < written
+            && kv.mod_revision < *at
         {
-            super::enable_puppet::rewrite_true(ctx, store, &key, kv.mod_revision, written).await?;
+            epoch = super::enable_puppet::rewrite_true(ctx, store, &key, kv.mod_revision, epoch).await?;
         }
     }
     Ok(())

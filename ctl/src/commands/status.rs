@@ -262,14 +262,14 @@ impl Status {
             ));
         }
         lines.extend(to_text(snap, &hosts, &adm, url, layout).lines().map(String::from));
-        lines.extend(drift.lines());
+        lines.extend(drift_lines(drift, layout));
         match (self.watch, tty, terminal()) {
             (true, true, Some((rows, cols))) => {
-                let lines: Vec<String> = lines
+                let lines: Vec<String> = fit_height(lines, rows)
                     .iter()
                     .map(|l| crate::status_view::cut(l, Some(cols)))
                     .collect();
-                print!("\x1b[H\x1b[2J{}", fit_height(lines, rows).join("\n"));
+                print!("\x1b[H\x1b[2J{}", lines.join("\n"));
                 let _ = std::io::Write::flush(&mut std::io::stdout());
             }
             _ => {
@@ -283,6 +283,25 @@ impl Status {
         }
         Ok(troubled)
     }
+}
+
+/// Package drift lines: folded to the width, and past 10 of them how many more
+/// (`--hosts` shows all).
+fn drift_lines(drift: &crate::drift::Drift, l: Layout) -> Vec<String> {
+    const SHOWN: usize = 10;
+    let all = drift.lines();
+    let shown = if l.wide { all.len() } else { all.len().min(SHOWN) };
+    let mut out: Vec<String> = all[..shown]
+        .iter()
+        .flat_map(|line| crate::status_view::fold(line, 4, l.width))
+        .collect();
+    if all.len() > shown {
+        out.push(format!(
+            "+{} more drift lines (jioctl status --hosts shows them)",
+            all.len() - shown
+        ));
+    }
+    out
 }
 
 /// The store's ping, an unanswered one after `PING` counted as unreachable.

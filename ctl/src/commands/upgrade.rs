@@ -99,11 +99,23 @@ impl Upgrade {
 /// version.
 pub fn already_done(snap: &jio_common::fleet::Snapshot, v: &Version) -> Option<String> {
     use jio_common::fleet::HostState;
-    if snap.current.as_ref() != Some(v) {
+    use jio_common::hook_record::{HookKind, HookState};
+    // Not done while a stop is in force, the last rollout cannot be read or did
+    // not end done (an aborted or failed rollout to V, a composable one whose later
+    // stages never ran), or a host may be left drained by a maintenance hook.
+    if snap.current.as_ref() != Some(v) || snap.halt.is_some() {
         return None;
     }
-    if let Some(r) = snap.rollout.as_ref().and_then(|c| c.ok())
-        && r.state.active()
+    if let Some(c) = &snap.rollout {
+        let r = c.ok()?;
+        if r.state.active() || (&r.version == v && r.state.name() != "done") {
+            return None;
+        }
+    }
+    if snap
+        .hooks
+        .values()
+        .any(|r| !(r.hook == HookKind::After && r.state == HookState::Succeeded))
     {
         return None;
     }
@@ -119,7 +131,7 @@ pub fn already_done(snap: &jio_common::fleet::Snapshot, v: &Version) -> Option<S
         .map(|r| format!(" (rollout {} {})", r.id, r.state.name()))
         .unwrap_or_default();
     Some(format!(
-        "{v} is already rolled out: all {} host(s) run it{last}; nothing was started (--force starts a new rollout to {v} all the same)",
+        "{v} is already rolled out: all {} host(s) run it{last}; nothing was started (--force starts a new rollout to {v} all the same, and also skips the checks of the rules' intent and of the package snapshot)",
         hosts.len()
     ))
 }
@@ -172,4 +184,57 @@ fn check_stages(rules: &Rules, stages: &[String]) -> Result<(), Failure> {
 /// A duration as `30s`, `10m`, `2h`.
 pub fn duration(s: &str) -> Result<Duration, String> {
     jio_common::duration::parse(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jio_common::fleet::Snapshot;
+    use jio_common::keys::Schema;
+    use jio_common::store::KeyValue;
+
+    fn kv(key: &str, value: &str) -> KeyValue {
+        let key = jio_common::keys::Key::new(key).unwrap();
+        KeyValue::from_bytes(key, value.as_bytes().to_vec(), 1, 1, 1, None)
+    }
+
+    /// Two computes at v2, with `extra` keys.
+    fn fleet(extra: &[(&str, &str)]) -> Snapshot {
+        let reg = r#"{"role":"compute","agent_version":"1","addresses":[],"first_seen":1}"#;
+        let agent = r#"{"state":"idle","version":"v2","since":1,"pid":1}"#;
+        let mut kvs = vec![
+            kv("/current_version", "v2"),
+            kv("/config_state/enable_puppet/global", "false"),
+        ];
+        for h in ["compute1", "compute2"] {
+            kvs.push(kv(&format!("/hosts/{h}"), reg));
+            kvs.push(kv(&format!("/agents/{h}"), agent));
+            kvs.push(kv(&format!("/running/versions/v2/{h}"), "1"));
+        }
+        kvs.extend(extra.iter().map(|(k, v)| kv(k, v)));
+        Snapshot::from_kvs(&Schema::default(), &kvs)
+    }
+
+    #[test]
+    fn a_version_is_done_only_when_nothing_is_left_to_do() {
+        let v2 = Version::new("v2").unwrap();
+        let done = already_done(&fleet(&[]), &v2).expect("every host runs v2");
+        assert!(
+            done.contains("v2 is already rolled out: all 2 host(s) run it"),
+            "{done}"
+        );
+        assert!(already_done(&fleet(&[]), &Version::new("v3").unwrap()).is_none());
+        let halt = r#"{"holder":"alice","host":"l","pid":1,"since":1}"#;
+        assert!(
+            already_done(&fleet(&[("/locks/halt", halt)]), &v2).is_none(),
+            "an emergency stop"
+        );
+        assert!(
+            already_done(&fleet(&[("/rollouts/current", "20261129T000000Z-v2")]), &v2).is_none(),
+            "a current rollout whose record is missing"
+        );
+        let mut pending = fleet(&[]);
+        pending.running.retain(|h, _| h.as_str() != "compute2");
+        assert!(already_done(&pending, &v2).is_none(), "compute2 does not run v2");
+    }
 }
