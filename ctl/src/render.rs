@@ -683,7 +683,7 @@ pub fn failure_lines<'a>(failures: impl IntoIterator<Item = (&'a String, &'a Str
         by.entry(shared_reason(h, why)).or_default().push(h.to_string());
     }
     let mut groups: Vec<(String, Vec<String>)> = by.into_iter().collect();
-    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.1.len()));
     groups
         .into_iter()
         .map(|(why, hosts)| format!("  {} host(s): {why} ({})", hosts.len(), names_fit(hosts, 3)))
