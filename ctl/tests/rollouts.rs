@@ -520,43 +520,9 @@ async fn the_driver_service_exports_the_fleet_and_the_rollout_to_prometheus() {
 /// and 24 rows, of type `term`: its exit code, and every screen it drew, as a
 /// terminal shows them.
 async fn on_a_terminal(url: &str, args: &[&str], cols: u16, term: &str) -> (Option<i32>, Vec<String>) {
-    use std::io::Read as _;
-    let size = nix::pty::Winsize {
-        ws_row: 24,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let pty = nix::pty::openpty(Some(&size), None).unwrap();
-    let mut child = common::jioctl(url, args)
-        .env("TERM", term)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
-        .stderr(std::process::Stdio::from(pty.slave))
-        .spawn()
-        .unwrap();
-    let mut master = std::fs::File::from(pty.master);
-    let screens = tokio::task::spawn_blocking(move || {
-        let size = |n| std::num::NonZeroU16::new(n).unwrap();
-        let mut parser = vt100::Parser::new(size(24), size(cols), 0);
-        let mut screens = Vec::new();
-        let mut buf = [0u8; 4096];
-        // EIO once the last process holding the terminal has gone.
-        while let Ok(n) = master.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            parser.process(&buf[..n]);
-            // Row by row as the terminal shows them (a full row is not joined to the next).
-            screens.push(parser.screen().rows(0, cols).collect::<Vec<_>>().join("\n"));
-        }
-        screens
-    });
-    let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    (status.code(), screens.await.unwrap())
+    let t = common::terminal::Terminal::spawn_as(common::jioctl(url, args), cols, term);
+    let (code, frames) = t.finish(Duration::from_secs(120)).await;
+    (code, frames.into_iter().map(|f| f.text).collect())
 }
 
 /// `jioctl upgrade`'s progress on an 80-column terminal: a bar per rollout group

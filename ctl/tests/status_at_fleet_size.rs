@@ -10,92 +10,23 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::Read as _;
 use std::time::Duration;
 
 use common::jioctl;
+use common::terminal::Terminal;
 use jio_common::keys::Key;
 use jio_tests::inspect::{open, text};
 
-const ROWS: u16 = 24;
 const COLS: u16 = 80;
 
 /// What a terminal of 80×24 shows after `jioctl args` drew, once `done` holds for
-/// the screen (the process is then stopped) or the process ended: the screen's
-/// rows, and whether any row was wrapped onto the next. The test keeps the
-/// terminal open until it has read everything (a closed one may drop what is
-/// left unread).
-async fn on_a_terminal(url: &str, args: &[&str], done: fn(&str) -> bool) -> (Vec<String>, bool) {
-    let size = nix::pty::Winsize {
-        ws_row: ROWS,
-        ws_col: COLS,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let pty = nix::pty::openpty(Some(&size), None).unwrap();
-    let mut child = jioctl(url, args)
-        .env("TERM", "xterm")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
-        .stderr(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
-        .spawn()
-        .unwrap();
-    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
-    let flags = nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_GETFL).unwrap();
-    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
-    nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_SETFL(flags)).unwrap();
-    let mut master = std::fs::File::from(pty.master);
-    let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = {
-        let ended = ended.clone();
-        tokio::task::spawn_blocking(move || {
-            let n = |v| std::num::NonZeroU16::new(v).unwrap();
-            let mut parser = vt100::Parser::new(n(ROWS), n(COLS), 10_000);
-            // The same output on a terminal too tall to scroll: a row wrapped
-            // anywhere stays there to be seen.
-            let mut tall = vt100::Parser::new(n(2_000), n(COLS), 0);
-            let mut buf = [0u8; 8192];
-            let mut wrapped = false;
-            loop {
-                match master.read(&mut buf) {
-                    Ok(k) if k > 0 => {
-                        parser.process(&buf[..k]);
-                        tall.process(&buf[..k]);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if ended.load(std::sync::atomic::Ordering::SeqCst) {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                    _ => break,
-                }
-                wrapped |= (0..2_000).any(|r| tall.screen().row_wrapped(r));
-                let rows = first_screen(&mut parser);
-                if done(&rows.join("\n")) {
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-                    return (rows, wrapped);
-                }
-            }
-            (first_screen(&mut parser), wrapped)
-        })
-    };
-    let waited = tokio::time::timeout(Duration::from_secs(120), child.wait()).await;
-    ended.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert!(waited.is_ok(), "jioctl {args:?} did not end within 120 s");
-    let seen = seen.await.unwrap();
-    drop(pty.slave);
-    seen
-}
-
-/// The first screenful a person saw: the top of what scrolled by (or the screen,
-/// when a redraw cleared it).
-fn first_screen(parser: &mut vt100::Parser) -> Vec<String> {
-    parser.screen_mut().set_scrollback(usize::MAX);
-    let rows = parser.screen().rows(0, COLS).collect();
-    parser.screen_mut().set_scrollback(0);
-    rows
+/// a screen (the process is then stopped) or the process ended: the first screen a
+/// person saw, and the rows that wrapped anywhere.
+async fn on_a_terminal(url: &str, args: &[&str], done: fn(&str) -> bool) -> (String, Vec<String>) {
+    let t = Terminal::spawn(jioctl(url, args), COLS);
+    t.wait_until("the view", Duration::from_secs(120), done).await;
+    let t = t.stop().await;
+    (t.first_screen(), t.wrapped_anywhere())
 }
 
 /// The hosts the generated fleet has failed, from the store's own failure keys.
@@ -150,9 +81,11 @@ async fn view_at(n: usize) {
 
     // On a terminal: nothing wraps, and a person sees first who needs them.
     for args in [&["status"][..], &["status", "--watch"][..]] {
-        let (rows, wrapped) = on_a_terminal(&url, args, |s| s.contains("IN FLIGHT")).await;
-        let screen = rows.join("\n");
-        assert!(!wrapped, "{n} hosts, {args:?}: a row wrapped:\n{screen}");
+        let (screen, wrapped) = on_a_terminal(&url, args, |s| s.contains("IN FLIGHT")).await;
+        assert!(
+            wrapped.is_empty(),
+            "{n} hosts, {args:?}: rows wrapped {wrapped:#?}:\n{screen}"
+        );
         assert!(
             screen.contains("NEEDS A PERSON"),
             "{n} hosts, {args:?}:\n{screen}"

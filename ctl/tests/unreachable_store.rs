@@ -18,32 +18,9 @@ use common::jioctl;
 /// `jioctl args` with stdout and stderr on a real pseudo-terminal: its exit code
 /// and everything it wrote there (carriage returns removed).
 async fn on_a_terminal(url: &str, args: &[&str]) -> (Option<i32>, String) {
-    use std::io::Read as _;
-    let pty = nix::pty::openpty(None, None).unwrap();
-    let mut child = jioctl(url, args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(pty.slave.try_clone().unwrap()))
-        .stderr(Stdio::from(pty.slave))
-        .spawn()
-        .unwrap();
-    let mut master = std::fs::File::from(pty.master);
-    let said = tokio::task::spawn_blocking(move || {
-        let mut all = Vec::new();
-        let mut buf = [0u8; 4096];
-        // EIO once the last process holding the terminal has gone.
-        while let Ok(n) = master.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            all.extend_from_slice(&buf[..n]);
-        }
-        String::from_utf8_lossy(&all).replace('\r', "")
-    });
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    (status.code(), said.await.unwrap())
+    let mut t = common::terminal::Terminal::spawn(jioctl(url, args), 80);
+    let code = t.ended_within(Duration::from_secs(60)).await;
+    (code, t.written())
 }
 
 /// `jioctl args` through pipes: its exit code, stdout and stderr.
