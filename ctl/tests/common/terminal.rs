@@ -173,7 +173,9 @@ impl Terminal {
 }
 
 /// Reads the terminal until the process ended and nothing is left, recording a
-/// frame per read.
+/// frame per read. On a blocking thread of its own (`spawn_blocking`), so its
+/// short sleeps block no async worker.
+#[allow(clippy::disallowed_methods)]
 fn read_all(mut master: std::fs::File, cols: u16, seen: &Mutex<Seen>, ended: &AtomicBool) {
     let size = |n| std::num::NonZeroU16::new(n).unwrap();
     let mut parser = vt100::Parser::new(size(ROWS), size(cols), 10_000);
