@@ -10,8 +10,8 @@ use jio_common::plan::{GroupAction, Plan};
 use jio_common::rollout::{RolloutRecord, RolloutState};
 use serde::Serialize;
 
-/// A group's action as users read it ("enable host cp1, cp2", "at limit (2 of 2 in
-/// flight)", ...).
+/// A group's action as users read it ("enable host cp1, cp2", "at limit (2 of 2 slots
+/// held: ...)", ...).
 pub fn action(a: &GroupAction) -> String {
     let list = |xs: &mut dyn Iterator<Item = &str>| xs.collect::<Vec<_>>().join(", ");
     match a {
@@ -27,7 +27,9 @@ pub fn action(a: &GroupAction) -> String {
             format!("enable host {}", list(&mut hosts.iter().map(|h| h.as_str())))
         }
         GroupAction::Frozen => "frozen (limit 0)".into(),
-        GroupAction::Full { in_flight, limit } => format!("at limit ({in_flight} of {limit} in flight)"),
+        GroupAction::Full { in_flight, limit } => {
+            format!("at limit ({in_flight} of {limit} slots held: in flight, failed, lost or soaking)")
+        }
         GroupAction::Paused => "paused".into(),
         GroupAction::OutsideWindow { opens_at } => match opens_at {
             Some(t) => format!("outside its window (opens at {})", jio_common::plan::when(*t)),
@@ -642,7 +644,7 @@ mod tests {
                     in_flight: 3,
                     limit: 3,
                 },
-                "at limit (3 of 3 in flight)",
+                "at limit (3 of 3 slots held: in flight, failed, lost or soaking)",
             ),
         ];
         for (a, want) in cases {
