@@ -18,6 +18,7 @@ pub mod drift;
 pub mod exit;
 pub mod fleet_commands;
 pub mod hooks;
+pub mod hosts_arg;
 pub mod metrics;
 pub mod out;
 pub mod progress;

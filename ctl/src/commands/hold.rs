@@ -231,7 +231,10 @@ fn hold_txn(
 
 impl Hold {
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let targets = targets(&super::hosts_named(&self.hosts, &self.hosts_flag)?, &self.role);
+        let targets = targets(
+            &crate::hosts_arg::hosts_named(&self.hosts, &self.hosts_flag)?,
+            &self.role,
+        );
         let reason = self.reason.filter(|r| !r.trim().is_empty());
         let store = ctx.open(Access::Write).await?;
         let before = ctx.snapshot(&store).await?;
@@ -398,7 +401,10 @@ async fn release_txn(
 
 impl Release {
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let targets = targets(&super::hosts_named(&self.hosts, &self.hosts_flag)?, &self.role);
+        let targets = targets(
+            &crate::hosts_arg::hosts_named(&self.hosts, &self.hosts_flag)?,
+            &self.role,
+        );
         let store = ctx.open(Access::Write).await?;
         let snap = ctx.snapshot(&store).await?;
         let (held, not_held): (Vec<&HoldTarget>, Vec<&HoldTarget>) =

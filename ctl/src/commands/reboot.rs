@@ -48,7 +48,7 @@ pub struct Reboot {
 
 impl Reboot {
     pub async fn run(self, ctx: &Context) -> Outcome {
-        let hosts = super::hosts_named(&self.host_arguments, &self.hosts)?;
+        let hosts = crate::hosts_arg::hosts_named(&self.host_arguments, &self.hosts)?;
         let targets = match (self.all, self.role.is_empty(), hosts.is_empty()) {
             (true, _, _) => Targets::All,
             (false, false, _) => Targets::Roles(self.role.clone()),

@@ -86,7 +86,7 @@ impl Retry {
             }
             return Ok((hosts, left_out));
         }
-        let named = super::hosts_named(&self.hosts, &self.hosts_flag)?;
+        let named = crate::hosts_arg::hosts_named(&self.hosts, &self.hosts_flag)?;
         let hosts = resolve_targets(&Targets::Hosts(named), snap).map_err(|e| {
             Failure::usage(format!(
                 "{}; nothing was written",

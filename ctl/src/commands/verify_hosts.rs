@@ -85,7 +85,7 @@ fn from_stdin() -> Result<Vec<HostName>, Failure> {
 impl VerifyHosts {
     pub async fn run(self, ctx: &Context) -> Outcome {
         let v = &self.version;
-        let named = super::hosts_named(&self.hosts, &self.hosts_flag)?;
+        let named = crate::hosts_arg::hosts_named(&self.hosts, &self.hosts_flag)?;
         let wanted: BTreeSet<HostName> = if named.is_empty() {
             from_stdin()?.into_iter().collect()
         } else {
