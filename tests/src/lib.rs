@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod pki;
 pub mod process;
 pub mod prometheus;
+pub mod prometheus_server;
 pub mod puppet;
 pub mod recorder;
 pub mod swift;
