@@ -17,6 +17,7 @@ pub mod process;
 pub mod prometheus;
 pub mod prometheus_server;
 pub mod puppet;
+pub mod receiver;
 pub mod recorder;
 pub mod swift;
 pub mod vm;
